@@ -1,0 +1,147 @@
+"""The `dflash-ops` command line.
+
+Subcommands are listed in `COMMANDS`: each entry adds its parser and names the function that runs
+it, so `drill`, `run` and `probe` slot in beside `config` without touching `main`. A problem the
+user can fix (bad config, file exists, bad arguments) is one line on stderr and exit status 2,
+never a traceback.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from importlib.metadata import PackageNotFoundError, version
+from pathlib import Path
+from typing import NoReturn
+
+from console.config import DEFAULT_CONFIG_NAME, ConfigError, example_config_text, load_config
+from remote.artifacts import atomic_path
+
+EXIT_USAGE = 2
+
+
+class UsageError(Exception):
+    """A problem the user can fix; printed as one line, exit status 2."""
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse, but a usage error is one line on stderr (the full usage is a `--help` away)."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(EXIT_USAGE, f"{self.prog}: error: {message} (see `{self.prog} --help`)\n")
+
+
+# --------------------------------------------------------------------------------------------
+# config
+
+
+def cmd_config_init(args: argparse.Namespace) -> int:
+    """Write the commented example config; refuse to overwrite unless --force."""
+    path = Path(args.path)
+    if path.is_dir():
+        raise UsageError(f"{path}: is a directory; give a file name, e.g. {path / DEFAULT_CONFIG_NAME}")
+    if path.exists() and not args.force:
+        raise UsageError(f"{path}: already exists; use --force to overwrite it")
+    # Written beside the target and renamed, so a crash never leaves half a config behind.
+    with atomic_path(path) as tmp:
+        tmp.write_text(example_config_text(), encoding="utf-8")
+    print(f"wrote {path}: edit the hosts and paths, then run `dflash-ops config check --config {path}`")
+    return 0
+
+
+def cmd_config_check(args: argparse.Namespace) -> int:
+    """Validate the config and print the resolved plan."""
+    from rich.console import Console
+
+    from console.plan import render_plan
+
+    config = load_config(args.config)
+    console = Console()
+    console.print(render_plan(config))
+    console.print(f"{args.config}: OK", style="green")
+    return 0
+
+
+def _add_config(sub: argparse._SubParsersAction) -> None:
+    parser = sub.add_parser("config", help="write an example config, or check one and print its plan",
+                            description="Write an example config, or validate one and print the resolved plan.")
+    actions = parser.add_subparsers(dest="action", metavar="ACTION", required=True, parser_class=_Parser)
+    init = actions.add_parser("init", help="write a commented example config (two-host setup)",
+                              description="Write a commented example config for the two-host setup.")
+    init.add_argument("path", nargs="?", default=DEFAULT_CONFIG_NAME, metavar="PATH",
+                      help=f"where to write it (default {DEFAULT_CONFIG_NAME})")
+    init.add_argument("--force", action="store_true", help="overwrite PATH if it exists")
+    init.set_defaults(run=cmd_config_init)
+    check = actions.add_parser("check", help="validate the config and print the resolved plan",
+                               description="Validate the config and print the resolved plan.")
+    _add_config_option(check)
+    check.set_defaults(run=cmd_config_check)
+
+
+def _add_config_option(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--config", default=DEFAULT_CONFIG_NAME, metavar="FILE",
+                        help=f"config file (default ./{DEFAULT_CONFIG_NAME})")
+
+
+# --------------------------------------------------------------------------------------------
+# The command table: (name, adds its parser). Later: drill, run, probe.
+
+
+@dataclass(frozen=True)
+class Subcommand:
+    name: str
+    add: Callable[[argparse._SubParsersAction], None]
+
+
+COMMANDS: list[Subcommand] = [
+    Subcommand("config", _add_config),
+]
+
+
+def _version() -> str:
+    try:
+        return version("dflash-ops")
+    except PackageNotFoundError:
+        return "unknown"
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The full argument parser, one subparser per entry of `COMMANDS`."""
+    parser = _Parser(
+        prog="dflash-ops",
+        description="Operations console for the DFlash drafter downtime window: "
+                    "cache, stop, extract, restart, evaluate.",
+    )
+    parser.add_argument("--version", action="version", version=f"%(prog)s {_version()}")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", title="commands", parser_class=_Parser)
+    for command in COMMANDS:
+        command.add(sub)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point of the `dflash-ops` console script; returns the exit status."""
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if args.command is None:
+        parser.print_help(sys.stderr)
+        return EXIT_USAGE
+    run: Callable[[argparse.Namespace], int] = args.run
+    try:
+        return run(args)
+    except (ConfigError, UsageError) as exc:
+        print(f"dflash-ops: error: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    except OSError as exc:
+        where = f"{exc.filename}: " if exc.filename else ""
+        print(f"dflash-ops: error: {where}{exc.strerror or exc}", file=sys.stderr)
+        return EXIT_USAGE
+    except KeyboardInterrupt:
+        print("dflash-ops: interrupted", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,247 @@
+"""The resolved plan of a config, as rich renderables (`dflash-ops config check` prints it).
+
+It shows what the config means once defaults are filled in and references resolved: the hosts,
+the service, the target and its layers, the prompts, the drafters (reference marked), the
+evaluation, and what each step of the procedure will do with them. It reads nothing remote.
+"""
+
+from __future__ import annotations
+
+import shlex
+from dataclasses import dataclass
+from pathlib import Path
+
+from rich.console import Group, RenderableType
+from rich.panel import Panel
+from rich.table import Table
+from rich.text import Text
+
+from console.config import Command, Config
+from remote.prompts import DEFAULT_PROMPTS, PromptFileError, load_prompts
+
+STEPS = ("preflight", "stage", "cache", "stop", "extract", "restart", "evaluate", "report")
+
+KERNEL_MEANING = {
+    "fast": "fla + causal-conv1d required; fails before touching the GPU if they are missing",
+    "torch": "the torch fallback path, forced",
+    "any": "fast kernels if available, else the torch path (the one used is recorded)",
+}
+
+
+@dataclass(frozen=True)
+class PromptSummary:
+    """What the plan can tell about the prompts without running anything."""
+
+    source: str
+    ids: tuple[str, ...] | None  # None when the file could not be read here
+    max_new_tokens: str
+    problem: str | None = None
+
+
+def summarize_prompts(config: Config) -> PromptSummary:
+    """Count and ids of the prompts: the configured file read and validated locally, else the shipped set."""
+    if config.prompts.file is None:
+        path, source = DEFAULT_PROMPTS, "the shipped default set"
+    else:
+        path = Path(config.prompts.file).expanduser()
+        if not path.is_absolute():
+            path = config.base_dir() / path
+        source = str(path)
+    override = config.prompts.max_new_tokens
+    if not path.exists():
+        return PromptSummary(
+            source, None, str(override) if override else "from the prompt file",
+            problem=f"{path} does not exist here; it is needed when the run starts",
+        )
+    try:
+        prompts = load_prompts(path)
+    except PromptFileError as exc:
+        return PromptSummary(source, None, str(override) if override else "from the prompt file", problem=exc.msg)
+    if override:
+        tokens = f"{override} (override)"
+    else:
+        budgets = sorted({p.max_new_tokens for p in prompts.prompts})
+        tokens = ", ".join(map(str, budgets)) + " (from the prompt file)"
+    return PromptSummary(source, tuple(p.id for p in prompts.prompts), tokens)
+
+
+def describe_layers(config: Config) -> str:
+    """The target layers as the plan states them."""
+    if config.target.layers == "auto":
+        return "auto: from drafter configs at run time"
+    return ", ".join(str(layer) for layer in config.target.layers)
+
+
+def _command_text(command: Command | None) -> str:
+    if command is None:
+        return "-"
+    return command if isinstance(command, str) else shlex.join(command)
+
+
+def _systemctl(config: Config, verb: str) -> str:
+    service = config.service
+    argv = ["systemctl", verb, service.unit or ""]
+    return shlex.join((["sudo"] if service.sudo else []) + argv)
+
+
+def service_commands(config: Config) -> dict[str, str]:
+    """The literal start/stop/status commands the service manager will run on its host."""
+    service = config.service
+    if service.manager == "systemd":
+        return {verb: _systemctl(config, verb) for verb in ("start", "stop")} | {
+            "status": _systemctl(config, "is-active")
+        }
+    prefix = "sudo " if service.sudo else ""
+    return {
+        "start": prefix + _command_text(service.start),
+        "stop": prefix + _command_text(service.stop),
+        "status": prefix + _command_text(service.status),
+    }
+
+
+def _gpus(config: Config) -> str:
+    gpus = config.service.gpus
+    return "GPUs " + ", ".join(map(str, gpus)) if gpus else "every GPU"
+
+
+def procedure_steps(config: Config) -> list[tuple[str, str]]:
+    """(step, what it will do) for each step of the window, in order."""
+    service, target, ev = config.service, config.target, config.eval
+    prompts = summarize_prompts(config)
+    count = f"{len(prompts.ids)} prompts" if prompts.ids is not None else "the prompts"
+    hosts = ", ".join(config.hosts)
+    drafter_hosts = sorted({d.host for d in config.drafters})
+    commands = service_commands(config)
+    names = ", ".join(d.name + (" (reference)" if d.reference else "") for d in config.drafters) or "none"
+    remote_drafters = sorted({d.host for d in config.drafters if d.host != ev.host})
+    copies = f"; checkpoints copied from {', '.join(remote_drafters)}" if remote_drafters else ""
+    checks = ["Python, torch, CUDA, transformers, fla and causal-conv1d versions", "disk and RAM free",
+              f"{target.model_path} on {target.host}"]
+    if config.drafters:
+        checks.append(f"drafter checkpoints on {', '.join(drafter_hosts)}")
+    layers = (
+        "the layers named in the drafters' configs (their union)"
+        if target.layers == "auto" else f"layers {describe_layers(config)}"
+    )
+    return [
+        ("preflight", f"connect to {hosts}; probe {'; '.join(checks)}; compare kernels across hosts "
+                      f"and flag asymmetry"),
+        ("stage", f"on {target.host}: read the target into host RAM and compile the Triton kernels while "
+                  f"the server still serves; then wait for the go"),
+        ("cache", f"fetch greedy completions of {count} from the live server at {service.url} "
+                  f"(on {service.host}) and verify them; nothing is stopped before this is done"),
+        ("stop", f"on {service.host}: `{commands['stop']}`; wait until {_gpus(config)} hold < "
+                 f"{service.vram_free_mib} MiB each; offer to end exactly the PIDs still holding memory "
+                 f"(TERM, KILL after {service.stop_grace_s:g} s)"),
+        ("extract", f"on {target.host}: load {target.model_path} on the GPUs with kernels={target.kernels} "
+                    f"({KERNEL_MEANING[target.kernels]}); save per prompt the hidden states (bf16) of {layers}, "
+                    f"the argmax and top-k; release the GPUs first, then flush files"),
+        ("restart", f"on {service.host}: `{commands['start']}`; ready when {service.url}/health answers 200 "
+                    f"and a one-token generation succeeds, within {service.ready_timeout_s:g} s"),
+        ("evaluate", f"on {ev.host} (device {ev.device}): drafters {names}; DDTree budgets "
+                     f"{', '.join(map(str, ev.budgets))}; top-{ev.topk}; {ev.batch_anchors} anchors per batch{copies}"),
+        ("report", "summary table (drafters side by side"
+                   + (f", ratio to {config.reference.name}" if config.reference else ", no reference")
+                   + "), per-prompt and per-position acceptance, hidden-state parity, kernels of both hosts"),
+    ]
+
+
+def _kv_table(title: str, rows: list[tuple[str, str]]) -> Table:
+    table = Table(title=title, title_justify="left", show_header=False, box=None, padding=(0, 1))
+    table.add_column(style="bold", no_wrap=True)
+    table.add_column(overflow="fold")
+    for key, value in rows:
+        table.add_row(key, value)
+    return table
+
+
+def _hosts_table(config: Config) -> Table:
+    table = Table(title="Hosts", title_justify="left")
+    for column in ("name", "address", "user", "port", "python", "workdir", "roles"):
+        table.add_column(column, overflow="fold")
+    for host in config.hosts.values():
+        roles = []
+        if config.service.host == host.name:
+            roles.append("service")
+        if config.target.host == host.name:
+            roles.append("target")
+        if config.eval.host == host.name:
+            roles.append("eval")
+        if any(d.host == host.name for d in config.drafters):
+            roles.append("drafters")
+        table.add_row(
+            host.name, host.address, host.user or "(ssh config)", str(host.port or "(ssh config)"),
+            host.python, host.workdir, ", ".join(roles) or "unused",
+        )
+    return table
+
+
+def _drafters_table(config: Config) -> RenderableType:
+    if not config.drafters:
+        return Text("Drafters: none", style="yellow")
+    table = Table(title="Drafters", title_justify="left")
+    for column in ("name", "host", "path", "role"):
+        table.add_column(column, overflow="fold")
+    for drafter in config.drafters:
+        role = Text("reference", style="bold green") if drafter.reference else Text("candidate")
+        table.add_row(drafter.name, drafter.host, drafter.path, role)
+    return table
+
+
+def _steps_table(config: Config) -> Table:
+    table = Table(title="Procedure", title_justify="left")
+    table.add_column("#", justify="right")
+    table.add_column("step", style="bold", no_wrap=True)
+    table.add_column("what it will do", overflow="fold")
+    for number, (step, what) in enumerate(procedure_steps(config), 1):
+        table.add_row(str(number), step, what)
+    return table
+
+
+def render_plan(config: Config) -> RenderableType:
+    """The whole resolved plan of `config` as one rich renderable."""
+    service, target = config.service, config.target
+    commands = service_commands(config)
+    prompts = summarize_prompts(config)
+    service_rows = [("host", service.host), ("manager", service.manager)]
+    if service.manager == "systemd":
+        service_rows.append(("unit", service.unit or ""))
+    service_rows += [
+        ("start", commands["start"]), ("stop", commands["stop"]), ("status", commands["status"]),
+        ("url", f"{service.url} (as seen from {service.host})"),
+        ("ready within", f"{service.ready_timeout_s:g} s"),
+        ("free when", f"{_gpus(config)} under {service.vram_free_mib} MiB each"),
+        ("stop grace", f"{service.stop_grace_s:g} s between TERM and KILL"),
+    ]
+    target_rows = [
+        ("host", target.host), ("model", target.model_path),
+        ("kernels", f"{target.kernels}: {KERNEL_MEANING[target.kernels]}"),
+        ("layers", describe_layers(config)),
+        ("python", target.python or f"{config.hosts[target.host].python} (the host's)"),
+    ]
+    if prompts.ids is None:
+        prompt_count = "unknown"
+    else:
+        prompt_count = f"{len(prompts.ids)}: {', '.join(prompts.ids)}" if prompts.ids else "0"
+    prompt_rows = [("source", prompts.source), ("prompts", prompt_count),
+                   ("max_new_tokens", prompts.max_new_tokens)]
+    if prompts.problem:
+        prompt_rows.append(("problem", prompts.problem))
+    ev = config.eval
+    eval_rows = [("host", ev.host), ("device", ev.device),
+                 ("methods", ", ".join(["vanilla", *(f"ddtree-b{b}" for b in ev.budgets), f"top{ev.topk}"])),
+                 ("anchors per batch", str(ev.batch_anchors))]
+    parts: list[RenderableType] = [
+        _hosts_table(config),
+        _kv_table("Service", service_rows),
+        _kv_table("Target", target_rows),
+        _kv_table("Prompts", prompt_rows),
+        _drafters_table(config),
+        _kv_table("Eval", eval_rows),
+        _steps_table(config),
+    ]
+    notes = config.warnings() + ([f"prompts: {prompts.problem}"] if prompts.problem else [])
+    for note in notes:
+        parts.append(Text(f"warning: {note}", style="yellow"))
+    title = f"plan for {config.source}" if config.source else "plan"
+    return Panel(Group(*parts), title=title, title_align="left")

@@ -1,0 +1,300 @@
+"""Result tables: the evaluation's `results.json` (and parity / probe dicts) as rich renderables,
+and the same tables exported as Markdown and JSON beside the run.
+
+Each table is built once as plain rows (`*_rows` -> headers, rows of strings, row styles) and then
+rendered either as a rich `Table` (the TUI's results screen) or as a Markdown pipe table, so the two
+never disagree. Method ids are printed exactly as in the results (`vanilla`, `ddtree-b8`, `top8`):
+never an unlabelled "DDTree-8".
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+from rich.console import Group
+from rich.table import Table
+from rich.text import Text
+
+from remote.artifacts import atomic_path
+
+Rows = tuple[list[str], list[list[str]], list[str]]  # headers, rows, per-row style ("" = none)
+BAR_WIDTH = 40
+_EIGHTHS = " ▏▎▍▌▋▊▉█"
+
+
+def _num(x: float | None, digits: int = 2) -> str:
+    return "-" if x is None else f"{x:.{digits}f}"
+
+
+def _pct(x: float | None) -> str:
+    return "-" if x is None else f"{100 * x:.1f}%"
+
+
+def ratio_text(value: float | None, reference: float | None) -> str:
+    """'0.24x' (value / reference), or '-' when either is missing or the reference is 0."""
+    if value is None or not reference:
+        return "-"
+    return f"{value / reference:.2f}x"
+
+
+def drafter_order(results: dict[str, Any]) -> list[str]:
+    """Drafter names, the reference first."""
+    names = list(results.get("drafters", {}))
+    ref = results.get("reference")
+    return ([ref] if ref in names else []) + [n for n in names if n != ref]
+
+
+def _methods(results: dict[str, Any]) -> list[str]:
+    if results.get("methods"):
+        return list(results["methods"])
+    first = next(iter(results.get("drafters", {}).values()), {})
+    return list(first.get("tau", {}))
+
+
+# -- summary ----------------------------------------------------------------------------------------
+
+def summary_rows(results: dict[str, Any]) -> Rows:
+    """Drafters side by side (reference first); tau per method as macro [95% CI] and the ratio to the
+    reference, micro, pos1_acc, streak, all-anchor tau (diagnostic), rounds/dropped, facts."""
+    names = drafter_order(results)
+    ref_name = results.get("reference")
+    drafters = results["drafters"]
+    ref = drafters.get(ref_name, {})
+    headers = ["metric"] + [f"{n} (reference)" if n == ref_name else n for n in names]
+    rows: list[list[str]] = []
+    styles: list[str] = []
+
+    def add(label: str, cell, style: str = "") -> None:
+        rows.append([label] + [cell(n, drafters[n]) for n in names])
+        styles.append(style)
+
+    for method in _methods(results):
+        def macro(n: str, m: dict[str, Any], method: str = method) -> str:
+            t = m["tau"].get(method) or {}
+            ci = t.get("ci95")
+            text = _num(t.get("macro")) + (f" [{_num(ci[0])}, {_num(ci[1])}]" if ci else "")
+            if n != ref_name:
+                ref_t = (ref.get("tau") or {}).get(method) or {}
+                text += f"  {ratio_text(t.get('macro'), ref_t.get('macro'))}"
+            return text
+
+        add(f"tau {method} (macro [95% CI])", macro, "bold" if method == "vanilla" else "")
+        add(f"tau {method} (micro)", lambda n, m, method=method: _num((m["tau"].get(method) or {}).get("micro")))
+    add("pos1_acc", lambda n, m: _pct(m.get("pos1_acc")))
+    add("streak (tau vanilla - 1)", lambda n, m: _num(m.get("streak")))
+    add("tau all anchors (diagnostic, not the papers' tau)", lambda n, m: _num(m.get("tau_all_anchor")), "dim")
+    add("rounds / dropped tail (vanilla)", lambda n, m: "{} / {}".format(
+        (m["tau"].get("vanilla") or {}).get("rounds", "-"), (m["tau"].get("vanilla") or {}).get("dropped", "-")), "dim")
+    add("g != x (serving vs HF argmax)", lambda n, m: _pct(m.get("g_x_mismatch")), "dim")
+    add("prompts", lambda n, m: str(m.get("prompts", "-")), "dim")
+    add("target layers", lambda n, m: str((m.get("facts") or {}).get("layers", "-")), "dim")
+    add("block size", lambda n, m: str((m.get("facts") or {}).get("block_size", m.get("block_size", "-"))), "dim")
+    add("fc width (layers)", lambda n, m: str((m.get("facts") or {}).get("fc_width", "-")), "dim")
+    return headers, rows, styles
+
+
+def summary_table(results: dict[str, Any]) -> Table:
+    """The summary as a rich Table."""
+    ref = results.get("reference")
+    title = f"Drafter evaluation (ratios against {ref})" if ref else "Drafter evaluation"
+    return _rich(summary_rows(results), title)
+
+
+# -- per prompt -------------------------------------------------------------------------------------
+
+def per_prompt_rows(results: dict[str, Any], methods: list[str] | None = None) -> Rows:
+    """One row per prompt: tokens, then per drafter tau for each method and pos1_acc."""
+    names = drafter_order(results)
+    methods = methods or ["vanilla", *[m for m in _methods(results) if m.startswith("ddtree")][-1:]]
+    drafters = results["drafters"]
+    headers = ["prompt", "tokens"]
+    for n in names:
+        headers += [f"{n} tau {m}" for m in methods] + [f"{n} pos1"]
+    prompt_ids: list[str] = []
+    for n in names:
+        for pid in drafters[n].get("per_prompt", {}):
+            if pid not in prompt_ids:
+                prompt_ids.append(pid)
+    rows = []
+    for pid in prompt_ids:
+        first = next((drafters[n]["per_prompt"][pid] for n in names if pid in drafters[n].get("per_prompt", {})), {})
+        row = [pid, f"{first.get('prompt_len', '?')}+{(first.get('num_tokens') or 0) - (first.get('prompt_len') or 0)}"]
+        for n in names:
+            rec = drafters[n].get("per_prompt", {}).get(pid, {})
+            row += [_num(((rec.get("tau") or {}).get(m) or {}).get("macro")) for m in methods]
+            row.append(_pct(rec.get("pos1_acc")))
+        rows.append(row)
+    return headers, rows, [""] * len(rows)
+
+
+def per_prompt_table(results: dict[str, Any]) -> Table:
+    """Per-prompt figures as a rich Table (tokens shown as prompt+completion)."""
+    return _rich(per_prompt_rows(results), "Per prompt")
+
+
+# -- per-position acceptance chart ------------------------------------------------------------------
+
+def bar(value: float, width: int = BAR_WIDTH) -> str:
+    """A horizontal bar of `value` in [0, 1] with eighth-block resolution."""
+    value = min(max(value, 0.0), 1.0)
+    eighths = int(round(value * width * 8))
+    full, rest = divmod(eighths, 8)
+    return ("█" * full + (_EIGHTHS[rest] if rest else "")).ljust(width)
+
+
+def acceptance_lines(results: dict[str, Any], width: int = BAR_WIDTH) -> list[tuple[str, str]]:
+    """(text, style) lines of the chart: per drafter, per slot j, the share of rounds with r >= j."""
+    lines: list[tuple[str, str]] = []
+    for n in drafter_order(results):
+        curve = results["drafters"][n].get("per_position") or []
+        lines.append((f"{n}: share of vanilla rounds accepting at least j slots", "bold"))
+        for j, share in enumerate(curve, start=1):
+            shown = "-" if share is None else f"{100 * share:5.1f}%"
+            lines.append((f"  j={j:<3d}{bar(share or 0.0, width)} {shown}", "green"))
+    return lines
+
+
+def acceptance_chart(results: dict[str, Any], width: int = BAR_WIDTH) -> Group:
+    """Per-position acceptance drawn as unicode bars, one block per drafter."""
+    return Group(*[Text(text, style=style) for text, style in acceptance_lines(results, width)])
+
+
+# -- hidden-state parity ----------------------------------------------------------------------------
+
+def parity_rows(parity: dict[str, Any], cosine_floor: float = 0.999) -> Rows:
+    """Per layer: mean |d|, max |d|, relative error, cosine (float64, 12 digits), argmax agreement.
+
+    Rows with a cosine under `cosine_floor` are flagged yellow.
+    """
+    headers = ["layer", "mean |d|", "max |d|", "rel err", "cosine (float64)", "argmax agree"]
+    rows, styles = [], []
+    for rec in parity.get("layers", []):
+        cos = rec.get("cosine")
+        rows.append([
+            str(rec.get("layer")),
+            "-" if rec.get("mean_abs") is None else f"{rec['mean_abs']:.3e}",
+            "-" if rec.get("max_abs") is None else f"{rec['max_abs']:.3e}",
+            "-" if rec.get("rel_err") is None else f"{rec['rel_err']:.3e}",
+            "-" if cos is None else f"{cos:.12f}",
+            _pct(rec.get("argmax_agree")) if rec.get("argmax_agree") is not None else "-",
+        ])
+        styles.append("yellow" if cos is not None and cos < cosine_floor else "")
+    return headers, rows, styles
+
+
+def parity_table(parity: dict[str, Any]) -> Table:
+    """Hidden-state parity (fast kernels vs torch path) per layer."""
+    return _rich(parity_rows(parity), "Hidden-state parity per layer")
+
+
+# -- kernels of two hosts ---------------------------------------------------------------------------
+
+def _kernel_map(probe: dict[str, Any]) -> dict[str, str | None]:
+    kernels = probe.get("kernels") or {}
+    # remote.probe nests the bound functions under "bound"; a flat {fn: module} is accepted too.
+    bound = kernels.get("bound") if isinstance(kernels.get("bound"), dict) else kernels
+    return {fn: (mod if isinstance(mod, str) or mod is None else str(mod)) for fn, mod in bound.items()}
+
+
+def _package_map(probe: dict[str, Any]) -> dict[str, str | None]:
+    out: dict[str, str | None] = {}
+    for name, value in (probe.get("packages") or {}).items():
+        if isinstance(value, dict):  # remote.probe: {"importable": bool, "version": str}
+            value = (value.get("version") or "installed") if value.get("importable") else None
+        out[name] = value
+    return out
+
+
+def _impl(module: str | None) -> str:
+    if module is None:
+        return "missing"
+    root = module.split(".")[0]
+    return f"{root} ({module})" if root in ("fla", "causal_conv1d") else f"torch fallback ({module})"
+
+
+def kernel_rows(host_a: str, probe_a: dict[str, Any], host_b: str, probe_b: dict[str, Any]) -> Rows:
+    """Kernel function and package rows of two hosts; rows that differ are styled red."""
+    headers = ["kernel / package", host_a, host_b]
+    rows, styles = [], []
+    ka, kb = _kernel_map(probe_a), _kernel_map(probe_b)
+    for fn in list(dict.fromkeys([*ka, *kb])):
+        a, b = _impl(ka.get(fn)), _impl(kb.get(fn))
+        rows.append([fn, a, b])
+        styles.append("bold red" if a.split(" ")[0] != b.split(" ")[0] else "")
+    pa, pb = _package_map(probe_a), _package_map(probe_b)
+    for name in list(dict.fromkeys([*pa, *pb])):
+        a, b = pa.get(name) or "missing", pb.get(name) or "missing"
+        rows.append([name, a, b])
+        styles.append("bold red" if a != b else "")
+    return headers, rows, styles
+
+
+def kernel_table(host_a: str, probe_a: dict[str, Any], host_b: str, probe_b: dict[str, Any]) -> Table:
+    """The two hosts' kernel bindings side by side, asymmetric rows in red."""
+    return _rich(kernel_rows(host_a, probe_a, host_b, probe_b), "Kernels on both hosts")
+
+
+# -- rendering and export ---------------------------------------------------------------------------
+
+def _rich(rows: Rows, title: str) -> Table:
+    headers, body, styles = rows
+    table = Table(title=title, title_justify="left", header_style="bold")
+    for i, h in enumerate(headers):
+        table.add_column(h, justify="left" if i == 0 else "right", no_wrap=i == 0)
+    for row, style in zip(body, styles, strict=True):
+        table.add_row(*row, style=style or None)
+    return table
+
+
+def markdown_table(rows: Rows) -> str:
+    """A Markdown pipe table of the same rows (asymmetric/flagged rows marked with a trailing '!')."""
+    headers, body, styles = rows
+
+    def esc(cell: str) -> str:
+        return cell.replace("|", "\\|")
+
+    lines = ["| " + " | ".join(esc(h) for h in headers) + " |", "|" + "---|" * len(headers)]
+    for row, style in zip(body, styles, strict=True):
+        flagged = "red" in style or "yellow" in style
+        cells = [esc(c) for c in row]
+        if flagged:
+            cells[0] += " (!)"
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def results_markdown(results: dict[str, Any], parity: dict[str, Any] | None = None,
+                     probes: tuple[str, dict, str, dict] | None = None) -> str:
+    """The whole report as Markdown: summary, per prompt, acceptance chart, and parity / kernels if given."""
+    parts = ["# Drafter evaluation", ""]
+    if results.get("reference"):
+        parts += [f"Reference drafter: `{results['reference']}`; ratios are drafter / reference.", ""]
+    parts += ["## Summary", "", markdown_table(summary_rows(results)), "",
+              "## Per prompt", "", markdown_table(per_prompt_rows(results)), "",
+              "## Per-position acceptance (vanilla walk)", "", "```",
+              *[text for text, _ in acceptance_lines(results)], "```", ""]
+    if parity:
+        parts += ["## Hidden-state parity", "", markdown_table(parity_rows(parity)), ""]
+    if probes:
+        parts += ["## Kernels", "", markdown_table(kernel_rows(*probes)), ""]
+    return "\n".join(parts)
+
+
+def export_markdown(results: dict[str, Any], path: str | os.PathLike, parity: dict[str, Any] | None = None,
+                    probes: tuple[str, dict, str, dict] | None = None) -> Path:
+    """Write the Markdown report atomically; return its path."""
+    path = Path(path)
+    with atomic_path(path) as tmp:
+        tmp.write_text(results_markdown(results, parity, probes), encoding="utf-8")
+    return path
+
+
+def export_json(results: dict[str, Any], path: str | os.PathLike) -> Path:
+    """Write the results dict as JSON atomically; return its path."""
+    path = Path(path)
+    with atomic_path(path) as tmp:
+        tmp.write_text(json.dumps(results, indent=2, sort_keys=True, default=str) + "\n", encoding="utf-8")
+    return path

@@ -1,0 +1,405 @@
+"""Extract the target's hidden states for prompt + cached completion, one prompt at a time.
+
+    python -m remote.extract --model DIR --completions completions.json --out DIR
+        [--layers 1,8,15] [--drafter DIR ...] [--kernels fast|torch|any] [--device cpu|cuda|auto]
+        [--device-map auto] [--max-memory 0=40GiB,1=40GiB,cpu=200GiB] [--staged --go-file PATH]
+
+Order of work, so that the GPU is held as briefly as possible:
+  1. inputs checked (model dir, completions, layers) and the kernel policy applied, in this fresh
+     process before transformers imports the modeling code and before any GPU allocation;
+  2. weights placed tensor by tensor with progress; staged: into pinned host RAM, kernels warmed by a
+     two-layer model on the GPU, a `staged` event, then a wait for the go file (the server still
+     serves until then);
+  3. forward passes with hooks on the chosen layers; each prompt's tensors go to a writer thread;
+  4. the model leaves the GPU -> `gpu_released` event (the server can restart now), then the writer
+     finishes, then `manifest.json` is written last. A killed run leaves no manifest and no file
+     under a final name that is not complete.
+
+Output per prompt `<id>.safetensors`: `hidden` bf16 [T, n_layers, H] (layer order as manifest
+"layers"), `input_ids` int64 [T], `g` int64 [T] (target argmax after each position), `topk_ids`
+int64 [T, 8], `topk_logprobs` float32 [T, 8]; metadata `prompt_id`, `prompt_len`, `layers`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import gc
+import json
+import os
+import queue
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+from remote import kernels
+from remote.artifacts import MANIFEST, atomic_path, sha256_file, write_manifest
+from remote.events import EventWriter, WorkerError, run_worker
+from remote.layers import LayerCapture, find_decoder_layers, parse_layer_list, select_layers, text_config
+from remote.weights import (
+    checkpoint_facts,
+    devices_used,
+    model_bytes,
+    parse_max_memory,
+    place_weights,
+    plan_device_map,
+    read_model_config,
+)
+
+COMPLETIONS_FORMAT = "dflash-ops.completions/1"
+EXTRACT_FORMAT = "dflash-ops.extract/1"
+TOPK = 8
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(prog="python -m remote.extract", description=__doc__.splitlines()[0])
+    p.add_argument("--model", required=True, help="target model directory (config.json + safetensors)")
+    p.add_argument("--completions", required=True, help="completions.json from remote.completions")
+    p.add_argument("--out", required=True, help="output directory")
+    p.add_argument("--layers", default="", help="comma-separated layer ids (output of decoder layer k)")
+    p.add_argument("--drafter", action="append", default=[], help="drafter dir: adds its target_layer_ids")
+    p.add_argument("--kernels", default="any", choices=kernels.POLICIES)
+    p.add_argument("--device", default="auto", choices=("cpu", "cuda", "auto"))
+    p.add_argument("--device-map", default=None, help="'auto' to split across GPUs (accelerate)")
+    p.add_argument("--max-memory", default=None, help="per-device caps, e.g. 0=40GiB,1=40GiB,cpu=200GiB")
+    p.add_argument("--staged", action="store_true", help="stage weights in host RAM and wait for --go-file")
+    p.add_argument("--go-file", default=None, help="staged mode: start the window when this file appears")
+    p.add_argument("--limit", type=int, default=None, help="only the first N prompts")
+    args = p.parse_args(argv)
+    if args.staged and not args.go_file:
+        p.error("--staged needs --go-file")
+    return args
+
+
+def load_completions(path: str | Path) -> dict[str, Any]:
+    """Read and check a completions.json (format, prompts with integer token ids)."""
+    file = Path(path)
+    if not file.is_file():
+        raise WorkerError(f"completions file not found: {file}", "--completions")
+    try:
+        data = json.loads(file.read_text())
+    except json.JSONDecodeError as exc:
+        raise WorkerError(f"{file}: not valid JSON ({exc})", str(file)) from exc
+    if not isinstance(data, dict) or data.get("format") != COMPLETIONS_FORMAT:
+        found = data.get("format") if isinstance(data, dict) else type(data).__name__
+        raise WorkerError(f"{file}: expected format {COMPLETIONS_FORMAT!r}, found {found!r}", str(file))
+    prompts = data.get("prompts")
+    if not isinstance(prompts, list) or not prompts:
+        raise WorkerError(f"{file}: no prompts", str(file))
+    for i, entry in enumerate(prompts):
+        for key in ("prompt_ids", "completion_ids"):
+            ids = entry.get(key) if isinstance(entry, dict) else None
+            if not isinstance(ids, list) or not all(isinstance(t, int) and not isinstance(t, bool) for t in ids):
+                raise WorkerError(f"{file}: prompts[{i}].{key} must be a list of token ids", str(file))
+        if not entry["prompt_ids"]:
+            raise WorkerError(f"{file}: prompts[{i}] ({entry.get('id')}) has no prompt tokens", str(file))
+    return data
+
+
+def resolve_device(choice: str) -> str:
+    """'auto' -> 'cuda' when a GPU is visible, else 'cpu'; 'cuda' without a GPU is a clear error."""
+    has_cuda = kernels.cuda_available()
+    if choice == "auto":
+        return "cuda" if has_cuda else "cpu"
+    if choice == "cuda" and not has_cuda:
+        raise WorkerError("--device cuda but torch sees no CUDA GPU on this host", "--device")
+    return choice
+
+
+def prepare_out(out: str | Path) -> Path:
+    """Create the output directory; remove a previous manifest first so a re-run never looks complete early."""
+    directory = Path(out)
+    directory.mkdir(parents=True, exist_ok=True)
+    with contextlib.suppress(FileNotFoundError):
+        (directory / MANIFEST).unlink()
+    for partial in directory.glob(".*.partial"):  # left by a killed run
+        partial.unlink(missing_ok=True)
+    return directory
+
+
+def versions() -> dict[str, str | None]:
+    import torch
+    import transformers
+
+    found: dict[str, str | None] = {"python": sys.version.split()[0], "torch": torch.__version__,
+                                    "transformers": transformers.__version__, "cuda": torch.version.cuda}
+    for name in kernels.FAST_PACKAGES:
+        module = sys.modules.get(name)
+        found[name] = str(getattr(module, "__version__", "unknown")) if module is not None else None
+    return found
+
+
+class Writer:
+    """Writes prompt files on a background thread so saving overlaps the next forward pass."""
+
+    def __init__(self, out: Path, layers: list[int], events: EventWriter, total: int):
+        self.out, self.layers, self.events, self.total = out, layers, events, total
+        self.files: dict[str, dict[str, Any]] = {}
+        self.bytes_written = 0
+        self.error: BaseException | None = None
+        self._queue: queue.Queue[Any] = queue.Queue()
+        self._thread = threading.Thread(target=self._run, name="extract-writer", daemon=True)
+        self._thread.start()
+
+    def put(self, prompt_id: str, prompt_len: int, tensors: dict[str, Any]) -> None:
+        if self.error is not None:
+            raise WorkerError(f"writing outputs failed: {self.error}", str(self.out))
+        self._queue.put((prompt_id, prompt_len, tensors))
+
+    def _run(self) -> None:
+        from safetensors.torch import save_file
+
+        while (item := self._queue.get()) is not None:
+            if self.error is not None:
+                continue
+            prompt_id, prompt_len, tensors = item
+            name = f"{prompt_id}.safetensors"
+            try:
+                meta = {"prompt_id": prompt_id, "prompt_len": str(prompt_len), "layers": json.dumps(self.layers)}
+                with atomic_path(self.out / name) as tmp:
+                    save_file(tensors, str(tmp), metadata=meta)
+                size = (self.out / name).stat().st_size
+            except BaseException as exc:  # noqa: BLE001 - reported by the main thread
+                self.error = exc
+                continue
+            self.bytes_written += size
+            self.files[name] = {"prompt_id": prompt_id, "prompt_len": prompt_len,
+                                "shape": list(tensors["hidden"].shape)}
+            self.events.artifact(str(self.out / name), "hidden_states", prompt_id=prompt_id, bytes=size)
+            self.events.progress("files", len(self.files), self.total, "files")
+            self.events.progress("bytes_written", self.bytes_written, None, "bytes")
+
+    def finish(self) -> None:
+        self._queue.put(None)
+        self._thread.join()
+        if self.error is not None:
+            raise WorkerError(f"writing outputs failed: {self.error}", str(self.out))
+
+
+def forward_one(model: Any, decoder_layers: Any, layer_ids: list[int], ids: list[int]) -> dict[str, Any]:
+    """One prompt + completion through the target: hooked hidden states, argmax g, top-8 log-probs."""
+    import torch
+
+    base = model.get_decoder()
+    lm_head = model.get_output_embeddings()
+    first = base.get_input_embeddings().weight.device
+    input_ids = torch.tensor([ids], dtype=torch.long, device=first if first.type != "meta" else "cpu")
+    with torch.inference_mode(), LayerCapture(decoder_layers, layer_ids) as capture:
+        last = base(input_ids=input_ids, use_cache=False).last_hidden_state[0]
+        hidden = capture.take()
+        head_device = lm_head.weight.device if lm_head.weight.device.type != "meta" else last.device
+        vocab = lm_head.weight.shape[0]
+        # Full-vocabulary logits in slices, so [T, V] fp32 never exists at once on the GPU.
+        step = max(1, (1 << 27) // max(vocab, 1))
+        g, top_ids, top_lp = [], [], []
+        for start in range(0, last.shape[0], step):
+            logits = lm_head(last[start:start + step].to(head_device)).float()
+            logprobs = torch.log_softmax(logits, dim=-1)
+            values, indices = logprobs.topk(TOPK, dim=-1)
+            g.append(logits.argmax(dim=-1).cpu())
+            top_ids.append(indices.cpu())
+            top_lp.append(values.cpu())
+    return {
+        "hidden": hidden.to(torch.bfloat16).contiguous(),
+        "input_ids": torch.tensor(ids, dtype=torch.int64),
+        "g": torch.cat(g).to(torch.int64),
+        "topk_ids": torch.cat(top_ids).to(torch.int64),
+        "topk_logprobs": torch.cat(top_lp).to(torch.float32),
+    }
+
+
+def warm_kernels(model_config: dict[str, Any], device: str, events: EventWriter) -> float:
+    """Compile and autotune the linear-attention kernels with a two-layer copy of the target's shape.
+
+    fla's Triton kernels specialise on head counts and dims, not on sequence length, so a short
+    forward of one linear and one full layer with the real dims compiles what the real forward
+    needs (into TRITON_CACHE_DIR and this process's memory) while the server still holds the GPU.
+    A small vocabulary keeps the embedding tiny. Returns seconds spent.
+    """
+    import torch
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    start = time.perf_counter()
+    tcfg = dict(text_config(model_config))
+    layer_types = tcfg.get("layer_types") or []
+    keep = []
+    for kind in ("linear_attention", "full_attention"):
+        if kind in layer_types:
+            keep.append(kind)
+    tcfg.update(num_hidden_layers=max(1, len(keep)), vocab_size=256, pad_token_id=None,
+                bos_token_id=None, eos_token_id=None)
+    if keep:
+        tcfg["layer_types"] = keep
+    model_type = tcfg.pop("model_type", model_config.get("model_type"))
+    if "text_config" in model_config and not model_type.endswith("_text"):
+        model_type += "_text"
+    for key in ("architectures", "transformers_version", "auto_map", "quantization_config"):
+        tcfg.pop(key, None)
+    config = AutoConfig.for_model(model_type, **tcfg)
+    with torch.device(device):
+        small = AutoModelForCausalLM.from_config(config, dtype=torch.bfloat16)
+    ids = torch.randint(0, 256, (1, 64), device=device)
+    with torch.inference_mode():
+        small(input_ids=ids, use_cache=False)
+    if device == "cuda":
+        torch.cuda.synchronize()
+    del small
+    gc.collect()
+    if device == "cuda":
+        torch.cuda.empty_cache()
+    seconds = time.perf_counter() - start
+    events.log(f"kernels warmed with a {len(keep) or 1}-layer model: {seconds:.1f} s")
+    return seconds
+
+
+def wait_for_go(go_file: str, events: EventWriter) -> float:
+    """Block until `go_file` exists (the console creates it over SSH); returns seconds waited."""
+    start = time.perf_counter()
+    events.log(f"staged: waiting for the go signal ({go_file})")
+    while not os.path.exists(go_file):
+        time.sleep(0.05)
+    return time.perf_counter() - start
+
+
+def release_gpu() -> None:
+    """Return freed GPU memory to the driver (call after the last reference to the model is gone)."""
+    import torch
+
+    gc.collect()
+    if torch.cuda.is_available():
+        torch.cuda.synchronize()
+        torch.cuda.empty_cache()
+
+
+def main(events: EventWriter, argv: list[str] | None = None) -> dict[str, Any]:
+    t_start = time.perf_counter()
+    args = parse_args(argv)
+    events.phase("check")
+    model_config = read_model_config(args.model)
+    completions = load_completions(args.completions)
+    tcfg = text_config(model_config)
+    num_layers, hidden_size = tcfg.get("num_hidden_layers"), tcfg.get("hidden_size")
+    if not isinstance(num_layers, int) or not isinstance(hidden_size, int):
+        raise WorkerError("config.json has no num_hidden_layers / hidden_size", f"{args.model}/config.json")
+    layer_ids = select_layers(num_layers, parse_layer_list(args.layers), args.drafter)
+    max_memory = parse_max_memory(args.max_memory)
+    prompts = completions["prompts"][: args.limit] if args.limit else completions["prompts"]
+    device = resolve_device(args.device)
+    decision = kernels.apply_policy(args.kernels, device)
+    events.log(f"kernel policy {args.kernels}: {decision['reason']}")
+    out = prepare_out(args.out)
+    if completions.get("model_path") and Path(str(completions["model_path"])).resolve() != Path(args.model).resolve():
+        events.log(f"completions were made by a server serving {completions['model_path']}; extracting {args.model}",
+                   level="warning")
+
+    events.phase("import")
+    modeling = kernels.import_modeling(model_config.get("model_type", ""))
+    binding = kernels.bound_kernels(modeling)
+    if args.kernels == "fast":
+        kernels.require_fast(binding)
+    events.log(f"kernels bound ({binding['scheme']}): " + ", ".join(f"{k}={v}" for k, v in binding["bound"].items()))
+
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    facts = checkpoint_facts(args.model)
+    events.phase("load")
+    model = AutoModelForCausalLM.from_pretrained(args.model, dtype=torch.bfloat16, device_map="cpu")
+    model.eval()
+    binding = kernels.bound_kernels(modeling, model)  # legacy scheme reads per-layer attributes
+    if args.kernels == "fast":
+        kernels.require_fast(binding)
+    _, decoder_layers = find_decoder_layers(model)
+    if len(decoder_layers) != num_layers:
+        raise WorkerError(f"config says {num_layers} layers, the model has {len(decoder_layers)}", args.model)
+    device_map = plan_device_map(model, device, args.device_map, max_memory)
+    total_tensors, total_bytes = model_bytes(model)
+    events.log(f"checkpoint: {facts['tensors']} tensors, {facts['tensor_bytes'] / 1e9:.2f} GB; "
+               f"devices: {', '.join(devices_used(device_map))}")
+
+    def on_tensor(key: str) -> Any:
+        last = [0.0]
+
+        def report(done: int, done_bytes: int) -> None:
+            now = time.perf_counter()
+            if done == total_tensors or now - last[0] > 0.2:
+                last[0] = now
+                events.progress(key, done, total_tensors, "tensors", label=f"{done_bytes / 1e9:.2f} GB")
+
+        return report
+
+    window: dict[str, Any] = {"staged": bool(args.staged)}
+    if args.staged:
+        t0 = time.perf_counter()
+        pin = torch.cuda.is_available()
+        place_weights(model, {"": "cpu"}, pin=pin, on_tensor=on_tensor("weights"))
+        window["host_read_s"] = round(time.perf_counter() - t0, 3)
+        window["warmup_s"] = round(warm_kernels(model_config, device, events), 3) if device == "cuda" else 0.0
+        events.emit("staged", bytes=total_bytes, tensors=total_tensors, pinned=pin,
+                    host_read_s=window["host_read_s"], warmup_s=window["warmup_s"], go_file=args.go_file)
+        window["waited_s"] = round(wait_for_go(args.go_file, events), 3)
+        events.phase("window")
+    t_window = time.perf_counter()
+    place_weights(model, device_map, on_tensor=on_tensor("weights_to_device" if args.staged else "weights"))
+    if len(devices_used(device_map)) > 1:
+        from accelerate import dispatch_model
+
+        model = dispatch_model(model, device_map=device_map)
+    if device == "cuda":
+        torch.cuda.synchronize()
+    window["copy_s"] = round(time.perf_counter() - t_window, 3)
+
+    events.phase("forward")
+    writer = Writer(out, layer_ids, events, len(prompts))
+    entries = []
+    tokens = 0
+    t_forward = time.perf_counter()
+    first_forward_s = None
+    with kernels.count_kernel_calls(modeling) as calls:
+        for i, entry in enumerate(prompts, start=1):
+            ids = list(entry["prompt_ids"]) + list(entry["completion_ids"])
+            t_one = time.perf_counter()
+            tensors = forward_one(model, decoder_layers, layer_ids, ids)
+            if first_forward_s is None:
+                first_forward_s = time.perf_counter() - t_one
+            writer.put(str(entry["id"]), len(entry["prompt_ids"]), tensors)
+            tokens += len(ids)
+            entries.append({"id": str(entry["id"]), "file": f"{entry['id']}.safetensors",
+                            "prompt_len": len(entry["prompt_ids"]), "num_tokens": len(ids)})
+            events.progress("prompts", i, len(prompts), "prompts", label=f"{entry['id']}: {len(ids)} tokens")
+    if device == "cuda":
+        torch.cuda.synchronize()
+    window["forward_s"] = round(time.perf_counter() - t_forward, 3)
+    window["first_forward_s"] = round(first_forward_s or 0.0, 3)
+    window["tokens"] = tokens
+    window["tokens_per_s"] = round(tokens / max(window["forward_s"], 1e-9), 1)
+    del decoder_layers, model
+    release_gpu()
+    window["window_s"] = round(time.perf_counter() - t_window, 3)
+    window["since_start_s"] = round(time.perf_counter() - t_start, 3)
+    used_calls = {fn: n for fn, n in calls.items() if n}
+    events.emit("gpu_released", **window)
+
+    events.phase("flush")
+    writer.finish()
+    manifest_path = write_manifest(
+        out, writer.files,
+        format=EXTRACT_FORMAT, layers=layer_ids, hidden_size=hidden_size, dtype="bfloat16",
+        num_target_layers=num_layers, layer_semantics="output of decoder layer k (hidden_states[k+1]; last layer before the final norm)",
+        model_path=str(Path(args.model).resolve()), kernels=binding["bound"], kernel_scheme=binding["scheme"],
+        kernels_fast=binding["fast"], kernel_calls=used_calls, kernel_policy=args.kernels,
+        kernel_decision=decision, versions=versions(), prompts=entries,
+        device_map={k: str(v) for k, v in device_map.items()}, devices=devices_used(device_map),
+        completions_file=str(Path(args.completions).resolve()), completions_sha256=sha256_file(args.completions),
+        prompt_set_sha256=completions.get("prompt_set_sha256"), checkpoint=facts, window=window,
+    )
+    events.artifact(str(out), "extract", manifest=str(manifest_path), prompts=len(entries))
+    return {"out": str(out), "prompts": len(entries), "tokens": tokens, "layers": layer_ids,
+            "kernels": binding["bound"], "kernels_fast": binding["fast"], "window": window,
+            "bytes_written": writer.bytes_written}
+
+
+if __name__ == "__main__":
+    run_worker(main)

@@ -1,0 +1,225 @@
+"""Kernel policy and binding detection for hybrid (Gated DeltaNet) Qwen models.
+
+Transformers picks the linear-attention kernels once, when it imports the model's modeling module
+(KERNELS.md): fla + causal-conv1d when importable ("fast"), its reference PyTorch code otherwise.
+So the policy must be applied in a fresh process *before* that import:
+
+    policy  = "fast"  -> fla and causal_conv1d must import and a CUDA GPU must exist, else WorkerError
+              "torch" -> hide fla and causal_conv1d (sys.modules[...] = None) so the torch path binds
+              "any"   -> whatever is installed, except that without a GPU the torch path is forced
+                         (fla with CPU tensors fails: "0 active drivers")
+
+After the import, `bound_kernels` reads what transformers really bound, under both schemes:
+  >= 5.15: four module-level functions wrapped by `use_kernel_func_from_hub_with_fallback`;
+           the implementation is the closure variable `implementation`.
+  <= 5.14: module flag `is_fast_path_available` and per-layer attributes on `linear_attn`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import importlib
+import inspect
+import sys
+from collections.abc import Iterator
+from types import ModuleType
+from typing import Any
+
+from remote.events import WorkerError
+
+POLICIES = ("fast", "torch", "any")
+FAST_PACKAGES = ("fla", "causal_conv1d")
+# The four module-level kernel functions of qwen3_5 / qwen3_5_moe / qwen3_next (transformers >= 5.15).
+KERNEL_FUNCTIONS = (
+    "causal_conv1d_fn",
+    "causal_conv1d_update",
+    "torch_chunk_gated_delta_rule",
+    "torch_recurrent_gated_delta_rule",
+)
+# transformers <= 5.14: the per-layer attribute of `linear_attn` holding each function.
+_LEGACY_LAYER_ATTRS = {
+    "causal_conv1d_fn": "causal_conv1d_fn",
+    "causal_conv1d_update": "causal_conv1d_update",
+    "torch_chunk_gated_delta_rule": "chunk_gated_delta_rule",
+    "torch_recurrent_gated_delta_rule": "recurrent_gated_delta_rule",
+}
+_LEGACY_MODULE_ATTRS = {
+    "causal_conv1d_fn": "causal_conv1d_fn",
+    "causal_conv1d_update": "causal_conv1d_update",
+    "torch_chunk_gated_delta_rule": "chunk_gated_delta_rule",
+    "torch_recurrent_gated_delta_rule": "fused_recurrent_gated_delta_rule",
+}
+
+
+def package_status(name: str) -> dict[str, Any]:
+    """Import `name` and report {"importable", "version", "error"} (a broken install is not importable)."""
+    if name in sys.modules and sys.modules[name] is None:
+        return {"importable": False, "version": None, "error": "hidden by the torch kernel policy"}
+    try:
+        module = importlib.import_module(name)
+    except Exception as exc:  # noqa: BLE001 - any import failure means "not usable here"
+        return {"importable": False, "version": None, "error": f"{type(exc).__name__}: {exc}"[:300]}
+    return {"importable": True, "version": str(getattr(module, "__version__", "unknown")), "error": None}
+
+
+def cuda_available() -> bool:
+    """True when torch sees a CUDA device (does not allocate GPU memory)."""
+    import torch
+
+    return bool(torch.cuda.is_available())
+
+
+def modeling_module_name(model_type: str) -> str:
+    """`qwen3_5_text` -> `transformers.models.qwen3_5.modeling_qwen3_5` (text configs share the module)."""
+    base = model_type.removesuffix("_text")
+    return f"transformers.models.{base}.modeling_{base}"
+
+
+def _modeling_imported() -> list[str]:
+    return [n for n in sys.modules if n.startswith("transformers.models.") and ".modeling_" in n
+            and any(k in n for k in ("qwen3_5", "qwen3_next"))]
+
+
+def force_torch_path() -> None:
+    """Hide fla and causal_conv1d from this process so transformers binds its torch code.
+
+    Too late if a modeling module of this process already bound fast kernels: that is an error.
+    """
+    for name in _modeling_imported():
+        if any(is_fast_impl(m) for m in bound_kernels(sys.modules[name])["bound"].values()):
+            raise WorkerError(f"cannot force the torch path: {name} already bound fast kernels in this process",
+                              "kernels")
+    for name in FAST_PACKAGES:
+        sys.modules[name] = None  # type: ignore[assignment]
+
+
+def apply_policy(policy: str, device: str) -> dict[str, Any]:
+    """Apply kernel `policy` for `device` ("cpu" | "cuda"); return what was decided and why.
+
+    Must run before transformers imports the model's modeling module; raises WorkerError on a
+    policy this host cannot honour, before any weights are read or GPU memory is touched.
+    """
+    if policy not in POLICIES:
+        raise WorkerError(f"unknown kernel policy {policy!r}: expected one of {', '.join(POLICIES)}", "--kernels")
+    if policy == "torch":
+        force_torch_path()
+        return {"policy": policy, "effective": "torch", "reason": "policy torch: fla and causal_conv1d hidden"}
+    has_cuda = device == "cuda" and cuda_available()
+    if policy == "fast":
+        status = {name: package_status(name) for name in FAST_PACKAGES}
+        missing = [n for n, s in status.items() if not s["importable"]]
+        if not has_cuda or missing:
+            facts = [f"CUDA GPU: {'yes' if has_cuda else 'no' if device == 'cuda' else f'not used (device {device})'}"]
+            for name, s in status.items():
+                facts.append(f"{name}: {s['version'] if s['importable'] else 'not importable (' + str(s['error']) + ')'}")
+            raise WorkerError(
+                "kernel policy 'fast' needs fla and causal_conv1d on a CUDA GPU; this host has: " + "; ".join(facts),
+                "--kernels",
+            )
+        return {"policy": policy, "effective": "fast", "reason": "fla and causal_conv1d import; CUDA present"}
+    if not has_cuda:
+        # fla binds even without a GPU and then fails in the forward: force the torch path ourselves.
+        force_torch_path()
+        return {"policy": policy, "effective": "torch", "reason": f"no CUDA GPU used (device {device}): torch path forced"}
+    return {"policy": policy, "effective": "as-installed", "reason": "CUDA present: transformers binds what is installed"}
+
+
+def _implementation_of(fn: Any) -> Any | None:
+    """The `implementation` closure variable of a hub-fallback wrapper, following `__wrapped__`."""
+    seen = 0
+    while fn is not None and seen < 8:
+        try:
+            nonlocals = inspect.getclosurevars(fn).nonlocals
+        except (TypeError, ValueError):
+            nonlocals = {}
+        if "implementation" in nonlocals:
+            return nonlocals["implementation"]
+        fn = getattr(fn, "__wrapped__", None)
+        seen += 1
+    return None
+
+
+def _impl_module(impl: Any, fallback: str) -> str:
+    if impl is None:
+        return fallback
+    return str(getattr(impl, "__module__", None) or fallback)
+
+
+def bound_kernels(module: ModuleType, model: Any = None) -> dict[str, Any]:
+    """What transformers bound in `module` for the four kernel functions.
+
+    Returns {"scheme", "module", "bound": {fn: implementation module}, "fast": bool}. Under the legacy
+    scheme the per-layer attributes of `model` are read when it is given (else the module's names).
+    """
+    name = module.__name__
+    if all(hasattr(module, fn) for fn in KERNEL_FUNCTIONS) and any(
+        _implementation_of(getattr(module, fn)) is not None for fn in KERNEL_FUNCTIONS
+    ):
+        bound = {fn: _impl_module(_implementation_of(getattr(module, fn)), name) for fn in KERNEL_FUNCTIONS}
+        scheme = "hub-fallback (transformers >= 5.15)"
+    else:
+        scheme = "fast-path flag (transformers <= 5.14)"
+        layer = _first_linear_attn(model) if model is not None else None
+        bound = {}
+        for fn in KERNEL_FUNCTIONS:
+            impl = getattr(layer, _LEGACY_LAYER_ATTRS[fn], None) if layer is not None else None
+            if impl is None:
+                impl = getattr(module, _LEGACY_MODULE_ATTRS[fn], None)
+            # The old code keeps None (or its own torch function) when the fast path is unavailable.
+            bound[fn] = _impl_module(impl, name)
+        if getattr(module, "is_fast_path_available", True) is False:
+            bound = {fn: name for fn in KERNEL_FUNCTIONS}
+    return {"scheme": scheme, "module": name, "bound": bound, "fast": all(is_fast_impl(m) for m in bound.values())}
+
+
+def _first_linear_attn(model: Any) -> Any | None:
+    for mod in model.modules():
+        if hasattr(mod, "linear_attn"):
+            return mod.linear_attn
+    return None
+
+
+def is_fast_impl(module_name: str) -> bool:
+    """True for an implementation from fla or causal_conv1d."""
+    return module_name.split(".")[0] in FAST_PACKAGES
+
+
+def require_fast(binding: dict[str, Any]) -> None:
+    """Under policy `fast`: fail unless every kernel function is bound to fla / causal_conv1d."""
+    slow = {fn: m for fn, m in binding["bound"].items() if not is_fast_impl(m)}
+    if slow:
+        listing = ", ".join(f"{fn} -> {m}" for fn, m in slow.items())
+        raise WorkerError(f"kernel policy 'fast' but transformers bound the torch path for: {listing}", "kernels")
+
+
+def import_modeling(model_type: str) -> ModuleType:
+    """Import the modeling module for `model_type` (binding its kernels); clear error when unknown."""
+    name = modeling_module_name(model_type)
+    try:
+        return importlib.import_module(name)
+    except ModuleNotFoundError as exc:
+        raise WorkerError(f"model type {model_type!r}: transformers has no module {name} ({exc})", "config.json") from exc
+
+
+@contextlib.contextmanager
+def count_kernel_calls(module: ModuleType) -> Iterator[dict[str, int]]:
+    """Count calls of the four module-level kernel functions while inside (the modeling code looks
+    them up as module globals at call time, so wrapping the globals sees every call)."""
+    counts = {fn: 0 for fn in KERNEL_FUNCTIONS}
+    originals = {fn: getattr(module, fn) for fn in KERNEL_FUNCTIONS if hasattr(module, fn)}
+
+    def wrap(fn_name: str, fn: Any) -> Any:
+        def counted(*args: Any, **kwargs: Any) -> Any:
+            counts[fn_name] += 1
+            return fn(*args, **kwargs)
+
+        counted.__wrapped__ = fn  # type: ignore[attr-defined]
+        return counted
+
+    for fn_name, fn in originals.items():
+        setattr(module, fn_name, wrap(fn_name, fn))
+    try:
+        yield counts
+    finally:
+        for fn_name, fn in originals.items():
+            setattr(module, fn_name, fn)

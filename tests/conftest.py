@@ -1,0 +1,1 @@
+pytest_plugins = ["tests.fixtures_models", "tests.ssh_fixtures"]

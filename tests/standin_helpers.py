@@ -1,0 +1,60 @@
+"""Starting the rehearsal server (`remote.standin`) as a real local process, for tests and benches."""
+
+from __future__ import annotations
+
+import contextlib
+import socket
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def http_status(url: str, timeout: float = 2.0) -> int | None:
+    """The HTTP status of GET url, or None when nothing answers."""
+    try:
+        with urllib.request.urlopen(url, timeout=timeout) as response:
+            return response.status
+    except urllib.error.HTTPError as exc:
+        return exc.code
+    except OSError:
+        return None
+
+
+def start_standin(model: Path, port: int, log: Path, *args: str) -> subprocess.Popen:
+    """Start the standin in its own session (like a detached service); returns the process."""
+    return subprocess.Popen([sys.executable, "-m", "remote.standin", "--model", str(model), "--port", str(port), *args],
+                            cwd=ROOT, stdout=log.open("w"), stderr=subprocess.STDOUT, start_new_session=True)
+
+
+def wait_status(url: str, want: int, timeout: float = 60.0) -> list[int | None]:
+    """Poll until GET url answers `want`; returns every status seen (TimeoutError when it never does)."""
+    seen: list[int | None] = []
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        status = http_status(url)
+        seen.append(status)
+        if status == want:
+            return seen
+        time.sleep(0.1)
+    raise TimeoutError(f"{url} never answered {want}; saw {seen[-5:]}")
+
+
+def stop(proc: subprocess.Popen) -> None:
+    with contextlib.suppress(ProcessLookupError):
+        proc.terminate()
+    try:
+        proc.wait(10)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()

@@ -1,0 +1,220 @@
+"""Completions from a live server (remote.completions), against the real rehearsal server
+(remote.standin: the tiny target behind SGLang's endpoints) and small real HTTP servers in front of it."""
+
+from __future__ import annotations
+
+import io
+import json
+import socket
+import subprocess
+import sys
+import threading
+import time
+import urllib.request
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+
+import pytest
+
+from remote import completions, extract
+from remote.events import EventWriter, WorkerError
+from remote.prompts import load_prompts
+from tests.fixtures_models import REPO
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture(scope="module")
+def standin(tiny_target, tmp_path_factory):
+    """The rehearsal server on a free port, ready (health 200)."""
+    port = free_port()
+    log = tmp_path_factory.mktemp("standin") / "log.txt"
+    with open(log, "wb") as fh:
+        proc = subprocess.Popen([sys.executable, "-m", "remote.standin", "--model", str(tiny_target), "--port", str(port)],
+                                cwd=REPO, stdout=fh, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+    url = f"http://127.0.0.1:{port}"
+    deadline = time.time() + 90
+    while True:
+        try:
+            with urllib.request.urlopen(url + "/health", timeout=2) as r:
+                if r.status == 200:
+                    break
+        except OSError:
+            pass
+        assert proc.poll() is None and time.time() < deadline, log.read_text()[-2000:]
+        time.sleep(0.2)
+    yield url
+    proc.terminate()
+    proc.wait(timeout=10)
+
+
+def serve(handler_cls) -> tuple[str, ThreadingHTTPServer]:
+    server = ThreadingHTTPServer(("127.0.0.1", 0), handler_cls)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    return f"http://127.0.0.1:{server.server_address[1]}", server
+
+
+def proxy_without_generate(upstream: str):
+    """A vLLM-like front: everything forwarded to the standin except /generate (404)."""
+
+    class Handler(BaseHTTPRequestHandler):
+        def log_message(self, *args):
+            pass
+
+        def _forward(self, body: bytes | None):
+            req = urllib.request.Request(upstream + self.path, data=body, method=self.command,
+                                         headers={"Content-Type": "application/json"})
+            with urllib.request.urlopen(req) as r:
+                data, status = r.read(), r.status
+            self.send_response(status)
+            self.send_header("Content-Length", str(len(data)))
+            self.end_headers()
+            self.wfile.write(data)
+
+        def do_GET(self):  # noqa: N802
+            self._forward(None)
+
+        def do_POST(self):  # noqa: N802
+            body = self.rfile.read(int(self.headers["Content-Length"]))
+            if self.path == "/generate":
+                self.send_error(404)
+                return
+            self._forward(body)
+
+    return serve(Handler)
+
+
+def broken_server(model_path: str, generate_answer: bytes):
+    """A server whose /model_info is fine and whose /generate answers `generate_answer`."""
+
+    class Handler(BaseHTTPRequestHandler):
+        def log_message(self, *args):
+            pass
+
+        def _send(self, data: bytes):
+            self.send_response(200)
+            self.send_header("Content-Length", str(len(data)))
+            self.end_headers()
+            self.wfile.write(data)
+
+        def do_GET(self):  # noqa: N802
+            self._send(json.dumps({"model_path": model_path}).encode())
+
+        def do_POST(self):  # noqa: N802
+            self.rfile.read(int(self.headers["Content-Length"]))
+            self._send(generate_answer)
+
+    return serve(Handler)
+
+
+def prompt_file(tmp_path: Path, n: int = 2, max_new: int = 6) -> Path:
+    lines = [json.dumps({"id": f"p{i}", "messages": [{"role": "user", "content": f"Write function number {i}."}],
+                         "max_new_tokens": max_new}) for i in range(n)]
+    path = tmp_path / "prompts.jsonl"
+    path.write_text("\n".join(lines) + "\n")
+    return path
+
+
+def run(argv: list[str]) -> tuple[dict, list[dict]]:
+    buf = io.StringIO()
+    result = completions.main(EventWriter(stream=buf), argv)
+    return result, [json.loads(line) for line in buf.getvalue().splitlines()]
+
+
+def test_generate_caches_token_ids_then_extract_reads_them(standin, tiny_target, tmp_path):
+    out = tmp_path / "completions.json"
+    prompts = prompt_file(tmp_path)
+    result, events = run(["--server", standin, "--prompts", str(prompts), "--out", str(out)])
+    data = json.loads(out.read_text())
+    assert data["format"] == "dflash-ops.completions/1"
+    assert data["model_path"] == str(tiny_target) and data["server_url"] == standin
+    assert data["prompt_set_sha256"] == load_prompts(prompts).sha256
+    assert data["sampling"] == {"temperature": 0, "max_new_tokens": 6}
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(tiny_target)
+    for i, record in enumerate(data["prompts"]):
+        assert record["id"] == f"p{i}" and record["endpoint"] == "generate"
+        assert tokenizer.decode(record["prompt_ids"]).endswith(f"Write function number {i}.<|im_end|>\n<|im_start|>assistant\n")
+        # Greedy and deterministic: the server gives the same ids again for the same prompt.
+        req = urllib.request.Request(standin + "/generate", method="POST", headers={"Content-Type": "application/json"},
+                                     data=json.dumps({"input_ids": record["prompt_ids"],
+                                                      "sampling_params": {"max_new_tokens": 6, "temperature": 0}}).encode())
+        with urllib.request.urlopen(req) as r:
+            assert json.loads(r.read())["output_ids"] == record["completion_ids"]
+        assert record["finish_reason"] in ("length", "stop") and 1 <= len(record["completion_ids"]) <= 6
+    logs = [e["msg"] for e in events if e["type"] == "log"]
+    assert any(m.startswith("[2/2] p1: ") and m.endswith(f"{len(data['prompts'][1]['completion_ids'])} tokens") for m in logs)
+    assert result["endpoint"] == "generate"
+    # The extractor takes this file as it is.
+    buf = io.StringIO()
+    extract.main(EventWriter(stream=buf), ["--model", str(tiny_target), "--completions", str(out),
+                                           "--out", str(tmp_path / "x"), "--layers", "1"])
+    manifest = json.loads((tmp_path / "x" / "manifest.json").read_text())
+    assert [p["num_tokens"] for p in manifest["prompts"]] == [
+        len(r["prompt_ids"]) + len(r["completion_ids"]) for r in data["prompts"]]
+
+
+def test_falls_back_to_openai_completions_when_generate_is_404(standin, tmp_path):
+    url, server = proxy_without_generate(standin)
+    try:
+        _, events = run(["--server", url, "--prompts", str(prompt_file(tmp_path)), "--out", str(tmp_path / "c.json")])
+    finally:
+        server.shutdown()
+    data = json.loads((tmp_path / "c.json").read_text())
+    assert {r["endpoint"] for r in data["prompts"]} == {"v1/completions"}
+    assert all(r["completion_ids"] for r in data["prompts"])
+    warnings = [e["msg"] for e in events if e["type"] == "log" and e["level"] == "warning"]
+    assert any("/generate is not served (404)" in w for w in warnings)
+    assert any("re-tokenised from text" in w for w in warnings)
+
+
+def test_refuses_to_overwrite_a_cache_for_other_prompts_or_model(standin, tmp_path):
+    out = tmp_path / "c.json"
+    run(["--server", standin, "--prompts", str(prompt_file(tmp_path, n=1)), "--out", str(out)])
+    first = out.read_text()
+    other = tmp_path / "other"
+    other.mkdir()
+    with pytest.raises(WorkerError, match="different prompt set .*refusing to overwrite"):
+        run(["--server", standin, "--prompts", str(prompt_file(other, n=2)), "--out", str(out)])
+    data = json.loads(first)
+    data["model_path"] = "/models/another-model"
+    out.write_text(json.dumps(data))
+    with pytest.raises(WorkerError, match="different model /models/another-model vs"):
+        run(["--server", standin, "--prompts", str(prompt_file(tmp_path, n=1)), "--out", str(out)])
+    assert json.loads(out.read_text())["model_path"] == "/models/another-model"  # untouched
+    run(["--server", standin, "--prompts", str(prompt_file(tmp_path, n=1)), "--out", str(out), "--force"])
+    assert json.loads(out.read_text()) == json.loads(first)
+    (tmp_path / "notes.json").write_text("hello")
+    with pytest.raises(WorkerError, match="exists and is not a completions cache"):
+        run(["--server", standin, "--prompts", str(prompt_file(tmp_path, n=1)), "--out", str(tmp_path / "notes.json")])
+
+
+@pytest.mark.parametrize("answer, message", [
+    (b'{"text": "hello", "meta_info": {}}', r"prompt 'p0': /generate answer has no list of token ids in 'output_ids' \(found \['meta_info', 'text'\]\)"),
+    (b'{"output_ids": [1, "x"]}', r"no list of token ids in 'output_ids'"),
+    (b"<html>oops</html>", r"/generate answered 200 with something that is not JSON"),
+])
+def test_malformed_server_answers_are_clear_errors(tiny_target, tmp_path, answer, message):
+    url, server = broken_server(str(tiny_target), answer)
+    try:
+        with pytest.raises(WorkerError, match=message):
+            run(["--server", url, "--prompts", str(prompt_file(tmp_path)), "--out", str(tmp_path / "c.json")])
+    finally:
+        server.shutdown()
+    assert not (tmp_path / "c.json").exists()
+
+
+def test_unreachable_server_and_foreign_tokenizer_path(tmp_path):
+    with pytest.raises(WorkerError, match=r"cannot reach the server at http://127.0.0.1:\d+/model_info"):
+        run(["--server", f"http://127.0.0.1:{free_port()}", "--out", str(tmp_path / "c.json")])
+    url, server = broken_server("/models/on-another-host", b"{}")
+    try:
+        with pytest.raises(WorkerError, match="tokenizer directory /models/on-another-host is not on this host"):
+            run(["--server", url, "--out", str(tmp_path / "c.json")])
+    finally:
+        server.shutdown()

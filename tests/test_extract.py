@@ -1,0 +1,237 @@
+"""Hidden-state extraction (remote.extract) on the tiny random Qwen3.5 target, on CPU."""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from safetensors import safe_open
+
+from remote import extract
+from remote.artifacts import read_manifest
+from remote.events import EventWriter, WorkerError
+from remote.layers import default_target_layers, find_decoder_layers, select_layers
+from tests.fixtures_models import REPO, write_completions
+
+
+def run_inline(argv: list[str]) -> tuple[dict, list[dict]]:
+    """extract.main in this process; returns (result, events)."""
+    buf = io.StringIO()
+    result = extract.main(EventWriter(stream=buf), argv)
+    return result, [json.loads(line) for line in buf.getvalue().splitlines()]
+
+
+def load(path: Path) -> tuple[dict, dict]:
+    with safe_open(str(path), "pt") as fh:
+        return {k: fh.get_tensor(k) for k in fh.keys()}, fh.metadata()
+
+
+@pytest.fixture(scope="module")
+def extracted(tiny_target, tiny_completions, tmp_path_factory):
+    out = tmp_path_factory.mktemp("extract") / "out"
+    result, events = run_inline(["--model", str(tiny_target), "--completions", str(tiny_completions),
+                                 "--out", str(out), "--layers", "0,1,2", "--kernels", "torch"])
+    return out, result, events
+
+
+def test_hooks_equal_hf_hidden_states(extracted, tiny_target):
+    """Layer k = output of decoder layer k = hidden_states[k+1]; HF normalises its last entry, the hook
+    keeps the raw output, so there norm(hook) == hidden_states[-1]."""
+    from transformers import AutoModelForCausalLM
+
+    out, _, _ = extracted
+    manifest = read_manifest(out, verify=True)
+    assert manifest["layers"] == [0, 1, 2, 3]
+    model = AutoModelForCausalLM.from_pretrained(tiny_target, dtype=torch.bfloat16).eval()
+    for entry in manifest["prompts"]:
+        tensors, meta = load(out / entry["file"])
+        ids = tensors["input_ids"]
+        with torch.no_grad():
+            ref = model(ids[None], output_hidden_states=True, use_cache=False)
+        hidden = tensors["hidden"]
+        assert hidden.dtype == torch.bfloat16 and hidden.shape == (len(ids), 4, 64)
+        for i, k in enumerate([0, 1, 2]):
+            assert torch.equal(hidden[:, i], ref.hidden_states[k + 1][0]), f"layer {k}"
+        # Off by one would be caught: layer 1 is not hidden_states[1].
+        assert not torch.equal(hidden[:, 1], ref.hidden_states[1][0])
+        assert torch.equal(model.model.norm(hidden[None, :, 3])[0], ref.hidden_states[4][0])
+        logits = ref.logits[0].float()
+        assert torch.equal(tensors["g"], logits.argmax(-1))
+        top = torch.log_softmax(logits, -1).topk(8, -1)
+        assert torch.equal(tensors["topk_ids"], top.indices)
+        assert torch.allclose(tensors["topk_logprobs"], top.values, atol=1e-5)
+        assert tensors["topk_logprobs"].dtype == torch.float32 and tensors["g"].dtype == torch.int64
+        assert meta == {"prompt_id": entry["id"], "prompt_len": str(entry["prompt_len"]), "layers": "[0, 1, 2, 3]"}
+
+
+def test_input_ids_are_prompt_plus_completion_and_manifest_says_what_ran(extracted, tiny_completions):
+    out, result, _ = extracted
+    completions = json.loads(tiny_completions.read_text())
+    manifest = read_manifest(out)
+    assert [p["id"] for p in manifest["prompts"]] == [p["id"] for p in completions["prompts"]]
+    for entry, source in zip(manifest["prompts"], completions["prompts"], strict=True):
+        tensors, _ = load(out / entry["file"])
+        assert tensors["input_ids"].tolist() == source["prompt_ids"] + source["completion_ids"]
+        assert entry["prompt_len"] == len(source["prompt_ids"])
+    assert manifest["hidden_size"] == 64 and manifest["dtype"] == "bfloat16"
+    assert manifest["kernel_policy"] == "torch" and manifest["kernels_fast"] is False
+    assert manifest["kernel_calls"]["torch_chunk_gated_delta_rule"] == 3 * len(manifest["prompts"])
+    assert manifest["versions"]["transformers"] and manifest["device_map"] == {"": "cpu"}
+    assert result["kernels"] == manifest["kernels"]
+
+
+def test_gpu_released_comes_before_the_manifest(extracted):
+    _, _, events = extracted
+    kinds = [(e["type"], e.get("kind")) for e in events]
+    released = kinds.index(("gpu_released", None))
+    assert released < kinds.index(("artifact", "extract"))
+    window = events[released]
+    assert {"copy_s", "forward_s", "window_s", "tokens"} <= set(window)
+    prompts = [e for e in events if e["type"] == "progress" and e["key"] == "prompts"]
+    assert prompts[-1]["done"] == prompts[-1]["total"] == 3
+    weights = [e for e in events if e["type"] == "progress" and e["key"] == "weights"]
+    assert weights[-1]["done"] == weights[-1]["total"] > 50
+
+
+def test_layers_beyond_the_model_are_a_clear_error(tiny_target, tiny_completions, tmp_path):
+    with pytest.raises(WorkerError, match=r"layer 7 \(from --layers\) is beyond the model: it has 4 decoder layers"):
+        run_inline(["--model", str(tiny_target), "--completions", str(tiny_completions),
+                    "--out", str(tmp_path / "o"), "--layers", "1,7"])
+    drafter = tmp_path / "drafter"
+    drafter.mkdir()
+    (drafter / "config.json").write_text(json.dumps({"dflash_config": {"target_layer_ids": [1, 4]}}))
+    with pytest.raises(WorkerError, match=r"layer 4 \(from drafter .*drafter\) is beyond the model"):
+        select_layers(4, [], [drafter])
+
+
+def test_missing_model_and_bad_completions_are_clear_errors(tiny_target, tiny_completions, tmp_path):
+    with pytest.raises(WorkerError, match="model path does not exist"):
+        run_inline(["--model", str(tmp_path / "nope"), "--completions", str(tiny_completions), "--out", str(tmp_path)])
+    bad = tmp_path / "bad.json"
+    bad.write_text(json.dumps({"format": "something-else", "prompts": []}))
+    with pytest.raises(WorkerError, match="expected format 'dflash-ops.completions/1', found 'something-else'"):
+        run_inline(["--model", str(tiny_target), "--completions", str(bad), "--out", str(tmp_path / "o")])
+    data = json.loads(tiny_completions.read_text())
+    data["prompts"][1]["completion_ids"] = [1, "two"]
+    bad.write_text(json.dumps(data))
+    with pytest.raises(WorkerError, match=r"prompts\[1\].completion_ids must be a list of token ids"):
+        run_inline(["--model", str(tiny_target), "--completions", str(bad), "--out", str(tmp_path / "o")])
+
+
+def test_drafter_layers_and_default_ids(tmp_path):
+    drafter = tmp_path / "d"
+    drafter.mkdir()
+    (drafter / "config.json").write_text(json.dumps({"num_target_layers": 64, "num_hidden_layers": 5}))
+    assert select_layers(64, [], [drafter]) == [1, 16, 31, 46, 61, 63]
+    assert default_target_layers(64, 1) == [32]
+    (drafter / "config.json").write_text("{not json")
+    with pytest.raises(WorkerError, match="not valid JSON"):
+        select_layers(64, [], [drafter])
+
+
+@settings(max_examples=50, deadline=None)
+@given(num_layers=st.integers(1, 80), data=st.data())
+def test_select_layers_is_sorted_union_with_last(num_layers, data):
+    explicit = data.draw(st.lists(st.integers(0, num_layers - 1), max_size=8))
+    layers = select_layers(num_layers, explicit, [])
+    assert layers == sorted(set(explicit) | {num_layers - 1})
+
+
+def test_decoder_layers_found_in_multimodal_tree():
+    """Qwen3_5ForConditionalGeneration keeps them at model.language_model.layers, beside vision blocks."""
+    from transformers import Qwen3_5Config, Qwen3_5ForConditionalGeneration
+
+    from remote.tinymodel import tiny_config
+
+    text = tiny_config(num_layers=4).to_dict()
+    vision = {"depth": 6, "hidden_size": 32, "intermediate_size": 64, "num_heads": 2, "out_hidden_size": 64}
+    with torch.device("meta"):
+        model = Qwen3_5ForConditionalGeneration(Qwen3_5Config(text_config=text, vision_config=vision))
+    path, layers = find_decoder_layers(model)
+    assert path == "model.language_model.layers" and len(layers) == 4
+
+
+def test_warm_up_model_builds_from_text_and_multimodal_configs(tiny_target):
+    config = json.loads((tiny_target / "config.json").read_text())
+    buf = io.StringIO()
+    assert extract.warm_kernels(config, "cpu", EventWriter(stream=buf)) > 0
+    assert "kernels warmed with a 2-layer model" in buf.getvalue()
+    nested = {"model_type": "qwen3_5", "text_config": {**config, "model_type": "qwen3_5_text"}}
+    assert extract.warm_kernels(nested, "cpu", EventWriter(stream=io.StringIO())) > 0
+
+
+def test_killed_worker_leaves_nothing_that_looks_complete(tiny_target, tmp_path):
+    completions = write_completions(tiny_target, tmp_path / "long.json", n_prompts=40, completion_len=700)
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "manifest.json").write_text("{}")  # a previous run's: must not survive into this one
+    env = {**os.environ, "PYTHONPATH": str(REPO), "DFLASH_EVENTS": str(tmp_path / "ev.jsonl")}
+    proc = subprocess.Popen([sys.executable, "-m", "remote.extract", "--model", str(tiny_target),
+                             "--completions", str(completions), "--out", str(out), "--layers", "0,1,2"],
+                            env=env, cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    deadline = time.time() + 60
+    while not list(out.glob("*.safetensors")) and time.time() < deadline and proc.poll() is None:
+        time.sleep(0.02)
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    finals = list(out.glob("*.safetensors"))
+    assert finals, "no prompt file appeared before the kill"
+    assert not (out / "manifest.json").exists()
+    with pytest.raises(ValueError, match="incomplete"):
+        read_manifest(out)
+    for file in finals:  # every file under a final name is complete
+        tensors, meta = load(file)
+        assert tensors["hidden"].shape[0] == tensors["input_ids"].shape[0] == int(meta["prompt_len"]) + 700
+    assert len(finals) < 40
+
+
+def test_staged_mode_waits_for_go_and_reports_the_window(tiny_target, tiny_completions, tmp_path, extracted):
+    out, go = tmp_path / "staged", tmp_path / "go"
+    events_file = tmp_path / "staged.events.jsonl"
+    env = {**os.environ, "PYTHONPATH": str(REPO), "DFLASH_EVENTS": str(events_file)}
+    proc = subprocess.Popen([sys.executable, "-m", "remote.extract", "--model", str(tiny_target),
+                             "--completions", str(tiny_completions), "--out", str(out), "--layers", "0,1,2",
+                             "--staged", "--go-file", str(go)],
+                            env=env, cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+
+    def events() -> list[dict]:
+        return [json.loads(line) for line in events_file.read_text().splitlines()] if events_file.exists() else []
+
+    deadline = time.time() + 60
+    while not any(e["type"] == "staged" for e in events()) and time.time() < deadline:
+        assert proc.poll() is None, proc.stderr.read().decode()[-2000:]
+        time.sleep(0.05)
+    time.sleep(0.3)
+    seen = events()
+    assert not any(e["type"] == "progress" and e["key"] == "prompts" for e in seen), "ran before the go signal"
+    staged = next(e for e in seen if e["type"] == "staged")
+    assert staged["tensors"] > 50 and staged["bytes"] > 0
+    go.touch()
+    assert proc.wait(timeout=60) == 0
+    done = events()
+    released = next(e for e in done if e["type"] == "gpu_released")
+    assert released["staged"] is True and released["waited_s"] >= 0.3
+    assert released["window_s"] >= released["copy_s"] + released["forward_s"] - 0.01
+    # Staging changes nothing in the numbers.
+    cold_out = extracted[0]
+    for file in sorted(cold_out.glob("*.safetensors")):
+        assert torch.equal(load(file)[0]["hidden"], load(out / file.name)[0]["hidden"])
+
+
+def test_device_and_memory_options_are_checked(tiny_target, tiny_completions, tmp_path):
+    with pytest.raises(WorkerError, match="--device cuda but torch sees no CUDA GPU"):
+        run_inline(["--model", str(tiny_target), "--completions", str(tiny_completions), "--out", str(tmp_path / "o"),
+                    "--device", "cuda"])
+    with pytest.raises(WorkerError, match="--max-memory entries look like"):
+        run_inline(["--model", str(tiny_target), "--completions", str(tiny_completions), "--out", str(tmp_path / "o"),
+                    "--max-memory", "0:40GiB"])

@@ -1,0 +1,130 @@
+"""Kernel policy and binding detection (remote.kernels), on real transformers modeling code.
+
+fla and causal-conv1d cannot run here (no GPU); the FAKE packages of `fake_kernel_paths` export the
+same names so transformers binds them exactly as the real ones, which is what detection reads.
+"""
+
+from __future__ import annotations
+
+import json
+import types
+
+import pytest
+
+from remote import kernels
+from remote.events import WorkerError
+from tests.fixtures_models import error_of, run_module
+
+MODELING = "transformers.models.qwen3_5.modeling_qwen3_5"
+
+
+def test_policy_fast_without_gpu_fails_before_loading(tiny_target, tiny_completions, tmp_path):
+    code, events = run_module("remote.extract", ["--model", str(tiny_target), "--completions", str(tiny_completions),
+                                                 "--out", str(tmp_path / "out"), "--kernels", "fast"], tmp_path)
+    assert code == 2
+    msg = error_of(events)
+    assert msg.startswith("kernel policy 'fast' needs fla and causal_conv1d on a CUDA GPU; this host has:")
+    assert "fla: not importable" in msg and "causal_conv1d: not importable" in msg
+    phases = [e["name"] for e in events if e["type"] == "phase"]
+    assert "load" not in phases and "import" not in phases
+    assert not (tmp_path / "out").exists()
+
+
+def test_policy_fast_with_kernels_but_no_gpu_names_what_is_there(tiny_target, tiny_completions, tmp_path,
+                                                                fake_kernel_paths):
+    code, events = run_module("remote.extract", ["--model", str(tiny_target), "--completions", str(tiny_completions),
+                                                 "--out", str(tmp_path / "out"), "--kernels", "fast", "--device", "cpu"],
+                              tmp_path, extra_path=list(fake_kernel_paths.values()))
+    msg = error_of(events)
+    assert code == 2
+    assert "fla: 0.0.0+fake" in msg and "causal_conv1d: 0.0.0+fake" in msg and "CUDA GPU: not used" in msg
+
+
+def test_installed_kernels_are_detected_as_bound(fake_probes):
+    """The probe imports the modeling module as installed: transformers binds the (fake) fast kernels."""
+    kern = fake_probes["inference"]["kernels"]
+    assert kern["scheme"].startswith("hub-fallback")
+    assert kern["bound"]["torch_chunk_gated_delta_rule"] == "fla.ops.gated_delta_rule"
+    assert kern["bound"]["torch_recurrent_gated_delta_rule"] == "fla.ops.gated_delta_rule"
+    assert kern["bound"]["causal_conv1d_fn"] == "causal_conv1d"
+    assert kern["bound"]["causal_conv1d_update"] == "causal_conv1d"
+    assert kern["fast"] is True and kern["would_force_torch"] is True
+
+
+def test_only_fla_installed_binds_torch_conv(fake_probes):
+    kern = fake_probes["training"]["kernels"]
+    assert kern["bound"]["torch_chunk_gated_delta_rule"].startswith("fla.")
+    assert kern["bound"]["causal_conv1d_fn"] == MODELING
+    assert kern["fast"] is False
+
+
+def test_cpu_run_forces_torch_even_with_kernels_installed(tiny_target, tiny_completions, tmp_path,
+                                                          fake_kernel_paths):
+    """With fla importable but no GPU, policy `any` forces torch itself (the fake fla raises if called)."""
+    out = tmp_path / "out"
+    code, events = run_module("remote.extract", ["--model", str(tiny_target), "--completions", str(tiny_completions),
+                                                 "--out", str(out), "--kernels", "any", "--limit", "1"],
+                              tmp_path, extra_path=list(fake_kernel_paths.values()))
+    assert code == 0, error_of(events)
+    manifest = json.loads((out / "manifest.json").read_text())
+    assert set(manifest["kernels"].values()) == {MODELING}
+    assert manifest["kernels_fast"] is False
+    assert manifest["kernel_policy"] == "any" and manifest["kernel_decision"]["effective"] == "torch"
+    # Which kernels actually ran: the torch prefill path, once per linear-attention layer.
+    assert manifest["kernel_calls"] == {"causal_conv1d_fn": 3, "torch_chunk_gated_delta_rule": 3}
+    assert manifest["versions"]["fla"] is None  # hidden from the process, so never imported
+
+
+def test_require_fast_lists_the_torch_bound_functions():
+    binding = {"bound": {"causal_conv1d_fn": MODELING, "torch_chunk_gated_delta_rule": "fla.ops.gated_delta_rule"}}
+    with pytest.raises(WorkerError, match=r"torch path for: causal_conv1d_fn -> " + MODELING.replace(".", r"\.")):
+        kernels.require_fast(binding)
+    kernels.require_fast({"bound": {"a": "fla.ops.x", "b": "causal_conv1d.cpp_functions"}})
+
+
+def test_unknown_policy_is_a_clear_error():
+    with pytest.raises(WorkerError, match="unknown kernel policy 'quick'"):
+        kernels.apply_policy("quick", "cpu")
+
+
+def _legacy_module(fast: bool) -> types.ModuleType:
+    """A stand-in for a transformers <= 5.14 modeling module (not installable next to 5.24)."""
+    module = types.ModuleType("transformers.models.qwen3_next.modeling_qwen3_next")
+    fla_fn = types.FunctionType((lambda: None).__code__, {}, "chunk_gated_delta_rule")
+    fla_fn.__module__ = "fla.ops.gated_delta_rule.chunk"
+    module.is_fast_path_available = fast
+    module.chunk_gated_delta_rule = fla_fn if fast else None
+    module.fused_recurrent_gated_delta_rule = None
+    module.causal_conv1d_fn = None
+    module.causal_conv1d_update = None
+    return module
+
+
+def test_legacy_scheme_reads_flag_and_layer_attributes():
+    import torch
+
+    class LinearAttn(torch.nn.Module):
+        pass
+
+    class Layer(torch.nn.Module):
+        def __init__(self, fn):
+            super().__init__()
+            self.linear_attn = LinearAttn()
+            self.linear_attn.chunk_gated_delta_rule = fn
+
+    module = _legacy_module(fast=True)
+    model = torch.nn.Sequential(Layer(module.chunk_gated_delta_rule))
+    binding = kernels.bound_kernels(module, model)
+    assert binding["scheme"].startswith("fast-path flag")
+    assert binding["bound"]["torch_chunk_gated_delta_rule"] == "fla.ops.gated_delta_rule.chunk"
+    assert binding["bound"]["causal_conv1d_fn"] == module.__name__
+    assert binding["fast"] is False
+    slow = kernels.bound_kernels(_legacy_module(fast=False))
+    assert set(slow["bound"].values()) == {"transformers.models.qwen3_next.modeling_qwen3_next"}
+
+
+def test_modeling_module_name_for_text_and_multimodal_types():
+    assert kernels.modeling_module_name("qwen3_5_text") == MODELING
+    assert kernels.modeling_module_name("qwen3_5") == MODELING
+    with pytest.raises(WorkerError, match="model type 'nonesuch'"):
+        kernels.import_modeling("nonesuch")

@@ -1,0 +1,70 @@
+"""Environment probe (remote.probe) and the side-by-side host table (console.probe_table)."""
+
+from __future__ import annotations
+
+import copy
+
+from rich.console import Console
+from safetensors import safe_open
+
+from console.probe_table import find_asymmetries, probe_rows, probe_table
+from remote import probe
+
+
+def test_probe_reports_this_host_and_the_model(tiny_target, tmp_path, monkeypatch):
+    cache = tmp_path / "triton"
+    (cache / "ab").mkdir(parents=True)
+    (cache / "ab" / "kernel.cubin").write_bytes(b"x" * 1000)
+    monkeypatch.setenv("TRITON_CACHE_DIR", str(cache))
+    facts = probe.probe(str(tiny_target), str(tmp_path))
+    with safe_open(str(tiny_target / "model.safetensors"), "pt") as fh:
+        tensors = len(list(fh.keys()))
+    assert facts["model"]["tensors"] == tensors and facts["model"]["num_layers"] == 4
+    assert facts["model"]["layer_types"] == {"linear_attention": 3, "full_attention": 1}
+    assert facts["triton_cache"] == {"dir": str(cache), "from_env": True, "exists": True, "bytes": 1000, "files": 1}
+    assert facts["torch"]["cuda_available"] is False and facts["torch"]["devices"] == []
+    assert facts["packages"]["fla"]["importable"] is False
+    assert facts["kernels"]["fast"] is False and facts["kernels"]["would_force_torch"] is True
+    assert facts["disk"]["free"] > 0 and facts["ram"]["available"] > 0
+
+
+def test_probe_of_a_missing_model_reports_instead_of_failing(tmp_path):
+    facts = probe.probe(str(tmp_path / "nope"))
+    assert "model path does not exist" in facts["model"]["error"]
+    assert facts["kernels"]["bound"]  # still inspects the default model type
+
+
+def test_story_asymmetry_causal_conv1d_missing_on_training_host(fake_probes):
+    found = {a.row: a for a in find_asymmetries(fake_probes)}
+    assert found["causal_conv1d"].severity == "error"
+    assert found["causal_conv1d"].values == {"inference": "0.0.0+fake", "training": "missing"}
+    assert found["kernel causal_conv1d_fn"].severity == "error"
+    assert found["kernel causal_conv1d_fn"].values["training"] == "torch fallback"
+    assert "kernel torch_chunk_gated_delta_rule" not in found  # fla on both: no asymmetry there
+    assert "fla" not in found and "disk free" not in found
+    assert list(found.values())[0].severity == "error"
+
+
+def test_identical_hosts_have_no_asymmetry_and_versions_warn(fake_probes):
+    same = {"a": fake_probes["inference"], "b": copy.deepcopy(fake_probes["inference"])}
+    same["b"]["disk"]["free"] = 1
+    assert find_asymmetries(same) == []
+    same["b"]["packages"]["transformers"]["version"] = "5.14.0"
+    (only,) = find_asymmetries(same)
+    assert only.row == "transformers" and only.severity == "warning"
+
+
+def test_table_shows_hosts_side_by_side_and_flags_mismatch(fake_probes):
+    console = Console(record=True, width=220)
+    console.print(probe_table(fake_probes))
+    text = console.export_text()
+    assert "inference" in text and "training" in text
+    line = next(ln for ln in text.splitlines() if "kernel causal_conv1d_fn" in ln)
+    assert "causal_conv1d (causal_conv1d)" in line and "torch fallback" in line and "MISMATCH" in line
+    chunk = next(ln for ln in text.splitlines() if "kernel torch_chunk_gated_delta_rule" in ln)
+    assert "MISMATCH" not in chunk
+
+
+def test_rows_tolerate_a_partial_probe():
+    rows = probe_rows({"torch": {"importable": False}})
+    assert rows["torch"] == "missing" and rows["fla"] == "?" and rows["kernel causal_conv1d_fn"] == "?"

@@ -1,0 +1,183 @@
+"""Service control over real SSH (the embedded server): the command manager driving the rehearsal
+server, readiness through a forwarded port, telemetry from the agent with the simulated GPU, the
+VRAM waiter, and ending exactly the process that kept the memory."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import shlex
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from console.embedded_ssh import EmbeddedSSHServer
+from console.hosts import Host
+from console.jobs import JobRunner
+from console.messages import ServiceHealth, StartupProgress
+from console.service import CommandManager, start_and_wait, wait_ready
+from console.sglang_api import SglangClient
+from console.supervisor import HostSupervisor
+from console.telemetry import ServiceIdentity, TelemetryStream
+from console.vram import end_holders, wait_vram_free
+from remote import simgpu
+from tests.standin_helpers import free_port
+
+PY = sys.executable
+
+
+@dataclass
+class Rig:
+    """One drill-like host over SSH: its supervisor, code dir, simulated GPUs, telemetry stream."""
+
+    server: EmbeddedSSHServer
+    supervisor: HostSupervisor
+    host: Host
+    code: str
+    sim: Path
+    stream: TelemetryStream
+    tmp: Path
+    model: Path
+
+    def manager(self, port: int, *standin_args: str) -> CommandManager:
+        """The command manager for a standin on `port`, as an operator would configure it."""
+        pidfile, log = self.tmp / f"standin-{port}.pid", self.tmp / f"standin-{port}.log"
+        argv = [PY, "-m", "remote.standin", "--model", str(self.model), "--port", str(port),
+                "--gpu-file", str(self.sim), *standin_args]
+        start = (f"cd {shlex.quote(self.code)} && PYTHONPATH={shlex.quote(self.code)} setsid nohup "
+                 f"{shlex.join(argv)} > {log} 2>&1 < /dev/null & echo $! > {pidfile}")
+        return CommandManager(
+            self.host, start=start, stop=f"kill -TERM $(cat {pidfile})",
+            # Running = the pid exists and is not a zombie (this sandbox's init never reaps orphans).
+            status=f"pid=$(cat {pidfile}) && ps -o stat= -p $pid | grep -q '^[^Z]' && echo $pid",
+            log=["tail", "-n", "+1", "-F", str(log)], name="standin",
+        )
+
+
+def _end_leftovers(tmp: Path, sim: Path) -> None:
+    """Kill whatever the test's servers left (by their recorded pids only)."""
+    pids = [int(p.read_text()) for p in tmp.glob("standin-*.pid") if p.read_text().strip().isdigit()]
+    if sim.exists():
+        pids += [p["pid"] for p in simgpu.read(sim)["processes"]]
+    for pid in pids:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
+
+
+@pytest.fixture
+async def rig(tmp_path: Path, tiny_target: Path) -> AsyncIterator[Rig]:
+    server = EmbeddedSSHServer(tmp_path / "home", tmp_path / "ssh", python=PY)
+    await server.start()
+    supervisor = HostSupervisor(server.spec("ct129", workdir=str(tmp_path / "work")), backoff=(0.2, 1.0))
+    supervisor.start()
+    host = await supervisor.wait_connected(20)
+    code = await JobRunner(host).ensure_code()
+    sim = tmp_path / "sim-gpu.json"
+    simgpu.update(sim, lambda data: None)  # two idle simulated GPUs
+    stream = TelemetryStream(supervisor, lambda h: JobRunner(h).ensure_code(), python=PY, interval=0.2,
+                             simulate=str(sim), retry_s=0.2)
+    stream.start()
+    rig = Rig(server, supervisor, host, code, sim, stream, tmp_path, tiny_target)
+    try:
+        yield rig
+    finally:
+        await stream.stop()
+        _end_leftovers(tmp_path, sim)
+        await supervisor.stop()
+        await server.stop()
+
+
+async def test_start_ready_stop_then_vram_free(rig: Rig):
+    port = free_port()
+    manager = rig.manager(port, "--load-delay", "1", "--gpu-mib", "40000", "--release-after", "1.5")
+    assert not (await manager.status()).active
+    client = SglangClient(f"http://127.0.0.1:{await rig.host.forward_local_port('127.0.0.1', port)}")
+    progress: list[StartupProgress] = []
+    health = await start_and_wait(manager, client, timeout=60, host=rig.host, on_progress=progress.append)
+    assert health.ready and health.health_status == 200 and health.error is None
+    assert any(p.stage == "loading" and p.total == 4 for p in progress), progress
+
+    status = await manager.status()
+    assert status.active and status.main_pid == int((rig.tmp / f"standin-{port}.pid").read_text())
+    info = await client.model_info()
+    assert info["model_path"] == str(rig.model)
+
+    # Telemetry attributes the memory to the service: the GPU worker is a child of its main pid.
+    rig.stream.set_service(ServiceIdentity(main_pid=status.main_pid))
+    running = await rig.stream.wait_for(lambda s: any(g.mem_used_mib == 40000 for g in s.gpus), timeout=10)
+    assert running.simulated and running.source == "simulated"
+    await rig.stream.wait_for(lambda s: bool(s.processes), timeout=5, after=time.monotonic())
+    assert rig.stream.telemetry.update(True).service_pids, "the GPU worker was not attributed to the service"
+
+    stopped_at = time.monotonic()
+    await manager.stop()
+    result = await wait_vram_free(rig.stream, gpus=(0, 1), threshold_mib=1024, timeout=20, stopped_at=stopped_at)
+    assert result.free and result.used == "GPU0 0 MiB, GPU1 0 MiB"
+    assert result.waited_s >= 1.0  # it really waited for the release, not for systemctl-like return
+    assert not (await manager.status()).active
+
+
+async def test_stuck_vram_reaches_the_kill_offer_and_ends_only_the_holder(rig: Rig):
+    bystander = subprocess.Popen(["sleep", "120"])  # someone else's job on the other GPU
+    try:
+        simgpu.hold(rig.sim, bystander.pid, 3000, gpus=[1])
+        port = free_port()
+        manager = rig.manager(port, "--gpu-mib", "47179", "--hold-until-killed", "--stubborn-holder")
+        client = SglangClient(f"http://127.0.0.1:{await rig.host.forward_local_port('127.0.0.1', port)}")
+        await manager.start()
+        await wait_ready(client, timeout=60)
+        status = await manager.status()
+        rig.stream.set_service(ServiceIdentity(main_pid=status.main_pid))
+        await rig.stream.wait_for(lambda s: any(g.mem_used_mib == 47179 for g in s.gpus), timeout=10,
+                                  after=time.monotonic())
+        rig.stream.set_service(ServiceIdentity())  # stopped services have no main pid
+
+        stopped_at = time.monotonic()
+        await manager.stop()
+        stuck = await wait_vram_free(rig.stream, gpus=(0,), threshold_mib=1024, timeout=3, stopped_at=stopped_at)
+        assert not stuck.free and stuck.used == "GPU0 47179 MiB"
+        (holder,) = stuck.holders  # the bystander is on GPU 1: not offered
+        assert holder.mib == 47179 and holder.was_service and "--gpu-worker" in holder.command
+
+        outcomes = await end_holders(rig.host, PY, rig.code, stuck.holders, grace_s=1.0)
+        assert [(o.pid, o.outcome) for o in outcomes] == [(holder.pid, "killed")]  # it ignored SIGTERM
+        assert bystander.poll() is None
+        freed = await wait_vram_free(rig.stream, gpus=(0,), threshold_mib=1024, timeout=10)
+        assert freed.free
+    finally:
+        bystander.kill()
+        bystander.wait()
+
+
+async def test_health_flapping_during_start_is_not_taken_for_ready(rig: Rig):
+    port = free_port()
+    manager = rig.manager(port, "--load-delay", "2", "--flap-health", "--gpu-mib", "1000", "--release-after", "0")
+    client = SglangClient(f"http://127.0.0.1:{await rig.host.forward_local_port('127.0.0.1', port)}")
+    seen: list[ServiceHealth] = []
+    health = await start_and_wait(manager, client, timeout=60, on_health=seen.append)
+    assert health.ready
+    flaps = [h for h in seen if h.health_status == 200 and not h.ready]
+    assert flaps, [h.health_status for h in seen]  # /health said 200 while the model was still loading
+    assert any(h.health_status == 503 for h in seen)
+    server = await client.server_info()
+    assert server["ready_at"] is not None and server["ready_at"] - server["started_at"] >= 2.0
+    await manager.stop()
+
+
+async def test_telemetry_restarts_after_a_reconnect(rig: Rig):
+    await rig.stream.wait_for(lambda s: True, timeout=10)
+    assert rig.stream.starts == 1
+    await rig.server.stop()  # the link drops; the agent's stdout closes with it
+    await asyncio.sleep(0.5)
+    await rig.server.start()
+    dropped_at = time.monotonic()
+    sample = await rig.stream.wait_for(lambda s: True, timeout=30, after=dropped_at)
+    assert rig.stream.starts >= 2 and sample.seq < 20  # a new agent counts from 0 again
+    assert not rig.stream.telemetry.is_stale()

@@ -1,0 +1,122 @@
+"""The systemd manager's commands and parsing, on recorded systemctl output (systemd cannot run here)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from pathlib import Path
+
+import pytest
+
+from console.service import (
+    ServiceError,
+    SystemdManager,
+    parse_startup_line,
+    parse_systemctl_show,
+    parse_systemd_timestamp,
+    status_from_show,
+)
+
+DATA = Path(__file__).parent / "data" / "systemd"
+
+
+@dataclass
+class Result:
+    exit_status: int
+    stdout: str = ""
+    stderr: str = ""
+
+
+@dataclass
+class RecordedSystemctl:
+    """A stand-in for `Host.run` on a systemd host: answers systemctl from recorded files and
+    records every argv it was given. `state` names the show_<state>.txt file to answer with."""
+
+    state: str = "active"
+    calls: list[list[str]] = field(default_factory=list)
+    fail: dict[str, Result] = field(default_factory=dict)
+
+    async def run(self, argv: list[str], check: bool = True, timeout: float | None = None) -> Result:
+        self.calls.append(argv)
+        words = argv[argv.index("systemctl") + 1:]
+        verb = words[0]
+        if verb in self.fail:
+            return self.fail[verb]
+        if verb == "is-active":
+            props = parse_systemctl_show((DATA / f"show_{self.state}.txt").read_text())
+            word = props["ActiveState"]
+            return Result(0 if word == "active" else 3, word + "\n")
+        if verb == "show":
+            return Result(0, (DATA / f"show_{self.state}.txt").read_text())
+        if verb in ("stop", "start"):
+            self.state = "inactive" if verb == "stop" else "active"
+            return Result(0)
+        return Result(1, stderr=f"Unknown command verb {verb}.")
+
+
+async def test_status_of_a_running_unit():
+    runner = RecordedSystemctl("active")
+    status = await SystemdManager(runner, "sglang-qwen").status()
+    assert status.active and status.state == "active" and status.sub_state == "running"
+    assert status.main_pid == 2741803 and status.cgroup == "/system.slice/sglang-qwen.service"
+    assert status.since == datetime(2026, 11, 28, 21, 14, 7, tzinfo=UTC).timestamp()
+    assert runner.calls[0] == ["systemctl", "is-active", "sglang-qwen"]
+    assert runner.calls[1][:3] == ["systemctl", "show", "sglang-qwen"]
+    assert "MainPID" in runner.calls[1][-1] and "ActiveEnterTimestamp" in runner.calls[1][-1]
+
+
+@pytest.mark.parametrize("state, active, word, main_pid", [
+    ("inactive", False, "inactive", None),
+    ("deactivating", False, "deactivating", 2741803),
+    ("failed", False, "failed", None),
+])
+async def test_status_of_other_states(state: str, active: bool, word: str, main_pid: int | None):
+    status = await SystemdManager(RecordedSystemctl(state), "sglang-qwen").status()
+    assert (status.active, status.state, status.main_pid) == (active, word, main_pid)
+
+
+async def test_failed_unit_says_why_and_unknown_unit_says_not_found():
+    failed = await SystemdManager(RecordedSystemctl("failed"), "sglang-qwen").status()
+    assert failed.detail == "result: exit-code" and failed.since is None
+    missing = await SystemdManager(RecordedSystemctl("not_found"), "sglang-qwn").status()
+    assert missing.state == "not-found" and "sglang-qwn not found" in missing.detail
+
+
+async def test_stop_and_start_run_exactly_systemctl_with_optional_sudo():
+    runner = RecordedSystemctl("active")
+    manager = SystemdManager(runner, "sglang-qwen", sudo=True)
+    await manager.stop()
+    assert (await manager.status()).state == "inactive"
+    await manager.start()
+    assert runner.calls[0] == ["sudo", "-n", "systemctl", "stop", "sglang-qwen"]
+    assert runner.calls[-1] == ["sudo", "-n", "systemctl", "start", "sglang-qwen"]
+    assert manager.log_argv() == ["sudo", "-n", "journalctl", "-u", "sglang-qwen", "-f", "-n", "0", "-o", "cat", "--no-pager"]
+
+
+async def test_a_failed_stop_names_the_command_and_the_sudo_fix():
+    runner = RecordedSystemctl("active", fail={"stop": Result(1, stderr="sudo: a password is required")})
+    with pytest.raises(ServiceError, match=r"`sudo -n systemctl stop sglang-qwen` failed \(exit 1\).*NOPASSWD"):
+        await SystemdManager(runner, "sglang-qwen", sudo=True).stop()
+
+
+def test_show_parsing_keeps_values_with_equals_signs():
+    props = parse_systemctl_show("ExecStart={ path=/usr/bin/python ; argv[]=python -m x --a=b }\nMainPID=12\n\n")
+    assert props["ExecStart"].endswith("--a=b }") and props["MainPID"] == "12"
+    assert status_from_show("u", {"ActiveState": "active", "MainPID": "junk"}).main_pid is None
+
+
+@pytest.mark.parametrize("text, expected", [
+    ("Sat 2026-11-28 21:14:07 UTC", datetime(2026, 11, 28, 21, 14, 7, tzinfo=UTC).timestamp()),
+    ("n/a", None), ("", None), ("yesterday", None),
+])
+def test_timestamps(text: str, expected: float | None):
+    assert parse_systemd_timestamp(text) == expected
+
+
+def test_recorded_startup_journal_becomes_progress():
+    events = [p for line in (DATA / "journal_startup.txt").read_text().splitlines() if (p := parse_startup_line(line))]
+    stages = [e.stage for e in events]
+    assert stages[0] == "loading" and stages[-2:] == ["weights_loaded", "ready"]
+    shards = [(e.done, e.total) for e in events if e.total]
+    assert shards == [(0, 11), (1, 11), (6, 11), (11, 11)]
+    assert stages.count("weights_loaded") == 1  # TP1's lines and uvicorn's say nothing more

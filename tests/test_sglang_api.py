@@ -1,0 +1,141 @@
+"""The SGLang client against real HTTP servers that answer badly, and Prometheus text parsing."""
+
+from __future__ import annotations
+
+import json
+import threading
+from collections.abc import Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from console.service import probe_health
+from console.sglang_api import ServerAnswerError, ServerUnreachable, SglangClient, parse_prometheus
+
+
+class Routes:
+    """What the test server answers: path -> (status, body bytes)."""
+
+    def __init__(self, routes: dict[str, tuple[int, bytes]]):
+        self.routes = routes
+        self.seen: list[str] = []
+
+
+@pytest.fixture
+def server() -> Iterator[tuple[str, Routes]]:
+    routes = Routes({})
+
+    class Handler(BaseHTTPRequestHandler):
+        def log_message(self, *args) -> None:
+            pass
+
+        def _answer(self) -> None:
+            routes.seen.append(self.path)
+            length = int(self.headers.get("Content-Length") or 0)
+            if length:
+                self.rfile.read(length)
+            status, body = routes.routes.get(self.path, (404, b'{"detail":"Not Found"}'))
+            self.send_response(status)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        do_GET = do_POST = _answer  # noqa: N815 - http.server's naming
+
+    httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    thread = threading.Thread(target=httpd.serve_forever, daemon=True)
+    thread.start()
+    yield f"http://127.0.0.1:{httpd.server_address[1]}", routes
+    httpd.shutdown()
+    httpd.server_close()
+
+
+@pytest.mark.parametrize("body, message", [
+    (b"<html>Bad Gateway</html>", "GET /model_info: expected JSON, got '<html>Bad Gateway</html>'"),
+    (b'["model"]', "GET /model_info: expected a JSON object, got list"),
+    (b'{"served_model_name": "qwen"}', "GET /model_info: expected an object with 'model_path'"),
+    (b'{"model_path": "", "is_generation": true}', "model_path=''"),
+    (b'{"model_path": "/m", "served_model_name": 7}', "'served_model_name' should be a string, got 7"),
+])
+async def test_malformed_model_info_gives_a_clear_error(server, body: bytes, message: str):
+    url, routes = server
+    routes.routes["/model_info"] = (200, body)
+    with pytest.raises(ServerAnswerError) as err:
+        await SglangClient(url).model_info()
+    assert message in str(err.value)
+
+
+async def test_old_endpoint_names_are_used_when_new_ones_are_missing(server):
+    url, routes = server
+    routes.routes["/get_model_info"] = (200, b'{"model_path": "/root/models/Qwen3.6-27B"}')
+    routes.routes["/get_server_info"] = (200, b'{"version": "0.4.6"}')
+    client = SglangClient(url)
+    assert (await client.model_info())["model_path"] == "/root/models/Qwen3.6-27B"
+    assert (await client.server_info())["version"] == "0.4.6"
+    assert routes.seen[:2] == ["/model_info", "/get_model_info"]
+    routes.routes.clear()
+    with pytest.raises(ServerAnswerError, match="HTTP 404 on both: not an SGLang server"):
+        await client.model_info()
+
+
+async def test_metrics_off_is_none_not_an_error(server):
+    url, routes = server
+    assert await SglangClient(url).metrics() is None
+    routes.routes["/metrics"] = (200, b'sglang:num_running_reqs{model_name="q"} 3\nsglang:num_queue_reqs{model_name="q"} 1\n')
+    assert (await SglangClient(url).metrics())["sglang:num_running_reqs"] == 3.0
+
+
+async def test_health_200_without_a_working_generate_is_not_ready(server):
+    url, routes = server
+    routes.routes["/health"] = (200, b"")
+    routes.routes["/model_info"] = (200, b'{"model_path": "/m"}')
+    routes.routes["/server_info"] = (200, b'{"version": "0.5.23"}')
+    routes.routes["/generate"] = (200, json.dumps({"text": "x", "meta_info": {}}).encode())  # no output_ids
+    health = await probe_health(SglangClient(url))
+    assert health.health_status == 200 and not health.ready
+    assert "one-token /generate failed" in health.error and "'output_ids'" in health.error
+    routes.routes["/generate"] = (200, json.dumps({"text": "x", "output_ids": [5]}).encode())
+    assert (await probe_health(SglangClient(url))).ready
+
+
+async def test_nothing_listening_is_unreachable_not_a_crash():
+    client = SglangClient("http://127.0.0.1:9", timeout=2)
+    with pytest.raises(ServerUnreachable, match="no answer"):
+        await client.health()
+    health = await probe_health(client)
+    assert health.health_status is None and not health.ready and "no answer" in health.error
+
+
+def test_prometheus_text_from_sglang():
+    text = """# HELP sglang:num_running_reqs The number of running requests.
+# TYPE sglang:num_running_reqs gauge
+sglang:num_running_reqs{engine_type="unified",model_name="qwen",tp_rank="0"} 2.0
+sglang:num_running_reqs{engine_type="unified",model_name="qwen",tp_rank="1"} 1.0
+sglang:gen_throughput{model_name="qwen"} 512.5 1732870000000
+sglang:token_usage{model_name="a b {x}"} 0.25
+sglang:cache_hit_rate NaN
+"""
+    values = parse_prometheus(text)
+    assert values == {"sglang:num_running_reqs": 3.0, "sglang:gen_throughput": 512.5, "sglang:token_usage": 0.25}
+
+
+names = st.from_regex(r"[a-z_][a-z0-9_:]{0,20}", fullmatch=True)
+labels = st.dictionaries(st.from_regex(r"[a-z_]{1,8}", fullmatch=True),
+                         st.text(st.characters(blacklist_characters='"\\\n', codec="ascii"), max_size=10), max_size=3)
+finite = st.floats(allow_nan=False, allow_infinity=False, width=32)
+
+
+@given(st.lists(st.tuples(names, labels, finite), max_size=20))
+def test_prometheus_sums_every_label_set(samples):
+    lines = ["# HELP anything at all"]
+    expected: dict[str, float] = {}
+    for name, label_set, value in samples:
+        rendered = ",".join(f'{k}="{v}"' for k, v in label_set.items())
+        lines.append(f"{name}{{{rendered}}} {value!r}" if label_set else f"{name} {value!r}")
+        expected[name] = expected.get(name, 0.0) + value
+    parsed = parse_prometheus("\n".join(lines))
+    assert parsed.keys() == expected.keys()
+    for key, value in expected.items():
+        assert parsed[key] == pytest.approx(value)

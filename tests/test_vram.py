@@ -1,0 +1,112 @@
+"""The VRAM waiter's decisions, and ending exactly the listed holders (real processes)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from console.messages import EndOutcome, GpuProcess, GpuReading, TelemetrySample, VramHolder
+from console.vram import VramError, endpids_argv, find_holders, parse_end_results, vram_free
+from remote import endpids
+from remote.gpu_source import describe_process
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def sample(used: list[int | None], processes: tuple[GpuProcess, ...] = ()) -> TelemetrySample:
+    gpus = tuple(GpuReading(i, "H200", f"GPU-{i}", u, 143771, 0, 30, 100) for i, u in enumerate(used))
+    return TelemetrySample("ct129", 0, 0.0, 1.0, "nvml", False, None, gpus, processes)
+
+
+@pytest.mark.parametrize("used, gpus, free", [
+    ([0, 0], (), True),
+    ([0, 47179], (), False),
+    ([0, 47179], (0,), True),  # only the service's GPUs count
+    ([1023, 12], (0, 1), True),
+    ([1024, 12], (0, 1), False),  # under the threshold, not at it
+    ([None, 0], (0, 1), False),  # an unreadable GPU is not free
+    ([], (), False),  # no readings: cannot say free
+    ([0, 0], (5,), False),  # the service's GPU is not on this host: never free
+])
+def test_vram_free(used, gpus, free):
+    assert vram_free(sample(used), gpus, 1024) is free
+
+
+@given(st.lists(st.integers(0, 150_000), min_size=1, max_size=8), st.integers(1, 150_000))
+def test_free_iff_every_gpu_is_under_threshold(used, threshold):
+    assert vram_free(sample(used), (), threshold) == all(u < threshold for u in used)
+
+
+def test_holders_are_grouped_per_pid_and_marked_when_they_were_the_service():
+    procs = (
+        GpuProcess(4242, 0, 46000, "root", "sglang::scheduler_TP0", start_time=11),
+        GpuProcess(4242, 1, 45000, "root", "sglang::scheduler_TP0", start_time=11),
+        GpuProcess(5000, 1, 500, "alice", "python notebook.py", start_time=22),
+        GpuProcess(6000, 3, 9000, "bob", "python other.py", start_time=33),
+    )
+    holders = find_holders(sample([46500, 45500, 0, 9000], procs), (0, 1), service_pids=[4242])
+    assert holders == [
+        VramHolder(4242, 91000, (0, 1), "sglang::scheduler_TP0", "root", 11, True),
+        VramHolder(5000, 500, (1,), "python notebook.py", "alice", 22, False),
+    ]
+
+
+def test_endpids_command_names_each_process_by_pid_and_start_time():
+    holders = [VramHolder(4242, 91000, (0, 1), "x", "root", 11, True), VramHolder(5000, 1, (1,), "y", "a", None, False)]
+    assert endpids_argv("python3", "/code", holders, 10, sudo=True) == [
+        "sudo", "-n", "env", "PYTHONPATH=/code", "python3", "-m", "remote.endpids", "--grace", "10", "4242:11", "5000"]
+
+
+def test_endpids_answer_is_checked():
+    assert parse_end_results('noise\n{"results": [{"pid": 5, "outcome": "killed", "detail": "d", "after_s": 1.5}]}') == [
+        EndOutcome(5, "killed", "d", 1.5)]
+    with pytest.raises(VramError, match="gave no result"):
+        parse_end_results("Traceback (most recent call last): ...")
+
+
+def _spawn(code: str) -> subprocess.Popen:
+    proc = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE)
+    assert proc.stdout.readline().strip() == b"up"  # its signal handlers are installed
+    return proc
+
+
+def test_endpids_ends_exactly_the_listed_processes_and_reports_each():
+    polite = _spawn("import time; print('up', flush=True); time.sleep(60)")
+    stubborn = _spawn("import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); print('up', flush=True); time.sleep(60)")
+    bystander = _spawn("import time; print('up', flush=True); time.sleep(60)")
+    gone = subprocess.Popen(["true"])
+    gone.wait()
+    try:
+        targets = [(polite.pid, describe_process(polite.pid)["start_time"]),
+                   (stubborn.pid, describe_process(stubborn.pid)["start_time"]),
+                   (bystander.pid, describe_process(bystander.pid)["start_time"] + 1),  # pid reused since listed
+                   (gone.pid, None)]
+        done = subprocess.run([sys.executable, "-m", "remote.endpids", "--grace", "1",
+                               *[f"{p}:{s}" if s is not None else str(p) for p, s in targets]],
+                              cwd=ROOT, capture_output=True, text=True, timeout=30)
+        outcomes = {r["pid"]: r for r in json.loads(done.stdout)["results"]}
+        assert outcomes[polite.pid]["outcome"] == "terminated"
+        assert outcomes[stubborn.pid]["outcome"] == "killed" and outcomes[stubborn.pid]["after_s"] >= 1
+        assert outcomes[bystander.pid]["outcome"] == "replaced"
+        assert outcomes[gone.pid]["outcome"] == "gone"
+        assert polite.wait(5) != 0 and stubborn.wait(5) == -9
+        time.sleep(0.2)
+        assert bystander.poll() is None  # never touched
+    finally:
+        for proc in (polite, stubborn, bystander):
+            if proc.poll() is None:
+                proc.kill()
+            proc.wait()
+
+
+def test_endpids_refuses_pid_one_and_nonsense():
+    for bad in ("1", "abc", "12:x"):
+        with pytest.raises(SystemExit):
+            endpids.main([bad])
