@@ -142,11 +142,18 @@ class EmbeddedSSHServer:
         """Close every client connection from the server side, as a network drop would."""
         for conn in list(self._connections):
             conn.abort()
-        for child in list(self._children):
-            with contextlib.suppress(ProcessLookupError):
-                child.kill()
         self._connections.clear()
+        for child in list(self._children):
+            self._hang_up(child)
         await asyncio.sleep(0)
+
+    @staticmethod
+    def _hang_up(child: asyncio.subprocess.Process) -> None:
+        """End a command whose client is gone: SIGHUP to its process group (the shell and what it
+        runs in the foreground). Detached jobs (setsid) are in groups of their own and live on."""
+        if child.returncode is None:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(child.pid, signal.SIGHUP)
 
     def _environment(self) -> dict[str, str]:
         shell = self._shell()
@@ -171,7 +178,7 @@ class EmbeddedSSHServer:
             process.exit(1)
             return
         child = await asyncio.create_subprocess_exec(
-            self._shell(), "-c", command, cwd=self.home, env=self._environment(),
+            self._shell(), "-c", command, cwd=self.home, env=self._environment(), start_new_session=True,
             stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)
         self._children.add(child)
         try:
@@ -179,16 +186,21 @@ class EmbeddedSSHServer:
             # exit() below ends the channel once both are drained.
             await process.redirect(stdin=child.stdin, stdout=child.stdout, stderr=child.stderr,
                                    send_eof=False)
-            code = await child.wait()
+            exited = asyncio.ensure_future(child.wait())
+            gone = asyncio.ensure_future(process.channel.wait_closed())
+            await asyncio.wait({exited, gone}, return_when=asyncio.FIRST_COMPLETED)
+            gone.cancel()
+            if not exited.done():  # the client closed the channel or went away
+                self._hang_up(child)
+                return
+            code = exited.result()
             await process.stdout.drain()
             await process.stderr.drain()
         except (asyncssh.Error, OSError):  # the client went away mid-command
-            code = 255
+            self._hang_up(child)
+            return
         finally:
             self._children.discard(child)
-            if child.returncode is None:
-                with contextlib.suppress(ProcessLookupError):
-                    child.kill()
         if code < 0:
             process.exit_with_signal(signal.Signals(-code).name.removeprefix("SIG"))
         else:

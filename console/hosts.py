@@ -199,7 +199,12 @@ class Host:
         """Open the connection; raises UnknownHostKey, AuthFailed or HostUnreachable."""
         if self.is_connected:
             return
-        kwargs, host, port, user, known_path = await self._options()
+        try:
+            kwargs, host, port, user, known_path = await self._options()
+        except (OSError, ValueError, asyncssh.KeyImportError) as exc:
+            # A missing or unreadable identity file, or an ssh config that does not parse: the
+            # message names the file (and line).
+            raise HostError(self.name, f"cannot prepare the SSH connection: {exc}") from None
         where = self._where(host, port, user)
         recorder = _HostKeyRecorder()
         try:
@@ -346,16 +351,17 @@ class Host:
 
         with self.errors(f"`{command}`"):
             proc = await conn.create_process(command, errors="replace")
+        proc.stdin.write_eof()
+        drainer = asyncio.create_task(drain_stderr(proc))
         try:
-            proc.stdin.write_eof()
-            drainer = asyncio.create_task(drain_stderr(proc))
             with self.errors(f"`{command}`"):
                 async for line in proc.stdout:
                     if line:  # asyncssh ends with "" at EOF; an empty line is "\n"
                         yield line.rstrip("\n")
                 await drainer
                 completed = await proc.wait()
-        finally:
+        finally:  # also when the caller stops early: close the channel, stop reading stderr
+            drainer.cancel()
             if not proc.is_closing():
                 proc.close()
         status = completed.returncode if completed.returncode is not None else -1

@@ -14,6 +14,7 @@ Layout on the host (all under the host's workdir, private to the user):
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import hashlib
 import json
 import re
@@ -132,13 +133,33 @@ def parse_start_ticks(stat: str) -> tuple[str, int] | None:
         return None
 
 
+def split_events(data: bytes) -> tuple[list[tuple[int, dict]], int]:
+    """The complete event lines at the start of `data` as (line length in bytes, event), and the
+    bytes they use. A trailing partial line is left for the next read; a line that is not JSON
+    becomes an `invalid` event (readers ignore unknown types) rather than stopping the job's view.
+    """
+    end = data.rfind(b"\n") + 1
+    events = []
+    for raw in data[:end].splitlines(keepends=True):
+        try:
+            event = json.loads(raw)
+            if not isinstance(event, dict):
+                raise ValueError("not an object")
+        except ValueError:
+            event = {"type": "invalid", "raw": raw.decode(errors="replace").rstrip("\n")}
+        events.append((len(raw), event))
+    return events, end
+
+
 class JobRunner:
     """Starts and follows jobs on one connected host."""
 
-    def __init__(self, host: Host, local_code: Path = LOCAL_CODE, poll_interval: float = 0.2):
+    def __init__(self, host: Host, local_code: Path = LOCAL_CODE, poll_interval: float = 0.2,
+                 liveness_interval: float = 1.0):
         self.host = host
         self.local_code = Path(local_code)
-        self.poll_interval = poll_interval
+        self.poll_interval = poll_interval  # how often an idle follower reads the events file
+        self.liveness_interval = liveness_interval  # how often it checks the process when idle
         self.uploaded_files = 0  # files sent by the last ensure_code (0 when the tree was there)
 
     async def workdir(self) -> str:
@@ -265,28 +286,41 @@ class JobRunner:
         Ends after the `exit` event. Raises JobDead when the process is gone without `exit`, and
         HostDisconnected when the link drops: resume with a new runner from the last offset.
         """
+        sftp = await self.host.sftp()
+        events_file: asyncssh.SFTPClientFile | None = None
         checked_dead = False
-        while True:
-            data = await self._read(handle.events_path, offset, _READ_CHUNK)
-            end = data.rfind(b"\n") + 1  # only complete lines; a partial one is read again later
-            for raw in data[:end].splitlines(keepends=True):
-                offset += len(raw)
-                try:
-                    event = json.loads(raw)
-                except ValueError:
-                    event = {"type": "invalid", "raw": raw.decode(errors="replace").rstrip("\n")}
-                yield offset, event
-                if event.get("type") == "exit":
-                    return
-            if end:
-                checked_dead = False
-                continue
-            if not await self.is_alive(handle):
-                if checked_dead:  # one more read after seeing it gone: `exit` may have just landed
-                    raise JobDead(self.host.name, handle, await self.stderr_tail(handle))
-                checked_dead = True
-                continue
-            await asyncio.sleep(self.poll_interval)
+        last_liveness = time.monotonic()
+        try:
+            while True:
+                data = b""
+                with self.host.errors(f"reading {handle.events_path}"):
+                    if events_file is None:  # kept open: each poll is then one round trip
+                        # (absent until the worker writes its first event)
+                        with contextlib.suppress(asyncssh.SFTPNoSuchFile):
+                            events_file = await sftp.open(handle.events_path, "rb")
+                    if events_file is not None:
+                        data = await events_file.read(_READ_CHUNK, offset)
+                events, used = split_events(data)
+                for length, event in events:
+                    offset += length
+                    yield offset, event
+                    if event.get("type") == "exit":
+                        return
+                if used:
+                    checked_dead = False
+                    continue
+                if checked_dead or time.monotonic() - last_liveness >= self.liveness_interval:
+                    last_liveness = time.monotonic()
+                    if not await self.is_alive(handle):
+                        if checked_dead:  # read once more after seeing it gone: `exit` may just have landed
+                            raise JobDead(self.host.name, handle, await self.stderr_tail(handle))
+                        checked_dead = True
+                        continue
+                await asyncio.sleep(self.poll_interval)
+        finally:
+            if events_file is not None:
+                with contextlib.suppress(Exception):
+                    await events_file.close()
 
     async def _exit_code(self, handle: JobHandle) -> int | None:
         for line in reversed((await self._tail(handle.events_path)).splitlines()):
@@ -331,13 +365,13 @@ class JobRunner:
 
 
 async def follow_with_reconnect(supervisor: HostSupervisor, handle: JobHandle, offset: int = 0,
-                                poll_interval: float = 0.2,
+                                poll_interval: float = 0.2, liveness_interval: float = 1.0,
                                 connect_timeout: float | None = None) -> AsyncIterator[tuple[int, dict]]:
     """Follow a job through connection drops: after each drop, wait for the supervisor's next
     connection and resume from the last offset handled. JobDead and a reconnect timeout propagate."""
     while True:
         host = await supervisor.wait_connected(connect_timeout)
-        runner = JobRunner(host, poll_interval=poll_interval)
+        runner = JobRunner(host, poll_interval=poll_interval, liveness_interval=liveness_interval)
         try:
             async for new_offset, event in runner.follow(handle, offset):
                 offset = new_offset

@@ -20,8 +20,9 @@ from collections.abc import Callable, Sequence
 from datetime import UTC, datetime
 from typing import Any, Protocol
 
-from console.messages import ServiceHealth, ServiceStatus, StartupProgress
+from console.monitor_messages import ServiceHealth, ServiceStatus, StartupProgress
 from console.sglang_api import ServerAnswerError, ServerUnreachable, SglangClient, server_summary
+from console.telemetry import ServiceIdentity
 
 SHOW_PROPERTIES = ("ActiveState", "SubState", "MainPID", "ActiveEnterTimestamp", "ControlGroup", "LoadState", "Result")
 COMMAND_TIMEOUT_S = 120.0
@@ -207,6 +208,12 @@ class CommandManager:
 
     async def start(self) -> None:
         await self._run(self.start_argv())
+
+
+def service_identity(status: ServiceStatus) -> ServiceIdentity:
+    """How telemetry recognises the service's processes, from what its manager reports."""
+    return ServiceIdentity(main_pid=status.main_pid if status.active else None,
+                           cgroup=status.cgroup if status.active else None)
 
 
 def manager_from_config(service: Any, runner: Runner) -> SystemdManager | CommandManager:

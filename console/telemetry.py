@@ -19,12 +19,13 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
 
-from console.messages import GpuProcess, GpuReading, TelemetrySample, TelemetryUpdate
+from console.monitor_messages import GpuProcess, GpuReading, TelemetrySample, TelemetryUpdate
 
 log = logging.getLogger(__name__)
 
 HISTORY_S = 900.0  # 15 minutes: the brief asks for at least 10 at 1 s
 STALE_INTERVALS = 3.0  # a sample older than this many intervals is drawn as stale
+MAX_RETRY_S = 30.0
 
 
 class SampleError(ValueError):
@@ -286,7 +287,9 @@ class TelemetryStream:
 
     async def run(self) -> None:
         """Stream until cancelled, restarting the agent after every drop."""
+        failures = 0
         while True:
+            got_samples = False
             try:
                 host = await self.supervisor.wait_connected(None)
                 code = await self.code_dir(host)
@@ -294,7 +297,7 @@ class TelemetryStream:
                 self.starts += 1
                 async for line in host.stream(argv):
                     if self.telemetry.add_line(line) is not None:
-                        self.streaming, self.error = True, None
+                        self.streaming, self.error, got_samples = True, None, True
                     self._publish()
                 self.error = "the agent ended"
             except asyncio.CancelledError:
@@ -303,7 +306,9 @@ class TelemetryStream:
                 self.error = str(exc) or type(exc).__name__
             self.streaming = False
             self._publish()
-            await asyncio.sleep(self.retry_s)
+            # An agent that fails at once (no python, bad code dir) is retried ever more slowly.
+            failures = 0 if got_samples else failures + 1
+            await asyncio.sleep(min(self.retry_s * 2 ** max(0, failures - 1), MAX_RETRY_S))
 
     async def wait_for(self, predicate: Callable[[TelemetrySample], bool], timeout: float,
                        after: float | None = None) -> TelemetrySample:

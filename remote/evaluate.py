@@ -8,7 +8,7 @@ Reads the extraction directory (refused without its manifest), only `embed_token
 target, and each drafter checkpoint (checked against the cached layers before any work). For every
 drafter and prompt it runs all anchors a in [P, N-2], batched in chunks over the prompt's context K/V
 computed once, and writes `<out>/<drafter>/<prompt_id>.safetensors` (section 4, plus `input_ids` for
-the g-vs-x diagnostic). Then `<out>/results.json` (remote.metrics per drafter, drafter facts, the
+the g-vs-x diagnostic and the metadata `vocab_size`). Then `<out>/results.json` (remote.metrics per drafter, drafter facts, the
 reference name) and `manifest.json` last.
 """
 
@@ -138,7 +138,8 @@ def parse_drafters(items: list[str]) -> dict[str, Path]:
 
 
 def write_dump(path: Path, drafter: str, prompt_id: str, prompt_len: int, block_size: int, anchors: torch.Tensor,
-               ids: torch.Tensor, logprobs: torch.Tensor, truth: torch.Tensor, input_ids: torch.Tensor) -> None:
+               ids: torch.Tensor, logprobs: torch.Tensor, truth: torch.Tensor, input_ids: torch.Tensor,
+               vocab_size: int | None = None) -> None:
     """Write one draft-output dump (EVAL-SPEC 4) atomically."""
     from safetensors.torch import save_file
 
@@ -150,6 +151,8 @@ def write_dump(path: Path, drafter: str, prompt_id: str, prompt_len: int, block_
         "input_ids": input_ids.long().contiguous(),
     }
     meta = {"prompt_len": str(prompt_len), "block_size": str(block_size), "prompt_id": prompt_id, "drafter": drafter}
+    if vocab_size is not None:
+        meta["vocab_size"] = str(vocab_size)
     with atomic_path(path) as tmp:
         save_file(tensors, str(tmp), metadata=meta)
 
@@ -218,7 +221,7 @@ def evaluate(states: Path, target: Path, drafter_paths: dict[str, Path], out: Pa
             anchors, ids, logprobs = draft_topk(drafter, embed, lm_head, feats, tokens, prompt_len, k, chunk, on_chunk)
             rel = f"{name}/{pid}.safetensors"
             write_dump(out / rel, name, pid, prompt_len, drafter.spec.block_size, anchors, ids, logprobs,
-                       data["g"], data["input_ids"])
+                       data["g"], data["input_ids"], heads.vocab_size)
             files[rel] = {"kind": "draft-dump", "drafter": name, "prompt_id": pid}
             events.progress("prompts", p_index + 1, len(prompts), "prompt", label=label)
         events.log(f"drafter {name}: {len(prompts)} prompts in {time.perf_counter() - started:.1f} s")
@@ -251,7 +254,8 @@ def evaluate(states: Path, target: Path, drafter_paths: dict[str, Path], out: Pa
     return results
 
 
-def main(events: EventWriter) -> dict[str, Any]:
+def main(events: EventWriter, argv: list[str] | None = None) -> dict[str, Any]:
+    """The worker's entry (through `run_worker`); `argv` defaults to the command line."""
     parser = argparse.ArgumentParser(description="Evaluate DFlash drafters on cached hidden states.")
     parser.add_argument("--states", required=True, help="extraction directory (with manifest.json)")
     parser.add_argument("--target", required=True, help="target model directory (embed_tokens, lm_head)")
@@ -262,7 +266,7 @@ def main(events: EventWriter) -> dict[str, Any]:
     parser.add_argument("--budgets", default="8,16,64")
     parser.add_argument("--topk", type=int, default=8)
     parser.add_argument("--anchor-chunk", type=int, default=None)
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     try:
         budgets = parse_budgets(args.budgets)
     except ValueError as exc:

@@ -306,8 +306,11 @@ def main(events: EventWriter, argv: list[str] | None = None) -> dict[str, Any]:
 
     facts = checkpoint_facts(args.model)
     events.phase("load")
+    t_load = time.perf_counter()
+    # Maps the files lazily (nothing read yet): place_weights below reads them with progress.
     model = AutoModelForCausalLM.from_pretrained(args.model, dtype=torch.bfloat16, device_map="cpu")
     model.eval()
+    load_s = time.perf_counter() - t_load
     binding = kernels.bound_kernels(modeling, model)  # legacy scheme reads per-layer attributes
     if args.kernels == "fast":
         kernels.require_fast(binding)
@@ -330,7 +333,7 @@ def main(events: EventWriter, argv: list[str] | None = None) -> dict[str, Any]:
 
         return report
 
-    window: dict[str, Any] = {"staged": bool(args.staged)}
+    window: dict[str, Any] = {"staged": bool(args.staged), "from_pretrained_s": round(load_s, 3), "bytes": total_bytes}
     if args.staged:
         t0 = time.perf_counter()
         pin = torch.cuda.is_available()
@@ -357,13 +360,15 @@ def main(events: EventWriter, argv: list[str] | None = None) -> dict[str, Any]:
     tokens = 0
     t_forward = time.perf_counter()
     first_forward_s = None
+    first_tokens = 0
     with kernels.count_kernel_calls(modeling) as calls:
         for i, entry in enumerate(prompts, start=1):
             ids = list(entry["prompt_ids"]) + list(entry["completion_ids"])
             t_one = time.perf_counter()
             tensors = forward_one(model, decoder_layers, layer_ids, ids)
             if first_forward_s is None:
-                first_forward_s = time.perf_counter() - t_one
+                # The first pass carries any Triton compile / autotune: reported apart from the steady rate.
+                first_forward_s, first_tokens = time.perf_counter() - t_one, len(ids)
             writer.put(str(entry["id"]), len(entry["prompt_ids"]), tensors)
             tokens += len(ids)
             entries.append({"id": str(entry["id"]), "file": f"{entry['id']}.safetensors",
@@ -375,8 +380,14 @@ def main(events: EventWriter, argv: list[str] | None = None) -> dict[str, Any]:
     window["first_forward_s"] = round(first_forward_s or 0.0, 3)
     window["tokens"] = tokens
     window["tokens_per_s"] = round(tokens / max(window["forward_s"], 1e-9), 1)
+    if len(prompts) > 1:
+        steady_s = window["forward_s"] - window["first_forward_s"]
+        window["steady_tokens_per_s"] = round((tokens - first_tokens) / max(steady_s, 1e-9), 1)
     del decoder_layers, model
     release_gpu()
+    if torch.cuda.is_available():
+        window["gpu_bytes_still_allocated"] = int(sum(torch.cuda.memory_allocated(i)
+                                                      for i in range(torch.cuda.device_count())))
     window["window_s"] = round(time.perf_counter() - t_window, 3)
     window["since_start_s"] = round(time.perf_counter() - t_start, 3)
     used_calls = {fn: n for fn, n in calls.items() if n}

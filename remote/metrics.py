@@ -3,7 +3,8 @@
 A dump (section 4) is one safetensors file per drafter and prompt, `<drafter>/<prompt_id>.safetensors`:
 `anchors` [A] (every a in [P, N-2]), `topk_ids` / `topk_logprobs` [A, L, K], `truth` [N] (g), and
 metadata `prompt_len`, `block_size`, `prompt_id`, `drafter`. The evaluator also stores `input_ids`
-[N] (x) so that the g-vs-x mismatch rate can be recomputed from the dump too; it is optional here.
+[N] (x) so that the g-vs-x mismatch rate can be recomputed from the dump too, and the metadata
+`vocab_size` (a vocabulary smaller than a budget gives K = V); both are optional here.
 
     python -m remote.metrics DIR --budgets 8,16,64 --topk 8 [--json out.json] [--seed 0]
 
@@ -56,6 +57,7 @@ class PromptDump:
     topk_logprobs: torch.Tensor  # [A, L, K] float32
     truth: torch.Tensor  # [N] int64
     input_ids: torch.Tensor | None = None  # [N] int64, optional
+    vocab_size: int | None = None  # optional metadata: a top-K narrower than a budget is complete if K == V
 
     @property
     def num_tokens(self) -> int:
@@ -93,6 +95,7 @@ def load_dump(path: str | Path) -> PromptDump:
         block_size=int(meta["block_size"]), anchors=tensors["anchors"].long(), topk_ids=tensors["topk_ids"].long(),
         topk_logprobs=tensors["topk_logprobs"].float(), truth=tensors["truth"].long(),
         input_ids=tensors["input_ids"].long() if "input_ids" in tensors else None,
+        vocab_size=int(meta["vocab_size"]) if meta.get("vocab_size") else None,
     )
     n, p, slots = dump.num_tokens, dump.prompt_len, dump.slots
     expected = torch.arange(p, n - 1)
@@ -188,6 +191,8 @@ def bootstrap_ci(values: list[float], seed: int = 0, draws: int = BOOTSTRAP_DRAW
 def _prompt_metrics(dump: PromptDump, budgets: list[int], topk: int) -> tuple[dict[str, Any], dict[str, list[int]], dict]:
     """Per-prompt figures, plus the raw round lists and pooled counts for the drafter totals."""
     need = max([*budgets, topk])
+    if dump.vocab_size is not None:
+        need = min(need, dump.vocab_size)  # K = min(B, V) candidates per depth
     if dump.topk_ids.shape[2] < need:
         raise DumpError(f"{dump.drafter}/{dump.prompt_id}: dump holds top-{dump.topk_ids.shape[2]} per slot, "
                         f"budgets {budgets} and top{topk} need {need}")

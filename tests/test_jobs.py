@@ -4,6 +4,7 @@ following by offset across drops and console restarts, dead-job detection, cance
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import shutil
 import signal
@@ -23,6 +24,7 @@ from console.jobs import (
     JobRunner,
     follow_with_reconnect,
     parse_start_ticks,
+    split_events,
 )
 from console.supervisor import HostSupervisor
 from tests.ssh_fixtures import SSHTarget
@@ -42,6 +44,29 @@ def test_start_ticks_are_read_whatever_the_command_name(comm: str, ticks: int) -
     rest = ["S"] + [str(i) for i in range(4, 22)] + [str(ticks)] + ["0"] * 30
     line = f"4242 ({comm}) " + " ".join(rest)
     assert parse_start_ticks(line) == ("S", ticks)
+
+
+@given(st.lists(st.dictionaries(st.sampled_from(["type", "msg", "done"]), st.text() | st.integers()),
+                min_size=1, max_size=12),
+       st.lists(st.integers(0, 10_000), max_size=6))
+def test_events_split_at_any_read_boundary_come_out_once(events: list[dict], cuts: list[int]) -> None:
+    """However the file's bytes arrive (a reader may see half a line), following by offset yields
+    every event exactly once, in order."""
+    stream = b"".join(json.dumps(e).encode() + b"\n" for e in events)
+    bounds = sorted({min(c, len(stream)) for c in cuts} | {len(stream)})
+    seen, offset = [], 0
+    for bound in bounds:  # each read sees the file as it was when `bound` bytes were written
+        got, used = split_events(stream[offset:bound])
+        seen += [e for _, e in got]
+        offset += used
+        assert sum(n for n, _ in got) == used
+    assert seen == events and offset == len(stream)
+
+
+def test_a_garbled_line_is_reported_not_fatal() -> None:
+    got, used = split_events(b'{"type":"log"}\nnot json\n{"type":"exit","code":0}\n{"type"')
+    assert [e["type"] for _, e in got] == ["log", "invalid", "exit"]
+    assert got[1][1]["raw"] == "not json" and used == 49
 
 
 def test_job_handle_survives_json() -> None:
@@ -79,7 +104,7 @@ async def test_selftest_runs_detached_and_reports_everything(ssh_target: SSHTarg
     canary.mkdir()
     echo = [f"'; rm -rf {canary}'", "$(id)", "two words", ""]
     host = await ssh_target.connect()
-    runner = JobRunner(host, poll_interval=0.05)
+    runner = JobRunner(host, poll_interval=0.05, liveness_interval=0.1)
     handle = await runner.start("selftest", ["--steps", "3", "--interval", "0.05", "--echo", *echo])
     events = await collect(runner, handle)
 
@@ -101,7 +126,7 @@ async def test_selftest_runs_detached_and_reports_everything(ssh_target: SSHTarg
 
 async def test_a_crash_is_an_error_event_and_a_nonzero_exit(ssh_target: SSHTarget) -> None:
     host = await ssh_target.connect()
-    runner = JobRunner(host, poll_interval=0.05)
+    runner = JobRunner(host, poll_interval=0.05, liveness_interval=0.1)
     handle = await runner.start("selftest", ["--steps", "5", "--interval", "0.01", "--crash-at", "2"])
     events = await collect(runner, handle)
     assert events[-2]["type"] == "error" and "crashed at step 2" in events[-2]["msg"]
@@ -113,7 +138,7 @@ async def test_a_crash_is_an_error_event_and_a_nonzero_exit(ssh_target: SSHTarge
 
 async def test_a_killed_worker_is_dead_with_its_stderr_tail(ssh_target: SSHTarget) -> None:
     host = await ssh_target.connect()
-    runner = JobRunner(host, poll_interval=0.05)
+    runner = JobRunner(host, poll_interval=0.05, liveness_interval=0.1)
     handle = await runner.start("selftest", ["--steps", "200", "--interval", "0.05",
                                              "--stderr", "loading shards from /models/x"])
     seen = []
@@ -142,7 +167,7 @@ async def test_a_reused_pid_is_not_taken_for_the_job(ssh_target: SSHTarget) -> N
 
 async def test_cancel_sends_term_then_kill(ssh_target: SSHTarget) -> None:
     host = await ssh_target.connect()
-    runner = JobRunner(host, poll_interval=0.05)
+    runner = JobRunner(host, poll_interval=0.05, liveness_interval=0.1)
     polite = await runner.start("selftest", ["--steps", "200", "--interval", "0.05"])
     stubborn = await runner.start("selftest", ["--steps", "200", "--interval", "0.05", "--ignore-term"])
     await asyncio.sleep(0.5)  # both past start-up, signal handlers installed
@@ -158,7 +183,7 @@ async def test_cancel_sends_term_then_kill(ssh_target: SSHTarget) -> None:
 
 async def test_a_restarted_console_resumes_without_loss_or_repeat(ssh_target: SSHTarget) -> None:
     host = await ssh_target.connect()
-    runner = JobRunner(host, poll_interval=0.05)
+    runner = JobRunner(host, poll_interval=0.05, liveness_interval=0.1)
     handle = await runner.start("selftest", ["--steps", "6", "--interval", "0.05"])
     saved_offset, before = 0, []
     async for offset, event in runner.follow(handle):
@@ -170,7 +195,7 @@ async def test_a_restarted_console_resumes_without_loss_or_repeat(ssh_target: SS
     await host.close()
 
     host2 = await ssh_target.connect()  # a new console process would start exactly so
-    runner2 = JobRunner(host2, poll_interval=0.05)
+    runner2 = JobRunner(host2, poll_interval=0.05, liveness_interval=0.1)
     after = await collect(runner2, JobHandle.from_json(saved), saved_offset)
     assert seqs(before + after) == list(range(len(before) + len(after)))
     assert after[-1]["type"] == "exit" and after[-1]["code"] == 0
@@ -186,7 +211,7 @@ async def test_a_dropped_connection_loses_and_repeats_nothing(ssh_target: SSHTar
         handle = await JobRunner(host).start("selftest", ["--steps", "10", "--interval", "0.1"])
         events: list[dict] = []
         dropped = False
-        async for _, event in follow_with_reconnect(supervisor, handle, poll_interval=0.05,
+        async for _, event in follow_with_reconnect(supervisor, handle, poll_interval=0.05, liveness_interval=0.1,
                                                     connect_timeout=20):
             events.append(event)
             if event["type"] == "progress" and event["done"] == 3 and not dropped:
@@ -205,7 +230,7 @@ async def test_a_dropped_connection_loses_and_repeats_nothing(ssh_target: SSHTar
 
 async def test_following_raises_host_disconnected_on_a_drop(ssh_target: SSHTarget) -> None:
     host = await ssh_target.connect()
-    runner = JobRunner(host, poll_interval=0.05)
+    runner = JobRunner(host, poll_interval=0.05, liveness_interval=0.1)
     handle = await runner.start("selftest", ["--steps", "20", "--interval", "0.05"])
     last = 0
     with pytest.raises(HostDisconnected):
@@ -213,7 +238,7 @@ async def test_following_raises_host_disconnected_on_a_drop(ssh_target: SSHTarge
             last = offset
             if event["type"] == "progress":
                 await ssh_target.drop(host)
-    fresh = JobRunner(await ssh_target.connect(), poll_interval=0.05)
+    fresh = JobRunner(await ssh_target.connect(), poll_interval=0.05, liveness_interval=0.1)
     rest = await collect(fresh, handle, last)
     assert rest[-1]["type"] == "exit" and rest[-1]["code"] == 0
 
@@ -224,3 +249,11 @@ def test_a_host_without_the_connection_cannot_start_jobs() -> None:
     runner = JobRunner(Host(HostSpec("h", "127.0.0.1")))
     with pytest.raises(HostDisconnected, match="h: not connected"):
         asyncio.run(runner.start("selftest", []))
+
+
+async def test_a_worker_that_cannot_start_is_dead_with_the_reason(ssh_target: SSHTarget) -> None:
+    host = await ssh_target.connect(python="/nonexistent/bin/python3")
+    runner = JobRunner(host, poll_interval=0.05, liveness_interval=0.1)
+    handle = await runner.start("selftest", [])
+    with pytest.raises(JobDead, match="/nonexistent/bin/python3"):
+        await collect(runner, handle)

@@ -21,8 +21,8 @@ import pytest
 from console.embedded_ssh import EmbeddedSSHServer
 from console.hosts import Host
 from console.jobs import JobRunner
-from console.messages import ServiceHealth, StartupProgress
-from console.service import CommandManager, start_and_wait, wait_ready
+from console.monitor_messages import ServiceHealth, StartupProgress
+from console.service import CommandManager, service_identity, start_and_wait, wait_ready
 from console.sglang_api import SglangClient
 from console.supervisor import HostSupervisor
 from console.telemetry import ServiceIdentity, TelemetryStream
@@ -110,7 +110,7 @@ async def test_start_ready_stop_then_vram_free(rig: Rig):
     assert info["model_path"] == str(rig.model)
 
     # Telemetry attributes the memory to the service: the GPU worker is a child of its main pid.
-    rig.stream.set_service(ServiceIdentity(main_pid=status.main_pid))
+    rig.stream.set_service(service_identity(status))
     running = await rig.stream.wait_for(lambda s: any(g.mem_used_mib == 40000 for g in s.gpus), timeout=10)
     assert running.simulated and running.source == "simulated"
     await rig.stream.wait_for(lambda s: bool(s.processes), timeout=5, after=time.monotonic())
@@ -134,7 +134,7 @@ async def test_stuck_vram_reaches_the_kill_offer_and_ends_only_the_holder(rig: R
         await manager.start()
         await wait_ready(client, timeout=60)
         status = await manager.status()
-        rig.stream.set_service(ServiceIdentity(main_pid=status.main_pid))
+        rig.stream.set_service(service_identity(status))
         await rig.stream.wait_for(lambda s: any(g.mem_used_mib == 47179 for g in s.gpus), timeout=10,
                                   after=time.monotonic())
         rig.stream.set_service(ServiceIdentity())  # stopped services have no main pid

@@ -14,8 +14,10 @@ from console.service import (
     parse_startup_line,
     parse_systemctl_show,
     parse_systemd_timestamp,
+    service_identity,
     status_from_show,
 )
+from console.telemetry import ServiceIdentity
 
 DATA = Path(__file__).parent / "data" / "systemd"
 
@@ -120,3 +122,10 @@ def test_recorded_startup_journal_becomes_progress():
     shards = [(e.done, e.total) for e in events if e.total]
     assert shards == [(0, 11), (1, 11), (6, 11), (11, 11)]
     assert stages.count("weights_loaded") == 1  # TP1's lines and uvicorn's say nothing more
+
+
+async def test_telemetry_recognises_the_unit_by_main_pid_and_cgroup_only_while_active():
+    running = await SystemdManager(RecordedSystemctl("active"), "sglang-qwen").status()
+    assert service_identity(running) == ServiceIdentity(2741803, "/system.slice/sglang-qwen.service")
+    stopping = await SystemdManager(RecordedSystemctl("deactivating"), "sglang-qwen").status()
+    assert service_identity(stopping) == ServiceIdentity()

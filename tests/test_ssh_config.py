@@ -59,3 +59,21 @@ async def test_config_cannot_switch_host_key_checking_off(embedded_server: Embed
     host = Host(HostSpec("lax", "lax", user=getpass.getuser(), ssh_config=str(config)))
     with pytest.raises(UnknownHostKey, match="ssh-keyscan"):
         await host.connect()
+
+
+async def test_a_missing_identity_file_is_named(embedded_server: EmbeddedSSHServer, tmp_path: Path) -> None:
+    from console.hosts import HostError
+
+    host = Host(embedded_server.spec("inference", identity_file=str(tmp_path / "no_such_key")))
+    with pytest.raises(HostError, match="no_such_key"):
+        await host.connect()
+
+
+async def test_a_broken_ssh_config_is_named(embedded_server: EmbeddedSSHServer, tmp_path: Path) -> None:
+    from console.hosts import HostError
+
+    config = tmp_path / "ssh_config"
+    config.write_text("Host gpu-box\n  Port not-a-number\n")
+    host = Host(HostSpec("inference", "gpu-box", ssh_config=str(config)))
+    with pytest.raises(HostError, match="ssh_config line 2: Invalid Port"):
+        await host.connect()

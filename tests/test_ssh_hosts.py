@@ -196,3 +196,24 @@ async def test_operations_after_a_drop_raise_host_disconnected(ssh_target: SSHTa
     await asyncio.wait_for(host.wait_closed(), 10)
     with pytest.raises(HostDisconnected):
         await host.run(["true"])
+
+
+async def test_a_server_that_never_answers_times_out(tmp_path: Path) -> None:
+    from console.hosts import HostSpec
+
+    silent = await asyncio.start_server(lambda r, w: None, "127.0.0.1", 0)  # TCP up, no SSH banner
+    port = silent.sockets[0].getsockname()[1]
+    (tmp_path / "cfg").touch()
+    host = Host(HostSpec("mute", "127.0.0.1", port=port, known_hosts=str(tmp_path / "kh"),
+                         ssh_config=str(tmp_path / "cfg"), connect_timeout=0.3))
+    with pytest.raises(HostUnreachable, match="no SSH answer from .*127.0.0.1:.* within 0.3 s"):
+        await host.connect()
+    silent.close()
+
+
+async def test_a_stream_left_early_leaves_the_connection_usable(ssh_target: SSHTarget) -> None:
+    host = await ssh_target.connect()
+    async for line in host.stream(["sh", "-c", "i=0; while true; do i=$((i+1)); echo $i; sleep 0.01; done"]):
+        if line == "3":
+            break
+    assert (await host.run(["echo", "still fine"])).stdout == "still fine\n"

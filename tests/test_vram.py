@@ -12,7 +12,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from console.messages import EndOutcome, GpuProcess, GpuReading, TelemetrySample, VramHolder
+from console.monitor_messages import EndOutcome, GpuProcess, GpuReading, TelemetrySample, VramHolder
 from console.vram import VramError, endpids_argv, find_holders, parse_end_results, vram_free
 from remote import endpids
 from remote.gpu_source import describe_process
