@@ -181,6 +181,7 @@ class EmbeddedSSHServer:
             self._shell(), "-c", command, cwd=self.home, env=self._environment(), start_new_session=True,
             stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)
         self._children.add(child)
+        code: int | None = None
         try:
             # send_eof=False: an EOF after stdout ends would cut off stderr still in flight;
             # exit() below ends the channel once both are drained.
@@ -190,20 +191,19 @@ class EmbeddedSSHServer:
             gone = asyncio.ensure_future(process.channel.wait_closed())
             await asyncio.wait({exited, gone}, return_when=asyncio.FIRST_COMPLETED)
             gone.cancel()
-            if not exited.done():  # the client closed the channel or went away
+            if exited.done():
+                code = exited.result()
+                await process.stdout.drain()
+                await process.stderr.drain()
+            else:  # the client closed the channel or went away
                 self._hang_up(child)
-                return
-            code = exited.result()
-            await process.stdout.drain()
-            await process.stderr.drain()
         except (asyncssh.Error, OSError):  # the client went away mid-command
             self._hang_up(child)
-            return
         finally:
             self._children.discard(child)
-        if code < 0:
+        if code is not None and code < 0:
             process.exit_with_signal(signal.Signals(-code).name.removeprefix("SIG"))
-        else:
+        elif code is not None:
             process.exit(code)
         with contextlib.suppress(Exception):  # also runs asyncssh's clean-up of the redirects
-            await process.wait_closed()
+            await asyncio.wait_for(process.wait_closed(), 5)

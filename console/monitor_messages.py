@@ -107,6 +107,16 @@ class ServiceHealth:
 
 
 @dataclass(frozen=True)
+class ServiceView:
+    """The service panel's state: what the manager says and, while it runs, how the server answers."""
+
+    status: ServiceStatus | None  # None: the manager could not be asked (see `error`)
+    health: ServiceHealth | None  # None while the service is not running
+    checked_at: float  # unix time of this check
+    error: str | None = None
+
+
+@dataclass(frozen=True)
 class StartupProgress:
     """A start-up log line turned into progress: stage, and done/total where the line says."""
 

@@ -20,7 +20,7 @@ from collections.abc import Callable, Sequence
 from datetime import UTC, datetime
 from typing import Any, Protocol
 
-from console.monitor_messages import ServiceHealth, ServiceStatus, StartupProgress
+from console.monitor_messages import ServiceHealth, ServiceStatus, ServiceView, StartupProgress
 from console.sglang_api import ServerAnswerError, ServerUnreachable, SglangClient, server_summary
 from console.telemetry import ServiceIdentity
 
@@ -324,3 +324,56 @@ async def start_and_wait(manager: SystemdManager | CommandManager, client: Sglan
             follower.cancel()
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await follower
+
+
+class ServiceMonitor:
+    """Watches the service: manager status, and health through the forwarded port while it runs.
+
+    Checks never overlap: the next one is armed when the last has finished (a slow server is polled
+    less often, never piled up). Each check is published as a `ServiceView`.
+    """
+
+    def __init__(self, manager: SystemdManager | CommandManager, client: SglangClient | None,
+                 interval: float = 5.0, want_metrics: bool = True):
+        self.manager = manager
+        self.client = client
+        self.interval = interval
+        self.want_metrics = want_metrics
+        self.last: ServiceView | None = None
+        self._subscribers: list[Callable[[ServiceView], Any]] = []
+        self._task: asyncio.Task | None = None
+
+    def subscribe(self, callback: Callable[[ServiceView], Any]) -> Callable[[], None]:
+        self._subscribers.append(callback)
+        return lambda: self._subscribers.remove(callback)
+
+    async def check(self) -> ServiceView:
+        """One check, published."""
+        try:
+            status = await self.manager.status()
+        except Exception as exc:  # noqa: BLE001 - a lost link or a failing status command: show it
+            view = ServiceView(None, None, time.time(), error=str(exc) or type(exc).__name__)
+        else:
+            health = await probe_health(self.client, self.want_metrics) if status.active and self.client else None
+            view = ServiceView(status, health, time.time())
+        self.last = view
+        for callback in list(self._subscribers):
+            callback(view)
+        return view
+
+    async def run(self) -> None:
+        while True:
+            await self.check()
+            await asyncio.sleep(self.interval)
+
+    def start(self) -> asyncio.Task:
+        if self._task is None or self._task.done():
+            self._task = asyncio.create_task(self.run(), name=f"service-{self.manager.name}")
+        return self._task
+
+    async def stop(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+            self._task = None

@@ -83,8 +83,10 @@ async def wait_vram_free(stream: Any, gpus: Sequence[int], threshold_mib: int, t
     after = began if stopped_at is None else stopped_at
     known = set(service_pids) or set(getattr(stream.telemetry, "seen_service_pids", {}))
     try:
-        sample = await stream.wait_for(lambda s: vram_free(s, gpus, threshold_mib), timeout, after=after)
-        return VramWaitResult(True, clock() - began, used_summary(sample, gpus))
+        # A host with no GPU readings at all ends the wait at once: waiting longer cannot help.
+        sample = await stream.wait_for(lambda s: not s.gpus or vram_free(s, gpus, threshold_mib), timeout, after=after)
+        if sample.gpus:
+            return VramWaitResult(True, clock() - began, used_summary(sample, gpus))
     except TimeoutError:
         pass
     sample = stream.telemetry.latest

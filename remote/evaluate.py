@@ -231,6 +231,9 @@ def evaluate(states: Path, target: Path, drafter_paths: dict[str, Path], out: Pa
         except DumpError as exc:
             raise WorkerError(str(exc), where=str(out / name)) from exc
         metrics["facts"] = {**drafter.spec.facts(), "path": str(drafter_paths[name])}
+        vanilla, pos1 = metrics["tau"]["vanilla"]["macro"], metrics["pos1_acc"]
+        events.log(f"drafter {name}: tau vanilla {'-' if vanilla is None else f'{vanilla:.2f}'}, "
+                   f"pos1_acc {'-' if pos1 is None else f'{pos1:.3f}'}")
         results["drafters"][name] = metrics
         events.progress("drafters", d_index + 1, len(drafters), "drafter", label=name)
 

@@ -185,3 +185,11 @@ def test_process_details_of_a_vanished_pid_are_null():
 def test_source_none_says_it_was_turned_off():
     source = gpu_source.open_source("none")
     assert source.name == "none" and "turned off" in source.reason
+
+
+def test_a_malformed_simulated_file_is_reported_in_the_sample(tmp_path: Path):
+    sim = tmp_path / "gpu.json"
+    sim.write_text('{"gpus": "two"}')
+    (sample,) = lines(run_agent("--simulate", str(sim), "--count", "1"))
+    assert sample["simulated"] and sample["gpus"] == []
+    assert sample["reason"] == f"simulated: {sim}: not a simulated GPU file (no 'gpus' list)"

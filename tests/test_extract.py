@@ -8,6 +8,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -197,29 +198,29 @@ def test_killed_worker_leaves_nothing_that_looks_complete(tiny_target, tmp_path)
 
 def test_staged_mode_waits_for_go_and_reports_the_window(tiny_target, tiny_completions, tmp_path, extracted):
     out, go = tmp_path / "staged", tmp_path / "go"
-    events_file = tmp_path / "staged.events.jsonl"
-    env = {**os.environ, "PYTHONPATH": str(REPO), "DFLASH_EVENTS": str(events_file)}
-    proc = subprocess.Popen([sys.executable, "-m", "remote.extract", "--model", str(tiny_target),
-                             "--completions", str(tiny_completions), "--out", str(out), "--layers", "0,1,2",
-                             "--staged", "--go-file", str(go)],
-                            env=env, cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    buf = io.StringIO()
+    argv = ["--model", str(tiny_target), "--completions", str(tiny_completions), "--out", str(out),
+            "--layers", "0,1,2", "--staged", "--go-file", str(go)]
+    worker = threading.Thread(target=extract.main, args=(EventWriter(stream=buf), argv), daemon=True)
+    worker.start()
 
     def events() -> list[dict]:
-        return [json.loads(line) for line in events_file.read_text().splitlines()] if events_file.exists() else []
+        return [json.loads(line) for line in buf.getvalue().splitlines()]
 
     deadline = time.time() + 60
     while not any(e["type"] == "staged" for e in events()) and time.time() < deadline:
-        assert proc.poll() is None, proc.stderr.read().decode()[-2000:]
-        time.sleep(0.05)
+        assert worker.is_alive()
+        time.sleep(0.02)
     time.sleep(0.3)
     seen = events()
     assert not any(e["type"] == "progress" and e["key"] == "prompts" for e in seen), "ran before the go signal"
+    assert seen[-1]["type"] == "log" and "waiting for the go signal" in seen[-1]["msg"]
     staged = next(e for e in seen if e["type"] == "staged")
-    assert staged["tensors"] > 50 and staged["bytes"] > 0
+    assert staged["tensors"] > 50 and staged["bytes"] > 0 and staged["go_file"] == str(go)
     go.touch()
-    assert proc.wait(timeout=60) == 0
-    done = events()
-    released = next(e for e in done if e["type"] == "gpu_released")
+    worker.join(timeout=60)
+    assert not worker.is_alive() and (out / "manifest.json").is_file()
+    released = next(e for e in events() if e["type"] == "gpu_released")
     assert released["staged"] is True and released["waited_s"] >= 0.3
     assert released["window_s"] >= released["copy_s"] + released["forward_s"] - 0.01
     # Staging changes nothing in the numbers.
@@ -235,3 +236,36 @@ def test_device_and_memory_options_are_checked(tiny_target, tiny_completions, tm
     with pytest.raises(WorkerError, match="--max-memory entries look like"):
         run_inline(["--model", str(tiny_target), "--completions", str(tiny_completions), "--out", str(tmp_path / "o"),
                     "--max-memory", "0:40GiB"])
+
+
+def test_place_weights_keeps_ties_and_reports_every_tensor():
+    from transformers import Qwen3_5ForCausalLM
+
+    from remote.tinymodel import tiny_config
+    from remote.weights import model_bytes, place_weights
+
+    config = tiny_config()
+    config.tie_word_embeddings = True
+    model = Qwen3_5ForCausalLM(config).to(torch.bfloat16)
+    assert model.lm_head.weight is model.model.embed_tokens.weight
+    count, size = model_bytes(model)
+    seen = []
+    facts = place_weights(model, {"": "cpu"}, on_tensor=lambda n, b: seen.append((n, b)))
+    assert model.lm_head.weight is model.model.embed_tokens.weight
+    assert facts == {"tensors": count, "bytes": size} and seen[-1] == (count, size)
+    assert [n for n, _ in seen] == list(range(1, count + 1))
+
+
+@given(st.lists(st.sampled_from(["model", "model.layers", "model.layers.1", "model.layers.10", "lm_head"]),
+                unique=True, min_size=1), st.sampled_from(["model.layers.1.mlp.weight", "model.layers.10.x",
+                                                           "model.norm.weight", "lm_head.weight"]))
+def test_device_for_takes_the_longest_matching_prefix(prefixes, name):
+    from remote.weights import device_for
+
+    device_map = {p: i for i, p in enumerate(prefixes)}
+    matches = [p for p in prefixes if name == p or name.startswith(p + ".")]
+    if not matches:
+        with pytest.raises(KeyError):
+            device_for(name, device_map)
+    else:
+        assert device_for(name, device_map) == device_map[max(matches, key=len)]

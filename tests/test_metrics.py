@@ -190,3 +190,10 @@ def test_cli_bad_input(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
     (tmp_path / "d" / "broken.safetensors").write_bytes(b"not a safetensors file")
     assert main([str(tmp_path)]) == 2
     assert "broken.safetensors: unreadable" in capsys.readouterr().err
+
+
+def test_vocabulary_smaller_than_budget_is_complete() -> None:
+    dump = make_dump(_truth(30), 5, 4, k=8, vocab=50)
+    dump.vocab_size = 8  # K = min(B, V): eight candidates are the whole vocabulary
+    m = drafter_metrics([dump], [64], 8)
+    assert m["tau"]["ddtree-b64"]["macro"] is not None

@@ -22,7 +22,7 @@ from console.embedded_ssh import EmbeddedSSHServer
 from console.hosts import Host
 from console.jobs import JobRunner
 from console.monitor_messages import ServiceHealth, StartupProgress
-from console.service import CommandManager, service_identity, start_and_wait, wait_ready
+from console.service import CommandManager, ServiceMonitor, service_identity, start_and_wait, wait_ready
 from console.sglang_api import SglangClient
 from console.supervisor import HostSupervisor
 from console.telemetry import ServiceIdentity, TelemetryStream
@@ -108,6 +108,10 @@ async def test_start_ready_stop_then_vram_free(rig: Rig):
     assert status.active and status.main_pid == int((rig.tmp / f"standin-{port}.pid").read_text())
     info = await client.model_info()
     assert info["model_path"] == str(rig.model)
+    monitor = ServiceMonitor(manager, client)
+    view = await monitor.check()  # what the service panel shows
+    assert view.status.active and view.health.ready and view.health.model == str(rig.model)
+    assert view.health.running_requests is None  # started without --metrics: shown as unknown
 
     # Telemetry attributes the memory to the service: the GPU worker is a child of its main pid.
     rig.stream.set_service(service_identity(status))
@@ -121,7 +125,8 @@ async def test_start_ready_stop_then_vram_free(rig: Rig):
     result = await wait_vram_free(rig.stream, gpus=(0, 1), threshold_mib=1024, timeout=20, stopped_at=stopped_at)
     assert result.free and result.used == "GPU0 0 MiB, GPU1 0 MiB"
     assert result.waited_s >= 1.0  # it really waited for the release, not for systemctl-like return
-    assert not (await manager.status()).active
+    stopped = await monitor.check()
+    assert not stopped.status.active and stopped.health is None
 
 
 async def test_stuck_vram_reaches_the_kill_offer_and_ends_only_the_holder(rig: Rig):

@@ -158,3 +158,13 @@ def test_hold_until_killed_keeps_memory_until_the_holder_is_killed(tiny_target: 
         stop(proc)
         if holder and simgpu.pid_alive(holder):
             os.kill(holder, signal.SIGKILL)
+
+
+def test_a_model_directory_without_config_is_a_clear_error(tmp_path: Path):
+    import subprocess
+    import sys
+
+    done = subprocess.run([sys.executable, "-m", "remote.standin", "--model", str(tmp_path), "--port", "0"],
+                          cwd=Path(__file__).resolve().parents[1], capture_output=True, text=True, timeout=30)
+    assert done.returncode == 1
+    assert done.stderr.strip() == f"standin: --model {tmp_path}: no config.json there (build it with remote.tinymodel)"

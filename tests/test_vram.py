@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 import subprocess
 import sys
@@ -13,7 +14,8 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from console.monitor_messages import EndOutcome, GpuProcess, GpuReading, TelemetrySample, VramHolder
-from console.vram import VramError, endpids_argv, find_holders, parse_end_results, vram_free
+from console.telemetry import TelemetryStream
+from console.vram import VramError, endpids_argv, find_holders, parse_end_results, vram_free, wait_vram_free
 from remote import endpids
 from remote.gpu_source import describe_process
 
@@ -110,3 +112,43 @@ def test_endpids_refuses_pid_one_and_nonsense():
     for bad in ("1", "abc", "12:x"):
         with pytest.raises(SystemExit):
             endpids.main([bad])
+
+
+class LocalHost:
+    """A stand-in for an SSH `Host` that runs the command on this machine (the stream part only)."""
+
+    async def stream(self, argv: list[str]):
+        proc = await asyncio.create_subprocess_exec(*argv, stdout=asyncio.subprocess.PIPE, cwd=ROOT,
+                                                    env={"PATH": "/usr/bin:/bin"})
+        try:
+            async for line in proc.stdout:
+                yield line.decode().rstrip("\n")
+        finally:
+            if proc.returncode is None:
+                proc.kill()
+            await proc.wait()
+
+
+class ConnectedSupervisor:
+    """A supervisor stand-in that is always connected to `LocalHost`."""
+
+    name = "local"
+
+    async def wait_connected(self, timeout: float | None = None) -> LocalHost:
+        return LocalHost()
+
+
+async def test_a_host_without_gpu_readings_fails_the_wait_at_once_with_the_reason():
+    stream = TelemetryStream(ConnectedSupervisor(), lambda host: _code_dir(), python=sys.executable, interval=0.2)
+    stream.start()
+    try:
+        began = time.monotonic()
+        with pytest.raises(VramError, match="local has no GPU readings .*NVML"):
+            await wait_vram_free(stream, gpus=(0,), threshold_mib=1024, timeout=30)
+        assert time.monotonic() - began < 10
+    finally:
+        await stream.stop()
+
+
+async def _code_dir() -> str:
+    return str(ROOT)

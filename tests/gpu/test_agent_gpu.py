@@ -64,7 +64,7 @@ class Agent:
         return got
 
     def close(self) -> None:
-        self.proc.stdout.close()
+        self.proc.terminate()
         self.proc.wait(10)
 
 
