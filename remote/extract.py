@@ -38,6 +38,7 @@ from remote import kernels
 from remote.artifacts import MANIFEST, atomic_path, sha256_file, write_manifest
 from remote.events import EventWriter, WorkerError, run_worker
 from remote.layers import LayerCapture, find_decoder_layers, parse_layer_list, select_layers, text_config
+from remote.prompts import ID_RE
 from remote.weights import (
     checkpoint_facts,
     devices_used,
@@ -88,7 +89,14 @@ def load_completions(path: str | Path) -> dict[str, Any]:
     prompts = data.get("prompts")
     if not isinstance(prompts, list) or not prompts:
         raise WorkerError(f"{file}: no prompts", str(file))
+    seen: set[str] = set()
     for i, entry in enumerate(prompts):
+        pid = entry.get("id") if isinstance(entry, dict) else None
+        # The id names the output file: it must be a safe, unique file name.
+        if not isinstance(pid, str) or not ID_RE.match(pid) or pid in seen:
+            raise WorkerError(f"{file}: prompts[{i}].id must be a unique name of letters, digits, '_', '.', '-'; "
+                              f"found {pid!r}", str(file))
+        seen.add(pid)
         for key in ("prompt_ids", "completion_ids"):
             ids = entry.get(key) if isinstance(entry, dict) else None
             if not isinstance(ids, list) or not all(isinstance(t, int) and not isinstance(t, bool) for t in ids):
@@ -286,6 +294,10 @@ def main(events: EventWriter, argv: list[str] | None = None) -> dict[str, Any]:
     layer_ids = select_layers(num_layers, parse_layer_list(args.layers), args.drafter)
     max_memory = parse_max_memory(args.max_memory)
     prompts = completions["prompts"][: args.limit] if args.limit else completions["prompts"]
+    if args.staged and Path(args.go_file).exists():
+        # A go file left by an earlier run would start the copy to the GPU while the server still holds it.
+        raise WorkerError(f"the go file {args.go_file} already exists (left by an earlier run?): remove it first",
+                          "--go-file")
     device = resolve_device(args.device)
     decision = kernels.apply_policy(args.kernels, device)
     events.log(f"kernel policy {args.kernels}: {decision['reason']}")
@@ -330,6 +342,7 @@ def main(events: EventWriter, argv: list[str] | None = None) -> dict[str, Any]:
             if done == total_tensors or now - last[0] > 0.2:
                 last[0] = now
                 events.progress(key, done, total_tensors, "tensors", label=f"{done_bytes / 1e9:.2f} GB")
+                events.progress(f"{key}_bytes", done_bytes, total_bytes, "bytes")
 
         return report
 
@@ -339,7 +352,9 @@ def main(events: EventWriter, argv: list[str] | None = None) -> dict[str, Any]:
         pin = torch.cuda.is_available()
         place_weights(model, {"": "cpu"}, pin=pin, on_tensor=on_tensor("weights"))
         window["host_read_s"] = round(time.perf_counter() - t0, 3)
-        window["warmup_s"] = round(warm_kernels(model_config, device, events), 3) if device == "cuda" else 0.0
+        # Only Triton kernels (fla) compile on first use; the torch path has nothing to warm.
+        needs_warmup = device == "cuda" and any(kernels.is_fast_impl(m) for m in binding["bound"].values())
+        window["warmup_s"] = round(warm_kernels(model_config, device, events), 3) if needs_warmup else 0.0
         events.emit("staged", bytes=total_bytes, tensors=total_tensors, pinned=pin,
                     host_read_s=window["host_read_s"], warmup_s=window["warmup_s"], go_file=args.go_file)
         window["waited_s"] = round(wait_for_go(args.go_file, events), 3)

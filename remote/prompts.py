@@ -20,7 +20,7 @@ from typing import Any
 from remote.events import WorkerError
 
 DEFAULT_PROMPTS = Path(__file__).with_name("data") / "prompts.jsonl"
-_ID_RE = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.-]{0,127}$")
+ID_RE = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.-]{0,127}$")
 _KEYS = {"id", "messages", "text", "max_new_tokens"}
 _ROLES = {"system", "user", "assistant"}
 
@@ -69,7 +69,7 @@ def parse_prompt(record: Any, path: str, line: int) -> Prompt:
     if unknown:
         raise _fail(path, line, f"unknown field(s) {', '.join(unknown)} (allowed: {', '.join(sorted(_KEYS))})")
     pid = record.get("id")
-    if not isinstance(pid, str) or not _ID_RE.match(pid):
+    if not isinstance(pid, str) or not ID_RE.match(pid):
         raise _fail(path, line, f"'id' must be a string of letters, digits, '_', '.', '-' (it names a file), found {pid!r}")
     where = f"prompt {pid!r}"
     mnt = record.get("max_new_tokens")

@@ -102,6 +102,8 @@ def test_gpu_released_comes_before_the_manifest(extracted):
     assert prompts[-1]["done"] == prompts[-1]["total"] == 3
     weights = [e for e in events if e["type"] == "progress" and e["key"] == "weights"]
     assert weights[-1]["done"] == weights[-1]["total"] > 50
+    weight_bytes = [e for e in events if e["type"] == "progress" and e["key"] == "weights_bytes"]
+    assert weight_bytes[-1]["done"] == weight_bytes[-1]["total"] == window["bytes"] > 500_000
 
 
 def test_layers_beyond_the_model_are_a_clear_error(tiny_target, tiny_completions, tmp_path):
@@ -121,6 +123,11 @@ def test_missing_model_and_bad_completions_are_clear_errors(tiny_target, tiny_co
     bad = tmp_path / "bad.json"
     bad.write_text(json.dumps({"format": "something-else", "prompts": []}))
     with pytest.raises(WorkerError, match="expected format 'dflash-ops.completions/1', found 'something-else'"):
+        run_inline(["--model", str(tiny_target), "--completions", str(bad), "--out", str(tmp_path / "o")])
+    data = json.loads(tiny_completions.read_text())
+    data["prompts"][2]["id"] = data["prompts"][0]["id"]
+    bad.write_text(json.dumps(data))
+    with pytest.raises(WorkerError, match=r"prompts\[2\].id must be a unique name .* found 'fizzbuzz'"):
         run_inline(["--model", str(tiny_target), "--completions", str(bad), "--out", str(tmp_path / "o")])
     data = json.loads(tiny_completions.read_text())
     data["prompts"][1]["completion_ids"] = [1, "two"]
@@ -230,6 +237,11 @@ def test_staged_mode_waits_for_go_and_reports_the_window(tiny_target, tiny_compl
 
 
 def test_device_and_memory_options_are_checked(tiny_target, tiny_completions, tmp_path):
+    stale = tmp_path / "go"
+    stale.touch()
+    with pytest.raises(WorkerError, match="the go file .* already exists"):
+        run_inline(["--model", str(tiny_target), "--completions", str(tiny_completions), "--out", str(tmp_path / "o"),
+                    "--staged", "--go-file", str(stale)])
     with pytest.raises(WorkerError, match="--device cuda but torch sees no CUDA GPU"):
         run_inline(["--model", str(tiny_target), "--completions", str(tiny_completions), "--out", str(tmp_path / "o"),
                     "--device", "cuda"])
