@@ -143,8 +143,11 @@ class EmbeddedSSHServer:
         for conn in list(self._connections):
             conn.abort()
         self._connections.clear()
-        for child in list(self._children):
+        children = list(self._children)
+        for child in children:
             self._hang_up(child)
+        if children:  # let them end inside the loop, so their pipes close cleanly
+            await asyncio.wait([asyncio.ensure_future(c.wait()) for c in children], timeout=5)
         await asyncio.sleep(0)
 
     @staticmethod
@@ -170,6 +173,19 @@ class EmbeddedSSHServer:
         except KeyError:
             return "/bin/sh"
 
+    @staticmethod
+    async def _pump_stdin(process: asyncssh.SSHServerProcess, child: asyncio.subprocess.Process) -> None:
+        """Copy the client's stdin to the command until EOF, then close the command's stdin."""
+        assert child.stdin is not None
+        try:
+            while data := await process.stdin.read(65536):
+                child.stdin.write(data)
+                await child.stdin.drain()
+        except (asyncssh.Error, OSError):
+            pass  # the command or the client went away
+        finally:
+            child.stdin.close()
+
     async def _handle_process(self, process: asyncssh.SSHServerProcess) -> None:
         """Run an exec request through the user's shell in the home directory."""
         command = process.command
@@ -182,11 +198,12 @@ class EmbeddedSSHServer:
             stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)
         self._children.add(child)
         code: int | None = None
+        stdin_pump: asyncio.Future | None = None
         try:
             # send_eof=False: an EOF after stdout ends would cut off stderr still in flight;
             # exit() below ends the channel once both are drained.
-            await process.redirect(stdin=child.stdin, stdout=child.stdout, stderr=child.stderr,
-                                   send_eof=False)
+            await process.redirect(stdout=child.stdout, stderr=child.stderr, send_eof=False)
+            stdin_pump = asyncio.ensure_future(self._pump_stdin(process, child))
             exited = asyncio.ensure_future(child.wait())
             gone = asyncio.ensure_future(process.channel.wait_closed())
             await asyncio.wait({exited, gone}, return_when=asyncio.FIRST_COMPLETED)
@@ -201,6 +218,8 @@ class EmbeddedSSHServer:
             self._hang_up(child)
         finally:
             self._children.discard(child)
+            if stdin_pump is not None:
+                stdin_pump.cancel()
         if code is not None and code < 0:
             process.exit_with_signal(signal.Signals(-code).name.removeprefix("SIG"))
         elif code is not None:

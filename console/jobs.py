@@ -189,23 +189,29 @@ class JobRunner:
             if await sftp.exists(final):
                 return final
             staging = f"{code_root}/.incoming-{digest[:12]}-{uuid.uuid4().hex[:8]}"
-            made: set[str] = set()
-            for done, (rel, path) in enumerate(files, 1):
-                parent = f"{staging}/{self.local_code.name}/{rel}".rsplit("/", 1)[0]
-                if parent not in made:
-                    await sftp.makedirs(parent, exist_ok=True)
-                    made.add(parent)
-                await sftp.put(str(path), f"{parent}/{path.name}")
-                self.uploaded_files += 1
-                if progress:
-                    progress(done, len(files))
             try:
+                await self._upload(files, staging, progress)
                 await sftp.rename(staging, final)
             except asyncssh.SFTPError:
-                if not await sftp.exists(final):  # not a concurrent upload of the same tree
+                with contextlib.suppress(Exception):  # best effort: the link may be what failed
+                    await self.host.run(["rm", "-rf", "--", staging], check=False)
+                if not await sftp.exists(final):  # not merely a concurrent upload of the same tree
                     raise
-                await self.host.run(["rm", "-rf", "--", staging], check=False)
         return final
+
+    async def _upload(self, files: list[tuple[str, Path]], staging: str,
+                      progress: Callable[[int, int], None] | None) -> None:
+        sftp = await self.host.sftp()
+        made: set[str] = set()
+        for done, (rel, path) in enumerate(files, 1):
+            parent = f"{staging}/{self.local_code.name}/{rel}".rsplit("/", 1)[0]
+            if parent not in made:
+                await sftp.makedirs(parent, exist_ok=True)
+                made.add(parent)
+            await sftp.put(str(path), f"{parent}/{path.name}")
+            self.uploaded_files += 1
+            if progress:
+                progress(done, len(files))
 
     async def _python(self) -> str:
         python = self.host.spec.python

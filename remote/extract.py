@@ -197,6 +197,11 @@ def forward_one(model: Any, decoder_layers: Any, layer_ids: list[int], ids: list
     with torch.inference_mode(), LayerCapture(decoder_layers, layer_ids) as capture:
         last = base(input_ids=input_ids, use_cache=False).last_hidden_state[0]
         hidden = capture.take()
+        # Layer k is Hugging Face's hidden_states[k+1] (EVAL-SPEC 1), which z-lab's training reads;
+        # for the last layer that entry has the final norm applied, which the hook does not see.
+        final = len(decoder_layers) - 1
+        if final in layer_ids:
+            hidden[:, layer_ids.index(final)] = last.to(hidden.device, hidden.dtype)
         head_device = lm_head.weight.device if lm_head.weight.device.type != "meta" else last.device
         vocab = lm_head.weight.shape[0]
         # Full-vocabulary logits in slices, so [T, V] fp32 never exists at once on the GPU.
@@ -413,7 +418,7 @@ def main(events: EventWriter, argv: list[str] | None = None) -> dict[str, Any]:
     manifest_path = write_manifest(
         out, writer.files,
         format=EXTRACT_FORMAT, layers=layer_ids, hidden_size=hidden_size, dtype="bfloat16",
-        num_target_layers=num_layers, layer_semantics="output of decoder layer k (hidden_states[k+1]; last layer before the final norm)",
+        num_target_layers=num_layers, layer_semantics="hidden_states[k+1]: output of decoder layer k; the last layer after the final norm, as Hugging Face gives it",
         model_path=str(Path(args.model).resolve()), kernels=binding["bound"], kernel_scheme=binding["scheme"],
         kernels_fast=binding["fast"], kernel_calls=used_calls, kernel_policy=args.kernels,
         kernel_decision=decision, versions=versions(), prompts=entries,

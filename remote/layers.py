@@ -1,8 +1,9 @@
 """Decoder layers: found by walking the module tree, chosen from drafter configs, captured by hooks.
 
-Layer id k means the output of decoder layer k (EVAL-SPEC section 1), i.e. Hugging Face
-`hidden_states[k+1]` for every layer but the last (Hugging Face applies the final norm to its last
-entry; the hook gives the raw output of the last layer, which is what "output of layer k" means).
+Layer id k means Hugging Face `hidden_states[k+1]` (EVAL-SPEC section 1): the output of decoder
+layer k, which a forward hook on `layers[k]` gives for every layer but the last. Hugging Face applies
+the final norm to its last entry, and z-lab's training reads that entry, so the extractor replaces the
+last layer's hook output with the normed final hidden state (see `remote.extract.forward_one`).
 """
 
 from __future__ import annotations

@@ -51,6 +51,12 @@ async def test_run_returns_output_and_status(ssh_target: SSHTarget) -> None:
     assert (result.exit_status, result.stdout, result.stderr) == (3, "out\n", "err\n")
 
 
+async def test_run_feeds_input_to_the_command(ssh_target: SSHTarget) -> None:
+    host = await ssh_target.connect()
+    text = "".join(f"line {i}\n" for i in range(5000))
+    assert (await host.run(["wc", "-l"], input=text)).stdout.strip() == "5000"
+
+
 async def test_arguments_arrive_literally(ssh_target: SSHTarget, tmp_path: Path) -> None:
     canary = tmp_path / "canary"
     canary.mkdir()

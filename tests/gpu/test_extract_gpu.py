@@ -131,3 +131,20 @@ def test_split_across_two_gpus_matches_one(fast_run, target, work, triton_cache)
     report = compare_dirs(work / "fast", work / "split")
     record("split_two_gpus", {"devices": manifest["devices"], "layers": report["layers"]})
     assert all(r["max_abs"] == 0 for r in report["layers"])
+
+
+def test_split_gpu_and_cpu_matches_one_gpu(fast_run, target, work, triton_cache):
+    """One GPU capped so that accelerate must offload later layers to host RAM (executed on the GPU
+    through its hooks): the hidden states equal the all-on-GPU run's."""
+    from remote.parity import compare_dirs
+
+    model, completions = target
+    run_extract(["--model", str(model), "--completions", str(completions), "--out", str(work / "gpu-cpu"),
+                 "--layers", LAYERS, "--kernels", "fast", "--device-map", "auto",
+                 "--max-memory", "0=300MiB,cpu=50GiB"], work, "gpu-cpu", triton_cache)
+    manifest = json.loads((work / "gpu-cpu" / "manifest.json").read_text())
+    assert "cpu" in manifest["devices"] and "cuda:0" in manifest["devices"], manifest["devices"]
+    report = compare_dirs(work / "fast", work / "gpu-cpu")
+    record("split_gpu_and_cpu", {"devices": manifest["devices"], "device_map": manifest.get("device_map"),
+                                 "layers": report["layers"]})
+    assert all(r["cosine"] > 1 - 1e-12 for r in report["layers"]), report["layers"]

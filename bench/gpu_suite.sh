@@ -1,0 +1,22 @@
+#!/usr/bin/env bash
+# Everything that needs the GPU machine, in one go (a fresh machine costs minutes, so batch it).
+# From the repo root on the GPU host, with ../shared/device copied to .dev/:
+#   bash bench/gpu_suite.sh [tests|bench-extract|all]
+# Logs and figures go to $OUT (or ./gpu-out): gpu-tests.log, bench-*.txt, *.json.
+# --noconftest: tests/conftest.py loads the SSH fixtures, and asyncssh is not on the GPU host.
+set -uo pipefail
+out="${OUT:-gpu-out}"; mkdir -p "$out"
+what="${1:-all}"
+source .dev/setup-device.sh
+export TRITON_CACHE_DIR="${TRITON_CACHE_DIR:-/tmp/triton-dflash}" PYTHONUNBUFFERED=1
+export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
+if [[ "$what" == tests || "$what" == all ]]; then
+  python3 -m pytest --noconftest -p no:cacheprovider -q -rs tests/gpu 2>&1 | tee "$out/gpu-tests.log"
+  python3 bench/telemetry.py --skip-console --json "$out/telemetry.json" 2>&1 | tee "$out/bench-telemetry.txt"
+  python3 bench/evaluate.py --device cuda 2>&1 | tee "$out/bench-evaluate.txt"
+  cp docs/gpu-results/*.json "$out/" 2>/dev/null
+fi
+if [[ "$what" == bench-extract || "$what" == all ]]; then
+  python3 bench/extract.py --json "$out/bench-extract.json" 2>&1 | tee "$out/bench-extract.txt"
+fi
+nvidia-smi --query-gpu=index,memory.used --format=csv,noheader >> "$out/gpu-tests.log" 2>&1
