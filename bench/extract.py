@@ -122,8 +122,14 @@ def raw_read(model_dir: Path) -> tuple[float, int]:
 
 
 def hooks_overhead(model_dir: Path, completions: Path, layers: list[int], device: str, work: Path,
-                   rounds: int = 2) -> dict[str, Any]:
-    """In this process: plain `model(ids)` vs the worker's forward (hooks + top-k + CPU copies) + saving."""
+                   rounds: int = 7, profile: Path | None = None) -> dict[str, Any]:
+    """In this process: plain `model(ids)` vs the worker's forward (hooks + top-k + host copies) + saving.
+
+    The two alternate round by round and the medians are compared: a launch-bound forward of a
+    2 B model varies by tens of percent between runs, and alternating cancels slow drifts.
+    """
+    import statistics
+
     import torch
     from transformers import AutoModelForCausalLM
 
@@ -163,13 +169,33 @@ def hooks_overhead(model_dir: Path, completions: Path, layers: list[int], device
 
     plain()  # warm-up (kernels from the cache, allocator)
     extraction(-1)
-    plain_s = min(plain() for _ in range(rounds))
-    runs = [extraction(i) for i in range(rounds)]
-    hooks_s = min(r[0] for r in runs)
-    with_save_s = min(r[1] for r in runs)
-    return {"tokens": tokens, "plain_s": plain_s, "hooks_s": hooks_s, "hooks_and_save_s": with_save_s,
+    plain_runs, runs = [], []
+    for i in range(rounds):
+        plain_runs.append(plain())
+        runs.append(extraction(i))
+    plain_s = statistics.median(plain_runs)
+    if profile is not None:  # where the extra time goes, kernel by kernel, for one round of each
+        from torch.profiler import ProfilerActivity
+        from torch.profiler import profile as torch_profile
+
+        tables = []
+        for name, fn in (("plain", plain), ("extraction", lambda: extraction(-2))):
+            with torch_profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+                fn()
+            tables.append(f"== {name}\n" + prof.key_averages().table(sort_by="self_cuda_time_total", row_limit=20))
+        profile.write_text("\n".join(tables))
+    hooks_s = statistics.median(r[0] for r in runs)
+    with_save_s = statistics.median(r[1] for r in runs)
+    return {"tokens": tokens, "rounds": rounds, "plain_runs_s": plain_runs, "hooks_runs_s": [r[0] for r in runs],
+            "plain_s": plain_s, "hooks_s": hooks_s, "hooks_and_save_s": with_save_s,
             "plain_tok_s": tokens / plain_s, "hooks_tok_s": tokens / hooks_s,
             "hooks_cost": hooks_s / plain_s - 1, "hooks_and_save_cost": with_save_s / plain_s - 1}
+
+
+def print_overhead(o: dict[str, Any]) -> None:
+    print(f"forward: plain {o['plain_tok_s']:.0f} tok/s, with hooks + top-k {o['hooks_tok_s']:.0f} tok/s "
+          f"(cost {o['hooks_cost'] * 100:+.1f}%), including saving {o['hooks_and_save_cost'] * 100:+.1f}% "
+          f"(medians of {o['rounds']} alternating rounds; target < 5%)", flush=True)
 
 
 def main() -> None:
@@ -178,6 +204,8 @@ def main() -> None:
     p.add_argument("--workdir", default=None, help="where the model and outputs go (model cached there)")
     p.add_argument("--json", default=None, help="figures JSON (default docs/gpu-results/bench-extract.json)")
     p.add_argument("--prompts", type=int, default=10)
+    p.add_argument("--only-overhead", action="store_true", help="only the hooks + saving vs plain forward figure")
+    p.add_argument("--profile", default=None, help="with --only-overhead: write a torch.profiler table here")
     args = p.parse_args()
 
     import torch
@@ -204,6 +232,12 @@ def main() -> None:
           f"{facts['tensor_bytes'] / 1e9:.2f} GB (ready in {time.perf_counter() - t:.1f} s)", flush=True)
     completions = random_completions(model_dir, work / "completions.json", n_prompts, prompt_len, completion_len,
                                      dims["vocab_size"])
+    if args.only_overhead:
+        o = hooks_overhead(model_dir, completions, layer_ids, device, work,
+                           profile=Path(args.profile) if args.profile else None)
+        print_overhead(o)
+        print(f"extraction overhead: {o['hooks_and_save_cost'] * 100:+.1f}% vs a plain forward (target < 5%)")
+        return
     stamp = str(int(time.time()))
     base = ["--model", str(model_dir), "--completions", str(completions), "--layers", layers, "--device", device]
 
@@ -262,9 +296,7 @@ def main() -> None:
         os.environ["TRITON_CACHE_DIR"] = str(work / f"triton-staged-{stamp}")
     o = hooks_overhead(model_dir, completions, layer_ids, device, work)
     figures["hooks"] = o
-    print(f"forward: plain {o['plain_tok_s']:.0f} tok/s, with hooks + top-k {o['hooks_tok_s']:.0f} tok/s "
-          f"(cost {o['hooks_cost'] * 100:+.1f}%), including saving {o['hooks_and_save_cost'] * 100:+.1f}% "
-          f"(target < 5%)", flush=True)
+    print_overhead(o)
 
     target = Path(args.json) if args.json else (work / "bench-extract.json" if args.small
                                                 else ROOT / "docs" / "gpu-results" / "bench-extract.json")

@@ -109,8 +109,8 @@ def select_layers(num_layers: int, explicit: list[int], drafters: list[str | Pat
 class LayerCapture:
     """Forward hooks on chosen decoder layers; `take()` returns [T, n_layers, H] for batch item 0.
 
-    Each captured tensor stays on its layer's device until `take()`, which moves them to the CPU in
-    the order given, so a model split across GPUs is handled without extra synchronisation.
+    Each captured tensor stays on its layer's device until `take()` gathers them on one device, so
+    a model split across GPUs is handled without extra synchronisation.
     """
 
     def __init__(self, layers: Any, layer_ids: list[int]):
@@ -131,13 +131,20 @@ class LayerCapture:
 
         return hook
 
-    def take(self) -> Any:
+    def take(self, device: Any = None) -> Any:
+        """The captured layers stacked as [T, n_layers, H] on `device` (default: the first layer's).
+
+        Stays on the accelerator: the caller copies everything to the host in one go, since one
+        synchronous copy per layer would stall the GPU several times per prompt.
+        """
         import torch
 
         missing = [k for k in self.layer_ids if k not in self._out]
         if missing:
             raise RuntimeError(f"layers {missing} did not run in the forward pass")
-        stacked = torch.stack([self._out[k][0].to("cpu", non_blocking=False) for k in self.layer_ids], dim=1)
+        outs = [self._out[k][0] for k in self.layer_ids]
+        device = outs[0].device if device is None else device
+        stacked = torch.stack([out.to(device) for out in outs], dim=1)
         self._out.clear()
         return stacked
 
