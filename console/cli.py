@@ -86,7 +86,63 @@ def _add_config_option(parser: argparse.ArgumentParser) -> None:
 
 
 # --------------------------------------------------------------------------------------------
-# The command table: (name, adds its parser). Later: drill, run, probe.
+# probe, status, report: each command's work lives in its own module, imported when it runs.
+
+
+def _cmd_probe(args: argparse.Namespace) -> int:
+    from console import cmd_probe
+
+    return cmd_probe.run(args)
+
+
+def _cmd_status(args: argparse.Namespace) -> int:
+    from console import cmd_status
+
+    return cmd_status.run(args)
+
+
+def _cmd_report(args: argparse.Namespace) -> int:
+    from console import cmd_report
+
+    return cmd_report.run(args)
+
+
+def _add_probe(sub: argparse._SubParsersAction) -> None:
+    parser = sub.add_parser(
+        "probe", help="compare the hosts' environments and kernels side by side",
+        description="Run the environment probe on every configured host at once and print them side by "
+                    "side, asymmetries flagged. Exit status 1 when a probe failed or the hosts bind "
+                    "different kernels.")
+    _add_config_option(parser)
+    parser.add_argument("--timeout", type=float, default=300.0, metavar="S",
+                        help="seconds one host's probe may take (default 300)")
+    parser.add_argument("--out", metavar="FILE",
+                        help="also save the probes as JSON (put probes.json beside an evaluation for its report)")
+    parser.set_defaults(run=_cmd_probe)
+
+
+def _add_status(sub: argparse._SubParsersAction) -> None:
+    parser = sub.add_parser(
+        "status", help="show the hosts' links and GPUs and the service's state and health (read-only)",
+        description="Show each host's connection and latency, its GPUs (memory, utilisation, holders) and "
+                    "the service's state and health. Read-only: nothing is stopped or started. Exit "
+                    "status 0 when every host is connected and the service is ready, else 1.")
+    _add_config_option(parser)
+    parser.add_argument("--watch", action="store_true", help="redraw every second until Ctrl-C")
+    parser.set_defaults(run=_cmd_status)
+
+
+def _add_report(sub: argparse._SubParsersAction) -> None:
+    parser = sub.add_parser(
+        "report", help="print an evaluation's result tables and export them as Markdown and JSON",
+        description="Print the result tables of an evaluation output directory (results.json, with "
+                    "parity.json and probes.json when beside it) and write report.md and report.json there.")
+    parser.add_argument("run_dir", metavar="RUN_DIR", help="the evaluation's output directory (or its results.json)")
+    parser.set_defaults(run=_cmd_report)
+
+
+# --------------------------------------------------------------------------------------------
+# The command table: (name, adds its parser). Later: drill, run.
 
 
 @dataclass(frozen=True)
@@ -97,6 +153,9 @@ class Subcommand:
 
 COMMANDS: list[Subcommand] = [
     Subcommand("config", _add_config),
+    Subcommand("probe", _add_probe),
+    Subcommand("status", _add_status),
+    Subcommand("report", _add_report),
 ]
 
 

@@ -92,6 +92,7 @@ class ServiceConfig:
     start: Command | None = None
     stop: Command | None = None
     status: Command | None = None
+    log: Command | None = None  # manager "command": prints the server's log (start-up progress)
     url: str = "http://127.0.0.1:30000"
     ready_timeout_s: float = 900
     vram_free_mib: int = 1024
@@ -405,11 +406,12 @@ def _service(c: _Checker, data: Mapping[str, Any], hosts: Mapping[str, HostConfi
     host = c.host_ref(c.get(raw, "host", p, _text, "a host name", required=True), f"{p}.host", hosts)
     manager = c.get(raw, "manager", p, lambda v: v in MANAGERS, '"systemd" or "command"', "systemd")
     unit = c.get(raw, "unit", p, _text, "a systemd unit name", required=manager == "systemd")
-    start, stop, status = (c.command(raw, k, p) for k in ("start", "stop", "status"))
+    start, stop, status, log = (c.command(raw, k, p) for k in ("start", "stop", "status", "log"))
     if manager == "systemd":
-        for key in ("start", "stop", "status"):
+        for key in ("start", "stop", "status", "log"):
             if key in raw:
-                raise c.fail(f"{p}.{key}", 'no command with manager = "systemd" (systemctl is used)', describe(raw[key]))
+                used = "journalctl -u is used" if key == "log" else "systemctl is used"
+                raise c.fail(f"{p}.{key}", f'no command with manager = "systemd" ({used})', describe(raw[key]))
     else:
         if unit is not None:
             raise c.fail(f"{p}.unit", 'no unit with manager = "command" (start/stop/status are used)', describe(unit))
@@ -425,6 +427,7 @@ def _service(c: _Checker, data: Mapping[str, Any], hosts: Mapping[str, HostConfi
         start=start,
         stop=stop,
         status=status,
+        log=log,
         url=c.get(raw, "url", p, _http_url, "an http:// or https:// URL with a host", "http://127.0.0.1:30000"),
         ready_timeout_s=c.get(raw, "ready_timeout_s", p, _positive_number, "a positive number of seconds", 900),
         vram_free_mib=c.get(raw, "vram_free_mib", p, _positive_int, "a positive integer (MiB per GPU)", 1024),

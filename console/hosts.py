@@ -320,6 +320,12 @@ class Host:
         home = await self.home()
         return str(PurePosixPath(home) / rest) if rest else home
 
+    def _check_ended(self, returncode: int | None, command: str) -> None:
+        """No exit status and no signal, and the link is gone: the command's channel ended with the
+        connection (a drop), which is not the command failing."""
+        if returncode is None and not self.is_connected:
+            raise HostDisconnected(self.name, f"connection lost during `{command}`")
+
     async def run(self, argv: list[str], check: bool = True, timeout: float | None = None,
                   input: str | None = None) -> CommandResult:
         """Run argv (quoted with shlex.join) and wait; raises CommandFailed on non-zero exit if check."""
@@ -330,6 +336,7 @@ class Host:
                 proc = await conn.run(command, check=False, timeout=timeout, input=input, errors="replace")
             except asyncssh.TimeoutError as exc:
                 raise CommandFailed(self.name, argv, None, str(exc.stderr or ""), timeout=timeout) from None
+        self._check_ended(proc.returncode, command)
         status = proc.returncode if proc.returncode is not None else -1
         result = CommandResult(status, str(proc.stdout or ""), str(proc.stderr or ""))
         if check and status != 0:
@@ -353,6 +360,9 @@ class Host:
             proc = await conn.create_process(command, errors="replace")
         proc.stdin.write_eof()
         drainer = asyncio.create_task(drain_stderr(proc))
+        # When the link drops, stderr fails too (ConnectionLost) while the stdout error is the one
+        # raised: fetch the drainer's outcome so it is not reported as "never retrieved".
+        drainer.add_done_callback(lambda task: task.cancelled() or task.exception())
         try:
             with self.errors(f"`{command}`"):
                 async for line in proc.stdout:
@@ -364,6 +374,7 @@ class Host:
             drainer.cancel()
             if not proc.is_closing():
                 proc.close()
+        self._check_ended(completed.returncode, command)
         status = completed.returncode if completed.returncode is not None else -1
         if status != 0:
             raise CommandFailed(self.name, argv, status, "".join(stderr_parts))

@@ -1,12 +1,15 @@
 """What the core publishes: small frozen dataclasses that the TUI and the CLI render.
 
-Nothing here does I/O; a message is a snapshot of state at the time it was made.
+Host connection state, GPU telemetry, service state and health, start-up progress, and the VRAM
+waiter's findings. Nothing here does I/O; a message is a snapshot of state at the time it was made.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 from typing import Literal
+
+# --- Hosts (console/supervisor.py) ---------------------------------------------------------------
 
 HostStatus = Literal["connecting", "connected", "reconnecting", "down"]
 
@@ -34,3 +37,146 @@ class HostState:
     def is_connected(self) -> bool:
         return self.status == "connected"
 
+
+# --- Telemetry (console/telemetry.py) ------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class GpuReading:
+    """One GPU in one telemetry sample; a field the host could not read is None."""
+
+    index: int
+    name: str | None
+    uuid: str | None
+    mem_used_mib: int | None
+    mem_total_mib: int | None
+    util_pct: float | None
+    temp_c: float | None
+    power_w: float | None
+
+
+@dataclass(frozen=True)
+class GpuProcess:
+    """A process holding GPU memory, with what the host's /proc says about it."""
+
+    pid: int
+    gpu: int | None
+    mib: int | None
+    user: str | None = None
+    command: str | None = None
+    ppid: int | None = None
+    ancestors: tuple[int, ...] = ()
+    start_time: int | None = None  # clock ticks since boot: with pid, names exactly one process
+    cgroup: str | None = None
+
+
+@dataclass(frozen=True)
+class TelemetrySample:
+    """One line of `remote.agent`: a host's GPUs and GPU processes at time `t` (host clock)."""
+
+    host: str
+    seq: int
+    t: float
+    interval: float
+    source: str  # "nvml" | "nvidia-smi" | "simulated" | "none"
+    simulated: bool  # a drill host: draw it labelled SIMULATED
+    reason: str | None  # why there are no GPU readings, when there are none
+    gpus: tuple[GpuReading, ...]
+    processes: tuple[GpuProcess, ...]
+    ram_total_mib: int | None = None
+    ram_available_mib: int | None = None
+    agent_cpu_ms: float | None = None
+
+
+@dataclass(frozen=True)
+class TelemetryUpdate:
+    """A host's telemetry as the console sees it now: the last sample, its age, and which GPU
+    processes belong to the service. Published on every sample and when a stream drops."""
+
+    host: str
+    sample: TelemetrySample | None
+    age_s: float | None  # seconds since the last sample arrived (console clock); None: never
+    stale: bool  # no sample for longer than 3 intervals: draw the readings as old
+    streaming: bool  # the agent stream is up
+    error: str | None = None  # why the stream is down, when it is
+    service_pids: frozenset[int] = frozenset()
+
+
+# --- Service (console/service.py, console/sglang_api.py) -----------------------------------------
+
+
+@dataclass(frozen=True)
+class ServiceStatus:
+    """What the service manager says: systemd's ActiveState/SubState/MainPID, or the status command."""
+
+    manager: str  # "systemd" | "command"
+    name: str
+    active: bool
+    state: str  # systemd ActiveState ("active", "inactive", "failed", ...) or "running" / "stopped"
+    sub_state: str | None = None
+    main_pid: int | None = None
+    since: float | None = None  # unix time it entered the active state
+    cgroup: str | None = None
+    detail: str | None = None
+
+
+@dataclass(frozen=True)
+class ServiceHealth:
+    """The server as seen through the forwarded port."""
+
+    health_status: int | None  # HTTP status of /health; None: no answer
+    ready: bool  # /health 200 and a one-token /generate worked
+    model: str | None = None
+    model_path: str | None = None
+    version: str | None = None
+    running_requests: float | None = None
+    queued_requests: float | None = None
+    token_usage: float | None = None
+    gen_throughput: float | None = None
+    error: str | None = None
+
+
+@dataclass(frozen=True)
+class ServiceView:
+    """The service panel's state: what the manager says and, while it runs, how the server answers."""
+
+    status: ServiceStatus | None  # None: the manager could not be asked (see `error`)
+    health: ServiceHealth | None  # None while the service is not running
+    checked_at: float  # unix time of this check
+    error: str | None = None
+
+
+@dataclass(frozen=True)
+class StartupProgress:
+    """A start-up log line turned into progress: stage, and done/total where the line says."""
+
+    stage: str  # "loading" | "weights_loaded" | "ready"
+    line: str
+    done: int | None = None
+    total: int | None = None
+
+
+# --- VRAM waiter (console/vram.py) ---------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class VramHolder:
+    """A process still holding memory on one of the service's GPUs after a stop."""
+
+    pid: int
+    mib: int
+    gpus: tuple[int, ...]
+    command: str | None
+    user: str | None
+    start_time: int | None
+    was_service: bool  # seen in the service's process tree or cgroup before the stop
+
+
+@dataclass(frozen=True)
+class EndOutcome:
+    """What became of one process the operator asked to end."""
+
+    pid: int
+    outcome: str  # "gone" | "terminated" | "killed" | "survived" | "not_permitted" | "replaced"
+    detail: str
+    after_s: float = 0.0

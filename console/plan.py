@@ -99,6 +99,17 @@ def service_commands(config: Config) -> dict[str, str]:
     }
 
 
+def startup_log_command(config: Config) -> str | None:
+    """The command whose output is read for start-up progress after a restart; None: there is none."""
+    service = config.service
+    if service.manager == "systemd":
+        argv = ["journalctl", "-u", service.unit or "", "-f"]
+        return shlex.join((["sudo"] if service.sudo else []) + argv)
+    if service.log is None:
+        return None
+    return ("sudo " if service.sudo else "") + _command_text(service.log)
+
+
 def _gpus(config: Config) -> str:
     gpus = config.service.gpus
     return "GPUs " + ", ".join(map(str, gpus)) if gpus else "every GPU"
@@ -208,6 +219,7 @@ def render_plan(config: Config) -> RenderableType:
         service_rows.append(("unit", service.unit or ""))
     service_rows += [
         ("start", commands["start"]), ("stop", commands["stop"]), ("status", commands["status"]),
+        ("start-up log", startup_log_command(config) or "- (no `log` command: no start-up progress, only readiness)"),
         ("url", f"{service.url} (as seen from {service.host})"),
         ("ready within", f"{service.ready_timeout_s:g} s"),
         ("free when", f"{_gpus(config)} under {service.vram_free_mib} MiB each"),

@@ -112,8 +112,10 @@ def find_asymmetries(probes: dict[str, dict[str, Any]]) -> list[Asymmetry]:
     for label in labels:
         if label in ("disk free", "RAM available", "GPUs", "Triton cache"):
             continue
-        values = {host: host_rows.get(label, "?") for host, host_rows in rows.items()}
-        if len(set(values.values())) > 1:
+        # A row only some hosts report (the model: only the target host is given its path) is
+        # compared between those that do.
+        values = {host: host_rows[label] for host, host_rows in rows.items() if label in host_rows}
+        if len(values) > 1 and len(set(values.values())) > 1:
             severity, why = _severity(label)
             found.append(Asymmetry(label, severity, values, why))
     order = {"error": 0, "warning": 1, "info": 2}
@@ -125,7 +127,7 @@ def probe_table(probes: dict[str, dict[str, Any]], title: str = "Hosts: environm
     rows = {host: probe_rows(p) for host, p in probes.items()}
     flagged = {a.row: a for a in find_asymmetries(probes)}
     table = Table(title=title, show_lines=False)
-    table.add_column("what", style="bold")
+    table.add_column("what", style="bold", no_wrap=True)
     for host in probes:
         table.add_column(host)
     table.add_column("")
@@ -135,7 +137,7 @@ def probe_table(probes: dict[str, dict[str, Any]], title: str = "Hosts: environm
     for label in labels:
         asym = flagged.get(label)
         style = SEVERITY_STYLE[asym.severity] if asym else ""
-        cells = [Text(rows[h].get(label, "?"), style=style) for h in probes]
+        cells = [Text(rows[h].get(label, "-"), style=style) for h in probes]
         note = Text(("MISMATCH: " if asym.severity == "error" else "differs: ") + asym.why, style=style) if asym else Text("")
         table.add_row(label, *cells, note)
     return table

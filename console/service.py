@@ -6,6 +6,7 @@ Managers run their commands through a runner with `Host.run`'s shape
   `journalctl -u UNIT -f` for the start-up log.
 - `CommandManager`: the configured start / stop / status commands (a string runs through `sh -c`,
   a list is argv). Status: exit 0 means running; if it prints a number first, that is the main pid.
+  The optional log command (e.g. `tail -n +1 -F /var/log/sglang.log`) gives the start-up log.
 Health goes through the forwarded port (`console.sglang_api`): ready = /health 200 and a one-token
 /generate. SGLang's start-up log lines become `StartupProgress`.
 """
@@ -20,7 +21,8 @@ from collections.abc import Callable, Sequence
 from datetime import UTC, datetime
 from typing import Any, Protocol
 
-from console.monitor_messages import ServiceHealth, ServiceStatus, ServiceView, StartupProgress
+from console.config import ServiceConfig
+from console.messages import ServiceHealth, ServiceStatus, ServiceView, StartupProgress
 from console.sglang_api import ServerAnswerError, ServerUnreachable, SglangClient, server_summary
 from console.telemetry import ServiceIdentity
 
@@ -216,12 +218,12 @@ def service_identity(status: ServiceStatus) -> ServiceIdentity:
                            cgroup=status.cgroup if status.active else None)
 
 
-def manager_from_config(service: Any, runner: Runner) -> SystemdManager | CommandManager:
-    """The manager for a `console.config.ServiceConfig`."""
+def manager_from_config(service: ServiceConfig, runner: Runner) -> SystemdManager | CommandManager:
+    """The manager for the configured service (`[service]`), running its commands through `runner`."""
     if service.manager == "systemd":
         return SystemdManager(runner, service.unit, sudo=service.sudo)
     return CommandManager(runner, service.start, service.stop, service.status, name=f"{service.host} server",
-                          sudo=service.sudo, log=getattr(service, "log", None))
+                          sudo=service.sudo, log=service.log)
 
 
 _SHARDS = re.compile(r"Loading safetensors checkpoint shards:\s*(\d+)% Completed \|\s*(\d+)/(\d+)")

@@ -19,7 +19,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
 
-from console.monitor_messages import GpuProcess, GpuReading, TelemetrySample, TelemetryUpdate
+from console.messages import GpuProcess, GpuReading, TelemetrySample, TelemetryUpdate
 
 log = logging.getLogger(__name__)
 

@@ -16,7 +16,7 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from console.monitor_messages import EndOutcome, TelemetrySample, VramHolder
+from console.messages import EndOutcome, TelemetrySample, VramHolder
 
 
 class VramError(Exception):

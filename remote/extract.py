@@ -39,6 +39,7 @@ from remote.artifacts import MANIFEST, atomic_path, sha256_file, write_manifest
 from remote.events import EventWriter, WorkerError, run_worker
 from remote.layers import LayerCapture, find_decoder_layers, parse_layer_list, select_layers, text_config
 from remote.prompts import ID_RE
+from remote.topk import topk_logprobs
 from remote.weights import (
     checkpoint_facts,
     devices_used,
@@ -204,18 +205,14 @@ def forward_one(model: Any, decoder_layers: Any, layer_ids: list[int], ids: list
             hidden[:, layer_ids.index(final)] = last
         head_device = lm_head.weight.device if lm_head.weight.device.type != "meta" else last.device
         vocab = lm_head.weight.shape[0]
-        # Full-vocabulary logits in slices, so [T, V] fp32 never exists at once on the GPU. Top-k
-        # and argmax run on the logits in the model's dtype (upcasting is exact, so the ranking is
-        # the same, and a 16-bit top-k is about twice as fast over 150 k entries); the log-probs
-        # are logit - logsumexp in fp32, with no [T, V] log_softmax materialised.
+        # Full-vocabulary logits in slices, so [T, V] fp32 never exists at once on the GPU.
         step = max(1, (1 << 27) // max(vocab, 1))
         g, top_ids, top_lp = [], [], []
         for start in range(0, last.shape[0], step):
-            logits = lm_head(last[start:start + step].to(head_device))
-            values, indices = logits.topk(TOPK, dim=-1)
-            top_lp.append(values.float() - torch.logsumexp(logits.float(), dim=-1, keepdim=True))
-            top_ids.append(indices)
-            g.append(logits.argmax(dim=-1))
+            ids_k, logprobs_k, argmax = topk_logprobs(lm_head(last[start:start + step].to(head_device)), TOPK)
+            top_ids.append(ids_k)
+            top_lp.append(logprobs_k)
+            g.append(argmax)
         on_device = {"hidden": hidden.to(torch.bfloat16), "g": torch.cat(g),
                      "topk_ids": torch.cat(top_ids), "topk_logprobs": torch.cat(top_lp)}
         # One copy per tensor into pinned host memory (torch caches those buffers), then one sync.

@@ -80,9 +80,9 @@ class OpenSSHServer:
             self.port = free_port()
             config = self.root / "sshd_config"
             config.write_text(self._config())
-            log = open(self.root / "sshd.log", "ab")  # noqa: SIM115 - sshd writes here for its life
-            self._proc = subprocess.Popen([str(SSHD), "-D", "-e", "-f", str(config)],
-                                          stdout=log, stderr=log, stdin=subprocess.DEVNULL)
+            with open(self.root / "sshd.log", "ab") as log:  # sshd keeps its own copy of the fd
+                self._proc = subprocess.Popen([str(SSHD), "-D", "-e", "-f", str(config)],
+                                              stdout=log, stderr=log, stdin=subprocess.DEVNULL)
             deadline = time.monotonic() + 10
             while time.monotonic() < deadline and self._proc.poll() is None:
                 try:

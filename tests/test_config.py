@@ -112,6 +112,28 @@ def test_systemd_manager_rejects_commands_it_would_ignore(example: dict) -> None
     assert 'systemd' in str(error) and '"kill -9 1234" (a string)' in str(error)
 
 
+def test_command_manager_takes_an_optional_log_command(example: dict) -> None:
+    service = example["service"]
+    service.pop("unit")
+    service.update(manager="command", start="/opt/s/start", stop="/opt/s/stop", status="/opt/s/status")
+    assert parse_config(dump_toml(example)).service.log is None  # optional: no start-up progress then
+    service["log"] = "tail -n +1 -F /var/log/sglang.log"
+    assert parse_config(dump_toml(example)).service.log == "tail -n +1 -F /var/log/sglang.log"
+    service["log"] = ["journalctl", "--user", "-u", "sglang", "-f"]
+    assert parse_config(dump_toml(example)).service.log == ("journalctl", "--user", "-u", "sglang", "-f")
+    service["log"] = ""
+    error = error_for(example)
+    assert error.path == "service.log" and "a shell command string or a non-empty array" in str(error)
+    service["log"] = ["tail", 5]
+    assert error_for(example).path == "service.log[1]"
+
+
+def test_systemd_manager_rejects_a_log_command(example: dict) -> None:
+    example["service"]["log"] = "tail -F /var/log/sglang.log"
+    error = error_for(example)
+    assert error.path == "service.log" and "journalctl" in str(error)
+
+
 def test_wrong_type_message_names_field_expectation_and_found_value(example: dict) -> None:
     example["eval"]["budgets"] = [8, "16", 64]
     assert str(error_for(example)) == (

@@ -11,7 +11,14 @@ import pytest
 from rich.console import Console
 
 from console.config import config_to_dict, dump_toml, example_config_text, load_config, parse_config
-from console.plan import STEPS, procedure_steps, render_plan, service_commands, summarize_prompts
+from console.plan import (
+    STEPS,
+    procedure_steps,
+    render_plan,
+    service_commands,
+    startup_log_command,
+    summarize_prompts,
+)
 
 SHIPPED_IDS = ("fizzbuzz", "binary_search", "linked_list_reverse", "json_parser", "async_rate_limiter",
                "trie_autocomplete", "merge_sort", "lru_cache", "graph_bfs", "matrix_multiply")
@@ -108,6 +115,19 @@ def test_command_manager_shows_literal_commands_with_sudo(example: dict) -> None
     assert commands == {"start": "sudo /opt/sglang/start.sh --port 30000",
                         "stop": "sudo pkill -TERM -f 'sglang serve'", "status": "sudo true"}
     assert "`sudo pkill -TERM -f 'sglang serve'`" in dict(procedure_steps(config))["stop"]
+
+
+def test_plan_names_the_start_up_log_command(example: dict) -> None:
+    assert startup_log_command(parse_config(dump_toml(example))) == "journalctl -u sglang-qwen -f"
+    service = example["service"]
+    service.pop("unit")
+    service.update(manager="command", start="/opt/s/start", stop="/opt/s/stop", status="/opt/s/status")
+    assert startup_log_command(parse_config(dump_toml(example))) is None
+    assert "no `log` command" in render(parse_config(dump_toml(example)))
+    service.update(log=["tail", "-n", "+1", "-F", "/var/log/sglang.log"], sudo=True)
+    config = parse_config(dump_toml(example))
+    assert startup_log_command(config) == "sudo tail -n +1 -F /var/log/sglang.log"
+    assert "sudo tail -n +1 -F /var/log/sglang.log" in render(config)
 
 
 def test_systemd_with_sudo(example: dict) -> None:

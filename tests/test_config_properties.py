@@ -56,7 +56,8 @@ def configs(draw: st.DrawFn) -> Config:
     if draw(st.booleans()):
         manager = dict(manager="systemd", unit=draw(text))
     else:
-        manager = dict(manager="command", start=draw(command), stop=draw(command), status=draw(command))
+        manager = dict(manager="command", start=draw(command), stop=draw(command), status=draw(command),
+                       log=draw(st.none() | command))
     service = ServiceConfig(
         host=draw(host_of), **manager, sudo=draw(st.booleans()), url=draw(url),
         ready_timeout_s=draw(seconds), vram_free_mib=draw(st.integers(1, 200_000)),
@@ -107,6 +108,7 @@ def _corruptions(data: dict) -> list[tuple[str, tuple, st.SearchStrategy]]:
         ("service.vram_free_mib", ("service", "vram_free_mib"), st.sampled_from([0, -5, 1.5, "1024"])),
         ("service.sudo", ("service", "sudo"), st.sampled_from(["yes", 1, "true"])),
         ("service.ready_timeout_s", ("service", "ready_timeout_s"), st.sampled_from([0, -1.0, "900"])),
+        ("service.log", ("service", "log"), st.sampled_from([5, "", "  ", [], [1], ["", "-f"], True])),
         ("target.model_path", ("target", "model_path"), st.sampled_from([5, "", ["/m"]])),
         ("target.kernels", ("target", "kernels"), st.sampled_from(["fla", "FAST", 1])),
         ("target.layers", ("target", "layers"), st.sampled_from(["all", [], 3, [1, 1]])),

@@ -18,11 +18,19 @@ from pathlib import Path
 
 import pytest
 
+from console.config import dump_toml, parse_config
 from console.embedded_ssh import EmbeddedSSHServer
 from console.hosts import Host
 from console.jobs import JobRunner
-from console.monitor_messages import ServiceHealth, StartupProgress
-from console.service import CommandManager, ServiceMonitor, service_identity, start_and_wait, wait_ready
+from console.messages import ServiceHealth, StartupProgress
+from console.service import (
+    CommandManager,
+    ServiceMonitor,
+    manager_from_config,
+    service_identity,
+    start_and_wait,
+    wait_ready,
+)
 from console.sglang_api import SglangClient
 from console.supervisor import HostSupervisor
 from console.telemetry import ServiceIdentity, TelemetryStream
@@ -47,18 +55,24 @@ class Rig:
     model: Path
 
     def manager(self, port: int, *standin_args: str) -> CommandManager:
-        """The command manager for a standin on `port`, as an operator would configure it."""
+        """The command manager for a standin on `port`, from a `[service]` table as an operator
+        would write it (its `log` command tails the log the start command writes)."""
         pidfile, log = self.tmp / f"standin-{port}.pid", self.tmp / f"standin-{port}.log"
         argv = [PY, "-m", "remote.standin", "--model", str(self.model), "--port", str(port),
                 "--gpu-file", str(self.sim), *standin_args]
         start = (f"cd {shlex.quote(self.code)} && PYTHONPATH={shlex.quote(self.code)} setsid nohup "
                  f"{shlex.join(argv)} > {log} 2>&1 < /dev/null & echo $! > {pidfile}")
-        return CommandManager(
-            self.host, start=start, stop=f"kill -TERM $(cat {pidfile})",
+        service = {
+            "host": "ct129", "manager": "command", "start": start, "stop": f"kill -TERM $(cat {pidfile})",
             # Running = the pid exists and is not a zombie (this sandbox's init never reaps orphans).
-            status=f"pid=$(cat {pidfile}) && ps -o stat= -p $pid | grep -q '^[^Z]' && echo $pid",
-            log=["tail", "-n", "+1", "-F", str(log)], name="standin",
-        )
+            "status": f"pid=$(cat {pidfile}) && ps -o stat= -p $pid | grep -q '^[^Z]' && echo $pid",
+            "log": ["tail", "-n", "+1", "-F", str(log)],
+        }
+        config = parse_config(dump_toml({"hosts": {"ct129": {"address": "127.0.0.1"}}, "service": service,
+                                         "target": {"model_path": str(self.model), "layers": [0]}}))
+        manager = manager_from_config(config.service, self.host)
+        assert isinstance(manager, CommandManager)
+        return manager
 
 
 def _end_leftovers(tmp: Path, sim: Path) -> None:
@@ -102,7 +116,11 @@ async def test_start_ready_stop_then_vram_free(rig: Rig):
     progress: list[StartupProgress] = []
     health = await start_and_wait(manager, client, timeout=60, host=rig.host, on_progress=progress.append)
     assert health.ready and health.health_status == 200 and health.error is None
+    # The configured `log` command's lines became progress: the shards counted, then ready.
     assert any(p.stage == "loading" and p.total == 4 for p in progress), progress
+    order = ["loading", "weights_loaded", "ready"]
+    stages = [p.stage for p in progress]
+    assert stages == sorted(stages, key=order.index), stages
 
     status = await manager.status()
     assert status.active and status.main_pid == int((rig.tmp / f"standin-{port}.pid").read_text())

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import gc
 import os
 import shlex
 from pathlib import Path
@@ -223,3 +224,31 @@ async def test_a_stream_left_early_leaves_the_connection_usable(ssh_target: SSHT
         if line == "3":
             break
     assert (await host.run(["echo", "still fine"])).stdout == "still fine\n"
+
+
+async def test_a_stream_cut_by_a_drop_is_host_disconnected_with_no_stray_task_error(
+        ssh_target: SSHTarget) -> None:
+    """Both stdout and stderr fail when the link drops; the stdout error is raised and the stderr
+    reader's is collected, not left for asyncio to report as "Task exception was never retrieved"."""
+    host = await ssh_target.connect()
+
+    async def follow_until_the_drop() -> str:
+        try:
+            async for line in host.stream(["sh", "-c", "i=0; while true; do i=$((i+1)); echo $i; sleep 0.01; done"]):
+                if line == "3":
+                    await ssh_target.drop(host)
+        except HostDisconnected as exc:
+            return str(exc)  # only the text: the traceback would keep the stream's tasks alive
+        return "the stream ended without an error"
+
+    loop = asyncio.get_running_loop()
+    reported: list[dict] = []
+    loop.set_exception_handler(lambda _loop, context: reported.append(context))
+    try:
+        message = await follow_until_the_drop()
+        await asyncio.sleep(0.2)  # let the channel's readers see the loss
+        gc.collect()  # a task whose exception nobody fetched is reported when it is collected
+    finally:
+        loop.set_exception_handler(None)
+    assert message.startswith("testhost: connection lost during `sh -c"), message
+    assert [c["message"] for c in reported] == []

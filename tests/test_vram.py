@@ -13,7 +13,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from console.monitor_messages import EndOutcome, GpuProcess, GpuReading, TelemetrySample, VramHolder
+from console.messages import EndOutcome, GpuProcess, GpuReading, TelemetrySample, VramHolder
 from console.telemetry import TelemetryStream
 from console.vram import VramError, endpids_argv, find_holders, parse_end_results, vram_free, wait_vram_free
 from remote import endpids

@@ -1,0 +1,140 @@
+"""`dflash-ops probe`: run `remote.probe` on every configured host at once and show them side by side.
+
+Each host is reached over SSH, gets the worker code (`JobRunner.ensure_code`), and runs the probe as
+a job (on the target host with the target's model path, so its size is in the table). The hosts'
+environments are then printed as one table with the asymmetries flagged (`console.probe_table`).
+Exit status 1 when a probe failed or a kernel asymmetry was found (the story's bug: causal-conv1d
+missing on one host only), else 0. Progress goes to stderr, the table to stdout.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from rich.console import Console
+from rich.text import Text
+
+from console.config import Config, load_config
+from console.host_specs import host_spec, probe_python
+from console.hosts import Host, HostError, tail_text
+from console.jobs import JobHandle, JobRunner
+from console.probe_table import Asymmetry, find_asymmetries, probe_table
+from remote.artifacts import write_json_atomic
+
+PROBES_FORMAT = "dflash-ops.probes/1"
+PROBES_FILE = "probes.json"  # the name `dflash-ops report` looks for beside results.json
+DEFAULT_TIMEOUT_S = 300.0
+
+Say = Callable[[str], None]
+
+
+@dataclass(frozen=True)
+class HostProbe:
+    """One host's probe: its facts, or the one-line reason there are none."""
+
+    host: str
+    facts: dict[str, Any] | None = None
+    error: str | None = None
+    seconds: float = 0.0
+
+
+async def _collect(runner: JobRunner, handle: JobHandle, say: Say) -> tuple[dict | None, str | None]:
+    """Follow the probe's events to its exit: (facts, None) or (None, why it failed)."""
+    name = handle.host
+    facts: dict | None = None
+    error: str | None = None
+    async for _, event in runner.follow(handle):
+        kind = event.get("type")
+        if kind == "log":
+            say(f"{name}: {event.get('msg')}")
+        elif kind == "error":
+            error = str(event.get("msg"))
+        elif kind == "result" and isinstance(event.get("data"), dict):
+            facts = event["data"]
+        elif kind == "exit" and event.get("code", 1) != 0 and error is None:
+            tail = await runner.stderr_tail(handle)
+            error = f"exited with status {event.get('code')}" + (f"; stderr ends with: {tail_text(tail, 400)}" if tail else "")
+    if facts is None and error is None:
+        error = "finished without a result"
+    return (None, error) if error else (facts, None)
+
+
+async def probe_host(config: Config, name: str, timeout: float, say: Say) -> HostProbe:
+    """Connect to host `name`, run the probe there as a job and return what it found; never raises
+    for a host problem (it becomes `HostProbe.error`)."""
+    started = time.monotonic()
+    host = Host(host_spec(config, name, python=probe_python(config, name)))
+    try:
+        await host.connect()
+        runner = JobRunner(host)
+        await runner.ensure_code()
+        if runner.uploaded_files:
+            say(f"{name}: shipped the worker code ({runner.uploaded_files} files)")
+        args = ["--workdir", await runner.workdir()]
+        if name == config.target.host:
+            model = config.target.model_path
+            args += ["--model", await host.expand(model) if model.startswith("~") else model]
+        handle = await runner.start("probe", args)
+        say(f"{name}: probe running (pid {handle.pid}, {handle.run_dir})")
+        try:
+            facts, error = await asyncio.wait_for(_collect(runner, handle, say), timeout)
+        except TimeoutError:
+            await runner.cancel(handle, grace=2.0)
+            facts, error = None, f"did not finish within {timeout:g} s (cancelled; see {handle.stderr_path})"
+        if error is not None:
+            error = f"{name}: probe failed: {error}"
+        return HostProbe(name, facts, error, time.monotonic() - started)
+    except HostError as exc:  # unreachable, unknown host key, auth, lost link, dead job: one line each
+        return HostProbe(name, None, str(exc), time.monotonic() - started)
+    finally:
+        await host.close()
+
+
+async def probe_all(config: Config, timeout: float = DEFAULT_TIMEOUT_S, say: Say = lambda _: None) -> list[HostProbe]:
+    """Probe every configured host in parallel, in the config's host order."""
+    return list(await asyncio.gather(*(probe_host(config, name, timeout, say) for name in config.hosts)))
+
+
+def summary_lines(probes: dict[str, dict[str, Any]], asymmetries: list[Asymmetry]) -> list[Text]:
+    """The verdict under the table: kernel asymmetry (red), other differences (yellow), or all clear."""
+    lines = []
+    errors = [a for a in asymmetries if a.severity == "error"]
+    warnings = [a for a in asymmetries if a.severity == "warning"]
+    if errors:
+        lines.append(Text(f"KERNEL ASYMMETRY between {', '.join(probes)}: {', '.join(a.row for a in errors)} "
+                          f"differ; hidden states extracted on one host will not match the other's.", style="bold red"))
+    if warnings:
+        lines.append(Text("differs between hosts: " + "; ".join(f"{a.row} ({a.why})" for a in warnings),
+                          style="yellow"))
+    if not errors and len(probes) > 1:
+        lines.append(Text(f"no kernel asymmetry between {', '.join(probes)}", style="green"))
+    return lines
+
+
+def run(args: argparse.Namespace) -> int:
+    """`dflash-ops probe`: probe all hosts, print the table, exit 1 on asymmetry or failure."""
+    config = load_config(args.config)
+    out, err = Console(), Console(stderr=True)
+    results = asyncio.run(probe_all(config, args.timeout, say=lambda line: err.print(Text(line, style="dim"), soft_wrap=True)))
+    probes = {r.host: r.facts for r in results if r.facts is not None}
+    failures = [r for r in results if r.error is not None]
+    asymmetries = find_asymmetries(probes)
+    if probes:
+        out.print(probe_table(probes))
+    # soft_wrap: a message stays one line (the terminal wraps it), so it can be grepped and copied.
+    for line in summary_lines(probes, asymmetries):
+        out.print(line, soft_wrap=True)
+    for failure in failures:
+        out.print(Text(f"probe failed: {failure.error}", style="bold red"), soft_wrap=True)
+    if args.out:
+        path = write_json_atomic(Path(args.out), {"format": PROBES_FORMAT, "hosts": probes,
+                                                   "failed": {r.host: r.error for r in failures}})
+        out.print(Text(f"wrote {path}"), soft_wrap=True)
+    kernel_trouble = any(a.severity == "error" for a in asymmetries)
+    return 1 if failures or kernel_trouble else 0

@@ -1,0 +1,121 @@
+"""`dflash-ops report RUN_DIR`: an evaluation's result tables in the terminal, and exported beside it.
+
+RUN_DIR is the output directory of `remote.evaluate` (or its `results.json`). It is read only when
+complete (its `manifest.json`, written last, lists every file); `parity.json` (from `remote.parity`)
+and `probes.json` (from `dflash-ops probe --out`) are added to the report when they lie beside it.
+The Markdown and JSON exports are written there as `report.md` and `report.json`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+from typing import Any
+
+from rich.console import Console
+from rich.text import Text
+
+from console.cli import UsageError
+from console.cmd_probe import PROBES_FILE
+from console.tables import (
+    acceptance_chart,
+    export_json,
+    export_markdown,
+    kernel_rows,
+    kernel_table,
+    parity_rows,
+    parity_table,
+    per_prompt_rows,
+    per_prompt_table,
+    summary_rows,
+    summary_table,
+)
+from remote.artifacts import read_manifest
+
+REPORT_FORMAT = "dflash-ops.report/1"
+RESULTS_FILE = "results.json"
+PARITY_FILE = "parity.json"
+MARKDOWN_FILE = "report.md"
+JSON_FILE = "report.json"
+
+
+def _read_json(path: Path, what: str) -> dict[str, Any]:
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except json.JSONDecodeError as exc:
+        raise UsageError(f"{path}: not valid JSON ({exc.msg} at line {exc.lineno}); expected {what}") from None
+    except UnicodeDecodeError:
+        raise UsageError(f"{path}: not UTF-8 text; expected {what}") from None
+    if not isinstance(data, dict):
+        raise UsageError(f"{path}: expected {what} (a JSON object), found {type(data).__name__}")
+    return data
+
+
+def read_run(run_dir: Path) -> tuple[dict[str, Any], dict[str, Any] | None, dict[str, dict] | None]:
+    """(results, parity or None, {host: probe} or None) of a complete evaluation directory."""
+    if not run_dir.exists():
+        raise UsageError(f"{run_dir}: no such directory (give the --out directory of an evaluation)")
+    if not run_dir.is_dir():
+        raise UsageError(f"{run_dir}: not a directory (give the --out directory of an evaluation)")
+    try:
+        read_manifest(run_dir)
+    except ValueError as exc:  # incomplete or altered: never reported as if it were finished
+        raise UsageError(str(exc)) from None
+    results_path = run_dir / RESULTS_FILE
+    if not results_path.is_file():
+        raise UsageError(f"{run_dir}: no {RESULTS_FILE}: not an evaluation output directory")
+    results = _read_json(results_path, "the results of remote.evaluate")
+    drafters = results.get("drafters")
+    if not isinstance(drafters, dict) or not drafters:
+        raise UsageError(f"{results_path}: `drafters`: expected an object with at least one drafter's metrics, "
+                         f"found {json.dumps(drafters)[:60]}")
+    for name, metrics in drafters.items():
+        if not isinstance(metrics, dict) or not isinstance(metrics.get("tau"), dict):
+            raise UsageError(f"{results_path}: `drafters.{name}.tau`: expected an object of tau per method")
+    parity = _read_json(run_dir / PARITY_FILE, "a remote.parity report") if (run_dir / PARITY_FILE).is_file() else None
+    probes = None
+    if (run_dir / PROBES_FILE).is_file():
+        saved = _read_json(run_dir / PROBES_FILE, "the probes written by `dflash-ops probe --out`")
+        hosts = saved.get("hosts")
+        if not isinstance(hosts, dict) or not all(isinstance(p, dict) for p in hosts.values()):
+            raise UsageError(f"{run_dir / PROBES_FILE}: `hosts`: expected an object of host name -> probe")
+        probes = hosts
+    return results, parity, probes
+
+
+def _table_json(rows: tuple[list[str], list[list[str]], list[str]]) -> dict[str, Any]:
+    headers, body, styles = rows
+    return {"headers": headers, "rows": body, "flagged": [bool(s and ("red" in s or "yellow" in s)) for s in styles]}
+
+
+def run(args: argparse.Namespace) -> int:
+    """`dflash-ops report RUN_DIR`: print the tables, write report.md and report.json beside them."""
+    given = Path(args.run_dir)
+    run_dir = given.parent if given.name == RESULTS_FILE and given.is_file() else given
+    results, parity, probes = read_run(run_dir)
+    two_hosts = None
+    if probes and len(probes) >= 2:
+        (host_a, probe_a), (host_b, probe_b) = list(probes.items())[:2]
+        two_hosts = (host_a, probe_a, host_b, probe_b)
+
+    console = Console()
+    console.print(summary_table(results))
+    console.print(per_prompt_table(results))
+    console.print(acceptance_chart(results))
+    if parity:
+        console.print(parity_table(parity))
+    if two_hosts:
+        console.print(kernel_table(*two_hosts))
+
+    markdown = export_markdown(results, run_dir / MARKDOWN_FILE, parity=parity, probes=two_hosts)
+    tables = {"summary": _table_json(summary_rows(results)), "per_prompt": _table_json(per_prompt_rows(results))}
+    if parity:
+        tables["parity"] = _table_json(parity_rows(parity))
+    if two_hosts:
+        tables["kernels"] = _table_json(kernel_rows(*two_hosts))
+    report = {"format": REPORT_FORMAT, "run_dir": str(run_dir.resolve()), "results": results,
+              "parity": parity, "probes": probes, "tables": tables}
+    exported = export_json(report, run_dir / JSON_FILE)
+    console.print(Text(f"wrote {markdown} and {exported}"))
+    return 0

@@ -1,0 +1,193 @@
+"""What `dflash-ops status` draws: hosts (connection, latency, GPUs, holders) and the service, as rich
+renderables built from the messages the core publishes. Pure: no I/O, the time is passed in.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Mapping
+
+from rich.console import Group, RenderableType
+from rich.table import Table
+from rich.text import Text
+
+from console.messages import GpuReading, HostState, ServiceView, TelemetryUpdate
+
+HOLDERS_SHOWN = 3
+COMMAND_CHARS = 60
+
+
+def ago(seconds: float) -> str:
+    """'0.4 s', '12 s', '3 min', '2 h 05 min'."""
+    if seconds < 10:
+        return f"{seconds:.1f} s"
+    if seconds < 120:
+        return f"{seconds:.0f} s"
+    if seconds < 7200:
+        return f"{seconds / 60:.0f} min"
+    return f"{int(seconds // 3600)} h {int(seconds % 3600 // 60):02d} min"
+
+
+def connection_text(state: HostState, now: float) -> Text:
+    """The host's link: 'connected, 1.2 ms', 'reconnecting for 12 s', 'down' (why: `problem_lines`)."""
+    if state.status == "connected":
+        latency = f", {state.latency_s * 1000:.1f} ms" if state.latency_s is not None else ""
+        return Text(f"connected{latency}", style="green")
+    if state.status == "connecting":
+        return Text("connecting...", style="yellow")
+    if state.status == "reconnecting":
+        return Text(f"reconnecting for {ago(max(0.0, now - state.since))}", style="yellow")
+    return Text("down", style="bold red")
+
+
+def problem_lines(states: Mapping[str, HostState], telemetry: Mapping[str, TelemetryUpdate | None]) -> list[Text]:
+    """Why a host is down or reconnecting, and why its telemetry stopped: one full line each, under
+    the table (too long for a cell, and worth copying whole)."""
+    lines = []
+    for name, state in states.items():
+        if state.status in ("down", "reconnecting") and state.last_error:
+            lines.append(Text(f"{state.status}: {state.last_error}", style="bold red" if state.status == "down" else "yellow"))
+        update = telemetry.get(name)
+        if state.status == "connected" and update is not None and not update.streaming and update.error:
+            lines.append(Text(f"{name}: telemetry: {update.error}", style="yellow"))
+    return lines
+
+
+def _memory(gpu: GpuReading) -> str:
+    if gpu.mem_used_mib is None:
+        return "? MiB"
+    total = f" / {gpu.mem_total_mib}" if gpu.mem_total_mib is not None else ""
+    share = f" ({100 * gpu.mem_used_mib / gpu.mem_total_mib:.0f}%)" if gpu.mem_total_mib else ""
+    return f"{gpu.mem_used_mib}{total} MiB{share}"
+
+
+def short_command(command: str | None, limit: int = COMMAND_CHARS) -> str:
+    """'/opt/venv/bin/python -m sglang.launch_server ...' -> 'python -m sglang.launch_server ...',
+    cut at `limit` characters: the program's name and first arguments say what it is."""
+    if not command:
+        return "?"
+    program, _, rest = command.partition(" ")
+    text = f"{program.rsplit('/', 1)[-1]} {rest}".rstrip()
+    return text if len(text) <= limit else text[: limit - 1] + "…"
+
+
+def _holders(update: TelemetryUpdate, gpu: int) -> Text:
+    procs = sorted((p for p in update.sample.processes if p.gpu == gpu), key=lambda p: -(p.mib or 0))
+    if not procs:
+        return Text("-", style="dim")
+    text = Text()
+    for i, proc in enumerate(procs[:HOLDERS_SHOWN]):
+        if i:
+            text.append("\n")
+        command = short_command(proc.command)
+        text.append(f"pid {proc.pid} {proc.mib if proc.mib is not None else '?'} MiB {command}")
+        if proc.pid in update.service_pids:
+            text.append(" [service]", style="cyan")
+    if len(procs) > HOLDERS_SHOWN:
+        text.append(f"\n+{len(procs) - HOLDERS_SHOWN} more", style="dim")
+    return text
+
+
+def telemetry_text(update: TelemetryUpdate | None) -> Text:
+    """The sample's source and age: 'nvml, 0.4 s ago', 'SIMULATED, 0.2 s ago', 'STALE: 14 s ago'."""
+    if update is None or update.sample is None:
+        why = update.error if update is not None and update.error else "waiting for the agent"
+        return Text(f"no sample yet ({why})", style="yellow")
+    sample = update.sample
+    text = Text()
+    if sample.simulated:
+        text.append("SIMULATED", style="bold magenta")
+    else:
+        text.append(sample.source)
+    age = ago(update.age_s) if update.age_s is not None else "?"
+    if update.stale:
+        text.append(f", STALE: last sample {age} ago", style="bold yellow")
+    else:
+        text.append(f", {age} ago", style="dim")
+    return text
+
+
+def hosts_table(states: Mapping[str, HostState], telemetry: Mapping[str, TelemetryUpdate | None],
+                now: float) -> Table:
+    """One row per GPU (a single row for a host without readings), the host's link on its first row."""
+    table = Table(title="Hosts", title_justify="left", header_style="bold")
+    table.add_column("host", no_wrap=True)
+    table.add_column("connection", min_width=14, max_width=48)
+    table.add_column("telemetry", min_width=14, max_width=30)
+    table.add_column("GPU", max_width=26)
+    table.add_column("memory used / total", no_wrap=True)
+    table.add_column("util", no_wrap=True, justify="right")
+    table.add_column("holders", min_width=30)
+    for name, state in states.items():
+        update = telemetry.get(name)
+        link = connection_text(state, now)
+        source = telemetry_text(update) if state.status == "connected" or update is not None else Text("-")
+        stale = "dim" if update is not None and update.stale else ""
+        sample = update.sample if update is not None else None
+        if sample is None or not sample.gpus:
+            if sample is None:
+                table.add_row(name, link, source, "-", "", "", "")
+            else:  # the agent says why (no NVML, no nvidia-smi): in the widest column
+                table.add_row(name, link, source, Text("no GPU readings", style="yellow"), "", "",
+                              Text(sample.reason or "", style="yellow"))
+            continue
+        for i, gpu in enumerate(sample.gpus):
+            util = f"{gpu.util_pct:.0f}%" if gpu.util_pct is not None else "?"
+            table.add_row(
+                name if i == 0 else "", link if i == 0 else "", source if i == 0 else "",
+                Text(f"{gpu.index} {gpu.name or ''}".rstrip(), style=stale),
+                Text(_memory(gpu), style=stale), Text(util, style=stale), _holders(update, gpu.index),
+            )
+    return table
+
+
+def service_lines(service_name: str, host: str, view: ServiceView | None, now: float) -> list[Text]:
+    """The service's state (manager) and, while it runs, its health through the forwarded port."""
+    title = Text(f"Service {service_name} on {host}: ", style="bold")
+    if view is None:
+        return [title + Text("not checked yet", style="yellow")]
+    if view.status is None:
+        return [title + Text(f"unknown: {view.error}", style="bold red")]
+    status = view.status
+    if status.active:
+        state = Text(f"{status.state}" + (f" ({status.sub_state})" if status.sub_state else ""), style="green")
+        if status.main_pid:
+            state.append(f", pid {status.main_pid}")
+        if status.since:
+            state.append(f", up {ago(max(0.0, now - status.since))}")
+    else:
+        state = Text(f"NOT RUNNING ({status.state})", style="bold red")
+    if status.detail and not status.active:  # e.g. systemd's result, or the status command's first line
+        state.append(f": {status.detail.splitlines()[0]}", style="red")
+    lines = [title + state]
+    if view.error:
+        lines.append(Text(f"  {view.error}", style="yellow"))
+    health = view.health
+    if health is None:
+        return lines
+    line = Text("  health: ", style="bold")
+    if health.health_status is None:
+        line.append(f"no answer ({health.error})", style="bold red")
+        return [*lines, line]
+    ok = health.health_status == 200
+    line.append(f"/health {health.health_status}", style="green" if ok else "yellow")
+    line.append(", ready" if health.ready else ", NOT READY", style="green" if health.ready else "bold yellow")
+    if health.model:
+        line.append(f"; model {health.model}")
+    if health.version:
+        line.append(f"; version {health.version}")
+    if health.running_requests is not None:
+        line.append(f"; running {health.running_requests:.0f}, queued {health.queued_requests or 0:.0f}")
+    lines.append(line)
+    if health.error:
+        lines.append(Text(f"  {health.error}", style="yellow"))
+    return lines
+
+
+def status_view(states: Mapping[str, HostState], telemetry: Mapping[str, TelemetryUpdate | None],
+                service_name: str, service_host: str, service: ServiceView | None,
+                now: float | None = None) -> RenderableType:
+    """The whole status screen."""
+    now = time.time() if now is None else now
+    return Group(hosts_table(states, telemetry, now), *problem_lines(states, telemetry),
+                 *service_lines(service_name, service_host, service, now))

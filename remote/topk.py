@@ -1,0 +1,48 @@
+"""The target's per-position top-k over a full vocabulary, cheaper than `torch.topk` on wide rows.
+
+`torch.topk` over 150 k entries runs a multi-pass radix select per row; it was the largest extra
+cost of extraction over a plain forward (bench/extract.py). The exact shortcut used here: cut each
+row into blocks, take every block's maximum (one streaming reduction), keep the k blocks with the
+largest maxima, and run `topk` over only their entries. Every one of the row's k largest values
+lies in one of those blocks (a block holding none of them has a maximum no larger than the k-th
+value), so the values are exactly `torch.topk`'s; only the order of ids among equal values may
+differ, which `torch.topk` does not define either.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+BLOCK = 256
+
+
+def block_topk(x: Any, k: int, block: int = BLOCK) -> tuple[Any, Any]:
+    """(values, indices) of the k largest entries of each row of a 2-D tensor, best first."""
+    import torch
+
+    rows, width = x.shape
+    blocks = width // block
+    if blocks < 4 * k:  # narrow rows: the plain top-k is as cheap
+        return x.topk(k, dim=-1)
+    body = blocks * block
+    best_blocks = x[:, :body].reshape(rows, blocks, block).amax(dim=-1).topk(k, dim=-1).indices
+    offsets = torch.arange(block, device=x.device)
+    candidates = (best_blocks[..., None] * block + offsets).reshape(rows, k * block)
+    if body < width:  # the ragged tail is always a candidate
+        tail = torch.arange(body, width, device=x.device).expand(rows, width - body)
+        candidates = torch.cat([candidates, tail], dim=-1)
+    values, where = x.gather(-1, candidates).topk(k, dim=-1)
+    return values, candidates.gather(-1, where)
+
+
+def topk_logprobs(logits: Any, k: int) -> tuple[Any, Any, Any]:
+    """For logits [T, V] in the model's dtype: top-k ids, their fp32 log-probs, and the argmax.
+
+    The ranking runs on the logits themselves (upcasting is exact, so it is the fp32 ranking); the
+    log-probs come from one fused fp32 log_softmax, gathered at those ids.
+    """
+    import torch
+
+    values, ids = block_topk(logits, k)
+    logprobs = torch.log_softmax(logits, dim=-1, dtype=torch.float32).gather(-1, ids)
+    return ids, logprobs, logits.argmax(dim=-1)

@@ -1,0 +1,102 @@
+"""`dflash-ops report RUN_DIR` on the output of a real `remote.evaluate` run (copying drafter as the
+reference, a random drafter beside it), with a real parity report and real probes beside it."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+
+from console.cli import main
+from console.tables import ratio_text
+from remote.drafter import save_random_drafter
+from remote.evaluate import main as evaluate_main
+from remote.events import EventWriter
+from remote.parity import compare_dirs
+from remote.synthetic import build_copying_setup, random_sequences, write_extraction
+
+
+@pytest.fixture(scope="module")
+def run_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """An evaluation output directory written by the real evaluator (in-process, on CPU)."""
+    root = tmp_path_factory.mktemp("report")
+    setup = build_copying_setup(root / "copying", block_size=16)
+    random = save_random_drafter(root / "random", 34, 32, [1, 2], 4, block_size=16, mask_token_id=31, seed=3)
+    out = root / "eval"
+    evaluate_main(EventWriter(path=str(root / "events.jsonl")), [
+        "--states", str(setup["states"]), "--target", str(setup["target"]), "--drafter", f"copy={setup['drafter']}",
+        "--drafter", f"random={random}", "--reference", "copy", "--out", str(out), "--device", "cpu",
+        "--budgets", "8,16"])
+    return out
+
+
+def _parity(root: Path) -> dict:
+    """A real remote.parity comparison of two extractions that differ on one layer."""
+    seqs = random_sequences(2, 8, 20, 32, seed=1)
+    hidden = [torch.randn(20, 2, 16, generator=torch.Generator().manual_seed(i)) for i in range(2)]
+    a = write_extraction(root / "a", [{**s, "hidden": h} for s, h in zip(seqs, hidden, strict=True)], [1, 2], 16)
+    noisy = [h.clone() for h in hidden]
+    for h in noisy:
+        h[:, 1] = -h[:, 1]  # layer 2 flipped: cosine -1, flagged
+    b = write_extraction(root / "b", [{**s, "hidden": h} for s, h in zip(seqs, noisy, strict=True)], [1, 2], 16)
+    return compare_dirs(a, b)
+
+
+@pytest.fixture(autouse=True)
+def wide_terminal(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("COLUMNS", "220")
+
+
+def test_report_prints_tables_and_writes_exports(run_dir: Path, tmp_path: Path, fake_probes: dict,
+                                                 capsys: pytest.CaptureFixture[str]):
+    results = json.loads((run_dir / "results.json").read_text())
+    (run_dir / "parity.json").write_text(json.dumps(_parity(tmp_path)))
+    (run_dir / "probes.json").write_text(json.dumps({"format": "dflash-ops.probes/1", "hosts": fake_probes,
+                                                     "failed": {}}))
+
+    assert main(["report", str(run_dir)]) == 0
+    out = capsys.readouterr().out
+    header = next(line for line in out.splitlines() if "copy (reference)" in line)
+    assert "random" in header and header.index("copy (reference)") < header.index("random")
+    tau_random = results["drafters"]["random"]["tau"]["vanilla"]["macro"]
+    vanilla = next(line for line in out.splitlines() if "tau vanilla (macro" in line)
+    assert "16.00" in vanilla and ratio_text(tau_random, 16.0) in vanilla  # the copying drafter's tau = B
+    assert "prompt00" in out and "j=15" in out and "100.0%" in out
+    assert "Hidden-state parity per layer" in out and "-1.000000000000" in out
+    assert "Kernels on both hosts" in out and "torch fallback" in out
+
+    markdown = (run_dir / "report.md").read_text()
+    assert "## Summary" in markdown and "| metric | copy (reference) | random |" in markdown
+    assert ratio_text(tau_random, 16.0) in markdown
+    assert "| 2 (!) |" in markdown  # the flipped layer is flagged
+    assert "## Kernels" in markdown and "| causal_conv1d_fn (!) |" in markdown
+    report = json.loads((run_dir / "report.json").read_text())
+    assert report["format"] == "dflash-ops.report/1" and report["results"] == results
+    assert report["tables"]["summary"]["headers"][1:] == ["copy (reference)", "random"]
+    assert report["tables"]["parity"]["flagged"] == [False, True]
+    assert set(report["probes"]) == {"inference", "training"}
+
+
+def test_results_json_path_is_accepted_too(run_dir: Path, capsys: pytest.CaptureFixture[str]):
+    for name in ("parity.json", "probes.json"):
+        (run_dir / name).unlink(missing_ok=True)
+    assert main(["report", str(run_dir / "results.json")]) == 0
+    out = capsys.readouterr().out
+    assert "copy (reference)" in out and "Hidden-state parity" not in out
+    assert "## Kernels" not in (run_dir / "report.md").read_text()
+
+
+def test_incomplete_or_missing_runs_are_refused_in_one_line(run_dir: Path, tmp_path: Path,
+                                                            capsys: pytest.CaptureFixture[str]):
+    assert main(["report", str(tmp_path / "nope")]) == 2
+    assert "nope: no such directory" in capsys.readouterr().err
+
+    partial = tmp_path / "partial"
+    partial.mkdir()
+    (partial / "results.json").write_text((run_dir / "results.json").read_text())  # no manifest: interrupted
+    assert main(["report", str(partial)]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "no manifest.json: the output is incomplete" in err
+    assert not (partial / "report.md").exists()

@@ -1,0 +1,131 @@
+"""`dflash-ops status` against two real SSH hosts (embedded servers), the telemetry agent reading a
+simulated GPU file, and the rehearsal server (`remote.standin`) as the service."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from console.cli import main
+from remote import simgpu
+from tests.cli_hosts import ThreadedHosts, write_config
+from tests.standin_helpers import free_port, start_standin, stop, wait_status
+
+ENTRY_POINT = Path(sys.executable).parent / "dflash-ops"
+
+
+@pytest.fixture
+def hosts(tmp_path: Path) -> Iterator[ThreadedHosts]:
+    rig = ThreadedHosts(tmp_path, ["ct129", "ct200"])
+    yield rig
+    rig.close()
+
+
+@pytest.fixture(autouse=True)
+def wide_terminal(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("COLUMNS", "200")
+
+
+def _line(text: str, *fragments: str) -> str:
+    return next(line for line in text.splitlines() if all(f in line for f in fragments))
+
+
+def _closed_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def command_service(tmp_path: Path, pidfile: Path, port: int) -> dict:
+    """A command-managed service whose start/stop would leave marker files (they must never run)."""
+    return {"host": "ct129", "manager": "command", "start": f"touch {tmp_path / 'STARTED'}",
+            "stop": f"touch {tmp_path / 'STOPPED'}", "status": f"kill -0 $(cat {pidfile}) && cat {pidfile}",
+            "url": f"http://127.0.0.1:{port}"}
+
+
+def test_snapshot_shows_links_simulated_gpus_holders_and_health(hosts: ThreadedHosts, tmp_path: Path,
+                                                                 tiny_target: Path, capsys: pytest.CaptureFixture[str]):
+    # ct129 is a drill host: its workdir holds the simulated GPU file the standin fills.
+    hosts.workdir("ct129").mkdir(parents=True)
+    sim = hosts.workdir("ct129") / "simulated-gpu.json"
+    simgpu.update(sim, lambda data: None)
+    port = free_port()
+    server = start_standin(tiny_target, port, tmp_path / "standin.log", "--gpu-file", str(sim),
+                           "--gpu-mib", "40000", "--release-after", "0")
+    try:
+        pidfile = tmp_path / "standin.pid"
+        pidfile.write_text(str(server.pid))
+        wait_status(f"http://127.0.0.1:{port}/health", 200)
+        worker = simgpu.read(sim)["processes"][0]["pid"]  # the standin's GPU worker holds the memory
+        config = write_config(tmp_path / "ops.toml", {n: hosts.host_table(n) for n in ("ct129", "ct200")},
+                              service=command_service(tmp_path, pidfile, port))
+
+        assert main(["status", "--config", str(config)]) == 0
+        out = capsys.readouterr().out
+        ct129 = _line(out, "ct129")
+        assert "connected" in ct129 and " ms" in ct129 and "SIMULATED" in ct129
+        gpu0, gpu1 = _line(out, "0 SIMULATED"), _line(out, "1 SIMULATED")
+        for gpu in (gpu0, gpu1):
+            assert "40000 / 46068 MiB (87%)" in gpu
+            assert f"pid {worker} 40000 MiB python -m remote.standin" in gpu
+        assert "[service]" in out  # the worker is a child of the service's main pid
+        ct200 = _line(out, "ct200")
+        assert "connected" in ct200 and "SIMULATED" not in ct200 and "no GPU readings" in ct200
+        assert f"on ct129: running, pid {server.pid}" in out
+        assert f"health: /health 200, ready; model {tiny_target}; version 0.5.23-standin" in out
+        # Read-only: nothing was started or stopped.
+        assert server.poll() is None
+        assert not (tmp_path / "STARTED").exists() and not (tmp_path / "STOPPED").exists()
+    finally:
+        stop(server)
+
+
+def test_down_host_and_stopped_service_exit_1(hosts: ThreadedHosts, tmp_path: Path,
+                                              capsys: pytest.CaptureFixture[str]):
+    closed = _closed_port()
+    config = write_config(tmp_path / "ops.toml", {
+        "ct129": hosts.host_table("ct129"),
+        "ct200": hosts.host_table("ct200", port=closed),
+    }, service=command_service(tmp_path, tmp_path / "no-such.pid", free_port()))
+    assert main(["status", "--config", str(config)]) == 1
+    captured = capsys.readouterr()
+    assert "Traceback" not in captured.out + captured.err
+    assert f"down: ct200: cannot reach {hosts.servers['ct200'].user}@127.0.0.1:{closed}: Connection refused" in captured.out
+    assert "on ct129: NOT RUNNING (stopped)" in captured.out
+    assert "no GPU readings" in _line(captured.out, "ct129")  # not a drill host: no simulated file
+    assert "SIMULATED" not in captured.out
+
+
+def test_watch_marks_a_lost_host_and_its_stale_telemetry_then_ends_on_ctrl_c(hosts: ThreadedHosts, tmp_path: Path):
+    hosts.workdir("ct129").mkdir(parents=True)
+    simgpu.update(hosts.workdir("ct129") / "simulated-gpu.json", lambda data: None)
+    config = write_config(tmp_path / "ops.toml", {n: hosts.host_table(n) for n in ("ct129", "ct200")},
+                          service=command_service(tmp_path, tmp_path / "no-such.pid", free_port()))
+    watch = subprocess.Popen([str(ENTRY_POINT), "status", "--watch", "--config", str(config)],
+                             env={**os.environ, "COLUMNS": "200"}, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                             text=True)
+    try:
+        time.sleep(4)  # connected and streaming
+        hosts.call(hosts.servers["ct129"].stop())  # the link to ct129 drops and stays down
+        time.sleep(4.5)  # telemetry is stale after 3 intervals of 1 s
+        watch.send_signal(signal.SIGINT)
+        out, err = watch.communicate(timeout=20)
+    finally:
+        if watch.poll() is None:
+            watch.kill()
+    assert watch.returncode == 0, err
+    assert "Traceback" not in err and "raised exception" not in err
+    # Not a terminal: the final view is printed when the watch ends.
+    ct129 = _line(out, "ct129")
+    assert "reconnecting for" in ct129 and "Connection refused" in _line(out, "reconnecting: ct129: ")
+    assert "SIMULATED, STALE: last sample" in out
+    ct200 = _line(out, "ct200")
+    assert "connected" in ct200 and "STALE" not in ct200
