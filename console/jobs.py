@@ -29,6 +29,7 @@ from typing import TYPE_CHECKING, Any, Literal
 import asyncssh
 
 from console.hosts import Host, HostDisconnected, HostError, tail_text
+from remote.procstat import parse_start_ticks
 
 if TYPE_CHECKING:
     from console.supervisor import HostSupervisor
@@ -115,22 +116,6 @@ def tree_digest(files: list[tuple[str, Path]]) -> str:
         digest.update(f"{rel}\0{len(data)}\0".encode())
         digest.update(data)
     return digest.hexdigest()
-
-
-def parse_start_ticks(stat: str) -> tuple[str, int] | None:
-    """(state letter, starttime) from the text of /proc/<pid>/stat, or None if unreadable.
-
-    The command name (field 2) may hold spaces and parentheses, so fields are counted after the
-    last ')': state is field 3, starttime field 22.
-    """
-    _, sep, rest = stat.rpartition(")")
-    fields = rest.split()
-    if not sep or len(fields) < 20:
-        return None
-    try:
-        return fields[0], int(fields[19])
-    except ValueError:
-        return None
 
 
 def split_events(data: bytes) -> tuple[list[tuple[int, dict]], int]:

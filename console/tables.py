@@ -9,7 +9,6 @@ never an unlabelled "DDTree-8".
 
 from __future__ import annotations
 
-import json
 import os
 from pathlib import Path
 from typing import Any
@@ -18,7 +17,7 @@ from rich.console import Group
 from rich.table import Table
 from rich.text import Text
 
-from remote.artifacts import atomic_path
+from remote.artifacts import atomic_path, write_json_atomic
 
 Rows = tuple[list[str], list[list[str]], list[str]]  # headers, rows, per-row style ("" = none)
 BAR_WIDTH = 40
@@ -294,7 +293,4 @@ def export_markdown(results: dict[str, Any], path: str | os.PathLike, parity: di
 
 def export_json(results: dict[str, Any], path: str | os.PathLike) -> Path:
     """Write the results dict as JSON atomically; return its path."""
-    path = Path(path)
-    with atomic_path(path) as tmp:
-        tmp.write_text(json.dumps(results, indent=2, sort_keys=True, default=str) + "\n", encoding="utf-8")
-    return path
+    return write_json_atomic(path, results)

@@ -28,18 +28,14 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
+from remote.layers import default_target_layers
+from remote.weights import safetensors_files
+
 ARCHITECTURE = "DFlashDraftModel"
 
 
 class DrafterError(ValueError):
     """A drafter checkpoint that cannot be used as it is; the message names what and where."""
-
-
-def default_target_layer_ids(num_target_layers: int, n: int) -> list[int]:
-    """z-lab's default layer choice: round(1 + i*(T-4)/(n-1)) for i < n, or [T//2] when n = 1."""
-    if n == 1:
-        return [num_target_layers // 2]
-    return [int(round(1 + i * (num_target_layers - 4) / (n - 1))) for i in range(n)]
 
 
 @dataclass(frozen=True)
@@ -88,30 +84,13 @@ def _draft_value(config: dict[str, Any], name: str, default: Any = None) -> Any:
     return default if value is None else value
 
 
-def _weight_files(path: Path) -> list[Path]:
-    index = path / "model.safetensors.index.json"
-    if index.is_file():
-        try:
-            weight_map = json.loads(index.read_text())["weight_map"]
-        except (ValueError, KeyError) as exc:
-            raise DrafterError(f"{index}: not a safetensors index ({exc})") from exc
-        return [path / name for name in sorted(set(weight_map.values()))]
-    single = path / "model.safetensors"
-    if single.is_file():
-        return [single]
-    files = sorted(path.glob("*.safetensors"))
-    if not files:
-        raise DrafterError(f"{path}: no safetensors weights (model.safetensors or an index)")
-    return files
-
-
 def read_weights(path: Path) -> dict[str, torch.Tensor]:
     """All tensors of a drafter checkpoint, with a common `model.` prefix removed."""
     from safetensors import SafetensorError
     from safetensors.torch import load_file
 
     weights: dict[str, torch.Tensor] = {}
-    for file in _weight_files(path):
+    for file in safetensors_files(path, DrafterError):
         if not file.is_file():
             raise DrafterError(f"{path}: {file.name} is named by the index but missing")
         try:
@@ -211,7 +190,7 @@ def read_spec(path: str | os.PathLike, fc_shape: tuple[int, ...] | None = None, 
     if layer_ids is None:
         if num_target_layers is None:
             raise DrafterError(f"{cfg_path}: neither target_layer_ids nor num_target_layers is set")
-        layer_ids = default_target_layer_ids(int(num_target_layers), fc_layers)
+        layer_ids = default_target_layers(int(num_target_layers), fc_layers)
     layer_ids = [int(k) for k in layer_ids]
     if len(layer_ids) != fc_layers:
         raise DrafterError(

@@ -19,21 +19,9 @@ import signal
 import sys
 import time
 
-from remote.simgpu import pid_alive
+from remote.procstat import pid_alive, start_time
 
 POLL_S = 0.05
-
-
-def start_time(pid: int) -> int | None:
-    try:
-        with open(f"/proc/{pid}/stat") as fh:
-            stat = fh.read()
-    except OSError:
-        return None
-    try:
-        return int(stat[stat.rfind(")") + 2 :].split()[19])
-    except (IndexError, ValueError):
-        return None
 
 
 def _wait_gone(pids: set[int], deadline: float) -> set[int]:

@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from remote import simgpu
+from remote.procstat import PPID, START_TIME, read_stat
 
 T = TypeVar("T")
 
@@ -262,14 +263,6 @@ def _proc_text(pid: int, name: str) -> str | None:
         return None
 
 
-def _stat_fields(pid: int) -> list[str] | None:
-    stat = _proc_text(pid, "stat")
-    if stat is None:
-        return None
-    # Fields after the parenthesised command name: state is [0], ppid [1], starttime [19].
-    return stat[stat.rfind(")") + 2 :].split()
-
-
 def describe_process(pid: int) -> dict:
     """What /proc says about `pid`: user, command line, ppid, ancestors, start time, cgroup.
 
@@ -278,11 +271,11 @@ def describe_process(pid: int) -> dict:
     in another pid namespace, as seen from a container, has none at all).
     """
     info: dict[str, Any] = {"user": None, "command": None, "ppid": None, "ancestors": [], "start_time": None, "cgroup": None}
-    fields = _stat_fields(pid)
+    fields = read_stat(pid)
     if fields is None:
         return info
-    info["ppid"] = _safe(lambda: int(fields[1]))
-    info["start_time"] = _safe(lambda: int(fields[19]))
+    info["ppid"] = _safe(lambda: int(fields[PPID]))
+    info["start_time"] = _safe(lambda: int(fields[START_TIME]))
     cmdline = _proc_text(pid, "cmdline")
     if cmdline:
         info["command"] = cmdline.rstrip("\0").replace("\0", " ")
@@ -300,8 +293,8 @@ def describe_process(pid: int) -> dict:
     parent = info["ppid"]
     while parent and parent > 1 and len(ancestors) < 64:
         ancestors.append(parent)
-        parent_fields = _stat_fields(parent)
-        parent = _safe(lambda f=parent_fields: int(f[1])) if parent_fields else None
+        parent_fields = read_stat(parent)
+        parent = _safe(lambda f=parent_fields: int(f[PPID])) if parent_fields else None
     info["ancestors"] = ancestors
     return info
 

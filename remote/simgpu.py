@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from remote.artifacts import write_json_atomic
+from remote.procstat import pid_alive
 
 DEFAULT_GPU_NAME = "SIMULATED NVIDIA L40S"
 DEFAULT_TOTAL_MIB = 46068
@@ -98,17 +99,6 @@ def release(path: str | os.PathLike, pid: int) -> dict:
         data["processes"] = [p for p in data["processes"] if p.get("pid") != pid]
 
     return update(path, change)
-
-
-def pid_alive(pid: int) -> bool:
-    """True when `pid` is a live process (a zombie counts as dead: its memory would be freed)."""
-    try:
-        with open(f"/proc/{pid}/stat") as fh:
-            stat = fh.read()
-    except OSError:
-        return False
-    # The state letter follows the command name, which is in parentheses and may hold spaces.
-    return stat[stat.rfind(")") + 2 :][:1] not in ("Z", "X")
 
 
 def live_view(data: dict[str, Any]) -> dict[str, Any]:

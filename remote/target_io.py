@@ -15,6 +15,8 @@ from pathlib import Path
 
 import torch
 
+from remote.weights import tensor_files
+
 
 class TargetError(ValueError):
     """The target checkpoint lacks what the evaluation needs; the message names what and where."""
@@ -36,29 +38,6 @@ class TargetHeads:
     @property
     def hidden_size(self) -> int:
         return self.embed.shape[1]
-
-
-def _tensor_files(model_dir: Path) -> dict[str, Path]:
-    """tensor name -> file holding it, from the index or the single file's header."""
-    from safetensors import safe_open
-
-    index = model_dir / "model.safetensors.index.json"
-    if index.is_file():
-        try:
-            weight_map = json.loads(index.read_text())["weight_map"]
-        except (ValueError, KeyError) as exc:
-            raise TargetError(f"{index}: not a safetensors index ({exc})") from exc
-        return {name: model_dir / file for name, file in weight_map.items()}
-    files = [model_dir / "model.safetensors"] if (model_dir / "model.safetensors").is_file() else sorted(
-        model_dir.glob("*.safetensors"))
-    if not files:
-        raise TargetError(f"{model_dir}: no safetensors weights (model.safetensors or an index)")
-    names: dict[str, Path] = {}
-    for file in files:
-        with safe_open(str(file), "pt") as fh:
-            for name in fh.keys():  # noqa: SIM118 - safe_open handles are not mappings
-                names[name] = file
-    return names
 
 
 def _pick(names: dict[str, Path], suffix: str) -> str | None:
@@ -84,7 +63,7 @@ def read_target_heads(model_dir: str | os.PathLike) -> TargetHeads:
     model_dir = Path(model_dir)
     if not model_dir.is_dir():
         raise TargetError(f"{model_dir}: target model directory not found")
-    names = _tensor_files(model_dir)
+    names = tensor_files(model_dir, TargetError)
     embed_name = _pick(names, "embed_tokens.weight")
     if embed_name is None:
         raise TargetError(f"{model_dir}: no embed_tokens.weight among its {len(names)} tensors")

@@ -30,9 +30,59 @@ def safetensors_header(path: str | Path) -> dict[str, Any]:
         (length,) = struct.unpack("<Q", raw)
         if length > 100 * 1024 * 1024:
             raise ValueError(f"{path}: implausible safetensors header length {length}")
-        header = json.loads(fh.read(length))
+        try:
+            header = json.loads(fh.read(length))
+        except ValueError as exc:
+            raise ValueError(f"{path}: safetensors header is not JSON ({exc})") from exc
+    if not isinstance(header, dict):
+        raise ValueError(f"{path}: safetensors header is not a JSON object")
     header.pop("__metadata__", None)
     return header
+
+
+INDEX = "model.safetensors.index.json"
+
+
+def _index_map(directory: Path, error: type[Exception]) -> dict[str, Path] | None:
+    """tensor name -> file from the directory's safetensors index; None when it has none."""
+    index = directory / INDEX
+    if not index.is_file():
+        return None
+    try:
+        weight_map = json.loads(index.read_text())["weight_map"]
+    except (ValueError, KeyError) as exc:
+        raise error(f"{index}: not a safetensors index ({exc})") from exc
+    return {name: directory / file for name, file in weight_map.items()}
+
+
+def safetensors_files(directory: str | Path, error: type[Exception] = ValueError) -> list[Path]:
+    """The weight files of a checkpoint directory: those its index names, else `model.safetensors`,
+    else every `*.safetensors`. Raises `error` naming the directory when there are none."""
+    directory = Path(directory)
+    mapped = _index_map(directory, error)
+    if mapped is not None:
+        return sorted(set(mapped.values()))
+    single = directory / "model.safetensors"
+    files = [single] if single.is_file() else sorted(directory.glob("*.safetensors"))
+    if not files:
+        raise error(f"{directory}: no safetensors weights (model.safetensors or an index)")
+    return files
+
+
+def tensor_files(directory: str | Path, error: type[Exception] = ValueError) -> dict[str, Path]:
+    """tensor name -> the file holding it, from the index or else the files' headers (no tensor read)."""
+    directory = Path(directory)
+    mapped = _index_map(directory, error)
+    if mapped is not None:
+        return mapped
+    names: dict[str, Path] = {}
+    for file in safetensors_files(directory, error):
+        try:
+            header = safetensors_header(file)
+        except ValueError as exc:
+            raise error(str(exc)) from exc
+        names.update(dict.fromkeys(header, file))
+    return names
 
 
 def checkpoint_facts(model_dir: str | Path) -> dict[str, Any]:

@@ -36,6 +36,16 @@ class ThreadedHosts:
         """Run `coro` on the servers' loop and wait for it."""
         return asyncio.run_coroutine_threadsafe(coro, self.loop).result(timeout)
 
+    @staticmethod
+    async def _finish_tasks() -> None:
+        """Let the servers' command handlers end (and close their subprocess transports) before the
+        loop closes: a transport collected after that complains about a closed loop."""
+        tasks = [t for t in asyncio.all_tasks() if t is not asyncio.current_task()]
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        await asyncio.sleep(0.05)
+
     def workdir(self, name: str) -> Path:
         return self.root / name / "work"
 
@@ -51,6 +61,7 @@ class ThreadedHosts:
     def close(self) -> None:
         for server in self.servers.values():
             self.call(server.stop())
+        self.call(self._finish_tasks())
         self.loop.call_soon_threadsafe(self.loop.stop)
         self._thread.join(10)
         self.loop.close()

@@ -14,10 +14,10 @@ from hypothesis import strategies as st
 from remote.drafter import (
     DrafterError,
     check_against_cache,
-    default_target_layer_ids,
     load_drafter,
     save_random_drafter,
 )
+from remote.layers import default_target_layers
 
 H = 64
 
@@ -47,8 +47,8 @@ def _sharpen(drafter) -> None:
 
 
 def test_default_layer_ids() -> None:
-    assert default_target_layer_ids(36, 5) == [1, 9, 17, 25, 33]
-    assert default_target_layer_ids(64, 1) == [32]
+    assert default_target_layers(36, 5) == [1, 9, 17, 25, 33]
+    assert default_target_layers(64, 1) == [32]
 
 
 def test_load_reads_config_and_weights(gqa_drafter: Path) -> None:
