@@ -361,7 +361,8 @@ class Host:
         proc.stdin.write_eof()
         drainer = asyncio.create_task(drain_stderr(proc))
         # When the link drops, stderr fails too (ConnectionLost) while the stdout error is the one
-        # raised: fetch the drainer's outcome so it is not reported as "never retrieved".
+        # raised. Fetch the drainer's outcome as it ends: a generator dropped without being closed
+        # never runs its `finally`, and asyncio would log "Task exception was never retrieved".
         drainer.add_done_callback(lambda task: task.cancelled() or task.exception())
         try:
             with self.errors(f"`{command}`"):

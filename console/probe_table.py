@@ -15,13 +15,8 @@ from typing import Any
 from rich.table import Table
 from rich.text import Text
 
-KERNEL_FUNCTIONS = (
-    "causal_conv1d_fn",
-    "causal_conv1d_update",
-    "torch_chunk_gated_delta_rule",
-    "torch_recurrent_gated_delta_rule",
-)
-FAST_PACKAGES = ("fla", "causal_conv1d")
+from remote.kernels import KERNEL_FUNCTIONS, is_fast_impl  # stdlib only at import: no torch here
+
 SEVERITY_STYLE = {"error": "bold red", "warning": "yellow", "info": ""}
 
 
@@ -51,9 +46,8 @@ def kernel_label(module: str | None) -> str:
     """'fla.ops.gated_delta_rule.chunk' -> 'fla (fla.ops...)'; the modeling module -> 'torch fallback'."""
     if not module:
         return "?"
-    root = module.split(".")[0]
-    if root in FAST_PACKAGES:
-        return f"{root} ({module})"
+    if is_fast_impl(module):
+        return f"{module.split('.')[0]} ({module})"
     return "torch fallback"
 
 

@@ -24,6 +24,7 @@ from typing import Any, Protocol
 from console.config import ServiceConfig
 from console.messages import ServiceHealth, ServiceStatus, ServiceView, StartupProgress
 from console.sglang_api import ServerAnswerError, ServerUnreachable, SglangClient, server_summary
+from console.tasks import cancel_and_wait
 from console.telemetry import ServiceIdentity
 
 SHOW_PROPERTIES = ("ActiveState", "SubState", "MainPID", "ActiveEnterTimestamp", "ControlGroup", "LoadState", "Result")
@@ -374,8 +375,5 @@ class ServiceMonitor:
         return self._task
 
     async def stop(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
-            self._task = None
+        await cancel_and_wait(self._task)
+        self._task = None

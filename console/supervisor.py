@@ -16,6 +16,7 @@ from collections.abc import Callable
 
 from console.hosts import AuthFailed, Host, HostError, HostSpec, UnknownHostKey
 from console.messages import HostState, HostStatus
+from console.tasks import cancel_and_wait
 
 log = logging.getLogger(__name__)
 
@@ -79,11 +80,8 @@ class HostSupervisor:
 
     async def stop(self) -> None:
         """Stop supervising and close the connection."""
-        if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
-            self._task = None
+        await cancel_and_wait(self._task)
+        self._task = None
         if self._host is not None:
             await self._host.close()
             self._host = None

@@ -9,7 +9,6 @@ bounded per-GPU history for sparklines. `service_pids` says which GPU processes 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import json
 import logging
 import math
@@ -20,6 +19,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from console.messages import GpuProcess, GpuReading, TelemetrySample, TelemetryUpdate
+from console.tasks import cancel_and_wait
 
 log = logging.getLogger(__name__)
 
@@ -279,11 +279,8 @@ class TelemetryStream:
         return self._task
 
     async def stop(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
-            self._task = None
+        await cancel_and_wait(self._task)
+        self._task = None
 
     async def run(self) -> None:
         """Stream until cancelled, restarting the agent after every drop."""

@@ -2,12 +2,16 @@
 
 from __future__ import annotations
 
+import io
 import json
 import random
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
 
+from remote.events import EventWriter
 from remote.tinymodel import build_tiny_target
 
 
@@ -106,6 +110,14 @@ def run_module(module: str, args: list[str], tmp: Path, extra_path: list[Path] =
     if proc.returncode != 0 and not any(e["type"] == "error" for e in events):
         raise AssertionError(f"{module} exited {proc.returncode} without an error event:\n{proc.stderr.decode()[-2000:]}")
     return proc.returncode, events
+
+
+def run_in_process(main: Callable[..., Any], argv: list[str]) -> tuple[Any, list[dict]]:
+    """A worker's `main(events, argv)` run in this process (no interpreter start-up); returns
+    (its result, its events)."""
+    buf = io.StringIO()
+    result = main(EventWriter(stream=buf), argv)
+    return result, [json.loads(line) for line in buf.getvalue().splitlines()]
 
 
 def result_of(events: list[dict]) -> dict:

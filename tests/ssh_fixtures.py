@@ -26,14 +26,9 @@ import pytest
 
 from console.embedded_ssh import EmbeddedSSHServer
 from console.hosts import Host, HostSpec
+from tests.standin_helpers import free_port
 
 SSHD = Path("/usr/sbin/sshd")
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def write_key(path: Path, key: asyncssh.SSHKey) -> None:

@@ -33,15 +33,21 @@ def http_status(url: str, timeout: float = 2.0) -> int | None:
 
 def start_standin(model: Path, port: int, log: Path, *args: str) -> subprocess.Popen:
     """Start the standin in its own session (like a detached service); returns the process."""
-    return subprocess.Popen([sys.executable, "-m", "remote.standin", "--model", str(model), "--port", str(port), *args],
-                            cwd=ROOT, stdout=log.open("w"), stderr=subprocess.STDOUT, start_new_session=True)
+    with log.open("w") as fh:  # the child keeps its own copy of the descriptor
+        return subprocess.Popen([sys.executable, "-m", "remote.standin", "--model", str(model), "--port", str(port),
+                                 *args], cwd=ROOT, stdout=fh, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                start_new_session=True)
 
 
-def wait_status(url: str, want: int, timeout: float = 60.0) -> list[int | None]:
-    """Poll until GET url answers `want`; returns every status seen (TimeoutError when it never does)."""
+def wait_status(url: str, want: int, timeout: float = 60.0,
+                proc: subprocess.Popen | None = None) -> list[int | None]:
+    """Poll until GET url answers `want`; returns every status seen (TimeoutError when it never does,
+    RuntimeError at once when the server process `proc` has exited)."""
     seen: list[int | None] = []
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
+        if proc is not None and proc.poll() is not None:
+            raise RuntimeError(f"the server exited with status {proc.returncode} before {url} answered {want}")
         status = http_status(url)
         seen.append(status)
         if status == want:

@@ -57,6 +57,8 @@ def test_agent_ends_when_its_reader_goes_away():
     finally:
         if proc.poll() is None:
             proc.kill()
+            proc.wait()
+        proc.stderr.close()
 
 
 def test_simulated_source_counts_only_live_holders_and_enriches_them(tmp_path: Path):

@@ -75,7 +75,7 @@ def test_snapshot_shows_links_simulated_gpus_holders_and_health(hosts: ThreadedH
         gpu0, gpu1 = _line(out, "0 SIMULATED"), _line(out, "1 SIMULATED")
         for gpu in (gpu0, gpu1):
             assert "40000 / 46068 MiB (87%)" in gpu
-            assert f"pid {worker} 40000 MiB python -m remote.standin" in gpu
+            assert f"pid {worker} 40000 MiB {Path(sys.executable).name} -m remote.standin" in gpu
         assert "[service]" in out  # the worker is a child of the service's main pid
         ct200 = _line(out, "ct200")
         assert "connected" in ct200 and "SIMULATED" not in ct200 and "no GPU readings" in ct200

@@ -5,11 +5,7 @@ from __future__ import annotations
 
 import io
 import json
-import socket
-import subprocess
-import sys
 import threading
-import time
 import urllib.request
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
@@ -19,13 +15,8 @@ import pytest
 from remote import completions, extract
 from remote.events import EventWriter, WorkerError
 from remote.prompts import load_prompts
-from tests.fixtures_models import REPO
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+from tests.fixtures_models import run_in_process
+from tests.standin_helpers import free_port, start_standin, stop, wait_status
 
 
 @pytest.fixture(scope="module")
@@ -33,23 +24,15 @@ def standin(tiny_target, tmp_path_factory):
     """The rehearsal server on a free port, ready (health 200)."""
     port = free_port()
     log = tmp_path_factory.mktemp("standin") / "log.txt"
-    with open(log, "wb") as fh:
-        proc = subprocess.Popen([sys.executable, "-m", "remote.standin", "--model", str(tiny_target), "--port", str(port)],
-                                cwd=REPO, stdout=fh, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+    proc = start_standin(tiny_target, port, log)
     url = f"http://127.0.0.1:{port}"
-    deadline = time.time() + 90
-    while True:
-        try:
-            with urllib.request.urlopen(url + "/health", timeout=2) as r:
-                if r.status == 200:
-                    break
-        except OSError:
-            pass
-        assert proc.poll() is None and time.time() < deadline, log.read_text()[-2000:]
-        time.sleep(0.2)
+    try:
+        wait_status(url + "/health", 200, timeout=90, proc=proc)
+    except (TimeoutError, RuntimeError) as exc:
+        stop(proc)
+        pytest.fail(f"{exc}\n{log.read_text()[-2000:]}")
     yield url
-    proc.terminate()
-    proc.wait(timeout=10)
+    stop(proc)
 
 
 def serve(handler_cls) -> tuple[str, ThreadingHTTPServer]:
@@ -120,9 +103,7 @@ def prompt_file(tmp_path: Path, n: int = 2, max_new: int = 6) -> Path:
 
 
 def run(argv: list[str]) -> tuple[dict, list[dict]]:
-    buf = io.StringIO()
-    result = completions.main(EventWriter(stream=buf), argv)
-    return result, [json.loads(line) for line in buf.getvalue().splitlines()]
+    return run_in_process(completions.main, argv)
 
 
 def test_generate_caches_token_ids_then_extract_reads_them(standin, tiny_target, tmp_path):
@@ -165,6 +146,7 @@ def test_falls_back_to_openai_completions_when_generate_is_404(standin, tmp_path
         _, events = run(["--server", url, "--prompts", str(prompt_file(tmp_path)), "--out", str(tmp_path / "c.json")])
     finally:
         server.shutdown()
+        server.server_close()
     data = json.loads((tmp_path / "c.json").read_text())
     assert {r["endpoint"] for r in data["prompts"]} == {"v1/completions"}
     assert all(r["completion_ids"] for r in data["prompts"])
@@ -206,6 +188,7 @@ def test_malformed_server_answers_are_clear_errors(tiny_target, tmp_path, answer
             run(["--server", url, "--prompts", str(prompt_file(tmp_path)), "--out", str(tmp_path / "c.json")])
     finally:
         server.shutdown()
+        server.server_close()
     assert not (tmp_path / "c.json").exists()
 
 
@@ -218,3 +201,4 @@ def test_unreachable_server_and_foreign_tokenizer_path(tmp_path):
             run(["--server", url, "--out", str(tmp_path / "c.json")])
     finally:
         server.shutdown()
+        server.server_close()

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import io
 import json
 import re
 from pathlib import Path
@@ -25,7 +26,7 @@ SHIPPED_IDS = ("fizzbuzz", "binary_search", "linked_list_reverse", "json_parser"
 
 
 def render(config) -> str:
-    console = Console(width=200, record=True, file=open("/dev/null", "w"))  # noqa: SIM115
+    console = Console(width=200, record=True, file=io.StringIO())
     console.print(render_plan(config))
     return console.export_text()
 

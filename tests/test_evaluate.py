@@ -20,19 +20,16 @@ from remote.events import EventWriter, WorkerError
 from remote.metrics import compute
 from remote.synthetic import build_copying_setup, random_sequences, write_extraction
 from remote.target_io import read_target_heads, save_target_heads
+from tests.fixtures_models import run_module
 
 ROOT = Path(__file__).resolve().parents[1]
 
 
 def run_evaluate(tmp_path: Path, *args: str) -> tuple[int, list[dict]]:
     """Run `python -m remote.evaluate` as the console does; return its exit code and events."""
-    events = tmp_path / f"events-{len(list(tmp_path.glob('events-*')))}.jsonl"
-    env = {**os.environ, "DFLASH_EVENTS": str(events), "PYTHONPATH": str(ROOT)}
-    proc = subprocess.run([sys.executable, "-m", "remote.evaluate", *args], cwd=ROOT, env=env,
-                          capture_output=True, text=True, timeout=300)
-    lines = [json.loads(line) for line in events.read_text().splitlines()] if events.exists() else []
-    assert lines and lines[-1]["type"] == "exit", proc.stderr
-    return proc.returncode, lines
+    code, events = run_module("remote.evaluate", list(args), tmp_path, timeout=300)
+    assert events and events[-1]["type"] == "exit", events[-3:]
+    return code, events
 
 
 def evaluate_error(tmp_path: Path, *args: str) -> str:

@@ -22,14 +22,12 @@ from remote import extract
 from remote.artifacts import read_manifest
 from remote.events import EventWriter, WorkerError
 from remote.layers import default_target_layers, find_decoder_layers, select_layers
-from tests.fixtures_models import REPO, write_completions
+from tests.fixtures_models import REPO, run_in_process, write_completions
 
 
 def run_inline(argv: list[str]) -> tuple[dict, list[dict]]:
     """extract.main in this process; returns (result, events)."""
-    buf = io.StringIO()
-    result = extract.main(EventWriter(stream=buf), argv)
-    return result, [json.loads(line) for line in buf.getvalue().splitlines()]
+    return run_in_process(extract.main, argv)
 
 
 def load(path: Path) -> tuple[dict, dict]:

@@ -179,6 +179,30 @@ async def test_stuck_vram_reaches_the_kill_offer_and_ends_only_the_holder(rig: R
         bystander.wait()
 
 
+async def test_waiter_watches_every_gpu_of_a_two_gpu_service(rig: Rig):
+    """The story's inference host: the target spans both GPUs, so the service holds memory on both,
+    and after the stop a leftover holds both. The waiter must wait on every GPU the service used,
+    offer the one holder (with both GPUs named), and only call the GPUs free once both are."""
+    port = free_port()
+    manager = rig.manager(port, "--gpu-mib", "46000", "--hold-until-killed")
+    client = SglangClient(f"http://127.0.0.1:{await rig.host.forward_local_port('127.0.0.1', port)}")
+    await manager.start()
+    await wait_ready(client, timeout=60)
+    await rig.stream.wait_for(lambda s: [g.mem_used_mib for g in s.gpus] == [46000, 46000], timeout=10,
+                              after=time.monotonic())
+
+    await manager.stop()
+    stuck = await wait_vram_free(rig.stream, gpus=(0, 1), threshold_mib=1024, timeout=3)
+    assert not stuck.free and stuck.used == "GPU0 46000 MiB, GPU1 46000 MiB"
+    (holder,) = stuck.holders
+    assert holder.gpus == (0, 1) and holder.mib == 92000 and "--gpu-worker" in holder.command
+
+    outcomes = await end_holders(rig.host, PY, rig.code, stuck.holders, grace_s=2.0)
+    assert [(o.pid, o.outcome) for o in outcomes] == [(holder.pid, "terminated")]
+    freed = await wait_vram_free(rig.stream, gpus=(0, 1), threshold_mib=1024, timeout=10)
+    assert freed.free and freed.used == "GPU0 0 MiB, GPU1 0 MiB"
+
+
 async def test_health_flapping_during_start_is_not_taken_for_ready(rig: Rig):
     port = free_port()
     manager = rig.manager(port, "--load-delay", "2", "--flap-health", "--gpu-mib", "1000", "--release-after", "0")

@@ -208,7 +208,8 @@ async def test_operations_after_a_drop_raise_host_disconnected(ssh_target: SSHTa
 async def test_a_server_that_never_answers_times_out(tmp_path: Path) -> None:
     from console.hosts import HostSpec
 
-    silent = await asyncio.start_server(lambda r, w: None, "127.0.0.1", 0)  # TCP up, no SSH banner
+    accepted: list[asyncio.StreamWriter] = []
+    silent = await asyncio.start_server(lambda r, w: accepted.append(w), "127.0.0.1", 0)  # TCP up, no SSH banner
     port = silent.sockets[0].getsockname()[1]
     (tmp_path / "cfg").touch()
     host = Host(HostSpec("mute", "127.0.0.1", port=port, known_hosts=str(tmp_path / "kh"),
@@ -216,6 +217,9 @@ async def test_a_server_that_never_answers_times_out(tmp_path: Path) -> None:
     with pytest.raises(HostUnreachable, match="no SSH answer from .*127.0.0.1:.* within 0.3 s"):
         await host.connect()
     silent.close()
+    for writer in accepted:  # closing the server leaves accepted connections open
+        writer.close()
+    await silent.wait_closed()
 
 
 async def test_a_stream_left_early_leaves_the_connection_usable(ssh_target: SSHTarget) -> None:

@@ -106,6 +106,7 @@ def test_endpids_ends_exactly_the_listed_processes_and_reports_each():
             if proc.poll() is None:
                 proc.kill()
             proc.wait()
+            proc.stdout.close()
 
 
 def test_endpids_refuses_pid_one_and_nonsense():
