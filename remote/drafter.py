@@ -190,12 +190,17 @@ def read_spec(path: str | os.PathLike, fc_shape: tuple[int, ...] | None = None, 
     if layer_ids is None:
         if num_target_layers is None:
             raise DrafterError(f"{cfg_path}: neither target_layer_ids nor num_target_layers is set")
-        layer_ids = default_target_layers(int(num_target_layers), fc_layers)
+        # z-lab's default counts one target layer per drafter layer (not the fc width), so that a
+        # checkpoint whose fc disagrees is caught by the width check below, not silently followed.
+        layer_ids = default_target_layers(int(num_target_layers), num_layers)
+        source = f"target_layer_ids (not in config.json: the default for {num_layers} drafter layers)"
+    else:
+        source = "target_layer_ids"
     layer_ids = [int(k) for k in layer_ids]
     if len(layer_ids) != fc_layers:
         raise DrafterError(
             f"{path}: fc.weight takes {fc_layers} target layers ([{hidden}, {fc_layers}*{hidden}]) "
-            f"but target_layer_ids names {len(layer_ids)}: {layer_ids}"
+            f"but {source} names {len(layer_ids)}: {layer_ids}"
         )
 
     layer_types = config.get("layer_types") or ["full_attention"] * num_layers

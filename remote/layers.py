@@ -64,7 +64,8 @@ def drafter_target_layers(drafter_dir: str | Path) -> list[int]:
         config = json.loads(path.read_text())
     except json.JSONDecodeError as exc:
         raise WorkerError(f"drafter config is not valid JSON: {exc}", str(path)) from exc
-    ids = (config.get("dflash_config") or {}).get("target_layer_ids")
+    # Where z-lab's loader looks: dflash_config first, then the top level (as remote.drafter does).
+    ids = (config.get("dflash_config") or {}).get("target_layer_ids", config.get("target_layer_ids"))
     if ids is not None:
         if not isinstance(ids, list) or not all(isinstance(i, int) and not isinstance(i, bool) for i in ids):
             raise WorkerError(f"dflash_config.target_layer_ids must be a list of integers, found {ids!r}", str(path))

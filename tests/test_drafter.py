@@ -67,12 +67,25 @@ def test_wrong_fc_width_is_refused_naming_both_counts(tmp_path: Path) -> None:
     assert "takes 4 target layers" in msg and "names 5" in msg and "[0, 1, 2, 3, 4]" in msg
 
 
-def test_missing_layer_ids_default_from_fc_width(tmp_path: Path) -> None:
-    path = save_random_drafter(tmp_path / "d", H, 97, [1, 9, 17, 25, 33], 36, block_size=4, mask_token_id=5)
+def test_missing_layer_ids_default_to_one_per_drafter_layer(tmp_path: Path) -> None:
+    """z-lab's default: one target layer per drafter layer, spread over the target (EVAL-SPEC 1)."""
+    path = save_random_drafter(tmp_path / "d", H, 97, [1, 9, 17, 25, 33], 36, block_size=4, mask_token_id=5,
+                               num_layers=5)
     config = json.loads((path / "config.json").read_text())
     del config["dflash_config"]["target_layer_ids"]
     (path / "config.json").write_text(json.dumps(config))
     assert load_drafter(path).spec.target_layer_ids == [1, 9, 17, 25, 33]
+
+
+def test_missing_layer_ids_with_an_fc_of_another_width_is_refused(tmp_path: Path) -> None:
+    """The story's bug class: an fc over 5 layers in a 1-layer drafter without explicit ids must not be
+    evaluated on layers guessed from the fc width; the error names both counts."""
+    path = save_random_drafter(tmp_path / "d", H, 97, [1, 9, 17, 25, 33], 36, block_size=4, mask_token_id=5)
+    config = json.loads((path / "config.json").read_text())
+    del config["dflash_config"]["target_layer_ids"]
+    (path / "config.json").write_text(json.dumps(config))
+    with pytest.raises(DrafterError, match=r"fc.weight takes 5 target layers .* the default for 1 drafter layers\) names 1: \[18\]"):
+        load_drafter(path)
 
 
 def test_cache_lacking_layers_is_named(gqa_drafter: Path) -> None:

@@ -139,6 +139,9 @@ def test_drafter_layers_and_default_ids(tmp_path):
     (drafter / "config.json").write_text(json.dumps({"num_target_layers": 64, "num_hidden_layers": 5}))
     assert select_layers(64, [], [drafter]) == [1, 16, 31, 46, 61, 63]
     assert default_target_layers(64, 1) == [32]
+    # A top-level target_layer_ids is read as the evaluator's loader reads it.
+    (drafter / "config.json").write_text(json.dumps({"target_layer_ids": [2, 7], "num_target_layers": 64}))
+    assert select_layers(64, [], [drafter]) == [2, 7, 63]
     (drafter / "config.json").write_text("{not json")
     with pytest.raises(WorkerError, match="not valid JSON"):
         select_layers(64, [], [drafter])
