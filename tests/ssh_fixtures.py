@@ -26,6 +26,7 @@ import pytest
 
 from console.embedded_ssh import EmbeddedSSHServer
 from console.hosts import Host, HostSpec
+from tests.cli_hosts import ThreadedHosts
 from tests.standin_helpers import free_port
 
 SSHD = Path("/usr/sbin/sshd")
@@ -174,3 +175,12 @@ async def ssh_target(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIte
     if request.param == "embedded":
         await server.stop()
     shutil.rmtree(tmp_path / "work", ignore_errors=True)
+
+
+@pytest.fixture
+def hosts(tmp_path: Path) -> Iterator[ThreadedHosts]:
+    """Two embedded SSH hosts, ct129 and ct200, on a loop of their own so that `console.cli.main`
+    can run in the test's thread (tests/cli_hosts.py)."""
+    rig = ThreadedHosts(tmp_path, ["ct129", "ct200"])
+    yield rig
+    rig.close()

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import socket
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -12,13 +11,6 @@ from safetensors import safe_open
 
 from console.cli import main
 from tests.cli_hosts import ThreadedHosts, python_with_path, write_config
-
-
-@pytest.fixture
-def hosts(tmp_path: Path) -> Iterator[ThreadedHosts]:
-    rig = ThreadedHosts(tmp_path, ["ct129", "ct200"])
-    yield rig
-    rig.close()
 
 
 @pytest.fixture(autouse=True)

@@ -9,7 +9,6 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -20,13 +19,6 @@ from tests.cli_hosts import ThreadedHosts, write_config
 from tests.standin_helpers import free_port, start_standin, stop, wait_status
 
 ENTRY_POINT = Path(sys.executable).parent / "dflash-ops"
-
-
-@pytest.fixture
-def hosts(tmp_path: Path) -> Iterator[ThreadedHosts]:
-    rig = ThreadedHosts(tmp_path, ["ct129", "ct200"])
-    yield rig
-    rig.close()
 
 
 @pytest.fixture(autouse=True)
