@@ -28,10 +28,13 @@ def sha256_file(path: str | os.PathLike, chunk: int = 1 << 20) -> str:
 
 
 @contextlib.contextmanager
-def atomic_path(final: str | os.PathLike) -> Iterator[Path]:
+def atomic_path(final: str | os.PathLike, fsync: bool = True) -> Iterator[Path]:
     """Yield a temporary path beside `final`; on success fsync it and rename it to `final`.
 
-    On an exception the temporary file is removed and `final` is untouched.
+    On an exception the temporary file is removed and `final` is untouched. `fsync=False` is for
+    a writer that syncs its files itself before writing the manifest that marks them complete (a
+    killed process cannot leave a renamed file short; only a host crash could, and the manifest's
+    sha256 catches that).
     """
     final = Path(final)
     final.parent.mkdir(parents=True, exist_ok=True)
@@ -40,13 +43,22 @@ def atomic_path(final: str | os.PathLike) -> Iterator[Path]:
     tmp_path = Path(tmp)
     try:
         yield tmp_path
-        with open(tmp_path, "rb") as fh:
-            os.fsync(fh.fileno())
+        if fsync:
+            sync_file(tmp_path)
         os.replace(tmp_path, final)
     except BaseException:
         with contextlib.suppress(FileNotFoundError):
             tmp_path.unlink()
         raise
+
+
+def sync_file(path: str | os.PathLike) -> None:
+    """fsync a file (or a directory, to make the renames inside it durable)."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
 
 
 def write_json_atomic(final: str | os.PathLike, data: Any) -> Path:

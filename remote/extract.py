@@ -35,7 +35,7 @@ from pathlib import Path
 from typing import Any
 
 from remote import kernels
-from remote.artifacts import MANIFEST, atomic_path, sha256_file, write_manifest
+from remote.artifacts import MANIFEST, atomic_path, sha256_file, sync_file, write_manifest
 from remote.events import EventWriter, WorkerError, run_worker
 from remote.layers import LayerCapture, find_decoder_layers, parse_layer_list, select_layers, text_config
 from remote.prompts import ID_RE
@@ -141,21 +141,29 @@ def versions() -> dict[str, str | None]:
 
 
 class Writer:
-    """Writes prompt files on a background thread so saving overlaps the next forward pass."""
+    """Writes prompt files on a background thread so saving overlaps the next forward pass.
+
+    Files are written and renamed without fsync; `finish()` (after `gpu_released`) syncs them all
+    before the manifest is written, so waiting for the disk stays out of the downtime window.
+    """
+
+    QUEUED = 8  # prompts waiting for the disk: a few GB of pinned memory for the largest targets
 
     def __init__(self, out: Path, layers: list[int], events: EventWriter, total: int):
         self.out, self.layers, self.events, self.total = out, layers, events, total
         self.files: dict[str, dict[str, Any]] = {}
         self.bytes_written = 0
         self.error: BaseException | None = None
-        self._queue: queue.Queue[Any] = queue.Queue()
+        self._queue: queue.Queue[Any] = queue.Queue(maxsize=self.QUEUED)
         self._thread = threading.Thread(target=self._run, name="extract-writer", daemon=True)
         self._thread.start()
 
-    def put(self, prompt_id: str, prompt_len: int, tensors: dict[str, Any]) -> None:
+    def put(self, prompt_id: str, prompt_len: int, outputs: HostTensors) -> None:
+        """Queue a prompt's outputs; blocks while `QUEUED` prompts wait, which bounds the pinned
+        memory in flight and how far the forward runs ahead of the disk."""
         if self.error is not None:
             raise WorkerError(f"writing outputs failed: {self.error}", str(self.out))
-        self._queue.put((prompt_id, prompt_len, tensors))
+        self._queue.put((prompt_id, prompt_len, outputs))
 
     def _run(self) -> None:
         from safetensors.torch import save_file
@@ -163,11 +171,12 @@ class Writer:
         while (item := self._queue.get()) is not None:
             if self.error is not None:
                 continue
-            prompt_id, prompt_len, tensors = item
+            prompt_id, prompt_len, outputs = item
             name = f"{prompt_id}.safetensors"
             try:
+                tensors = outputs.wait()
                 meta = {"prompt_id": prompt_id, "prompt_len": str(prompt_len), "layers": json.dumps(self.layers)}
-                with atomic_path(self.out / name) as tmp:
+                with atomic_path(self.out / name, fsync=False) as tmp:
                     save_file(tensors, str(tmp), metadata=meta)
                 size = (self.out / name).stat().st_size
             except BaseException as exc:  # noqa: BLE001 - reported by the main thread
@@ -181,13 +190,36 @@ class Writer:
             self.events.progress("bytes_written", self.bytes_written, None, "bytes")
 
     def finish(self) -> None:
+        """Wait for the queue to drain, then make every file and the renames durable."""
         self._queue.put(None)
         self._thread.join()
         if self.error is not None:
             raise WorkerError(f"writing outputs failed: {self.error}", str(self.out))
+        for name in self.files:
+            sync_file(self.out / name)
+        sync_file(self.out)
 
 
-def forward_one(model: Any, decoder_layers: Any, layer_ids: list[int], ids: list[int]) -> dict[str, Any]:
+class HostTensors:
+    """One prompt's outputs in pinned host memory, copied there without waiting for the GPU.
+
+    The copies run on a side stream (`copy_to_host`), so the main thread goes straight on to launch
+    the next prompt and the GPU computes it while the copy engine moves this one; a sync per prompt
+    would leave the GPU idle while the CPU launches (the 2 B forward is launch-bound). Nothing may
+    read or convert the values before `wait()`, which blocks on CUDA events without the GIL.
+    """
+
+    def __init__(self, tensors: dict[str, Any], events: list[Any]):
+        self.tensors, self._events = tensors, events
+
+    def wait(self) -> dict[str, Any]:
+        for event in self._events:
+            event.synchronize()
+        self._events = []
+        return self.tensors
+
+
+def forward_one(model: Any, decoder_layers: Any, layer_ids: list[int], ids: list[int]) -> HostTensors:
     """One prompt + completion through the target: hooked hidden states, argmax g, top-8 log-probs."""
     import torch
 
@@ -205,7 +237,7 @@ def forward_one(model: Any, decoder_layers: Any, layer_ids: list[int], ids: list
             hidden[:, layer_ids.index(final)] = last
         head_device = lm_head.weight.device if lm_head.weight.device.type != "meta" else last.device
         vocab = lm_head.weight.shape[0]
-        # Full-vocabulary logits in slices, so [T, V] fp32 never exists at once on the GPU.
+        # Logits in slices of at most 2^27 entries, so a long prompt's [T, V] never exists at once.
         step = max(1, (1 << 27) // max(vocab, 1))
         g, top_ids, top_lp = [], [], []
         for start in range(0, last.shape[0], step):
@@ -213,27 +245,49 @@ def forward_one(model: Any, decoder_layers: Any, layer_ids: list[int], ids: list
             top_ids.append(ids_k)
             top_lp.append(logprobs_k)
             g.append(argmax)
-        on_device = {"hidden": hidden.to(torch.bfloat16), "g": torch.cat(g),
-                     "topk_ids": torch.cat(top_ids), "topk_logprobs": torch.cat(top_lp)}
-        # One copy per tensor into pinned host memory (torch caches those buffers), then one sync.
-        host = {name: _to_host(t) for name, t in on_device.items()}
-    return {
-        "hidden": host["hidden"].contiguous(),
-        "input_ids": torch.tensor(ids, dtype=torch.int64),
-        "g": host["g"].to(torch.int64),
-        "topk_ids": host["topk_ids"].to(torch.int64),
-        "topk_logprobs": host["topk_logprobs"].to(torch.float32),
-    }
+        # Dtypes are settled on the device: the host copies must not be touched before they land.
+        on_device = {"hidden": hidden.to(torch.bfloat16), "g": torch.cat(g).to(torch.int64),
+                     "topk_ids": torch.cat(top_ids).to(torch.int64),
+                     "topk_logprobs": torch.cat(top_lp).to(torch.float32)}
+        host, events = copy_to_host(on_device)
+    host["input_ids"] = torch.tensor(ids, dtype=torch.int64)
+    return HostTensors(host, events)
 
 
-def _to_host(tensor: Any) -> Any:
+_COPY_STREAMS: dict[Any, Any] = {}
+
+
+def copy_to_host(tensors: dict[str, Any]) -> tuple[dict[str, Any], list[Any]]:
+    """Pinned host copies of `tensors`, queued on a side stream per GPU; returns (copies, events).
+
+    The side stream waits for the work that produced the tensors, then copies while the next
+    prompt's forward runs on the main stream; the events mark the copies done. CPU tensors are
+    returned as they are (nothing to wait for).
+    """
     import torch
 
-    if tensor.device.type == "cpu":
-        return tensor
-    buffer = torch.empty(tensor.shape, dtype=tensor.dtype, pin_memory=True)
-    buffer.copy_(tensor)
-    return buffer
+    host: dict[str, Any] = {}
+    events = []
+    for device in {t.device for t in tensors.values()}:
+        names = [name for name, t in tensors.items() if t.device == device]
+        if device.type != "cuda":
+            host.update((name, tensors[name].contiguous()) for name in names)
+            continue
+        stream = _COPY_STREAMS.get(device)
+        if stream is None:
+            stream = _COPY_STREAMS[device] = torch.cuda.Stream(device=device)
+        stream.wait_stream(torch.cuda.current_stream(device))
+        with torch.cuda.stream(stream):
+            for name in names:
+                source = tensors[name].contiguous()
+                buffer = torch.empty(source.shape, dtype=source.dtype, pin_memory=True)
+                buffer.copy_(source, non_blocking=True)
+                # The source was allocated on the main stream: without this its memory could be
+                # handed to the next prompt's kernels before the copy has read it.
+                source.record_stream(stream)
+                host[name] = buffer
+            events.append(stream.record_event())
+    return host, events
 
 
 def warm_kernels(model_config: dict[str, Any], device: str, events: EventWriter) -> float:
@@ -249,6 +303,7 @@ def warm_kernels(model_config: dict[str, Any], device: str, events: EventWriter)
 
     start = time.perf_counter()
     tcfg = dict(text_config(model_config))
+    vocab = int(tcfg.get("vocab_size") or 256)
     layer_types = tcfg.get("layer_types") or []
     keep = []
     for kind in ("linear_attention", "full_attention"):
@@ -269,6 +324,8 @@ def warm_kernels(model_config: dict[str, Any], device: str, events: EventWriter)
     ids = torch.randint(0, 256, (1, 64), device=device)
     with torch.inference_mode():
         small(input_ids=ids, use_cache=False)
+        # The top-8 pass over the real vocabulary compiles its own Triton kernel (per row width).
+        topk_logprobs(torch.zeros(2, vocab, dtype=torch.bfloat16, device=device), TOPK)
     if device == "cuda":
         torch.cuda.synchronize()
     del small
@@ -278,6 +335,21 @@ def warm_kernels(model_config: dict[str, Any], device: str, events: EventWriter)
     seconds = time.perf_counter() - start
     events.log(f"kernels warmed with a {len(keep) or 1}-layer model: {seconds:.1f} s")
     return seconds
+
+
+def reserve_host_buffers(tokens: int, n_layers: int, hidden_size: int, count: int) -> int:
+    """Pin `count` host buffers the size of the longest prompt's hidden states and free them.
+
+    torch keeps freed pinned blocks for reuse, so the window's host copies find them ready instead
+    of pinning fresh memory (cudaHostAlloc, milliseconds per buffer) in the first prompts.
+    Returns the bytes reserved.
+    """
+    import torch
+
+    size = tokens * n_layers * hidden_size * 2
+    buffers = [torch.empty(size, dtype=torch.uint8, pin_memory=True) for _ in range(count)]
+    del buffers
+    return size * count
 
 
 def wait_for_go(go_file: str, events: EventWriter) -> float:
@@ -373,6 +445,9 @@ def main(events: EventWriter, argv: list[str] | None = None) -> dict[str, Any]:
         # Only Triton kernels (fla) compile on first use; the torch path has nothing to warm.
         needs_warmup = device == "cuda" and any(kernels.is_fast_impl(m) for m in binding["bound"].values())
         window["warmup_s"] = round(warm_kernels(model_config, device, events), 3) if needs_warmup else 0.0
+        if pin:
+            longest = max(len(p["prompt_ids"]) + len(p["completion_ids"]) for p in prompts)
+            window["pinned_bytes"] = reserve_host_buffers(longest, len(layer_ids), hidden_size, Writer.QUEUED + 2)
         events.emit("staged", bytes=total_bytes, tensors=total_tensors, pinned=pin,
                     host_read_s=window["host_read_s"], warmup_s=window["warmup_s"], go_file=args.go_file)
         window["waited_s"] = round(wait_for_go(args.go_file, events), 3)
@@ -398,11 +473,13 @@ def main(events: EventWriter, argv: list[str] | None = None) -> dict[str, Any]:
         for i, entry in enumerate(prompts, start=1):
             ids = list(entry["prompt_ids"]) + list(entry["completion_ids"])
             t_one = time.perf_counter()
-            tensors = forward_one(model, decoder_layers, layer_ids, ids)
+            outputs = forward_one(model, decoder_layers, layer_ids, ids)
             if first_forward_s is None:
-                # The first pass carries any Triton compile / autotune: reported apart from the steady rate.
+                # The first pass carries any Triton compile / autotune: reported apart from the steady
+                # rate, so it is waited for (later prompts are not: their copies land in the writer).
+                outputs.wait()
                 first_forward_s, first_tokens = time.perf_counter() - t_one, len(ids)
-            writer.put(str(entry["id"]), len(entry["prompt_ids"]), tensors)
+            writer.put(str(entry["id"]), len(entry["prompt_ids"]), outputs)
             tokens += len(ids)
             entries.append({"id": str(entry["id"]), "file": f"{entry['id']}.safetensors",
                             "prompt_len": len(entry["prompt_ids"]), "num_tokens": len(ids)})

@@ -16,8 +16,12 @@ from typing import Any
 BLOCK = 256
 
 
-def block_topk(x: Any, k: int, block: int = BLOCK) -> tuple[Any, Any]:
-    """(values, indices) of the k largest entries of each row of a 2-D tensor, best first."""
+def block_topk(x: Any, k: int, block: int = BLOCK, block_max: Any = None) -> tuple[Any, Any]:
+    """(values, indices) of the k largest entries of each row of a 2-D tensor, best first.
+
+    `block_max`, when given, holds each row's block maxima already (at least its full blocks,
+    e.g. from `remote.triton_lse`), in any dtype that orders the values as `x` does.
+    """
     import torch
 
     rows, width = x.shape
@@ -25,7 +29,9 @@ def block_topk(x: Any, k: int, block: int = BLOCK) -> tuple[Any, Any]:
     if blocks < 4 * k:  # narrow rows: the plain top-k is as cheap
         return x.topk(k, dim=-1)
     body = blocks * block
-    best_blocks = x[:, :body].reshape(rows, blocks, block).amax(dim=-1).topk(k, dim=-1).indices
+    if block_max is None:
+        block_max = x[:, :body].reshape(rows, blocks, block).amax(dim=-1)
+    best_blocks = block_max[:, :blocks].topk(k, dim=-1).indices
     offsets = torch.arange(block, device=x.device)
     candidates = (best_blocks[..., None] * block + offsets).reshape(rows, k * block)
     if body < width:  # the ragged tail is always a candidate
@@ -38,11 +44,22 @@ def block_topk(x: Any, k: int, block: int = BLOCK) -> tuple[Any, Any]:
 def topk_logprobs(logits: Any, k: int) -> tuple[Any, Any, Any]:
     """For logits [T, V] in the model's dtype: top-k ids, their fp32 log-probs, and the argmax.
 
-    The ranking runs on the logits themselves (upcasting is exact, so it is the fp32 ranking); the
-    log-probs come from one fused fp32 log_softmax, gathered at those ids.
+    The ranking runs on the logits themselves (upcasting is exact, so it is the fp32 ranking); a
+    log-prob is the upcast logit minus the row's fp32 log-sum-exp, so no [T, V] fp32 tensor is made.
+    On a GPU one Triton pass gives the log-sum-exp and the block maxima; without Triton, and on
+    the CPU (tests, the torch path without a GPU), torch's reductions give the same values.
     """
     import torch
 
-    values, ids = block_topk(logits, k)
-    logprobs = torch.log_softmax(logits, dim=-1, dtype=torch.float32).gather(-1, ids)
-    return ids, logprobs, logits.argmax(dim=-1)
+    lse = block_max = None
+    if logits.is_cuda:
+        try:
+            from remote.triton_lse import lse_and_block_max
+        except ImportError:  # torch without Triton: the plain reductions are exact, only slower
+            pass
+        else:
+            lse, block_max = lse_and_block_max(logits, BLOCK)
+    if lse is None:
+        lse = torch.logsumexp(logits.float(), dim=-1)
+    values, ids = block_topk(logits, k, block_max=block_max)
+    return ids, values.float() - lse[:, None], logits.argmax(dim=-1)

@@ -281,3 +281,47 @@ def test_device_for_takes_the_longest_matching_prefix(prefixes, name):
             device_for(name, device_map)
     else:
         assert device_for(name, device_map) == device_map[max(matches, key=len)]
+
+
+def test_files_are_synced_after_gpu_released_and_before_the_manifest(tiny_target, tiny_completions, tmp_path,
+                                                                     monkeypatch):
+    """The fsync of each prompt file waits until the GPU is free (it is disk time, not window time):
+    the writer thread never waits for the disk, which would back up the forward loop; but every
+    file is durable before the manifest that marks the directory complete."""
+    from remote import artifacts
+
+    order: list[str] = []
+    real_fsync = os.fsync
+
+    writer_fsyncs: list[str] = []
+
+    def recording_fsync(fd: int) -> None:
+        name = Path(os.readlink(f"/proc/self/fd/{fd}")).name
+        order.append("fsync:" + name)
+        if threading.current_thread().name == "extract-writer":
+            writer_fsyncs.append(name)
+        real_fsync(fd)
+
+    real_emit = EventWriter.emit
+
+    def recording_emit(self, type_, **fields):
+        if type_ == "gpu_released":
+            order.append("gpu_released")
+        return real_emit(self, type_, **fields)
+
+    monkeypatch.setattr(artifacts.os, "fsync", recording_fsync)
+    monkeypatch.setattr(EventWriter, "emit", recording_emit)
+    out = tmp_path / "out"
+    run_inline(["--model", str(tiny_target), "--completions", str(tiny_completions), "--out", str(out),
+                "--layers", "1", "--kernels", "torch"])
+    prompt_files = {e["file"] for e in read_manifest(out)["prompts"]}
+    assert writer_fsyncs == []
+    released = order.index("gpu_released")
+    synced = [name.removeprefix("fsync:") for name in order if name.startswith("fsync:")]
+    assert prompt_files <= set(synced), order
+    assert all(order.index(f"fsync:{name}") > released for name in prompt_files), order
+    # The manifest is written (through a temporary file, then renamed) after the last prompt file
+    # and the directory itself are synced.
+    last_prompt = max(order.index(f"fsync:{name}") for name in prompt_files)
+    manifest_sync = next(i for i, name in enumerate(order) if name.startswith("fsync:.manifest.json"))
+    assert order.index(f"fsync:{out.name}") < manifest_sync and last_prompt < manifest_sync

@@ -24,6 +24,14 @@ def test_block_topk_values_equal_torch_topk(rows, width, k, block, levels, seed)
     assert torch.equal(values, expected)
     assert torch.equal(x.gather(-1, ids), values)  # each id holds its value
     assert all(len(set(row.tolist())) == k for row in ids)  # no id twice
+    # The same with block maxima computed elsewhere (the GPU kernel's fp32 maxima, one per block
+    # including the ragged tail's, which block_topk must not rely on).
+    blocks = -(-width // block)
+    padded = torch.nn.functional.pad(x.float(), (0, blocks * block - width), value=float("-inf"))
+    maxima = padded.reshape(rows, blocks, block).amax(-1)
+    values2, ids2 = block_topk(x, k, block=block, block_max=maxima)
+    assert torch.equal(values2, expected) and torch.equal(x.gather(-1, ids2), values2)
+    assert all(len(set(row.tolist())) == k for row in ids2)
 
 
 def test_topk_logprobs_match_a_float64_log_softmax():
