@@ -307,7 +307,8 @@ def main() -> None:
                                   "--go-file", str(go)], work, "staged", work / f"triton-staged-{stamp}", go_file=go))
         rest = (s["forward_s"] - s["first_forward_s"]) / max(n_prompts - 1, 1)
         print(f"staged window {s['window_s']:.2f} s = copy {s['copy_s']:.2f} s + forward {s['forward_s']:.2f} s "
-              f"(first prompt {s['first_forward_s']:.2f} s, later prompts {rest:.3f} s each)")
+              f"(first prompt {s['first_forward_s']:.2f} s, later prompts {rest:.3f} s each) + release "
+              f"{s['release_s']:.2f} s; {s.get('gpu_bytes_still_allocated', 0) / 2**20:.0f} MiB still allocated")
         return
 
     # 4a. cold: everything inside the window, empty Triton cache.

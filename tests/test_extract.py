@@ -94,7 +94,7 @@ def test_gpu_released_comes_before_the_manifest(extracted):
     released = kinds.index(("gpu_released", None))
     assert released < kinds.index(("artifact", "extract"))
     window = events[released]
-    assert {"copy_s", "forward_s", "window_s", "tokens"} <= set(window)
+    assert {"copy_s", "forward_s", "release_s", "window_s", "tokens"} <= set(window)
     prompts = [e for e in events if e["type"] == "progress" and e["key"] == "prompts"]
     assert prompts[-1]["done"] == prompts[-1]["total"] == 3
     weights = [e for e in events if e["type"] == "progress" and e["key"] == "weights"]
@@ -325,3 +325,16 @@ def test_files_are_synced_after_gpu_released_and_before_the_manifest(tiny_target
     last_prompt = max(order.index(f"fsync:{name}") for name in prompt_files)
     manifest_sync = next(i for i, name in enumerate(order) if name.startswith("fsync:.manifest.json"))
     assert order.index(f"fsync:{out.name}") < manifest_sync and last_prompt < manifest_sync
+
+
+def test_release_drops_every_weight_without_the_garbage_collector(tiny_target):
+    """What `gpu_released` promises: no tensor of the model keeps its storage, tied weights and
+    buffers (rotary frequencies) included, even while the model object is still referenced."""
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(tiny_target, dtype=torch.bfloat16).eval()
+    tensors = list(model.parameters()) + list(model.buffers())
+    assert sum(t.numel() for t in tensors) > 100_000
+    extract.release_gpu(model)
+    assert [t.numel() for t in tensors] == [0] * len(tensors)
+    assert all(t.numel() == 0 for t in model.state_dict().values())
