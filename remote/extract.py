@@ -337,19 +337,29 @@ def warm_kernels(model_config: dict[str, Any], device: str, events: EventWriter)
     return seconds
 
 
-def reserve_host_buffers(tokens: int, n_layers: int, hidden_size: int, count: int) -> int:
-    """Pin `count` host buffers the size of the longest prompt's hidden states and free them.
+def host_bytes(tokens: int, n_layers: int, hidden_size: int) -> list[int]:
+    """Bytes of one prompt's host copies: hidden (bf16), g (int64), top-k ids (int64), log-probs (fp32)."""
+    return [tokens * n_layers * hidden_size * 2, tokens * 8, tokens * TOPK * 8, tokens * TOPK * 4]
 
-    torch keeps freed pinned blocks for reuse, so the window's host copies find them ready instead
-    of pinning fresh memory (cudaHostAlloc, milliseconds per buffer) in the first prompts.
-    Returns the bytes reserved.
+
+def reserve_host_buffers(sizes: list[int], per_class: int) -> int:
+    """Pin host buffers for the window's copies and free them at once; returns the bytes pinned.
+
+    torch's pinned allocator rounds each request up to a power of two and hands a freed block only
+    to a request of the same class; reserving up to `per_class` blocks of every class the prompts
+    need means the window's copies find them ready instead of pinning fresh memory (cudaHostAlloc,
+    milliseconds for tens of MB) in the first prompts.
     """
+    import collections
+
     import torch
 
-    size = tokens * n_layers * hidden_size * 2
-    buffers = [torch.empty(size, dtype=torch.uint8, pin_memory=True) for _ in range(count)]
+    classes = collections.Counter(1 << max(size - 1, 0).bit_length() for size in sizes if size)
+    buffers = [torch.empty(size, dtype=torch.uint8, pin_memory=True)
+               for size, n in classes.items() for _ in range(min(n, per_class))]
+    reserved = sum(b.numel() for b in buffers)
     del buffers
-    return size * count
+    return reserved
 
 
 def wait_for_go(go_file: str, events: EventWriter) -> float:
@@ -455,8 +465,9 @@ def main(events: EventWriter, argv: list[str] | None = None) -> dict[str, Any]:
         needs_warmup = device == "cuda" and any(kernels.is_fast_impl(m) for m in binding["bound"].values())
         window["warmup_s"] = round(warm_kernels(model_config, device, events), 3) if needs_warmup else 0.0
         if pin:
-            longest = max(len(p["prompt_ids"]) + len(p["completion_ids"]) for p in prompts)
-            window["pinned_bytes"] = reserve_host_buffers(longest, len(layer_ids), hidden_size, Writer.QUEUED + 2)
+            sizes = [n for p in prompts
+                     for n in host_bytes(len(p["prompt_ids"]) + len(p["completion_ids"]), len(layer_ids), hidden_size)]
+            window["pinned_bytes"] = reserve_host_buffers(sizes, Writer.QUEUED + 2)
         events.emit("staged", bytes=total_bytes, tensors=total_tensors, pinned=pin,
                     host_read_s=window["host_read_s"], warmup_s=window["warmup_s"], go_file=args.go_file)
         window["waited_s"] = round(wait_for_go(args.go_file, events), 3)

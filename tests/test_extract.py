@@ -80,6 +80,9 @@ def test_input_ids_are_prompt_plus_completion_and_manifest_says_what_ran(extract
     for entry, source in zip(manifest["prompts"], completions["prompts"], strict=True):
         tensors, _ = load(out / entry["file"])
         assert tensors["input_ids"].tolist() == source["prompt_ids"] + source["completion_ids"]
+        # What the staged worker pins ahead of the window is what each prompt's copies take.
+        copied = [tensors[k].numel() * tensors[k].element_size() for k in ("hidden", "g", "topk_ids", "topk_logprobs")]
+        assert copied == extract.host_bytes(len(tensors["input_ids"]), 4, 64)
         assert entry["prompt_len"] == len(source["prompt_ids"])
     assert manifest["hidden_size"] == 64 and manifest["dtype"] == "bfloat16"
     assert manifest["kernel_policy"] == "torch" and manifest["kernels_fast"] is False
@@ -338,3 +341,27 @@ def test_release_drops_every_weight_without_the_garbage_collector(tiny_target):
     extract.release_gpu(model)
     assert [t.numel() for t in tensors] == [0] * len(tensors)
     assert all(t.numel() == 0 for t in model.state_dict().values())
+
+
+@settings(max_examples=40, deadline=None)
+@given(tokens=st.lists(st.integers(1, 5000), min_size=1, max_size=30))
+def test_host_buffer_reservation_covers_every_size_class(tokens):
+    """The classes reserved before the go are those the window's copies ask for (torch's pinned
+    allocator rounds up to a power of two), each as many times as prompts need, capped."""
+    import collections
+
+    sizes = [n for t in tokens for n in extract.host_bytes(t, 3, 64)]
+    wanted = collections.Counter(1 << (n - 1).bit_length() for n in sizes)
+    reserved: list[int] = []
+    real_empty = torch.empty
+
+    def recording_empty(size, **kw):
+        reserved.append(size)
+        return real_empty(size, dtype=kw["dtype"])  # no GPU here: unpinned, same sizes
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(torch, "empty", recording_empty)
+        total = extract.reserve_host_buffers(sizes, per_class=4)
+    assert collections.Counter(reserved) == {size: min(n, 4) for size, n in wanted.items()}
+    assert total == sum(reserved)
+    assert extract.host_bytes(1500, 6, 2048)[0] == 1500 * 6 * 2048 * 2  # bf16 hidden
