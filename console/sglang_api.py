@@ -72,15 +72,17 @@ class SglangClient:
         """HTTP status of GET /health (200 up, 503 starting); raises ServerUnreachable."""
         return (await self.get("/health")).status
 
-    def _json_object(self, path: str, answer: HttpAnswer) -> dict:
+    @staticmethod
+    def _json_object(request: str, answer: HttpAnswer) -> dict:
+        """The answer's JSON object; anything else is a ServerAnswerError naming `request` ("GET /x")."""
         if answer.status != 200:
-            raise ServerAnswerError(f"GET {path}: HTTP {answer.status}: {_excerpt(answer.body)}")
+            raise ServerAnswerError(f"{request}: HTTP {answer.status}: {_excerpt(answer.body)}")
         try:
             data = json.loads(answer.body)
         except json.JSONDecodeError:
-            raise ServerAnswerError(f"GET {path}: expected JSON, got {_excerpt(answer.body)}") from None
+            raise ServerAnswerError(f"{request}: expected JSON, got {_excerpt(answer.body)}") from None
         if not isinstance(data, dict):
-            raise ServerAnswerError(f"GET {path}: expected a JSON object, got {type(data).__name__} {_excerpt(answer.body)}")
+            raise ServerAnswerError(f"{request}: expected a JSON object, got {type(data).__name__} {_excerpt(answer.body)}")
         return data
 
     async def _get_first(self, paths: tuple[str, ...]) -> tuple[str, dict]:
@@ -89,7 +91,7 @@ class SglangClient:
         for path in paths:
             answer = await self.get(path)
             if answer.status != 404:
-                return path, self._json_object(path, answer)
+                return path, self._json_object(f"GET {path}", answer)
         assert answer is not None
         raise ServerAnswerError(f"GET {' and '.join(paths)}: HTTP 404 on both: not an SGLang server?")
 
@@ -124,13 +126,8 @@ class SglangClient:
         """POST /generate with token ids, greedy; returns the answer, checked for `output_ids`."""
         body = {"input_ids": input_ids, "sampling_params": {"max_new_tokens": max_new_tokens, "temperature": 0.0}}
         answer = await self.post("/generate", body, timeout)
-        if answer.status != 200:
-            raise ServerAnswerError(f"POST /generate: HTTP {answer.status}: {_excerpt(answer.body)}")
-        try:
-            data = json.loads(answer.body)
-        except json.JSONDecodeError:
-            raise ServerAnswerError(f"POST /generate: expected JSON, got {_excerpt(answer.body)}") from None
-        ids = data.get("output_ids") if isinstance(data, dict) else None
+        data = self._json_object("POST /generate", answer)
+        ids = data.get("output_ids")
         if not isinstance(ids, list) or not all(isinstance(i, int) for i in ids):
             raise ServerAnswerError(f"POST /generate: expected 'output_ids' (a list of token ids), got {_excerpt(answer.body)}")
         return data
