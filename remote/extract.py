@@ -219,8 +219,13 @@ class HostTensors:
         return self.tensors
 
 
-def forward_one(model: Any, decoder_layers: Any, layer_ids: list[int], ids: list[int]) -> HostTensors:
-    """One prompt + completion through the target: hooked hidden states, argmax g, top-8 log-probs."""
+def forward_one(model: Any, decoder_layers: Any, layer_ids: list[int], ids: list[int],
+                triton_topk: bool = False) -> HostTensors:
+    """One prompt + completion through the target: hooked hidden states, argmax g, top-8 log-probs.
+
+    `triton_topk`: the top-8's log-sum-exp and block maxima in one Triton pass (`remote.topk`);
+    the worker sets it when the fast kernels are bound on a GPU (Triton is known to work there).
+    """
     import torch
 
     base = model.get_decoder()
@@ -241,7 +246,8 @@ def forward_one(model: Any, decoder_layers: Any, layer_ids: list[int], ids: list
         step = max(1, (1 << 27) // max(vocab, 1))
         g, top_ids, top_lp = [], [], []
         for start in range(0, last.shape[0], step):
-            ids_k, logprobs_k, argmax = topk_logprobs(lm_head(last[start:start + step].to(head_device)), TOPK)
+            ids_k, logprobs_k, argmax = topk_logprobs(lm_head(last[start:start + step].to(head_device)), TOPK,
+                                                       triton=triton_topk)
             top_ids.append(ids_k)
             top_lp.append(logprobs_k)
             g.append(argmax)
@@ -325,7 +331,7 @@ def warm_kernels(model_config: dict[str, Any], device: str, events: EventWriter)
     with torch.inference_mode():
         small(input_ids=ids, use_cache=False)
         # The top-8 pass over the real vocabulary compiles its own Triton kernel (per row width).
-        topk_logprobs(torch.zeros(2, vocab, dtype=torch.bfloat16, device=device), TOPK)
+        topk_logprobs(torch.zeros(2, vocab, dtype=torch.bfloat16, device=device), TOPK, triton=True)
     if device == "cuda":
         torch.cuda.synchronize()
     del small
@@ -455,15 +461,16 @@ def main(events: EventWriter, argv: list[str] | None = None) -> dict[str, Any]:
 
         return report
 
+    # Triton (the top-8 pass) only where the fast kernels run too; the torch policy stays Triton-free.
+    triton_topk = device == "cuda" and any(kernels.is_fast_impl(m) for m in binding["bound"].values())
     window: dict[str, Any] = {"staged": bool(args.staged), "from_pretrained_s": round(load_s, 3), "bytes": total_bytes}
     if args.staged:
         t0 = time.perf_counter()
         pin = torch.cuda.is_available()
         place_weights(model, {"": "cpu"}, pin=pin, on_tensor=on_tensor("weights"))
         window["host_read_s"] = round(time.perf_counter() - t0, 3)
-        # Only Triton kernels (fla) compile on first use; the torch path has nothing to warm.
-        needs_warmup = device == "cuda" and any(kernels.is_fast_impl(m) for m in binding["bound"].values())
-        window["warmup_s"] = round(warm_kernels(model_config, device, events), 3) if needs_warmup else 0.0
+        # Only Triton kernels (fla, the top-8 pass) compile on first use; the torch path has nothing to warm.
+        window["warmup_s"] = round(warm_kernels(model_config, device, events), 3) if triton_topk else 0.0
         if pin:
             sizes = [n for p in prompts
                      for n in host_bytes(len(p["prompt_ids"]) + len(p["completion_ids"]), len(layer_ids), hidden_size)]
@@ -493,7 +500,7 @@ def main(events: EventWriter, argv: list[str] | None = None) -> dict[str, Any]:
         for i, entry in enumerate(prompts, start=1):
             ids = list(entry["prompt_ids"]) + list(entry["completion_ids"])
             t_one = time.perf_counter()
-            outputs = forward_one(model, decoder_layers, layer_ids, ids)
+            outputs = forward_one(model, decoder_layers, layer_ids, ids, triton_topk=triton_topk)
             if first_forward_s is None:
                 # The first pass carries any Triton compile / autotune: reported apart from the steady
                 # rate, so it is waited for (later prompts are not: their copies land in the writer).
@@ -533,7 +540,7 @@ def main(events: EventWriter, argv: list[str] | None = None) -> dict[str, Any]:
         format=EXTRACT_FORMAT, layers=layer_ids, hidden_size=hidden_size, dtype="bfloat16",
         num_target_layers=num_layers, layer_semantics="hidden_states[k+1]: output of decoder layer k; the last layer after the final norm, as Hugging Face gives it",
         model_path=str(Path(args.model).resolve()), kernels=binding["bound"], kernel_scheme=binding["scheme"],
-        kernels_fast=binding["fast"], kernel_calls=used_calls, kernel_policy=args.kernels,
+        kernels_fast=binding["fast"], topk_pass="triton" if triton_topk else "torch", kernel_calls=used_calls, kernel_policy=args.kernels,
         kernel_decision=decision, versions=versions(), prompts=entries,
         device_map={k: str(v) for k, v in device_map.items()}, devices=devices_used(device_map),
         completions_file=str(Path(args.completions).resolve()), completions_sha256=sha256_file(args.completions),

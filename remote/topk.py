@@ -41,25 +41,23 @@ def block_topk(x: Any, k: int, block: int = BLOCK, block_max: Any = None) -> tup
     return values, candidates.gather(-1, where)
 
 
-def topk_logprobs(logits: Any, k: int) -> tuple[Any, Any, Any]:
+def topk_logprobs(logits: Any, k: int, triton: bool = False) -> tuple[Any, Any, Any]:
     """For logits [T, V] in the model's dtype: top-k ids, their fp32 log-probs, and the argmax.
 
     The ranking runs on the logits themselves (upcasting is exact, so it is the fp32 ranking); a
-    log-prob is the upcast logit minus the row's fp32 log-sum-exp, so no [T, V] fp32 tensor is made.
-    On a GPU one Triton pass gives the log-sum-exp and the block maxima; without Triton, and on
-    the CPU (tests, the torch path without a GPU), torch's reductions give the same values.
+    log-prob is the upcast logit minus the row's fp32 log-sum-exp. With `triton` (CUDA logits, and
+    only where the fast kernels run: the torch policy must not depend on Triton compiling on the
+    host) one pass gives the log-sum-exp and the block maxima without a [T, V] fp32 tensor;
+    otherwise torch's reductions give the same values (within fp32 rounding).
     """
     import torch
 
     lse = block_max = None
-    if logits.is_cuda:
-        try:
-            from remote.triton_lse import lse_and_block_max
-        except ImportError:  # torch without Triton: the plain reductions are exact, only slower
-            pass
-        else:
-            lse, block_max = lse_and_block_max(logits, BLOCK)
-    if lse is None:
+    if triton and logits.is_cuda:
+        from remote.triton_lse import lse_and_block_max
+
+        lse, block_max = lse_and_block_max(logits, BLOCK)
+    else:
         lse = torch.logsumexp(logits.float(), dim=-1)
     values, ids = block_topk(logits, k, block_max=block_max)
     return ids, values.float() - lse[:, None], logits.argmax(dim=-1)

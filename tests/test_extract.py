@@ -86,6 +86,7 @@ def test_input_ids_are_prompt_plus_completion_and_manifest_says_what_ran(extract
         assert entry["prompt_len"] == len(source["prompt_ids"])
     assert manifest["hidden_size"] == 64 and manifest["dtype"] == "bfloat16"
     assert manifest["kernel_policy"] == "torch" and manifest["kernels_fast"] is False
+    assert manifest["topk_pass"] == "torch"  # no Triton where the fast kernels do not run
     assert manifest["kernel_calls"]["torch_chunk_gated_delta_rule"] == 3 * len(manifest["prompts"])
     assert manifest["versions"]["transformers"] and manifest["device_map"] == {"": "cpu"}
     assert result["kernels"] == manifest["kernels"]

@@ -68,6 +68,7 @@ def test_fast_path_bound_and_used(fast_run, work):
     assert roots == {"causal_conv1d_fn": "causal_conv1d", "causal_conv1d_update": "causal_conv1d",
                      "torch_chunk_gated_delta_rule": "fla", "torch_recurrent_gated_delta_rule": "fla"}
     assert manifest["kernels_fast"] is True and manifest["kernel_decision"]["effective"] == "fast"
+    assert manifest["topk_pass"] == "triton"
     # Used, not only bound: the prefill path ran once per linear layer per prompt.
     assert manifest["kernel_calls"] == {"causal_conv1d_fn": 3 * 4, "torch_chunk_gated_delta_rule": 3 * 4}
     assert manifest["versions"]["fla"] and manifest["versions"]["causal_conv1d"]
@@ -83,7 +84,7 @@ def test_parity_fast_vs_torch(fast_run, target, work):
                  "--layers", LAYERS, "--kernels", "torch"], work, "torch", None)
     report = compare_dirs(work / "fast", work / "torch")
     torch_manifest = json.loads((work / "torch" / "manifest.json").read_text())
-    assert not torch_manifest["kernels_fast"]
+    assert not torch_manifest["kernels_fast"] and torch_manifest["topk_pass"] == "torch"
     record("parity_fast_vs_torch", {
         "layers": [{k: row[k] for k in ("layer", "cosine", "max_abs", "mean_abs", "rel_err")} for row in report["layers"]],
         "argmax_agreement": report["argmax_agreement"], "tokens": report["tokens"],
