@@ -227,7 +227,7 @@ def hooks_overhead(model_dir: Path, completions: Path, layers: list[int], device
                 fn()
             tables.append(f"== {name}\n" + prof.key_averages().table(sort_by="self_cuda_time_total", row_limit=25))
         profile.write_text("\n".join(tables))
-    median, low = statistics.median, min
+    median = statistics.median
     plain_s, hooks_s = median(plain_runs), median(hooks_runs)
     save_s, drain_s = median(r[0] for r in save_runs), median(r[1] for r in save_runs)
     ratios = [e / q for q, e in zip(pair_plain, pair_extract, strict=True)]
@@ -241,8 +241,8 @@ def hooks_overhead(model_dir: Path, completions: Path, layers: list[int], device
             "plain_s": plain_s, "hooks_s": hooks_s, "hooks_and_save_s": save_s, "drain_s": drain_s,
             "plain_tok_s": tokens / plain_s, "hooks_tok_s": tokens / hooks_s, "save_tok_s": tokens / save_s,
             "hooks_cost": hooks_s / plain_s - 1, "hooks_and_save_cost": save_s / plain_s - 1,
-            "hooks_cost_min": low(hooks_runs) / low(plain_runs) - 1,
-            "hooks_and_save_cost_min": low(r[0] for r in save_runs) / low(plain_runs) - 1}
+            "hooks_cost_min": min(hooks_runs) / min(plain_runs) - 1,
+            "hooks_and_save_cost_min": min(r[0] for r in save_runs) / min(plain_runs) - 1}
 
 
 def print_overhead(o: dict[str, Any]) -> None:

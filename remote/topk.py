@@ -52,7 +52,7 @@ def topk_logprobs(logits: Any, k: int, triton: bool = False) -> tuple[Any, Any, 
     """
     import torch
 
-    lse = block_max = None
+    block_max = None
     if triton and logits.is_cuda:
         from remote.triton_lse import lse_and_block_max
 
