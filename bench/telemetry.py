@@ -29,7 +29,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from remote import agent, gpu_source, simgpu  # noqa: E402
+from remote import agent, gpu_source  # noqa: E402
+from remote.drill import simgpu  # noqa: E402
 
 AGENT_TARGET_PCT = 1.0
 CONSOLE_TARGET_PCT = 3.0
@@ -75,8 +76,8 @@ def bench_agent(samples: int, sim_file: Path) -> dict[str, tuple[float, float] |
 
 async def bench_console(seconds: float, sim_file: Path) -> tuple[float, str]:
     """CPU share of this process while two supervised hosts stream telemetry at 1 s."""
-    from console.jobs import JobRunner
-    from console.supervisor import HostSupervisor
+    from console.ssh.jobs import JobRunner
+    from console.ssh.supervisor import HostSupervisor
     from console.telemetry import TelemetryStream
 
     tmp = Path(tempfile.mkdtemp(prefix="bench-telemetry-"))
@@ -90,7 +91,7 @@ async def bench_console(seconds: float, sim_file: Path) -> tuple[float, str]:
         kind = "OpenSSH sshd"
         specs = [server.spec(name, python=sys.executable, workdir=str(tmp / "work")) for name in ("ct129", "ct200")]
     else:
-        from console.embedded_ssh import EmbeddedSSHServer
+        from console.ssh.embedded_server import EmbeddedSSHServer
 
         server = EmbeddedSSHServer(tmp / "home", tmp / "ssh", python=sys.executable)
         await server.start()

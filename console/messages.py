@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
-# --- Hosts (console/supervisor.py) ---------------------------------------------------------------
+# --- Hosts (console/ssh/supervisor.py) ---------------------------------------------------------------
 
 HostStatus = Literal["connecting", "connected", "reconnecting", "down"]
 
@@ -102,7 +102,7 @@ class TelemetryUpdate:
     service_pids: frozenset[int] = frozenset()
 
 
-# --- Service (console/service.py, console/sglang_api.py) -----------------------------------------
+# --- Service (console/service/control.py, console/service/sglang_api.py) -----------------------------------------
 
 
 @dataclass(frozen=True)
@@ -156,7 +156,7 @@ class StartupProgress:
     total: int | None = None
 
 
-# --- VRAM waiter (console/vram.py) ---------------------------------------------------------------
+# --- VRAM waiter (console/service/vram.py) ---------------------------------------------------------------
 
 
 @dataclass(frozen=True)

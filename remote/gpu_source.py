@@ -20,7 +20,6 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any, TypeVar
 
-from remote import simgpu
 from remote.procstat import PPID, START_TIME, read_stat
 
 T = TypeVar("T")
@@ -202,7 +201,7 @@ class SmiSource:
 
 
 class SimulatedSource:
-    """A drill host's simulated GPUs (see `remote.simgpu`); every sample is marked simulated."""
+    """A drill host's simulated GPUs (see `remote.drill.simgpu`); every sample is marked simulated."""
 
     name = "simulated"
     simulated = True
@@ -212,6 +211,8 @@ class SimulatedSource:
         self._path = Path(path)
 
     def read(self) -> tuple[list[dict], list[dict]]:
+        from remote.drill import simgpu  # only drill hosts have it: a real host gets no remote/drill/
+
         try:
             view = simgpu.live_view(simgpu.read(self._path))
         except FileNotFoundError:

@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from console.config import dump_toml, load_config
-from console.embedded_ssh import EmbeddedSSHServer
+from console.ssh.embedded_server import EmbeddedSSHServer
 
 
 class ThreadedHosts:

@@ -11,8 +11,8 @@ from typing import Any
 
 import pytest
 
+from remote.drill.tinymodel import build_tiny_target
 from remote.events import EventWriter
-from remote.tinymodel import build_tiny_target
 
 
 @pytest.fixture(scope="session")

@@ -24,8 +24,8 @@ from typing import Any
 import asyncssh
 import pytest
 
-from console.embedded_ssh import EmbeddedSSHServer
-from console.hosts import Host, HostSpec
+from console.ssh.embedded_server import EmbeddedSSHServer
+from console.ssh.hosts import Host, HostSpec
 from tests.cli_hosts import ThreadedHosts
 from tests.standin_helpers import free_port
 

@@ -1,4 +1,4 @@
-"""Starting the rehearsal server (`remote.standin`) as a real local process, for tests and benches."""
+"""Starting the rehearsal server (`remote.drill.standin`) as a real local process, for tests and benches."""
 
 from __future__ import annotations
 
@@ -34,7 +34,7 @@ def http_status(url: str, timeout: float = 2.0) -> int | None:
 def start_standin(model: Path, port: int, log: Path, *args: str) -> subprocess.Popen:
     """Start the standin in its own session (like a detached service); returns the process."""
     with log.open("w") as fh:  # the child keeps its own copy of the descriptor
-        return subprocess.Popen([sys.executable, "-m", "remote.standin", "--model", str(model), "--port", str(port),
+        return subprocess.Popen([sys.executable, "-m", "remote.drill.standin", "--model", str(model), "--port", str(port),
                                  *args], cwd=ROOT, stdout=fh, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                                 start_new_session=True)
 

@@ -12,7 +12,8 @@ from pathlib import Path
 from hypothesis import given
 from hypothesis import strategies as st
 
-from remote import agent, gpu_source, simgpu
+from remote import agent, gpu_source
+from remote.drill import simgpu
 
 ROOT = Path(__file__).resolve().parents[1]
 RECORDED = ROOT / "tests" / "data" / "recorded_h200"
@@ -89,7 +90,7 @@ def test_concurrent_writers_do_not_clobber_each_other(tmp_path: Path):
     sim = tmp_path / "gpu.json"
     holders = [subprocess.Popen(["sleep", "60"]) for _ in range(6)]
     writers = [subprocess.Popen([sys.executable, "-c",
-                                 f"from remote import simgpu; simgpu.hold({str(sim)!r}, {h.pid}, 1000)"], cwd=ROOT)
+                                 f"from remote.drill import simgpu; simgpu.hold({str(sim)!r}, {h.pid}, 1000)"], cwd=ROOT)
                for h in holders]
     try:
         assert all(w.wait(timeout=30) == 0 for w in writers)

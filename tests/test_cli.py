@@ -9,9 +9,9 @@ from pathlib import Path
 
 import pytest
 
-from console.cli import main
+from console.cli.main import main
 from console.config import example_config_text
-from console.plan import STEPS
+from console.views.plan import STEPS
 
 ENTRY_POINT = Path(sys.executable).parent / "dflash-ops"
 

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 from safetensors import safe_open
 
-from console.cli import main
+from console.cli.main import main
 from tests.cli_hosts import ThreadedHosts, python_with_path, write_config
 
 

@@ -9,13 +9,13 @@ from pathlib import Path
 import pytest
 import torch
 
-from console.cli import main
-from console.tables import ratio_text
+from console.cli.main import main
+from console.views.tables import ratio_text
 from remote.drafter import save_random_drafter
+from remote.drill.synthetic import build_copying_setup, random_sequences, write_extraction
 from remote.evaluate import main as evaluate_main
 from remote.events import EventWriter
 from remote.parity import compare_dirs
-from remote.synthetic import build_copying_setup, random_sequences, write_extraction
 
 
 @pytest.fixture(scope="module")

@@ -1,5 +1,5 @@
 """`dflash-ops status` against two real SSH hosts (embedded servers), the telemetry agent reading a
-simulated GPU file, and the rehearsal server (`remote.standin`) as the service."""
+simulated GPU file, and the rehearsal server (`remote.drill.standin`) as the service."""
 
 from __future__ import annotations
 
@@ -13,8 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from console.cli import main
-from remote import simgpu
+from console.cli.main import main
+from remote.drill import simgpu
 from tests.cli_hosts import ThreadedHosts, write_config
 from tests.standin_helpers import free_port, start_standin, stop, wait_status
 
@@ -67,7 +67,7 @@ def test_snapshot_shows_links_simulated_gpus_holders_and_health(hosts: ThreadedH
         gpu0, gpu1 = _line(out, "0 SIMULATED"), _line(out, "1 SIMULATED")
         for gpu in (gpu0, gpu1):
             assert "40000 / 46068 MiB (87%)" in gpu
-            assert f"pid {worker} 40000 MiB {Path(sys.executable).name} -m remote.standin" in gpu
+            assert f"pid {worker} 40000 MiB {Path(sys.executable).name} -m remote.drill.standin" in gpu
         assert "[service]" in out  # the worker is a child of the service's main pid
         ct200 = _line(out, "ct200")
         assert "connected" in ct200 and "SIMULATED" not in ct200 and "no GPU readings" in ct200

@@ -1,5 +1,5 @@
 """Completions from a live server (remote.completions), against the real rehearsal server
-(remote.standin: the tiny target behind SGLang's endpoints) and small real HTTP servers in front of it."""
+(remote.drill.standin: the tiny target behind SGLang's endpoints) and small real HTTP servers in front of it."""
 
 from __future__ import annotations
 

@@ -12,7 +12,7 @@ import pytest
 from rich.console import Console
 
 from console.config import config_to_dict, dump_toml, example_config_text, load_config, parse_config
-from console.plan import (
+from console.views.plan import (
     STEPS,
     procedure_steps,
     render_plan,

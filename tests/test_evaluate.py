@@ -14,11 +14,11 @@ import torch
 from safetensors import safe_open
 
 from remote.drafter import load_drafter, save_random_drafter
+from remote.drill.synthetic import build_copying_setup, random_sequences, write_extraction
 from remote.evaluate import draft_topk, draft_topk_naive
 from remote.evaluate import main as evaluate_main
 from remote.events import EventWriter, WorkerError
 from remote.metrics import compute
-from remote.synthetic import build_copying_setup, random_sequences, write_extraction
 from remote.target_io import read_target_heads, save_target_heads
 from tests.fixtures_models import run_module
 

@@ -163,7 +163,7 @@ def test_decoder_layers_found_in_multimodal_tree():
     """Qwen3_5ForConditionalGeneration keeps them at model.language_model.layers, beside vision blocks."""
     from transformers import Qwen3_5Config, Qwen3_5ForConditionalGeneration
 
-    from remote.tinymodel import tiny_config
+    from remote.drill.tinymodel import tiny_config
 
     text = tiny_config(num_layers=4).to_dict()
     vision = {"depth": 6, "hidden_size": 32, "intermediate_size": 64, "num_heads": 2, "out_hidden_size": 64}
@@ -257,7 +257,7 @@ def test_device_and_memory_options_are_checked(tiny_target, tiny_completions, tm
 def test_place_weights_keeps_ties_and_reports_every_tensor():
     from transformers import Qwen3_5ForCausalLM
 
-    from remote.tinymodel import tiny_config
+    from remote.drill.tinymodel import tiny_config
     from remote.weights import model_bytes, place_weights
 
     config = tiny_config()

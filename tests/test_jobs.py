@@ -16,8 +16,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from console.hosts import Host, HostDisconnected
-from console.jobs import (
+from console.ssh.hosts import Host, HostDisconnected
+from console.ssh.jobs import (
     LOCAL_CODE,
     JobDead,
     JobHandle,
@@ -26,7 +26,7 @@ from console.jobs import (
     parse_start_ticks,
     split_events,
 )
-from console.supervisor import HostSupervisor
+from console.ssh.supervisor import HostSupervisor
 from tests.ssh_fixtures import SSHTarget
 
 
@@ -83,7 +83,7 @@ async def test_code_is_shipped_once_per_tree(ssh_target: SSHTarget, tmp_path: Pa
     runner = JobRunner(host, local_code=local)
     first = await runner.ensure_code()
     assert runner.uploaded_files > 0
-    assert (Path(first) / "remote" / "selftest.py").read_bytes() == (local / "selftest.py").read_bytes()
+    assert (Path(first) / "remote" / "drill" / "selftest.py").read_bytes() == (local / "drill" / "selftest.py").read_bytes()
     sentinel = Path(first) / "sentinel"
     sentinel.write_text("still here")
 
@@ -93,7 +93,7 @@ async def test_code_is_shipped_once_per_tree(ssh_target: SSHTarget, tmp_path: Pa
     await runner2.ensure_code()
     assert runner2.uploaded_files == 0
 
-    (local / "selftest.py").write_text((local / "selftest.py").read_text() + "\n# changed\n")
+    (local / "drill" / "selftest.py").write_text((local / "drill" / "selftest.py").read_text() + "\n# changed\n")
     changed = await runner2.ensure_code()
     assert changed != first and runner2.uploaded_files > 0
     assert not list(Path(first).parent.glob(".incoming-*"))  # no half-shipped tree left behind
@@ -105,7 +105,7 @@ async def test_selftest_runs_detached_and_reports_everything(ssh_target: SSHTarg
     echo = [f"'; rm -rf {canary}'", "$(id)", "two words", ""]
     host = await ssh_target.connect()
     runner = JobRunner(host, poll_interval=0.05, liveness_interval=0.1)
-    handle = await runner.start("selftest", ["--steps", "3", "--interval", "0.05", "--echo", *echo])
+    handle = await runner.start("drill.selftest", ["--steps", "3", "--interval", "0.05", "--echo", *echo])
     events = await collect(runner, handle)
 
     assert seqs(events) == list(range(len(events)))
@@ -127,7 +127,7 @@ async def test_selftest_runs_detached_and_reports_everything(ssh_target: SSHTarg
 async def test_a_crash_is_an_error_event_and_a_nonzero_exit(ssh_target: SSHTarget) -> None:
     host = await ssh_target.connect()
     runner = JobRunner(host, poll_interval=0.05, liveness_interval=0.1)
-    handle = await runner.start("selftest", ["--steps", "5", "--interval", "0.01", "--crash-at", "2"])
+    handle = await runner.start("drill.selftest", ["--steps", "5", "--interval", "0.01", "--crash-at", "2"])
     events = await collect(runner, handle)
     assert events[-2]["type"] == "error" and "crashed at step 2" in events[-2]["msg"]
     assert events[-1]["code"] == 1
@@ -139,7 +139,7 @@ async def test_a_crash_is_an_error_event_and_a_nonzero_exit(ssh_target: SSHTarge
 async def test_a_killed_worker_is_dead_with_its_stderr_tail(ssh_target: SSHTarget) -> None:
     host = await ssh_target.connect()
     runner = JobRunner(host, poll_interval=0.05, liveness_interval=0.1)
-    handle = await runner.start("selftest", ["--steps", "200", "--interval", "0.05",
+    handle = await runner.start("drill.selftest", ["--steps", "200", "--interval", "0.05",
                                              "--stderr", "loading shards from /models/x"])
     seen = []
     with pytest.raises(JobDead) as info:
@@ -157,7 +157,7 @@ async def test_a_killed_worker_is_dead_with_its_stderr_tail(ssh_target: SSHTarge
 async def test_a_reused_pid_is_not_taken_for_the_job(ssh_target: SSHTarget) -> None:
     host = await ssh_target.connect()
     runner = JobRunner(host)
-    handle = await runner.start("selftest", ["--steps", "100", "--interval", "0.05"])
+    handle = await runner.start("drill.selftest", ["--steps", "100", "--interval", "0.05"])
     assert handle.start_ticks is not None
     assert await runner.is_alive(handle)
     impostor = replace(handle, start_ticks=handle.start_ticks + 1)  # same pid, another process
@@ -168,8 +168,8 @@ async def test_a_reused_pid_is_not_taken_for_the_job(ssh_target: SSHTarget) -> N
 async def test_cancel_sends_term_then_kill(ssh_target: SSHTarget) -> None:
     host = await ssh_target.connect()
     runner = JobRunner(host, poll_interval=0.05, liveness_interval=0.1)
-    polite = await runner.start("selftest", ["--steps", "200", "--interval", "0.05"])
-    stubborn = await runner.start("selftest", ["--steps", "200", "--interval", "0.05", "--ignore-term"])
+    polite = await runner.start("drill.selftest", ["--steps", "200", "--interval", "0.05"])
+    stubborn = await runner.start("drill.selftest", ["--steps", "200", "--interval", "0.05", "--ignore-term"])
     await asyncio.sleep(0.5)  # both past start-up, signal handlers installed
 
     status = await runner.cancel(polite, grace=5)
@@ -184,7 +184,7 @@ async def test_cancel_sends_term_then_kill(ssh_target: SSHTarget) -> None:
 async def test_a_restarted_console_resumes_without_loss_or_repeat(ssh_target: SSHTarget) -> None:
     host = await ssh_target.connect()
     runner = JobRunner(host, poll_interval=0.05, liveness_interval=0.1)
-    handle = await runner.start("selftest", ["--steps", "6", "--interval", "0.05"])
+    handle = await runner.start("drill.selftest", ["--steps", "6", "--interval", "0.05"])
     saved_offset, before = 0, []
     async for offset, event in runner.follow(handle):
         saved_offset = offset
@@ -208,7 +208,7 @@ async def test_a_dropped_connection_loses_and_repeats_nothing(ssh_target: SSHTar
     supervisor.start()
     try:
         host = await supervisor.wait_connected(10)
-        handle = await JobRunner(host).start("selftest", ["--steps", "10", "--interval", "0.1"])
+        handle = await JobRunner(host).start("drill.selftest", ["--steps", "10", "--interval", "0.1"])
         events: list[dict] = []
         dropped = False
         async for _, event in follow_with_reconnect(supervisor, handle, poll_interval=0.05, liveness_interval=0.1,
@@ -231,7 +231,7 @@ async def test_a_dropped_connection_loses_and_repeats_nothing(ssh_target: SSHTar
 async def test_following_raises_host_disconnected_on_a_drop(ssh_target: SSHTarget) -> None:
     host = await ssh_target.connect()
     runner = JobRunner(host, poll_interval=0.05, liveness_interval=0.1)
-    handle = await runner.start("selftest", ["--steps", "20", "--interval", "0.05"])
+    handle = await runner.start("drill.selftest", ["--steps", "20", "--interval", "0.05"])
     last = 0
     with pytest.raises(HostDisconnected):
         async for offset, event in runner.follow(handle):
@@ -244,16 +244,16 @@ async def test_following_raises_host_disconnected_on_a_drop(ssh_target: SSHTarge
 
 
 def test_a_host_without_the_connection_cannot_start_jobs() -> None:
-    from console.hosts import HostSpec
+    from console.ssh.hosts import HostSpec
 
     runner = JobRunner(Host(HostSpec("h", "127.0.0.1")))
     with pytest.raises(HostDisconnected, match="h: not connected"):
-        asyncio.run(runner.start("selftest", []))
+        asyncio.run(runner.start("drill.selftest", []))
 
 
 async def test_a_worker_that_cannot_start_is_dead_with_the_reason(ssh_target: SSHTarget) -> None:
     host = await ssh_target.connect(python="/nonexistent/bin/python3")
     runner = JobRunner(host, poll_interval=0.05, liveness_interval=0.1)
-    handle = await runner.start("selftest", [])
+    handle = await runner.start("drill.selftest", [])
     with pytest.raises(JobDead, match="/nonexistent/bin/python3"):
         await collect(runner, handle)

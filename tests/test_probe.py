@@ -1,4 +1,4 @@
-"""Environment probe (remote.probe) and the side-by-side host table (console.probe_table)."""
+"""Environment probe (remote.probe) and the side-by-side host table (console.views.probe_table)."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import copy
 from rich.console import Console
 from safetensors import safe_open
 
-from console.probe_table import find_asymmetries, probe_rows, probe_table
+from console.views.probe_table import find_asymmetries, probe_rows, probe_table
 from remote import probe
 
 

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from console.cli import main
+from console.cli.main import main
 from console.config import example_config_text
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -19,11 +19,8 @@ from pathlib import Path
 import pytest
 
 from console.config import dump_toml, parse_config
-from console.embedded_ssh import EmbeddedSSHServer
-from console.hosts import Host
-from console.jobs import JobRunner
 from console.messages import ServiceHealth, StartupProgress
-from console.service import (
+from console.service.control import (
     CommandManager,
     ServiceMonitor,
     manager_from_config,
@@ -31,11 +28,14 @@ from console.service import (
     start_and_wait,
     wait_ready,
 )
-from console.sglang_api import SglangClient
-from console.supervisor import HostSupervisor
+from console.service.sglang_api import SglangClient
+from console.service.vram import end_holders, wait_vram_free
+from console.ssh.embedded_server import EmbeddedSSHServer
+from console.ssh.hosts import Host
+from console.ssh.jobs import JobRunner
+from console.ssh.supervisor import HostSupervisor
 from console.telemetry import ServiceIdentity, TelemetryStream
-from console.vram import end_holders, wait_vram_free
-from remote import simgpu
+from remote.drill import simgpu
 from tests.standin_helpers import free_port
 
 PY = sys.executable
@@ -58,7 +58,7 @@ class Rig:
         """The command manager for a standin on `port`, from a `[service]` table as an operator
         would write it (its `log` command tails the log the start command writes)."""
         pidfile, log = self.tmp / f"standin-{port}.pid", self.tmp / f"standin-{port}.log"
-        argv = [PY, "-m", "remote.standin", "--model", str(self.model), "--port", str(port),
+        argv = [PY, "-m", "remote.drill.standin", "--model", str(self.model), "--port", str(port),
                 "--gpu-file", str(self.sim), *standin_args]
         start = (f"cd {shlex.quote(self.code)} && PYTHONPATH={shlex.quote(self.code)} setsid nohup "
                  f"{shlex.join(argv)} > {log} 2>&1 < /dev/null & echo $! > {pidfile}")

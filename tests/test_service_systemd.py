@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from console.service import (
+from console.service.control import (
     ServiceError,
     SystemdManager,
     parse_startup_line,

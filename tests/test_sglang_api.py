@@ -11,8 +11,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from console.service import probe_health
-from console.sglang_api import ServerAnswerError, ServerUnreachable, SglangClient, parse_prometheus
+from console.service.control import probe_health
+from console.service.sglang_api import ServerAnswerError, ServerUnreachable, SglangClient, parse_prometheus
 
 
 class Routes:

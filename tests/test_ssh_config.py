@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from console.embedded_ssh import EmbeddedSSHServer
-from console.hosts import Host, HostSpec, UnknownHostKey
+from console.ssh.embedded_server import EmbeddedSSHServer
+from console.ssh.hosts import Host, HostSpec, UnknownHostKey
 
 
 def alias_block(alias: str, server: EmbeddedSSHServer, known_hosts: Path, extra: str = "") -> str:
@@ -62,7 +62,7 @@ async def test_config_cannot_switch_host_key_checking_off(embedded_server: Embed
 
 
 async def test_a_missing_identity_file_is_named(embedded_server: EmbeddedSSHServer, tmp_path: Path) -> None:
-    from console.hosts import HostError
+    from console.ssh.hosts import HostError
 
     host = Host(embedded_server.spec("inference", identity_file=str(tmp_path / "no_such_key")))
     with pytest.raises(HostError, match="no_such_key"):
@@ -70,7 +70,7 @@ async def test_a_missing_identity_file_is_named(embedded_server: EmbeddedSSHServ
 
 
 async def test_a_broken_ssh_config_is_named(embedded_server: EmbeddedSSHServer, tmp_path: Path) -> None:
-    from console.hosts import HostError
+    from console.ssh.hosts import HostError
 
     config = tmp_path / "ssh_config"
     config.write_text("Host gpu-box\n  Port not-a-number\n")

@@ -13,7 +13,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from console.hosts import (
+from console.ssh.hosts import (
     AuthFailed,
     CommandFailed,
     Host,
@@ -188,7 +188,7 @@ async def test_wrong_client_key_is_auth_failed(ssh_target: SSHTarget, tmp_path: 
 
 
 async def test_closed_port_is_unreachable(tmp_path: Path) -> None:
-    from console.hosts import HostSpec
+    from console.ssh.hosts import HostSpec
 
     host = Host(HostSpec("nowhere", "127.0.0.1", port=free_port(), known_hosts=str(tmp_path / "kh"),
                          ssh_config=str(tmp_path / "cfg"), connect_timeout=2))
@@ -206,7 +206,7 @@ async def test_operations_after_a_drop_raise_host_disconnected(ssh_target: SSHTa
 
 
 async def test_a_server_that_never_answers_times_out(tmp_path: Path) -> None:
-    from console.hosts import HostSpec
+    from console.ssh.hosts import HostSpec
 
     accepted: list[asyncio.StreamWriter] = []
     silent = await asyncio.start_server(lambda r, w: accepted.append(w), "127.0.0.1", 0)  # TCP up, no SSH banner

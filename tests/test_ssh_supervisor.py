@@ -5,9 +5,9 @@ from __future__ import annotations
 import asyncio
 from pathlib import Path
 
-from console.embedded_ssh import EmbeddedSSHServer
 from console.messages import HostState
-from console.supervisor import HostSupervisor
+from console.ssh.embedded_server import EmbeddedSSHServer
+from console.ssh.supervisor import HostSupervisor
 
 
 async def wait_for_status(states: list[HostState], status: str, timeout: float = 10) -> HostState:
@@ -72,7 +72,7 @@ async def test_unknown_host_key_makes_the_host_down_not_a_crash(embedded_server:
 
 
 async def test_a_host_never_reached_is_down_with_the_reason(tmp_path: Path) -> None:
-    from console.hosts import HostSpec
+    from console.ssh.hosts import HostSpec
     from tests.ssh_fixtures import free_port
 
     (tmp_path / "cfg").touch()

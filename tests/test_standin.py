@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from remote import simgpu
+from remote.drill import simgpu
 from tests.standin_helpers import free_port, start_standin, stop, wait_status
 
 
@@ -164,7 +164,7 @@ def test_a_model_directory_without_config_is_a_clear_error(tmp_path: Path):
     import subprocess
     import sys
 
-    done = subprocess.run([sys.executable, "-m", "remote.standin", "--model", str(tmp_path), "--port", "0"],
+    done = subprocess.run([sys.executable, "-m", "remote.drill.standin", "--model", str(tmp_path), "--port", "0"],
                           cwd=Path(__file__).resolve().parents[1], capture_output=True, text=True, timeout=30)
     assert done.returncode == 1
-    assert done.stderr.strip() == f"standin: --model {tmp_path}: no config.json there (build it with remote.tinymodel)"
+    assert done.stderr.strip() == f"standin: --model {tmp_path}: no config.json there (build it with remote.drill.tinymodel)"

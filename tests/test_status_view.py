@@ -7,7 +7,7 @@ from hypothesis import strategies as st
 from rich.console import Console
 
 from console.messages import ServiceHealth, ServiceStatus, ServiceView
-from console.status_view import service_lines, short_command
+from console.views.status import service_lines, short_command
 
 NOW = 1_800_000_000.0
 

@@ -7,7 +7,7 @@ from pathlib import Path
 
 from rich.console import Console
 
-from console.tables import (
+from console.views.tables import (
     acceptance_chart,
     bar,
     export_json,

@@ -14,8 +14,15 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from console.messages import EndOutcome, GpuProcess, GpuReading, TelemetrySample, VramHolder
+from console.service.vram import (
+    VramError,
+    endpids_argv,
+    find_holders,
+    parse_end_results,
+    vram_free,
+    wait_vram_free,
+)
 from console.telemetry import TelemetryStream
-from console.vram import VramError, endpids_argv, find_holders, parse_end_results, vram_free, wait_vram_free
 from remote import endpids
 from remote.gpu_source import describe_process
 

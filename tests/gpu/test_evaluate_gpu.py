@@ -13,9 +13,9 @@ import pytest
 import torch
 
 from remote.drafter import load_drafter, save_random_drafter
+from remote.drill.synthetic import build_copying_setup
 from remote.evaluate import draft_topk, draft_topk_naive, evaluate
 from remote.events import EventWriter
-from remote.synthetic import build_copying_setup
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")]
 

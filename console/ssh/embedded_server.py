@@ -22,7 +22,7 @@ from pathlib import Path
 
 import asyncssh
 
-from console.hosts import HostSpec
+from console.ssh.hosts import HostSpec
 
 
 class _HomeSFTPServer(asyncssh.SFTPServer):

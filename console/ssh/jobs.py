@@ -28,14 +28,15 @@ from typing import TYPE_CHECKING, Any, Literal
 
 import asyncssh
 
-from console.hosts import Host, HostDisconnected, HostError, tail_text
+from console.ssh.hosts import Host, HostDisconnected, HostError, tail_text
 from remote.procstat import parse_start_ticks
 
 if TYPE_CHECKING:
-    from console.supervisor import HostSupervisor
+    from console.ssh.supervisor import HostSupervisor
 
-LOCAL_CODE = Path(__file__).resolve().parent.parent / "remote"
-_WORKER_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+LOCAL_CODE = Path(__file__).resolve().parents[2] / "remote"
+_WORKER_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)?$")  # "extract", "drill.standin"
+_ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 _READ_CHUNK = 1 << 20
 _TAIL_BYTES = 4096
 
@@ -207,7 +208,7 @@ class JobRunner:
         if not _WORKER_NAME.match(worker):
             raise ValueError(f"worker name {worker!r} is not a module name")
         for name in env or {}:
-            if not _WORKER_NAME.match(name):
+            if not _ENV_NAME.match(name):
                 raise ValueError(f"environment variable name {name!r} is not valid")
         code_dir = await self.ensure_code()
         workdir = await self.workdir()

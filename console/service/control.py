@@ -7,7 +7,7 @@ Managers run their commands through a runner with `Host.run`'s shape
 - `CommandManager`: the configured start / stop / status commands (a string runs through `sh -c`,
   a list is argv). Status: exit 0 means running; if it prints a number first, that is the main pid.
   The optional log command (e.g. `tail -n +1 -F /var/log/sglang.log`) gives the start-up log.
-Health goes through the forwarded port (`console.sglang_api`): ready = /health 200 and a one-token
+Health goes through the forwarded port (`console.service.sglang_api`): ready = /health 200 and a one-token
 /generate. SGLang's start-up log lines become `StartupProgress`.
 """
 
@@ -23,7 +23,7 @@ from typing import Any, Protocol
 
 from console.config import ServiceConfig
 from console.messages import ServiceHealth, ServiceStatus, ServiceView, StartupProgress
-from console.sglang_api import ServerAnswerError, ServerUnreachable, SglangClient, server_summary
+from console.service.sglang_api import ServerAnswerError, ServerUnreachable, SglangClient, server_summary
 from console.tasks import cancel_and_wait
 from console.telemetry import ServiceIdentity
 

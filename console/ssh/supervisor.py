@@ -14,8 +14,8 @@ import logging
 import time
 from collections.abc import Callable
 
-from console.hosts import AuthFailed, Host, HostError, HostSpec, UnknownHostKey
 from console.messages import HostState, HostStatus
+from console.ssh.hosts import AuthFailed, Host, HostError, HostSpec, UnknownHostKey
 from console.tasks import cancel_and_wait
 
 log = logging.getLogger(__name__)

@@ -1,11 +1,11 @@
-"""From the config's `[hosts.<name>]` tables to the `HostSpec`s that `console.hosts` connects with."""
+"""From the config's `[hosts.<name>]` tables to the `HostSpec`s that `console.ssh.hosts` connects with."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
 from console.config import Config
-from console.hosts import HostSpec
+from console.ssh.hosts import HostSpec
 
 
 def _local_path(value: str | None, base: Path) -> str | None:

@@ -2,7 +2,7 @@
 
 Each host is reached over SSH, gets the worker code (`JobRunner.ensure_code`), and runs the probe as
 a job (on the target host with the target's model path, so its size is in the table). The hosts'
-environments are then printed as one table with the asymmetries flagged (`console.probe_table`).
+environments are then printed as one table with the asymmetries flagged (`console.views.probe_table`).
 Exit status 1 when a probe failed or a kernel asymmetry was found (the story's bug: causal-conv1d
 missing on one host only), else 0. Progress goes to stderr, the table to stdout.
 """
@@ -21,10 +21,10 @@ from rich.console import Console
 from rich.text import Text
 
 from console.config import Config, load_config
-from console.host_specs import host_spec, probe_python
-from console.hosts import Host, HostError, tail_text
-from console.jobs import JobHandle, JobRunner
-from console.probe_table import Asymmetry, find_asymmetries, probe_table
+from console.ssh.host_specs import host_spec, probe_python
+from console.ssh.hosts import Host, HostError, tail_text
+from console.ssh.jobs import JobHandle, JobRunner
+from console.views.probe_table import Asymmetry, find_asymmetries, probe_table
 from remote.artifacts import write_json_atomic
 
 PROBES_FORMAT = "dflash-ops.probes/1"

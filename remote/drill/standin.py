@@ -1,10 +1,10 @@
 """The rehearsal server: a small real model behind SGLang's HTTP endpoints, for the drill and tests.
 
-    python -m remote.standin --model DIR --port N [--host 127.0.0.1] [--load-delay S]
+    python -m remote.drill.standin --model DIR --port N [--host 127.0.0.1] [--load-delay S]
         [--gpu-file F --gpu-mib M [--release-after S | --hold-until-killed] [--stubborn-holder]]
         [--served-name NAME] [--metrics] [--flap-health]
 
-It serves the tiny target (`remote.tinymodel`) with transformers on CPU, greedy:
+It serves the tiny target (`remote.drill.tinymodel`) with transformers on CPU, greedy:
   GET  /health, /health_generate   503 while loading, 200 once the model answers
   GET  /model_info (/get_model_info), /server_info (/get_server_info), /v1/models
   POST /generate                   `input_ids` or `text` in; `text`, `output_ids`, `meta_info` out
@@ -13,7 +13,7 @@ It serves the tiny target (`remote.tinymodel`) with transformers on CPU, greedy:
 and logs SGLang's start-up lines ("Load weight begin", shard progress, "Load weight end. elapsed=...",
 "The server is fired up and ready to roll!") on stdout.
 
-Simulated GPU memory (`--gpu-file`, see `remote.simgpu`): like SGLang, whose scheduler subprocess holds
+Simulated GPU memory (`--gpu-file`, see `remote.drill.simgpu`): like SGLang, whose scheduler subprocess holds
 the GPU memory, the server starts a child "GPU worker" that records `--gpu-mib` on every simulated GPU
 under its own pid. When the server stops (SIGTERM, or killed) the worker sees its pipe close and
 releases the memory `--release-after` seconds later, or with `--hold-until-killed` keeps it until
@@ -36,7 +36,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
-from remote import simgpu
+from remote.drill import simgpu
 
 VERSION = "0.5.23-standin"
 DEFAULT_MAX_NEW_TOKENS = 128
@@ -93,7 +93,7 @@ class Server:
         self.model_path = Path(args.model)
         config_file = self.model_path / "config.json"
         if not config_file.is_file():
-            raise SystemExit(f"standin: --model {args.model}: no config.json there (build it with remote.tinymodel)")
+            raise SystemExit(f"standin: --model {args.model}: no config.json there (build it with remote.drill.tinymodel)")
         self.config = json.loads(config_file.read_text())
         self.served_name = args.served_name or str(self.model_path)
         self.model: Model | None = None
@@ -113,7 +113,7 @@ class Server:
         args = self.args
         if not args.gpu_file:
             return
-        argv = [sys.executable, "-m", "remote.standin", "--gpu-worker", "--gpu-file", args.gpu_file,
+        argv = [sys.executable, "-m", "remote.drill.standin", "--gpu-worker", "--gpu-file", args.gpu_file,
                 "--gpu-mib", str(args.gpu_mib), "--release-after", str(args.release_after)]
         if args.hold_until_killed:
             argv.append("--hold-until-killed")
@@ -358,12 +358,12 @@ def run_gpu_worker(args: argparse.Namespace) -> int:
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(prog="python -m remote.standin", description=__doc__.splitlines()[0])
-    parser.add_argument("--model", help="the tiny target's directory (remote.tinymodel)")
+    parser = argparse.ArgumentParser(prog="python -m remote.drill.standin", description=__doc__.splitlines()[0])
+    parser.add_argument("--model", help="the tiny target's directory (remote.drill.tinymodel)")
     parser.add_argument("--port", type=int)
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--load-delay", type=float, default=0.0, help="seconds of simulated weight loading")
-    parser.add_argument("--gpu-file", help="the simulated GPU file to fill while up (remote.simgpu)")
+    parser.add_argument("--gpu-file", help="the simulated GPU file to fill while up (remote.drill.simgpu)")
     parser.add_argument("--gpu-mib", type=int, default=40000, help="MiB held on each simulated GPU")
     parser.add_argument("--release-after", type=float, default=2.0, help="seconds after a stop until memory is free")
     parser.add_argument("--hold-until-killed", action="store_true", help="never release until the holder is killed")

@@ -55,7 +55,7 @@ def cmd_config_check(args: argparse.Namespace) -> int:
     """Validate the config and print the resolved plan."""
     from rich.console import Console
 
-    from console.plan import render_plan
+    from console.views.plan import render_plan
 
     config = load_config(args.config)
     console = Console()
@@ -90,19 +90,19 @@ def _add_config_option(parser: argparse.ArgumentParser) -> None:
 
 
 def _cmd_probe(args: argparse.Namespace) -> int:
-    from console import cmd_probe
+    from console.cli import probe as cmd_probe
 
     return cmd_probe.run(args)
 
 
 def _cmd_status(args: argparse.Namespace) -> int:
-    from console import cmd_status
+    from console.cli import status as cmd_status
 
     return cmd_status.run(args)
 
 
 def _cmd_report(args: argparse.Namespace) -> int:
-    from console import cmd_report
+    from console.cli import report as cmd_report
 
     return cmd_report.run(args)
 

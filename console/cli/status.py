@@ -4,7 +4,7 @@ Read-only: it connects (one supervisor per host), streams the telemetry agent, a
 manager for its state and the server for its health through a forwarded port. It never stops or
 starts anything (it does ship the worker code, which the agent needs, into the host's workdir).
 
-A drill host whose workdir holds `simulated-gpu.json` (`remote.simgpu`) is read through that file and
+A drill host whose workdir holds `simulated-gpu.json` (`remote.drill.simgpu`) is read through that file and
 shown SIMULATED. One snapshot by default (exit 0 when every host is connected and the service is
 ready, else 1); `--watch` redraws every second until Ctrl-C.
 """
@@ -21,15 +21,15 @@ from rich.console import Console, RenderableType
 from rich.live import Live
 
 from console.config import Config, load_config
-from console.host_specs import host_spec
-from console.hosts import Host, HostError
-from console.jobs import JobRunner
 from console.messages import HostState, ServiceView, TelemetryUpdate
-from console.service import ServiceMonitor, manager_from_config, service_identity
-from console.sglang_api import SglangClient
-from console.status_view import status_view
-from console.supervisor import HostSupervisor
+from console.service.control import ServiceMonitor, manager_from_config, service_identity
+from console.service.sglang_api import SglangClient
+from console.ssh.host_specs import host_spec
+from console.ssh.hosts import Host, HostError
+from console.ssh.jobs import JobRunner
+from console.ssh.supervisor import HostSupervisor
 from console.telemetry import TelemetryStream
+from console.views.status import status_view
 
 SIMULATED_GPU_FILE = "simulated-gpu.json"  # in a host's workdir: the host is a drill host
 FIRST_SAMPLE_WAIT_S = 15.0  # the first agent start may ship the worker code first

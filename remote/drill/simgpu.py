@@ -1,6 +1,6 @@
 """The simulated GPU memory of a drill host: one JSON file, shared by its writers and the agent.
 
-Drill hosts have no GPU, so the rehearsal server (`remote.standin`) "allocates" memory by writing
+Drill hosts have no GPU, so the rehearsal server (`remote.drill.standin`) "allocates" memory by writing
 an entry under its holder's pid into this file, and the telemetry agent (`remote.agent --simulate`)
 reads it as if it were NVML. File shape:
 

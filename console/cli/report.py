@@ -16,9 +16,9 @@ from typing import Any
 from rich.console import Console
 from rich.text import Text
 
-from console.cli import UsageError
-from console.cmd_probe import PROBES_FILE
-from console.tables import (
+from console.cli.main import UsageError
+from console.cli.probe import PROBES_FILE
+from console.views.tables import (
     acceptance_chart,
     export_json,
     export_markdown,

@@ -1,6 +1,6 @@
 """A small worker that exercises the job machinery: sleeps, reports progress, crashes on request.
 
-    python -m remote.selftest --steps N --interval S [--crash-at K] [--echo ARG ...]
+    python -m remote.drill.selftest --steps N --interval S [--crash-at K] [--echo ARG ...]
 
 Emits a `phase`, one `progress` and one `log` per step, then a `result` holding the echoed
 arguments exactly as received (so tests can check that quoting kept each one literal). With
@@ -21,7 +21,7 @@ from remote.events import EventWriter, run_worker
 
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(prog="python -m remote.selftest", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog="python -m remote.drill.selftest", description=__doc__.splitlines()[0])
     parser.add_argument("--steps", type=int, default=3, help="number of steps")
     parser.add_argument("--interval", type=float, default=0.1, help="seconds to sleep per step")
     parser.add_argument("--crash-at", type=int, default=None, help="raise an exception at this step")

@@ -5,7 +5,7 @@ config is KERNELS.md's CPU test config (3 Gated DeltaNet layers + 1 full-attenti
 the tokenizer a byte-level BPE trained here with `tokenizers` on the shipped prompts and a little
 code, saved as a `PreTrainedTokenizerFast` with a Qwen-style chat template.
 
-    python -m remote.tinymodel OUT_DIR [--layers 4] [--seed 0]
+    python -m remote.drill.tinymodel OUT_DIR [--layers 4] [--seed 0]
 """
 
 from __future__ import annotations
@@ -69,7 +69,7 @@ from typing import Optional, List, Dict
 
 def _corpus() -> list[str]:
     texts = [_CODE_CORPUS]
-    prompts = Path(__file__).with_name("data") / "prompts.jsonl"
+    prompts = Path(__file__).resolve().parents[1] / "data" / "prompts.jsonl"
     if prompts.is_file():
         for line in prompts.read_text().splitlines():
             if line.strip():
