@@ -180,3 +180,125 @@ class EndOutcome:
     outcome: str  # "gone" | "terminated" | "killed" | "survived" | "not_permitted" | "replaced"
     detail: str
     after_s: float = 0.0
+
+
+# --- The window engine (console/procedure/) --------------------------------------------------------
+
+StepStatus = Literal["pending", "running", "done", "skipped", "failed", "refused", "left-out", "cancelled"]
+
+
+@dataclass(frozen=True)
+class PlannedStep:
+    """One step of a chosen plan: whether it will act, and why (left out, or already satisfied)."""
+
+    name: str
+    acts: bool
+    why: str
+    host: str | None = None
+    argv: tuple[str, ...] = ()  # the literal command it runs on `host`, when it runs one
+    estimate_s: float | None = None  # from earlier runs of this step
+
+
+@dataclass(frozen=True)
+class PlanReady:
+    """The plan chosen at preflight (or read back on resume)."""
+
+    run_id: str
+    route: str  # "window" | "zero-downtime"
+    steps: tuple[PlannedStep, ...]
+
+
+@dataclass(frozen=True)
+class StepUpdate:
+    """A step changed status. `detail` says why a step was skipped, refused or failed."""
+
+    run_id: str
+    step: str
+    status: StepStatus
+    started_at: float | None = None
+    ended_at: float | None = None
+    detail: str | None = None
+
+    @property
+    def duration_s(self) -> float | None:
+        if self.started_at is None or self.ended_at is None:
+            return None
+        return self.ended_at - self.started_at
+
+
+@dataclass(frozen=True)
+class Confirmation:
+    """What the engine asks before it changes a host: the literal argv exactly as it will run."""
+
+    step: str
+    action: str  # in the operator's words: "stop the service", "end 1 process holding VRAM"
+    host: str
+    argv: tuple[str, ...]
+    impact: str  # "SGLang on ct129 goes down; earlier windows took 94 s"
+    destructive: bool
+    estimate_s: float | None = None  # expected downtime or duration, from earlier runs
+
+
+@dataclass(frozen=True)
+class DecisionMade:
+    """The answer to a `Confirmation` (journalled)."""
+
+    confirmation: Confirmation
+    approved: bool
+    by: str  # "--yes", "terminal", "tui", "continue"
+
+
+@dataclass(frozen=True)
+class HoldersFound:
+    """After the stop, processes still hold VRAM on the service's GPUs (the holders modal)."""
+
+    host: str
+    holders: tuple[VramHolder, ...]
+    used: str  # "GPU0 40000 MiB, GPU1 40000 MiB"
+    threshold_mib: int
+
+
+@dataclass(frozen=True)
+class Downtime:
+    """Whether the service is down because of this run, and since when (every view shows it)."""
+
+    run_id: str
+    down_since: float | None  # unix time of the stop; None: up (or never stopped by us)
+    restarted_at: float | None = None
+
+
+@dataclass(frozen=True)
+class JournalEntry:
+    """One line of a run's journal.jsonl (also published, for the event log)."""
+
+    t: float
+    run_id: str
+    step: str | None
+    message: str
+    host: str | None = None
+    user: str | None = None
+    decision: str | None = None
+    argv: tuple[str, ...] | None = None
+    exit: int | None = None
+    duration_s: float | None = None
+    level: str = "info"  # "info" | "warning" | "error"
+
+
+@dataclass(frozen=True)
+class RunFinished:
+    """The run ended: `exit_code` 0 done, 1 failed with the service up, 3 failed with it down."""
+
+    run_id: str
+    status: str  # "done" | "failed" | "refused" | "cancelled"
+    exit_code: int
+    service_up: bool
+    message: str
+    run_dir: str
+
+
+@dataclass(frozen=True)
+class ResultsReady:
+    """The evaluation's results were fetched into the run directory."""
+
+    run_id: str
+    run_dir: str
