@@ -390,7 +390,13 @@ def release_gpu(model: Any) -> None:
     import torch
 
     for tensor in itertools.chain(model.parameters(), model.buffers()):
-        tensor.data = torch.empty(0, dtype=tensor.dtype)
+        if tensor.device.type == "meta":
+            # Offloaded by accelerate (`--device-map auto` with cpu entries: the values live in its
+            # hooks' weights map, in host RAM) or never materialised: no GPU memory to free, and a
+            # meta tensor cannot take a real one as its data ("incompatible tensor type").
+            continue
+        # An empty tensor on the same device: always a compatible type, and it allocates nothing.
+        tensor.data = torch.empty(0, dtype=tensor.dtype, device=tensor.device)
     if torch.cuda.is_available():
         torch.cuda.synchronize()
         torch.cuda.empty_cache()

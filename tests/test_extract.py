@@ -366,3 +366,30 @@ def test_host_buffer_reservation_covers_every_size_class(tokens):
     assert collections.Counter(reserved) == {size: min(n, 4) for size, n in wanted.items()}
     assert total == sum(reserved)
     assert extract.host_bytes(1500, 6, 2048)[0] == 1500 * 6 * 2048 * 2  # bf16 hidden
+
+
+def test_release_skips_offloaded_and_meta_weights(tiny_target):
+    """`--device-map auto` with cpu entries: accelerate's `dispatch_model` leaves the offloaded layers'
+    parameters on the meta device (their values live in its hooks' weights map, in host RAM), and
+    `tensor.data = <cpu tensor>` on a meta parameter raises "incompatible tensor type" (the GPU
+    regression of test_split_gpu_and_cpu_matches_one_gpu). The worker's own sequence, on CPU: place,
+    dispatch with offload, forward, release."""
+    from accelerate import dispatch_model
+    from transformers import AutoModelForCausalLM
+
+    from remote.weights import place_weights
+
+    model = AutoModelForCausalLM.from_pretrained(tiny_target, dtype=torch.bfloat16, device_map="cpu").eval()
+    _, layers = find_decoder_layers(model)
+    main = torch.device("cpu")  # accelerate offloads the "cpu" entries whenever the main device is not "cpu"
+    device_map = {"model.embed_tokens": main, "model.rotary_emb": main, "model.layers.0": main,
+                  "model.layers.1": "cpu", "model.layers.2": "cpu", "model.layers.3": "cpu",
+                  "model.norm": main, "lm_head": main}
+    place_weights(model, device_map)
+    model = dispatch_model(model, device_map=device_map, main_device=main)
+    assert {p.device.type for p in layers[2].parameters()} == {"meta"}
+    before = extract.forward_one(model, layers, [0, 2], list(range(1, 30))).wait()["hidden"]
+    extract.release_gpu(model)
+    kept = [t for t in list(model.parameters()) + list(model.buffers()) if t.device.type != "meta"]
+    assert kept and all(t.numel() == 0 for t in kept)
+    assert before.shape == (29, 2, 64)
