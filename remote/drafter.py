@@ -13,6 +13,12 @@ The forward is written with plain tensor ops over a dict of weights, in two form
   tests and the benchmark compare against).
 
     python -m remote.drafter random OUT_DIR --hidden 64 --layer-ids 1,3 --target-layers 4 ...
+    python -m remote.drafter --provenance NAME=DIR [--provenance ...] [--states DIR] [--target DIR]
+        [--layers-override NAME=1,2,3] [--no-weights] [--allow-unsound]
+
+The provenance worker (`provenance_main`, through remote.events) checks each checkpoint field by
+field, its weights for shape and finiteness, its layers against the extraction, and emits a result
+event {"drafters": {name: provenance dict}, "states": DIR, "states_layers": [...]}.
 """
 
 from __future__ import annotations
@@ -28,7 +34,8 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from remote.layers import default_target_layers
+from remote.layers import LayerIdsError, default_target_layers, missing_layer_ids_message  # noqa: F401
+from remote.layers import parse_layer_ids as _parse_layer_ids
 from remote.weights import safetensors_files
 
 ARCHITECTURE = "DFlashDraftModel"
@@ -36,6 +43,14 @@ ARCHITECTURE = "DFlashDraftModel"
 
 class DrafterError(ValueError):
     """A drafter checkpoint that cannot be used as it is; the message names what and where."""
+
+
+def parse_layer_ids(value: Any, label: str, where: str) -> list[int]:
+    """Distinct non-negative integer layer ids (`remote.layers.parse_layer_ids`), as a DrafterError."""
+    try:
+        return _parse_layer_ids(value, label, where)
+    except LayerIdsError as exc:
+        raise DrafterError(str(exc)) from exc
 
 
 @dataclass(frozen=True)
@@ -62,26 +77,21 @@ class DrafterSpec:
     input_embedding_scale: float = 1.0
     output_multiplier: float = 1.0
     logit_softcap: float | None = None
+    layers_source: str = "config"  # "config" or "override" (the console's [[drafters]] layers)
+    config_layer_ids: list[int] | None = None  # what config.json says, whatever the override
 
     def facts(self) -> dict[str, Any]:
         """The facts a results table shows about the drafter."""
         return {
             "layers": list(self.target_layer_ids),
+            "layers_source": self.layers_source,
+            "config_layer_ids": self.config_layer_ids,
             "block_size": self.block_size,
             "fc_width": self.fc_layers,
             "num_hidden_layers": self.num_layers,
             "hidden_size": self.hidden_size,
             "mask_token_id": self.mask_token_id,
         }
-
-
-def _draft_value(config: dict[str, Any], name: str, default: Any = None) -> Any:
-    # z-lab reads dflash_config first, then the top level (model.py `_draft_value`).
-    sub = config.get("dflash_config") or {}
-    if name in sub and sub[name] is not None:
-        return sub[name]
-    value = config.get(name)
-    return default if value is None else value
 
 
 def read_weights(path: Path) -> dict[str, torch.Tensor]:
@@ -127,117 +137,208 @@ def _expected_shapes(spec: DrafterSpec) -> dict[str, tuple[int, ...]]:
     return shapes
 
 
-def _rope_theta(config: dict[str, Any], where: Path) -> float:
-    params = config.get("rope_parameters") or config.get("rope_scaling") or {}
-    rope_type = params.get("rope_type") or params.get("type") or "default"
-    if rope_type != "default":
-        raise DrafterError(f"{where}: rope_type {rope_type!r} is not supported (only default RoPE)")
-    theta = config.get("rope_theta", params.get("rope_theta"))
-    if theta is None:
-        raise DrafterError(f"{where}: no rope_theta (top level or rope_parameters)")
-    return float(theta)
+_MISSING = object()
 
 
-def read_spec(path: str | os.PathLike, fc_shape: tuple[int, ...] | None = None, partial: bool = False) -> DrafterSpec:
-    """Read and check a drafter's config.json; `fc_shape` (from the weights) gives the fc width.
+def _is_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
 
-    `partial` checks the config alone (before the weights are read): layer ids that only the fc
-    width could give are left empty then.
+
+def _is_number(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+
+
+class _Fields:
+    """Typed, ranged reads of a drafter config.json; every failure is one line naming the file, the
+    field, what was expected and what was found."""
+
+    def __init__(self, config: dict[str, Any], cfg_path: Path):
+        self.config, self.cfg_path = config, cfg_path
+        sub = config.get("dflash_config")
+        if sub is not None and not isinstance(sub, dict):
+            raise self.bad("dflash_config", "an object", sub)
+        self.sub = sub or {}
+
+    def bad(self, label: str, expected: str, found: Any) -> DrafterError:
+        shown = json.dumps(found) if not isinstance(found, str) else repr(found)
+        if len(shown) > 80:
+            shown = shown[:77] + "..."
+        return DrafterError(f"{self.cfg_path}: field {label!r}: expected {expected}, found {shown}")
+
+    def raw(self, name: str, draft: bool = False) -> tuple[Any, str]:
+        # z-lab reads dflash_config first, then the top level (model.py `_draft_value`).
+        if draft and self.sub.get(name) is not None:
+            return self.sub[name], f"dflash_config.{name}"
+        return self.config.get(name), name
+
+    def _missing(self, label: str, expected: str, default: Any) -> Any:
+        if default is _MISSING:
+            raise DrafterError(f"{self.cfg_path}: missing field {label!r} (expected {expected})")
+        return default
+
+    def int(self, name: str, lo: int | None = None, hi: int | None = None, default: Any = _MISSING,
+            draft: bool = False) -> Any:
+        value, label = self.raw(name, draft)
+        expected = "an integer" + (f" >= {lo}" if lo is not None else "") + (f" and < {hi}" if hi is not None else "")
+        if value is None:
+            return self._missing(label, expected, default)
+        if not _is_int(value) or (lo is not None and value < lo) or (hi is not None and value >= hi):
+            raise self.bad(label, expected, value)
+        return value
+
+    def number(self, name: str, positive: bool = False, non_negative: bool = False, default: Any = _MISSING,
+               draft: bool = False, extra: dict[str, Any] | None = None) -> Any:
+        value, label = self.raw(name, draft)
+        if value is None and extra is not None:
+            value, label = extra.get(name), f"rope_parameters.{name}"
+        expected = "a finite number" + (" > 0" if positive else " >= 0" if non_negative else "")
+        if value is None:
+            return self._missing(label, expected, default)
+        if not _is_number(value) or (positive and value <= 0) or (non_negative and value < 0):
+            raise self.bad(label, expected, value)
+        return float(value)
+
+
+def read_spec(path: str | os.PathLike, fc_shape: tuple[int, ...] | None = None, partial: bool = False,
+              layers_override: list[int] | None = None) -> DrafterSpec:
+    """Read and check a drafter's config.json field by field; `fc_shape` (from the weights) gives the
+    fc width, checked against the layer ids.
+
+    `target_layer_ids` is required (z-lab/dflash PR #157); `layers_override` (the console's
+    `[[drafters]] layers`) replaces it explicitly and the spec says so (`layers_source`).
+    `partial` is accepted for callers that check the config alone before the weights are read.
     """
+    del partial  # the ids are required now, so the config alone always names them
     path = Path(path)
     cfg_path = path / "config.json"
     if not cfg_path.is_file():
         raise DrafterError(f"{path}: no config.json (not a DFlash drafter checkpoint)")
     try:
         config = json.loads(cfg_path.read_text())
-    except ValueError as exc:
+    except (ValueError, UnicodeDecodeError) as exc:
         raise DrafterError(f"{cfg_path}: invalid JSON ({exc})") from exc
+    if not isinstance(config, dict):
+        raise DrafterError(f"{cfg_path}: expected a JSON object, found {type(config).__name__}")
     archs = config.get("architectures") or []
-    if ARCHITECTURE not in archs:
-        raise DrafterError(f"{cfg_path}: architectures is {archs}, expected [{ARCHITECTURE!r}]")
+    if not isinstance(archs, list) or ARCHITECTURE not in archs:
+        raise DrafterError(f"{cfg_path}: field 'architectures': expected [{ARCHITECTURE!r}], found {archs}")
+    f = _Fields(config, cfg_path)
 
-    def need(name: str) -> Any:
-        value = config.get(name)
-        if value is None:
-            raise DrafterError(f"{cfg_path}: missing field {name!r}")
-        return value
-
-    hidden = int(need("hidden_size"))
-    num_heads = int(need("num_attention_heads"))
-    head_dim = int(config.get("head_dim") or hidden // num_heads)
+    hidden = f.int("hidden_size", lo=1)
+    num_heads = f.int("num_attention_heads", lo=1)
+    num_kv_heads = f.int("num_key_value_heads", lo=1, default=num_heads)
+    if num_heads % num_kv_heads:
+        raise DrafterError(f"{cfg_path}: field 'num_key_value_heads': expected a divisor of num_attention_heads "
+                           f"{num_heads}, found {num_kv_heads}")
+    head_dim = f.int("head_dim", lo=2, default=None)
+    if head_dim is None:
+        if hidden % num_heads:
+            raise DrafterError(f"{cfg_path}: field 'head_dim': missing, and hidden_size {hidden} is not a multiple "
+                               f"of num_attention_heads {num_heads} to derive it from")
+        head_dim = hidden // num_heads
+    if head_dim % 2:
+        raise f.bad("head_dim", "an even integer (RoPE rotates pairs)", head_dim)
     act = config.get("hidden_act", "silu")
     if act != "silu":
         raise DrafterError(f"{cfg_path}: hidden_act {act!r} is not supported (silu only)")
-    num_layers = int(need("num_hidden_layers"))
-    mask_token_id = _draft_value(config, "mask_token_id")
-    if mask_token_id is None:
+    num_layers = f.int("num_hidden_layers", lo=1)
+    intermediate = f.int("intermediate_size", lo=1)
+    vocab_size = f.int("vocab_size", lo=1, default=None)
+    block_size = f.int("block_size", lo=2, draft=True)
+    mask_value, _ = f.raw("mask_token_id", draft=True)
+    if mask_value is None:
         raise DrafterError(f"{cfg_path}: no mask_token_id (dflash_config or top level)")
-    num_target_layers = _draft_value(config, "num_target_layers")
-    layer_ids = _draft_value(config, "target_layer_ids")
+    mask_token_id = f.int("mask_token_id", lo=0, hi=vocab_size, draft=True)
+    num_target_layers = f.int("num_target_layers", lo=1, default=None, draft=True)
+    eps = f.number("rms_norm_eps", positive=True, default=1e-6)
+    rope_theta = _rope_theta(config, cfg_path, f)
 
+    fc_layers: int | None = None
     if fc_shape is not None:
-        if len(fc_shape) != 2 or fc_shape[0] != hidden or fc_shape[1] % hidden:
+        if len(fc_shape) != 2 or fc_shape[0] != hidden or fc_shape[1] % hidden or fc_shape[1] == 0:
             raise DrafterError(
                 f"{path}: fc.weight has shape {list(fc_shape)}, expected [{hidden}, n*{hidden}] (hidden_size {hidden})"
             )
         fc_layers = fc_shape[1] // hidden
-    elif layer_ids is not None:
+    raw_ids, ids_label = f.raw("target_layer_ids", draft=True)
+    config_ids = None if raw_ids is None else parse_layer_ids(raw_ids, ids_label, str(cfg_path))
+    if layers_override is not None:
+        layer_ids = parse_layer_ids(list(layers_override), "layers override", str(path))
+        source = "override"
+        what = f"the layers override names {len(layer_ids)}: {layer_ids} (config.json has {config_ids})"
+    elif config_ids is not None:
+        layer_ids, source, what = config_ids, "config", f"{ids_label} names {len(config_ids)}: {config_ids}"
+    else:
+        raise DrafterError(missing_layer_ids_message(cfg_path, num_target_layers, num_layers, fc_layers))
+    if num_target_layers is not None:
+        beyond = [k for k in layer_ids if k >= num_target_layers]
+        if beyond:
+            raise DrafterError(f"{cfg_path}: target layer ids {beyond} ({source}) are beyond num_target_layers "
+                               f"{num_target_layers} (layers 0..{num_target_layers - 1})")
+    if fc_layers is None:
         fc_layers = len(layer_ids)
-    elif partial:
-        fc_layers, layer_ids = 0, []
-    else:
-        raise DrafterError(f"{cfg_path}: no target_layer_ids and no fc.weight to infer them from")
-    if layer_ids is None:
-        if num_target_layers is None:
-            raise DrafterError(f"{cfg_path}: neither target_layer_ids nor num_target_layers is set")
-        # z-lab's default counts one target layer per drafter layer (not the fc width), so that a
-        # checkpoint whose fc disagrees is caught by the width check below, not silently followed.
-        layer_ids = default_target_layers(int(num_target_layers), num_layers)
-        source = f"target_layer_ids (not in config.json: the default for {num_layers} drafter layers)"
-    else:
-        source = "target_layer_ids"
-    layer_ids = [int(k) for k in layer_ids]
     if len(layer_ids) != fc_layers:
         raise DrafterError(
             f"{path}: fc.weight takes {fc_layers} target layers ([{hidden}, {fc_layers}*{hidden}]) "
-            f"but {source} names {len(layer_ids)}: {layer_ids}"
+            f"but {what}"
         )
 
-    layer_types = config.get("layer_types") or ["full_attention"] * num_layers
+    layer_types = config.get("layer_types")
+    if layer_types is None:
+        layer_types = ["full_attention"] * num_layers
+    if not isinstance(layer_types, list) or len(layer_types) != num_layers:
+        raise f.bad("layer_types", f"a list of {num_layers} layer types (one per num_hidden_layers)", layer_types)
     is_causal = config.get("is_causal")
+    if is_causal is not None and not isinstance(is_causal, bool):
+        raise f.bad("is_causal", "true, false or null", is_causal)
     windows: list[int | None] = []
     causal: list[bool] = []
-    for kind in layer_types[:num_layers]:
-        sliding = kind == "sliding_attention"
+    for i, kind in enumerate(layer_types):
         if kind not in ("full_attention", "sliding_attention"):
-            raise DrafterError(f"{cfg_path}: layer type {kind!r} is not supported")
-        windows.append(int(config["sliding_window"]) if sliding else None)
+            raise f.bad(f"layer_types[{i}]", "'full_attention' or 'sliding_attention'", kind)
+        sliding = kind == "sliding_attention"
+        windows.append(f.int("sliding_window", lo=1) if sliding else None)
         # z-lab: a layer is causal iff it slides, unless is_causal says otherwise.
-        causal.append(sliding if is_causal is None else bool(is_causal))
+        causal.append(sliding if is_causal is None else is_causal)
 
-    softcap = _draft_value(config, "final_logit_softcapping")
+    softcap = f.number("final_logit_softcapping", non_negative=True, default=None, draft=True)
     return DrafterSpec(
         path=str(path),
         hidden_size=hidden,
         num_layers=num_layers,
         num_heads=num_heads,
-        num_kv_heads=int(config.get("num_key_value_heads") or num_heads),
+        num_kv_heads=num_kv_heads,
         head_dim=head_dim,
-        intermediate_size=int(need("intermediate_size")),
-        rms_norm_eps=float(config.get("rms_norm_eps", 1e-6)),
-        rope_theta=_rope_theta(config, cfg_path),
-        block_size=int(_draft_value(config, "block_size", 16)),
-        mask_token_id=int(mask_token_id),
+        intermediate_size=intermediate,
+        rms_norm_eps=eps,
+        rope_theta=rope_theta,
+        block_size=block_size,
+        mask_token_id=mask_token_id,
         target_layer_ids=layer_ids,
-        num_target_layers=None if num_target_layers is None else int(num_target_layers),
+        num_target_layers=num_target_layers,
         fc_layers=fc_layers,
-        vocab_size=config.get("vocab_size"),
+        vocab_size=vocab_size,
         layer_windows=windows,
         layer_causal=causal,
-        input_embedding_scale=float(_draft_value(config, "input_embedding_scale", 1.0)),
-        output_multiplier=float(_draft_value(config, "output_multiplier", 1.0)),
-        logit_softcap=None if softcap is None or float(softcap) <= 0 else float(softcap),
+        input_embedding_scale=f.number("input_embedding_scale", default=1.0, draft=True),
+        output_multiplier=f.number("output_multiplier", default=1.0, draft=True),
+        logit_softcap=None if softcap is None or softcap <= 0 else softcap,
+        layers_source=source,
+        config_layer_ids=config_ids,
     )
+
+
+def _rope_theta(config: dict[str, Any], where: Path, f: _Fields) -> float:
+    params = config.get("rope_parameters") or config.get("rope_scaling") or {}
+    if not isinstance(params, dict):
+        raise f.bad("rope_parameters", "an object", params)
+    rope_type = params.get("rope_type") or params.get("type") or "default"
+    if rope_type != "default":
+        raise DrafterError(f"{where}: rope_type {rope_type!r} is not supported (only default RoPE)")
+    value, _ = f.raw("rope_theta")
+    if value is None and params.get("rope_theta") is None:
+        raise DrafterError(f"{where}: no rope_theta (top level or rope_parameters)")
+    return f.number("rope_theta", positive=True, extra=params)
 
 
 def check_against_cache(spec: DrafterSpec, cached_layers: list[int], hidden_size: int, name: str) -> None:
@@ -425,17 +526,9 @@ class Drafter:
         return logits
 
 
-def load_drafter(path: str | os.PathLike, device: torch.device | str = "cpu",
-                 dtype: torch.dtype = torch.float32) -> Drafter:
-    """Load and validate a z-lab format drafter checkpoint; raise DrafterError naming the problem."""
-    path = Path(path)
-    if not path.is_dir():
-        raise DrafterError(f"{path}: not a directory")
-    read_spec(path, partial=True)  # config errors first, before reading weights
-    weights = read_weights(path)
-    if "fc.weight" not in weights:
-        raise DrafterError(f"{path}: no fc.weight in the checkpoint")
-    spec = read_spec(path, tuple(weights["fc.weight"].shape))
+def check_weights(path: Path, spec: DrafterSpec, weights: dict[str, torch.Tensor]) -> None:
+    """Every tensor the forward uses present, of its shape, floating point and finite; else DrafterError
+    naming the tensor."""
     expected = _expected_shapes(spec)
     missing = [name for name in expected if name not in weights]
     if missing:
@@ -445,10 +538,209 @@ def load_drafter(path: str | os.PathLike, device: torch.device | str = "cpu",
              for name, shape in expected.items() if tuple(weights[name].shape) != shape]
     if wrong:
         raise DrafterError(f"{path}: wrong weight shapes: {'; '.join(wrong[:5])}")
-    if spec.num_heads % spec.num_kv_heads:
-        raise DrafterError(f"{path}: num_attention_heads {spec.num_heads} is not a multiple of "
-                           f"num_key_value_heads {spec.num_kv_heads}")
+    for name in expected:
+        tensor = weights[name]
+        if not tensor.is_floating_point():
+            raise DrafterError(f"{path}: tensor {name!r} has dtype {str(tensor.dtype).replace('torch.', '')}, "
+                               "expected a floating-point dtype")
+        finite = torch.isfinite(tensor)
+        if not bool(finite.all()):
+            bad = tensor[~finite]
+            nan, inf = int(bad.isnan().sum()), int(bad.isinf().sum())
+            raise DrafterError(f"{path}: tensor {name!r} holds {nan} NaN and {inf} Inf of {tensor.numel()} values: "
+                               "refused (a diverged or corrupted checkpoint)")
+
+
+def load_drafter(path: str | os.PathLike, device: torch.device | str = "cpu",
+                 dtype: torch.dtype = torch.float32, layers_override: list[int] | None = None) -> Drafter:
+    """Load and validate a z-lab format drafter checkpoint; raise DrafterError naming the problem.
+
+    `layers_override` replaces `target_layer_ids` explicitly (the spec records it as overridden).
+    """
+    path = Path(path)
+    if not path.is_dir():
+        raise DrafterError(f"{path}: not a directory")
+    # Config errors first (the fc width from the safetensors header), before reading the weights.
+    read_spec(path, _fc_shape_or_none(path), layers_override=layers_override)
+    weights = read_weights(path)
+    if "fc.weight" not in weights:
+        raise DrafterError(f"{path}: no fc.weight in the checkpoint")
+    spec = read_spec(path, tuple(weights["fc.weight"].shape), layers_override=layers_override)
+    check_weights(path, spec, weights)
     return Drafter(spec, weights, device, dtype)
+
+
+# -- provenance (before any GPU time) --------------------------------------------------------------
+
+def fc_shape_of(path: str | os.PathLike) -> tuple[int, ...]:
+    """fc.weight's shape from the safetensors headers alone (no tensor read)."""
+    from remote.weights import safetensors_header, tensor_files
+
+    path = Path(path)
+    names = tensor_files(path, DrafterError)
+    name = "fc.weight" if "fc.weight" in names else "model.fc.weight" if "model.fc.weight" in names else None
+    if name is None:
+        raise DrafterError(f"{path}: no fc.weight in the checkpoint")
+    file = names[name]
+    if not file.is_file():
+        raise DrafterError(f"{path}: {file.name} (holding {name}) is named by the index but missing")
+    try:
+        return tuple(safetensors_header(file)[name]["shape"])
+    except (ValueError, KeyError) as exc:
+        raise DrafterError(f"{file}: unreadable safetensors header ({exc})") from exc
+
+
+def _fc_shape_or_none(path: Path) -> tuple[int, ...] | None:
+    try:
+        return fc_shape_of(path)
+    except DrafterError:
+        return None  # reported with the weights, after the config's own checks
+
+
+def states_facts(states: str | os.PathLike) -> dict[str, Any]:
+    """Layers, hidden size and soundness of a complete extraction directory (sizes checked, no hashing)."""
+    from remote.artifacts import read_manifest
+
+    try:
+        manifest = read_manifest(states)
+    except (ValueError, OSError) as exc:
+        raise DrafterError(str(exc)) from exc
+    layers, hidden = manifest.get("layers"), manifest.get("hidden_size")
+    if not isinstance(layers, list) or not all(isinstance(k, int) for k in layers) or not isinstance(hidden, int):
+        raise DrafterError(f"{states}: manifest.json has no integer 'layers' list and 'hidden_size'")
+    return {"dir": str(states), "layers": layers, "hidden_size": hidden, "soundness": manifest.get("soundness")}
+
+
+def provenance(path: str | os.PathLike, name: str | None = None, layers_override: list[int] | None = None,
+               states: str | os.PathLike | dict[str, Any] | None = None, target_vocab: int | None = None,
+               weights: bool = True, allow_unsound: bool = False) -> dict[str, Any]:
+    """Where a drafter's numbers will come from, checked before any GPU time (EVAL-SPEC 6).
+
+    Its target_layer_ids (and whether overridden), fc input width (from the weights), block size,
+    mask token, hidden size and, given `states` (an extraction dir, or `states_facts` of one), the
+    extracted layers it reads and their soundness. A disagreement raises DrafterError naming both
+    sides; so do non-finite weights (`weights`: the tensors are read and checked, on the CPU).
+    """
+    from remote.soundness import SoundnessError, check_layers, rows_for
+
+    path = Path(path)
+    name = name or path.name
+    if not path.is_dir():
+        raise DrafterError(f"drafter {name}: {path} is not a directory")
+    spec = read_spec(path, layers_override=layers_override)
+    if weights:
+        loaded = read_weights(path)
+        if "fc.weight" not in loaded:
+            raise DrafterError(f"{path}: no fc.weight in the checkpoint")
+        spec = read_spec(path, tuple(loaded["fc.weight"].shape), layers_override=layers_override)
+        check_weights(path, spec, loaded)
+        del loaded
+    else:
+        spec = read_spec(path, fc_shape_of(path), layers_override=layers_override)
+    if target_vocab is not None and not 0 <= spec.mask_token_id < target_vocab:
+        raise DrafterError(f"drafter {name}: mask_token_id {spec.mask_token_id} ({path / 'config.json'}) is outside "
+                           f"the target vocabulary of {target_vocab} tokens")
+    if target_vocab is not None and spec.vocab_size is not None and spec.vocab_size != target_vocab:
+        raise DrafterError(f"drafter {name}: vocab_size {spec.vocab_size} ({path / 'config.json'}) but the target "
+                           f"has {target_vocab} tokens")
+    record: dict[str, Any] = {
+        "name": name, "path": str(path),
+        "target_layer_ids": list(spec.target_layer_ids), "layers_source": spec.layers_source,
+        "config_target_layer_ids": spec.config_layer_ids,
+        "fc_width": spec.fc_layers, "block_size": spec.block_size, "mask_token_id": spec.mask_token_id,
+        "hidden_size": spec.hidden_size, "num_hidden_layers": spec.num_layers,
+        "num_target_layers": spec.num_target_layers, "vocab_size": spec.vocab_size,
+        "weights_checked": bool(weights), "states": None, "reads": None, "soundness": None,
+    }
+    if states is not None:
+        facts = states if isinstance(states, dict) else states_facts(states)
+        source = "the layers override" if spec.layers_source == "override" else "target_layer_ids"
+        if facts["hidden_size"] != spec.hidden_size:
+            raise DrafterError(f"drafter {name}: hidden_size {spec.hidden_size} ({path / 'config.json'}) but the "
+                               f"extraction {facts['dir']} holds hidden size {facts['hidden_size']}")
+        missing = [k for k in spec.target_layer_ids if k not in facts["layers"]]
+        if missing:
+            raise DrafterError(f"drafter {name}: fc takes {spec.fc_layers} layers {spec.target_layer_ids} ({source}), "
+                               f"the extraction {facts['dir']} holds layers {facts['layers']}: missing {missing}")
+        record["states"] = facts["dir"]
+        record["reads"] = [{"layer": k, "index": facts["layers"].index(k)} for k in spec.target_layer_ids]
+        if facts.get("soundness") is not None:
+            record["soundness"] = rows_for(facts["soundness"], spec.target_layer_ids)
+            if not allow_unsound:
+                try:
+                    check_layers(facts["soundness"], spec.target_layer_ids, f"drafter {name}", facts["dir"])
+                except SoundnessError as exc:
+                    raise DrafterError(str(exc)) from exc
+    return record
+
+
+def parse_overrides(items: list[str], where: str = "--layers-override") -> dict[str, list[int]]:
+    """NAME=1,2,3 items -> {name: [1, 2, 3]}; a clear error on anything else."""
+    out: dict[str, list[int]] = {}
+    for item in items:
+        name, sep, text = item.partition("=")
+        try:
+            ids = [int(part) for part in text.split(",") if part.strip()]
+        except ValueError:
+            ids = []
+        if not sep or not name or not ids:
+            raise DrafterError(f"{where} {item!r}: expected NAME=1,2,3 (the drafter's name and its layer ids)")
+        if name in out:
+            raise DrafterError(f"{where}: drafter {name!r} given twice")
+        out[name] = parse_layer_ids(ids, "layers override", f"{where} {name}")
+    return out
+
+
+def provenance_main(events: Any, argv: list[str] | None = None) -> dict[str, Any]:
+    """`python -m remote.drafter --provenance NAME=DIR ...`: the provenance of each drafter as a result event."""
+    from remote.events import WorkerError
+
+    parser = argparse.ArgumentParser(prog="python -m remote.drafter --provenance",
+                                     description="Drafter provenance, checked before any GPU time.")
+    parser.add_argument("--provenance", action="append", required=True, metavar="[NAME=]DIR")
+    parser.add_argument("--states", default=None, help="extraction directory the drafters will read")
+    parser.add_argument("--target", default=None, help="target model dir: its config.json's vocab_size")
+    parser.add_argument("--layers-override", action="append", default=[], metavar="NAME=1,2,3")
+    parser.add_argument("--no-weights", action="store_true", help="fc width from headers; skip the finite check")
+    parser.add_argument("--allow-unsound", action="store_true")
+    args = parser.parse_args(argv)
+    try:
+        overrides = parse_overrides(args.layers_override)
+        drafters: dict[str, Path] = {}
+        for item in args.provenance:
+            name, sep, directory = item.partition("=")
+            if not sep:
+                name, directory = Path(item).name, item
+            if name in drafters:
+                raise DrafterError(f"--provenance: drafter {name!r} given twice")
+            drafters[name] = Path(directory)
+        unknown = sorted(set(overrides) - set(drafters))
+        if unknown:
+            raise DrafterError(f"--layers-override names {unknown}, not among the drafters {sorted(drafters)}")
+        vocab = target_vocab_size(args.target) if args.target else None
+        facts = states_facts(args.states) if args.states else None
+        out = {}
+        for name, directory in drafters.items():
+            events.phase(f"provenance {name}")
+            out[name] = provenance(directory, name, overrides.get(name), facts, vocab, weights=not args.no_weights,
+                                   allow_unsound=args.allow_unsound)
+    except DrafterError as exc:
+        raise WorkerError(str(exc)) from exc
+    return {"drafters": out, "states": args.states, "states_layers": facts["layers"] if facts else None}
+
+
+def target_vocab_size(model_dir: str | os.PathLike) -> int:
+    """The target's vocab_size from its config.json (text config of a multimodal one)."""
+    path = Path(model_dir) / "config.json"
+    try:
+        config = json.loads(path.read_text())
+    except (OSError, ValueError) as exc:
+        raise DrafterError(f"{path}: cannot read the target config ({exc})") from exc
+    text = config.get("text_config") or config
+    vocab = text.get("vocab_size", config.get("vocab_size"))
+    if not _is_int(vocab) or vocab < 1:
+        raise DrafterError(f"{path}: field 'vocab_size': expected a positive integer, found {vocab!r}")
+    return vocab
 
 
 # -- writing checkpoints (tests, drill, benchmark) ---------------------------------------------------
@@ -539,6 +831,13 @@ def save_random_drafter(path: str | os.PathLike, hidden_size: int, vocab_size: i
 
 
 def main() -> None:
+    import sys
+
+    if "--provenance" in sys.argv[1:]:
+        from remote.events import run_worker
+
+        run_worker(provenance_main)
+        return
     parser = argparse.ArgumentParser(description="Write a random DFlash drafter checkpoint (z-lab format).")
     parser.add_argument("out_dir")
     parser.add_argument("--hidden", type=int, required=True)
@@ -549,7 +848,8 @@ def main() -> None:
     parser.add_argument("--mask-token-id", type=int, required=True)
     parser.add_argument("--vocab", type=int, default=None)
     parser.add_argument("--seed", type=int, default=0)
-    args = parser.parse_args()
+    argv = sys.argv[1:]
+    args = parser.parse_args(argv[1:] if argv[:1] == ["random"] else argv)
     ids = [int(k) for k in args.layer_ids.split(",")]
     print(save_random_drafter(args.out_dir, args.hidden, args.vocab, ids, args.target_layers, args.block_size,
                               args.layers, args.mask_token_id, args.seed))

@@ -55,8 +55,52 @@ def default_target_layers(num_target_layers: int, n: int) -> list[int]:
     return [round(1 + i * (num_target_layers - 4) / (n - 1)) for i in range(n)]
 
 
-def drafter_target_layers(drafter_dir: str | Path) -> list[int]:
-    """A drafter's `dflash_config.target_layer_ids`, or the EVAL-SPEC default when missing."""
+class LayerIdsError(ValueError):
+    """Layer ids that cannot be used; the message names the field and where."""
+
+
+def _is_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def parse_layer_ids(value: Any, label: str, where: str) -> list[int]:
+    """A list of distinct non-negative integer layer ids, or LayerIdsError naming `label` and `where`."""
+    if not isinstance(value, list) or not value or not all(_is_int(k) for k in value):
+        raise LayerIdsError(f"{where}: field {label!r}: expected a non-empty list of integer layer ids, "
+                           f"found {json.dumps(value)[:80]}")
+    negative = [k for k in value if k < 0]
+    if negative:
+        raise LayerIdsError(f"{where}: field {label!r}: layer ids must be >= 0, found {negative} in {value}")
+    repeated = sorted({k for k in value if value.count(k) > 1})
+    if repeated:
+        raise LayerIdsError(f"{where}: field {label!r}: layer {', '.join(map(str, repeated))} repeated in {value} "
+                           "(each target layer may feed the fc once)")
+    return list(value)
+
+
+def missing_layer_ids_message(cfg_path: Path, num_target_layers: Any, num_layers: Any, fc_layers: int | None,
+                              name: str | None = None) -> str:
+    """The refusal of a checkpoint without target_layer_ids: the spacing formula offered only as a guess."""
+    guesses = []
+    counts = [n for n in (num_layers, fc_layers) if _is_int(n) and n >= 1]
+    if _is_int(num_target_layers) and num_target_layers >= 1:
+        for n in dict.fromkeys(counts):
+            which = "fc width" if n == fc_layers and n != num_layers else "drafter layers"
+            guesses.append(f"{default_target_layers(num_target_layers, n)} for {n} {which}")
+    guess = (f"the spacing formula would guess {' or '.join(guesses)} of a {num_target_layers}-layer target, "
+             "only a guess (it disagreed with the trained layers for 14 of 20 published checkpoints)"
+             if guesses else "no num_target_layers to even guess from")
+    label = name or cfg_path.parent.name
+    return (f"{cfg_path}: field 'dflash_config.target_layer_ids' is missing and required (z-lab/dflash PR #157); "
+            f"{guess}; give the trained ids explicitly: [[drafters]] layers = [...] "
+            f"(--layers-override {label}=1,2,...)")
+
+
+def drafter_target_layers(drafter_dir: str | Path, override: list[int] | None = None) -> list[int]:
+    """A drafter's `dflash_config.target_layer_ids` (required, z-lab/dflash PR #157), or `override`.
+
+    Without either: a WorkerError offering the spacing formula's answer only as a guess.
+    """
     path = Path(drafter_dir) / "config.json"
     if not path.is_file():
         raise WorkerError(f"drafter {drafter_dir}: no config.json", str(path))
@@ -64,18 +108,21 @@ def drafter_target_layers(drafter_dir: str | Path) -> list[int]:
         config = json.loads(path.read_text())
     except json.JSONDecodeError as exc:
         raise WorkerError(f"drafter config is not valid JSON: {exc}", str(path)) from exc
-    # Where z-lab's loader looks: dflash_config first, then the top level (as remote.drafter does).
-    ids = (config.get("dflash_config") or {}).get("target_layer_ids", config.get("target_layer_ids"))
-    if ids is not None:
-        if not isinstance(ids, list) or not all(isinstance(i, int) and not isinstance(i, bool) for i in ids):
-            raise WorkerError(f"dflash_config.target_layer_ids must be a list of integers, found {ids!r}", str(path))
-        return list(ids)
-    # z-lab's default: one target layer per drafter layer.
-    total, n = config.get("num_target_layers"), config.get("num_hidden_layers")
-    if not isinstance(total, int) or not isinstance(n, int) or n < 1:
-        raise WorkerError("no dflash_config.target_layer_ids and no num_target_layers/num_hidden_layers "
-                          "to derive them from", str(path))
-    return default_target_layers(total, n)
+    if not isinstance(config, dict):
+        raise WorkerError(f"{path}: expected a JSON object", str(path))
+    try:
+        if override is not None:
+            return parse_layer_ids(list(override), "layers override", str(drafter_dir))
+        # Where z-lab's loader looks: dflash_config first, then the top level (as remote.drafter does).
+        sub = config.get("dflash_config") or {}
+        label = "dflash_config.target_layer_ids" if sub.get("target_layer_ids") is not None else "target_layer_ids"
+        ids = sub.get("target_layer_ids", config.get("target_layer_ids"))
+        if ids is None:
+            raise LayerIdsError(missing_layer_ids_message(path, sub.get("num_target_layers", config.get(
+                "num_target_layers")), config.get("num_hidden_layers"), None))
+        return parse_layer_ids(ids, label, str(path))
+    except LayerIdsError as exc:
+        raise WorkerError(str(exc), str(path)) from exc
 
 
 def parse_layer_list(text: str) -> list[int]:
@@ -86,16 +133,19 @@ def parse_layer_list(text: str) -> list[int]:
         raise WorkerError(f"--layers must be comma-separated integers, found {text!r}", "--layers") from exc
 
 
-def select_layers(num_layers: int, explicit: list[int], drafters: list[str | Path]) -> list[int]:
+def select_layers(num_layers: int, explicit: list[int], drafters: list[str | Path],
+                  overrides: dict[str, list[int]] | None = None) -> list[int]:
     """The union of explicit layers and the drafters' target layers, plus the last layer; sorted.
 
+    `overrides` (drafter directory name -> ids) replaces a drafter's target_layer_ids explicitly.
     A layer outside 0..num_layers-1 is a clear error naming it and the model's count.
     """
     wanted: dict[int, str] = {}
     for k in explicit:
         wanted.setdefault(k, "--layers")
+    overrides = overrides or {}
     for drafter in drafters:
-        for k in drafter_target_layers(drafter):
+        for k in drafter_target_layers(drafter, overrides.get(Path(drafter).name)):
             wanted.setdefault(k, f"drafter {drafter}")
     for k, source in wanted.items():
         if not 0 <= k < num_layers:

@@ -67,25 +67,47 @@ def test_wrong_fc_width_is_refused_naming_both_counts(tmp_path: Path) -> None:
     assert "takes 4 target layers" in msg and "names 5" in msg and "[0, 1, 2, 3, 4]" in msg
 
 
-def test_missing_layer_ids_default_to_one_per_drafter_layer(tmp_path: Path) -> None:
-    """z-lab's default: one target layer per drafter layer, spread over the target (EVAL-SPEC 1)."""
-    path = save_random_drafter(tmp_path / "d", H, 97, [1, 9, 17, 25, 33], 36, block_size=4, mask_token_id=5,
-                               num_layers=5)
+def _without_ids(path: Path) -> Path:
     config = json.loads((path / "config.json").read_text())
     del config["dflash_config"]["target_layer_ids"]
     (path / "config.json").write_text(json.dumps(config))
-    assert load_drafter(path).spec.target_layer_ids == [1, 9, 17, 25, 33]
+    return path
 
 
-def test_missing_layer_ids_with_an_fc_of_another_width_is_refused(tmp_path: Path) -> None:
-    """The story's bug class: an fc over 5 layers in a 1-layer drafter without explicit ids must not be
-    evaluated on layers guessed from the fc width; the error names both counts."""
-    path = save_random_drafter(tmp_path / "d", H, 97, [1, 9, 17, 25, 33], 36, block_size=4, mask_token_id=5)
-    config = json.loads((path / "config.json").read_text())
-    del config["dflash_config"]["target_layer_ids"]
-    (path / "config.json").write_text(json.dumps(config))
-    with pytest.raises(DrafterError, match=r"fc.weight takes 5 target layers .* the default for 1 drafter layers\) names 1: \[18\]"):
+def test_missing_layer_ids_are_refused_with_the_formula_only_as_a_guess(tmp_path: Path) -> None:
+    """z-lab/dflash PR #157: target_layer_ids is required; the formula's answer is offered as a guess only."""
+    path = _without_ids(save_random_drafter(tmp_path / "d", H, 97, [1, 9, 17, 25, 33], 36, block_size=4,
+                                            mask_token_id=5, num_layers=5))
+    with pytest.raises(DrafterError) as err:
         load_drafter(path)
+    msg = str(err.value)
+    assert "\n" not in msg and "target_layer_ids' is missing and required" in msg and "PR #157" in msg
+    assert "would guess [1, 9, 17, 25, 33] for 5 drafter layers" in msg and "only a guess" in msg
+    assert "--layers-override d=" in msg and str(path / "config.json") in msg
+    # control: the same checkpoint with the ids loads
+    assert load_drafter(save_random_drafter(tmp_path / "ok", H, 97, [1, 9, 17, 25, 33], 36, block_size=4,
+                                            mask_token_id=5, num_layers=5)).spec.target_layer_ids == [1, 9, 17, 25, 33]
+
+
+def test_missing_ids_with_an_fc_of_another_width_offers_both_guesses(tmp_path: Path) -> None:
+    """The story's bug class: a 1-layer drafter whose fc takes 5 layers; the refusal names both counts."""
+    path = _without_ids(save_random_drafter(tmp_path / "d", H, 97, [1, 9, 17, 25, 33], 36, block_size=4,
+                                            mask_token_id=5))
+    with pytest.raises(DrafterError, match=r"guess \[18\] for 1 drafter layers or \[1, 9, 17, 25, 33\] for 5 fc width"):
+        load_drafter(path)
+
+
+def test_layers_override_replaces_the_ids_and_says_so(tmp_path: Path) -> None:
+    path = _without_ids(save_random_drafter(tmp_path / "d", H, 97, [1, 3], 4, block_size=4, mask_token_id=5))
+    spec = load_drafter(path, layers_override=[0, 2]).spec
+    assert spec.target_layer_ids == [0, 2] and spec.layers_source == "override" and spec.config_layer_ids is None
+    assert spec.facts()["layers_source"] == "override"
+    with pytest.raises(DrafterError, match=r"fc.weight takes 2 target layers .* the layers override names 3: \[0, 1, 2\]"):
+        load_drafter(path, layers_override=[0, 1, 2])
+    with pytest.raises(DrafterError, match=r"layer 2 repeated in \[2, 2\]"):
+        load_drafter(path, layers_override=[2, 2])
+    intact = load_drafter(save_random_drafter(tmp_path / "ok", H, 97, [1, 3], 4, block_size=4, mask_token_id=5)).spec
+    assert intact.layers_source == "config" and intact.config_layer_ids == [1, 3]
 
 
 def test_cache_lacking_layers_is_named(gqa_drafter: Path) -> None:
@@ -97,20 +119,70 @@ def test_cache_lacking_layers_is_named(gqa_drafter: Path) -> None:
     check_against_cache(spec, [0, 1, 2, 3], H, "mine")
 
 
+def _set_sub(key: str, value):
+    return lambda c: c["dflash_config"].update({key: value})
+
+
 @pytest.mark.parametrize("edit, message", [
     (lambda c: c.update(architectures=["DFlash2DraftModel"]), "expected \\['DFlashDraftModel'\\]"),
     (lambda c: c.pop("hidden_size"), "missing field 'hidden_size'"),
     (lambda c: c.update(rope_scaling={"rope_type": "yarn", "factor": 4}), "rope_type 'yarn' is not supported"),
     (lambda c: c["dflash_config"].pop("mask_token_id"), "no mask_token_id"),
     (lambda c: c.update(hidden_act="gelu"), "hidden_act 'gelu'"),
+    (lambda c: c.update(num_attention_heads=0), "field 'num_attention_heads': expected an integer >= 1, found 0"),
+    (lambda c: c.update(num_attention_heads="4"), "field 'num_attention_heads': expected an integer >= 1, found '4'"),
+    (lambda c: c.update(num_key_value_heads=3), "field 'num_key_value_heads': expected a divisor of num_attention_heads 4, found 3"),
+    (lambda c: c.update(head_dim=15), "field 'head_dim': expected an even integer"),
+    (lambda c: c.update(head_dim=True), "field 'head_dim': expected an integer >= 2, found true"),
+    (lambda c: c.update(block_size=1), "field 'block_size': expected an integer >= 2, found 1"),
+    (lambda c: c.pop("block_size"), "missing field 'block_size'"),
+    (_set_sub("mask_token_id", 97), "field 'dflash_config.mask_token_id': expected an integer >= 0 and < 97, found 97"),
+    (_set_sub("mask_token_id", -1), "field 'dflash_config.mask_token_id': expected an integer >= 0 and < 97, found -1"),
+    (_set_sub("target_layer_ids", ["1", 3]), "field 'dflash_config.target_layer_ids': expected a non-empty list of integer"),
+    (_set_sub("target_layer_ids", [3, 3]), "field 'dflash_config.target_layer_ids': layer 3 repeated in \\[3, 3\\]"),
+    (_set_sub("target_layer_ids", []), "expected a non-empty list of integer layer ids, found \\[\\]"),
+    (_set_sub("target_layer_ids", [1, 4]), "target layer ids \\[4\\] \\(config\\) are beyond num_target_layers 4"),
+    (lambda c: c.update(dflash_config=[1, 2]), "field 'dflash_config': expected an object"),
+    (lambda c: c.update(layer_types=["full_attention", "full_attention"]), "field 'layer_types': expected a list of 1"),
+    (lambda c: c.update(layer_types=["mamba"]), "field 'layer_types\\[0\\]': expected 'full_attention' or 'sliding_attention', found 'mamba'"),
+    (lambda c: c.update(layer_types=["sliding_attention"], sliding_window=None), "missing field 'sliding_window'"),
+    (lambda c: c.update(layer_types=["sliding_attention"], sliding_window=0), "field 'sliding_window': expected an integer >= 1, found 0"),
+    (lambda c: c.update(is_causal="yes"), "field 'is_causal': expected true, false or null"),
+    (lambda c: c.update(rms_norm_eps=0), "field 'rms_norm_eps': expected a finite number > 0, found 0"),
+    (lambda c: c.update(rope_theta=-1.0), "field 'rope_theta': expected a finite number > 0"),
+    (lambda c: c.update(intermediate_size=0), "field 'intermediate_size': expected an integer >= 1, found 0"),
+    (lambda c: c.update(num_hidden_layers=0), "field 'num_hidden_layers': expected an integer >= 1, found 0"),
 ])
 def test_bad_configs_are_named(tmp_path: Path, edit, message: str) -> None:
+    """Each bad field ends in one line naming the file, the field, expected vs found; never a traceback
+    from the forward. The intact checkpoint (control) loads."""
     path = save_random_drafter(tmp_path / "d", H, 97, [1, 3], 4, block_size=4, mask_token_id=5)
+    load_drafter(path)
     config = json.loads((path / "config.json").read_text())
     edit(config)
     (path / "config.json").write_text(json.dumps(config))
-    with pytest.raises(DrafterError, match=message):
+    with pytest.raises(DrafterError, match=message) as err:
         load_drafter(path)
+    assert "\n" not in str(err.value) and str(path) in str(err.value)
+
+
+@pytest.mark.parametrize("name, value", [
+    ("layers.0.mlp.up_proj.weight", float("nan")),
+    ("fc.weight", float("inf")),
+    ("norm.weight", float("-inf")),
+])
+def test_non_finite_weights_are_refused_naming_the_tensor(tmp_path: Path, name: str, value: float) -> None:
+    from safetensors.torch import load_file, save_file
+
+    path = save_random_drafter(tmp_path / "d", H, 97, [1, 3], 4, block_size=4, mask_token_id=5)
+    load_drafter(path)  # control
+    weights = load_file(str(path / "model.safetensors"))
+    weights[name] = weights[name].clone()
+    weights[name].view(-1)[:3] = value
+    save_file(weights, str(path / "model.safetensors"))
+    with pytest.raises(DrafterError, match=rf"tensor '{name}' holds \d NaN and \d Inf of \d+ values: refused") as err:
+        load_drafter(path)
+    assert "\n" not in str(err.value)
 
 
 def test_missing_and_misshapen_weights(tmp_path: Path) -> None:

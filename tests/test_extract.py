@@ -140,8 +140,11 @@ def test_missing_model_and_bad_completions_are_clear_errors(tiny_target, tiny_co
 def test_drafter_layers_and_default_ids(tmp_path):
     drafter = tmp_path / "d"
     drafter.mkdir()
+    # target_layer_ids is required (z-lab/dflash PR #157): the formula's answer is only offered as a guess.
     (drafter / "config.json").write_text(json.dumps({"num_target_layers": 64, "num_hidden_layers": 5}))
-    assert select_layers(64, [], [drafter]) == [1, 16, 31, 46, 61, 63]
+    with pytest.raises(WorkerError, match=r"target_layer_ids' is missing and required .* guess \[1, 16, 31, 46, 61\]"):
+        select_layers(64, [], [drafter])
+    assert select_layers(64, [], [drafter], {"d": [1, 16, 31, 46, 61]}) == [1, 16, 31, 46, 61, 63]
     assert default_target_layers(64, 1) == [32]
     # A top-level target_layer_ids is read as the evaluator's loader reads it.
     (drafter / "config.json").write_text(json.dumps({"target_layer_ids": [2, 7], "num_target_layers": 64}))

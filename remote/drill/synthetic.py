@@ -37,17 +37,22 @@ from remote.target_io import save_target_heads
 
 
 def write_extraction(out: str | os.PathLike, prompts: list[dict[str, Any]], layers: list[int], hidden_size: int,
-                     model_path: str = "synthetic", kernels: dict | None = None) -> Path:
+                     model_path: str = "synthetic", kernels: dict | None = None, soundness: bool = True) -> Path:
     """Write an extraction directory. Each prompt: {"id", "prompt_len", "input_ids", "g", "hidden"}.
 
-    `hidden` [T, len(layers), H] (stored bf16); top-k fields are filled from `g` (rank 1 = g).
+    `hidden` [T, len(layers), H] (stored bf16); top-k fields are filled from `g` (rank 1 = g). The
+    manifest carries the extractor's per-layer `soundness` (computed by the same code, from the saved
+    bf16 states) unless `soundness` is false (an extraction made before it existed).
     """
     from safetensors.torch import save_file
+
+    from remote.soundness import Accumulator
 
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     files: dict[str, dict[str, Any]] = {}
     entries = []
+    stats = Accumulator(layers)
     for prompt in prompts:
         ids = prompt["input_ids"].long()
         g = prompt["g"].long()
@@ -62,10 +67,12 @@ def write_extraction(out: str | os.PathLike, prompts: list[dict[str, Any]], laye
                 "topk_ids": topk_ids, "topk_logprobs": topk_lp.float(),
             }, str(tmp), metadata={"prompt_id": prompt["id"], "prompt_len": str(prompt["prompt_len"]),
                                    "layers": json.dumps(layers)})
+        stats.add(prompt["hidden"].to(torch.bfloat16))
         files[name] = {"prompt_id": prompt["id"]}
         entries.append({"id": prompt["id"], "file": name, "prompt_len": int(prompt["prompt_len"]), "num_tokens": t})
-    write_manifest(out, files, layers=layers, hidden_size=hidden_size, prompts=entries, model_path=model_path,
-                   kernels=kernels or {})
+    extra = {"soundness": stats.result()} if soundness else {}
+    write_manifest(out, files, format="dflash-ops.extract/1", layers=layers, hidden_size=hidden_size, prompts=entries,
+                   model_path=model_path, kernels=kernels or {}, dtype="bfloat16", **extra)
     return out
 
 
