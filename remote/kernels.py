@@ -12,7 +12,8 @@ So the policy must be applied in a fresh process *before* that import:
 After the import, `bound_kernels` reads what transformers really bound, under both schemes:
   >= 5.15: four module-level functions wrapped by `use_kernel_func_from_hub_with_fallback`;
            the implementation is the closure variable `implementation`.
-  <= 5.14: module flag `is_fast_path_available` and per-layer attributes on `linear_attn`.
+  <= 5.14: per-layer attributes on `linear_attn` (each function binds on its own; the module flag
+           `is_fast_path_available` is only their AND).
 """
 
 from __future__ import annotations
@@ -158,17 +159,20 @@ def bound_kernels(module: ModuleType, model: Any = None) -> dict[str, Any]:
         bound = {fn: _impl_module(_implementation_of(getattr(module, fn)), name) for fn in KERNEL_FUNCTIONS}
         scheme = "hub-fallback (transformers >= 5.15)"
     else:
+        # Each function binds on its own there: `is_fast_path_available` is only the AND of the four
+        # (fla present and causal-conv1d missing leaves it False while the delta rules run on fla), so
+        # it says nothing per function. The layer's attribute is what its forward calls: None or the
+        # modeling module's own torch function for the torch path; without a model, the module-level
+        # name (None when the package is missing).
         scheme = "fast-path flag (transformers <= 5.14)"
         layer = _first_linear_attn(model) if model is not None else None
         bound = {}
         for fn in KERNEL_FUNCTIONS:
-            impl = getattr(layer, _LEGACY_LAYER_ATTRS[fn], None) if layer is not None else None
-            if impl is None:
+            if layer is not None and hasattr(layer, _LEGACY_LAYER_ATTRS[fn]):
+                impl = getattr(layer, _LEGACY_LAYER_ATTRS[fn])
+            else:
                 impl = getattr(module, _LEGACY_MODULE_ATTRS[fn], None)
-            # The old code keeps None (or its own torch function) when the fast path is unavailable.
             bound[fn] = _impl_module(impl, name)
-        if getattr(module, "is_fast_path_available", True) is False:
-            bound = {fn: name for fn in KERNEL_FUNCTIONS}
     return {"scheme": scheme, "module": name, "bound": bound, "fast": all(is_fast_impl(m) for m in bound.values())}
 
 
@@ -223,3 +227,41 @@ def count_kernel_calls(module: ModuleType) -> Iterator[dict[str, int]]:
     finally:
         for fn_name, fn in originals.items():
             setattr(module, fn_name, fn)
+
+
+def autotune_choices(roots: tuple[str, ...] = ("fla", "remote")) -> dict[str, dict[str, str]]:
+    """The configs Triton's autotuner chose in this process, per kernel: {kernel: {key: config}}.
+
+    fla's kernels are `triton.autotune`d by timing; which config wins can differ from one process
+    to the next (an empty Triton cache, other input shapes when it tuned, timing noise), and configs
+    that tile or split a reduction differently round differently in bf16. Recorded in the manifest
+    so two runs whose hidden states differ can be told apart from a real change. Read from the
+    autotuners in the loaded modules under `roots`; {} when Triton was never imported.
+    """
+    autotuner = sys.modules.get("triton.runtime.autotuner")
+    tuner_type = getattr(autotuner, "Autotuner", None)
+    if not isinstance(tuner_type, type):
+        return {}
+    wrapper_types = tuple(t for t in (tuner_type, getattr(autotuner, "Heuristics", None)) if isinstance(t, type))
+    found: dict[str, dict[str, str]] = {}
+    seen: set[int] = set()
+    for module_name, module in list(sys.modules.items()):
+        if module is None or module_name.split(".")[0] not in roots:
+            continue
+        for obj in list(vars(module).values()):
+            tuners = []
+            depth = 0
+            while isinstance(obj, wrapper_types) and depth < 8:
+                if isinstance(obj, tuner_type):
+                    tuners.append(obj)
+                obj = getattr(obj, "fn", None)
+                depth += 1
+            if not tuners or id(tuners[0]) in seen:
+                continue
+            seen.add(id(tuners[0]))
+            inner = getattr(obj, "fn", obj)  # the JIT function's Python function
+            kernel = f"{getattr(inner, '__module__', module_name)}.{getattr(inner, '__qualname__', '?')}"
+            for tuner in tuners:
+                for key, config in dict(getattr(tuner, "cache", None) or {}).items():
+                    found.setdefault(kernel, {})[str(key)] = str(config)
+    return {k: dict(sorted(v.items())) for k, v in sorted(found.items())}

@@ -128,3 +128,81 @@ def test_modeling_module_name_for_text_and_multimodal_types():
     assert kernels.modeling_module_name("qwen3_5") == MODELING
     with pytest.raises(WorkerError, match="model type 'nonesuch'"):
         kernels.import_modeling("nonesuch")
+
+
+def test_legacy_scheme_reports_each_function_on_its_own():
+    """transformers <= 5.14 with fla installed and causal-conv1d missing (the story's case):
+    `is_fast_path_available` is False, yet the delta rules run on fla; only the conv is torch."""
+    import torch
+
+    module = _legacy_module(fast=False)
+    fla_fn = types.FunctionType((lambda: None).__code__, {}, "chunk_gated_delta_rule")
+    fla_fn.__module__ = "fla.ops.gated_delta_rule.chunk"
+    fla_rec = types.FunctionType((lambda: None).__code__, {}, "fused_recurrent_gated_delta_rule")
+    fla_rec.__module__ = "fla.ops.gated_delta_rule.fused_recurrent"
+    torch_update = types.FunctionType((lambda: None).__code__, {}, "torch_causal_conv1d_update")
+    torch_update.__module__ = module.__name__
+    module.chunk_gated_delta_rule, module.fused_recurrent_gated_delta_rule = fla_fn, fla_rec
+
+    class LinearAttn(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            # As Qwen3NextGatedDeltaNet.__init__ of those versions sets them.
+            self.causal_conv1d_fn = None  # None -> the forward runs nn.Conv1d
+            self.causal_conv1d_update = torch_update
+            self.chunk_gated_delta_rule = fla_fn
+            self.recurrent_gated_delta_rule = fla_rec
+
+    class Layer(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.linear_attn = LinearAttn()
+
+    want = {"torch_chunk_gated_delta_rule": "fla.ops.gated_delta_rule.chunk",
+            "torch_recurrent_gated_delta_rule": "fla.ops.gated_delta_rule.fused_recurrent",
+            "causal_conv1d_fn": module.__name__, "causal_conv1d_update": module.__name__}
+    for binding in (kernels.bound_kernels(module, torch.nn.Sequential(Layer())), kernels.bound_kernels(module)):
+        assert binding["scheme"].startswith("fast-path flag")
+        assert binding["bound"] == want
+        assert binding["fast"] is False
+    with pytest.raises(WorkerError, match="causal_conv1d_fn -> .*modeling_qwen3_next") as info:
+        kernels.require_fast(kernels.bound_kernels(module))
+    assert "chunk_gated_delta_rule ->" not in str(info.value)
+
+
+def test_autotune_choices_read_every_autotuner_once(monkeypatch):
+    """What Triton's autotuners chose (recorded in the manifest), found through heuristics wrappers
+    and across the modules that import the same kernel; {} without Triton."""
+    monkeypatch.delitem(__import__("sys").modules, "triton.runtime.autotuner", raising=False)
+    assert kernels.autotune_choices() == {}
+
+    class Autotuner:
+        def __init__(self, fn, cache):
+            self.fn, self.cache = fn, cache
+
+    class Heuristics:
+        def __init__(self, fn):
+            self.fn = fn
+
+    class JITFunction:
+        def __init__(self, fn):
+            self.fn = fn
+
+    def kernel_h():
+        pass
+
+    kernel_h.__module__, kernel_h.__qualname__ = "fla.ops.common.chunk_delta_h", "kernel_h"
+    fake = types.ModuleType("triton.runtime.autotuner")
+    fake.Autotuner, fake.Heuristics = Autotuner, Heuristics
+    tuned = Heuristics(Autotuner(JITFunction(kernel_h), {(32, 128, "torch.bfloat16"): "BV: 64, num_warps: 4"}))
+    untouched = Autotuner(JITFunction(kernel_h), {})
+    one = types.ModuleType("fla.ops.common.chunk_delta_h")
+    one.kernel_h, one.other = tuned, untouched
+    two = types.ModuleType("fla.ops.gated_delta_rule.chunk")
+    two.kernel_h = tuned  # imported there too
+    import sys
+
+    for name, mod in (("triton.runtime.autotuner", fake), (one.__name__, one), (two.__name__, two)):
+        monkeypatch.setitem(sys.modules, name, mod)
+    assert kernels.autotune_choices() == {
+        "fla.ops.common.chunk_delta_h.kernel_h": {"(32, 128, 'torch.bfloat16')": "BV: 64, num_warps: 4"}}
