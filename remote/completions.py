@@ -8,6 +8,10 @@ The prompt is rendered with the target's own chat template and sent as token ids
 `/generate` (404) is asked through OpenAI `/v1/completions` instead; there the completion ids come
 from the answer's token ids when given, else from tokenising its text (logged once as a warning).
 
+Each record keeps its `finish_reason` and `complete` (tokens, and a stop or length finish); an
+aborted, failed or empty generation is cached marked incomplete (`incomplete_reason`, and the ids in
+the top-level `incomplete` list), never as complete: the extractor refuses it unless told.
+
 `completions.json` is written atomically. A cache made for another prompt set or model is never
 overwritten (unless --force): the extraction must match the completions it reads.
 """
@@ -15,11 +19,14 @@ overwritten (unless --force): the extraction must match the completions it reads
 from __future__ import annotations
 
 import argparse
+import contextlib
+import http.client
 import json
-import urllib.error
-import urllib.request
+import socket
+import threading
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 from remote.artifacts import write_json_atomic
 from remote.events import EventWriter, WorkerError, run_worker
@@ -32,20 +39,71 @@ class ServerError(WorkerError):
     """The server could not be reached or answered something unusable."""
 
 
+def http_request(url: str, data: bytes | None, timeout: float) -> tuple[int, bytes]:
+    """GET (or POST `data` as JSON) with a total deadline of `timeout` seconds: (status, body).
+
+    The deadline covers connecting, the headers and the whole body (a watchdog shuts the socket
+    down when it passes), so a server that trickles its answer cannot hold the worker. A body cut
+    short, an answer that is not HTTP, or none at all raise ServerError with the URL and what came.
+    """
+    parts = urlsplit(url)
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        raise ServerError(f"{url} is not an http(s) URL", url)
+    connection_class = http.client.HTTPSConnection if parts.scheme == "https" else http.client.HTTPConnection
+    conn = connection_class(parts.hostname, parts.port, timeout=timeout)
+    expired = threading.Event()
+
+    def expire() -> None:
+        expired.set()
+        if conn.sock is not None:
+            with contextlib.suppress(OSError):
+                conn.sock.shutdown(socket.SHUT_RDWR)
+
+    watchdog = threading.Timer(timeout, expire)
+    watchdog.daemon = True
+    watchdog.start()
+    try:
+        try:
+            conn.request("POST" if data is not None else "GET", (parts.path or "/") + (f"?{parts.query}" if parts.query else ""),
+                         body=data, headers={"Content-Type": "application/json"} if data is not None else {})
+            response = conn.getresponse()
+        except (OSError, http.client.HTTPException) as exc:
+            if expired.is_set():
+                raise ServerError(f"cannot reach the server at {url}: no answer within {timeout:g} s", url) from None
+            if isinstance(exc, http.client.RemoteDisconnected):
+                raise ServerError(f"cannot reach the server at {url}: it closed the connection without answering",
+                                  url) from None
+            if isinstance(exc, http.client.BadStatusLine):
+                line = str(exc.args[0] if exc.args else "")[:120]
+                raise ServerError(f"{url} gave not an HTTP answer: {line!r}", url) from None
+            raise ServerError(f"cannot reach the server at {url}: {exc}", url) from None
+        expected, raw, failure = response.length, bytearray(), None
+        try:
+            while chunk := response.read(65536):
+                raw += chunk
+        except http.client.IncompleteRead as exc:
+            raw += exc.partial
+            failure = "cut short"
+        except (OSError, http.client.HTTPException) as exc:
+            failure = f"cut short ({type(exc).__name__})"
+        watchdog.cancel()
+        if (expected is not None and len(raw) < expected) or (expected is None and expired.is_set()):
+            failure = failure or "cut short"
+        if failure is not None:
+            failure = f"not complete within {timeout:g} s" if expired.is_set() else failure
+            of = f" of {expected}" if expected is not None else ""
+            raise ServerError(f"{url} answered HTTP {response.status}, {failure} after {len(raw)}{of} bytes: "
+                              f"{bytes(raw[:200])!r}", url)
+        return response.status, bytes(raw)
+    finally:
+        watchdog.cancel()
+        conn.close()
+
+
 def http_json(url: str, body: dict[str, Any] | None = None, timeout: float = 600.0) -> tuple[int, Any]:
     """GET (or POST `body` as JSON) and return (status, decoded JSON). Non-JSON answers raise ServerError;
     an HTTP error status is returned, not raised, so callers can fall back on 404."""
-    data = json.dumps(body).encode() if body is not None else None
-    request = urllib.request.Request(url, data=data, method="POST" if body is not None else "GET",
-                                     headers={"Content-Type": "application/json"} if data else {})
-    try:
-        with urllib.request.urlopen(request, timeout=timeout) as response:
-            status, raw = response.status, response.read()
-    except urllib.error.HTTPError as exc:
-        status, raw = exc.code, exc.read()
-    except (urllib.error.URLError, OSError) as exc:
-        reason = getattr(exc, "reason", exc)
-        raise ServerError(f"cannot reach the server at {url}: {reason}", url) from exc
+    status, raw = http_request(url, json.dumps(body).encode() if body is not None else None, timeout)
     if status >= 400:
         return status, raw.decode(errors="replace")[:300]
     try:
@@ -88,10 +146,15 @@ def ask_generate(server: str, prompt: Prompt, ids: list[int], timeout: float) ->
         raise ServerError(f"prompt {prompt.id!r}: /generate answer has no list of token ids in 'output_ids' "
                           f"(found {found})", url)
     reason = (answer.get("meta_info") or {}).get("finish_reason")
+    message = None
     if isinstance(reason, dict):
+        message = reason.get("message")
         reason = reason.get("type")
-    return {"completion_ids": output, "text": str(answer.get("text", "")), "finish_reason": reason,
-            "endpoint": "generate"}
+    found = {"completion_ids": output, "text": str(answer.get("text", "")), "finish_reason": reason,
+             "endpoint": "generate"}
+    if message:
+        found["finish_message"] = str(message)[:200]
+    return found
 
 
 def ask_openai(server: str, model: str, prompt: Prompt, ids: list[int], tokenizer: Any, timeout: float,
@@ -116,6 +179,21 @@ def ask_openai(server: str, model: str, prompt: Prompt, ids: list[int], tokenize
         output = [int(t) for t in tokenizer(choice["text"], add_special_tokens=False)["input_ids"]]
     return {"completion_ids": output, "text": choice["text"], "finish_reason": choice.get("finish_reason"),
             "endpoint": "v1/completions"}
+
+
+COMPLETE_REASONS = ("stop", "length")
+
+
+def completeness(record: dict[str, Any]) -> tuple[bool, str | None]:
+    """(complete, why not) of one cached generation: complete iff it has tokens and ended by a stop
+    token or the length limit. An aborted, failed, unexplained or empty generation is not."""
+    if not record.get("completion_ids"):
+        return False, "empty completion (no tokens)"
+    reason = record.get("finish_reason")
+    if reason not in COMPLETE_REASONS:
+        message = record.get("finish_message")
+        return False, f"finish_reason {reason!r}" + (f" ({message})" if message else "")
+    return True, None
 
 
 def check_existing(out: Path, prompt_set: PromptSet, model_path: str, force: bool) -> None:
@@ -187,10 +265,17 @@ def main(events: EventWriter, argv: list[str] | None = None) -> dict[str, Any]:
                 events.log("/generate is not served (404): using OpenAI /v1/completions", level="warning")
                 use_generate = False
             answer = ask_openai(server, served_name, prompt, ids, tokenizer, args.timeout, events, warned)
-        records.append({"id": prompt.id, "prompt_ids": ids, "max_new_tokens": prompt.max_new_tokens, **answer})
+        record = {"id": prompt.id, "prompt_ids": ids, "max_new_tokens": prompt.max_new_tokens, **answer}
+        complete, why = completeness(record)
+        record["complete"] = complete
+        if not complete:
+            # Kept, never as complete: the extractor refuses it unless told (--allow-incomplete).
+            record["incomplete_reason"] = why
+        records.append(record)
         n_chars, n_tokens = len(answer["text"]), len(answer["completion_ids"])
         events.progress("prompts", i, total, "prompts", label=prompt.id)
-        events.log(f"[{i}/{total}] {prompt.id}: {n_chars} chars, {n_tokens} tokens")
+        events.log(f"[{i}/{total}] {prompt.id}: {n_chars} chars, {n_tokens} tokens"
+                   + ("" if complete else f" INCOMPLETE: {why}"), level="info" if complete else "warning")
 
     data = {
         "format": FORMAT,
@@ -201,12 +286,14 @@ def main(events: EventWriter, argv: list[str] | None = None) -> dict[str, Any]:
         "server_url": server,
         "sampling": {"temperature": 0, "max_new_tokens": max(p.max_new_tokens for p in prompt_set.prompts)},
         "prompts": records,
+        "incomplete": [r["id"] for r in records if not r["complete"]],
     }
     write_json_atomic(out, data)
     events.artifact(str(out), "completions", prompts=len(records))
     return {"out": str(out), "prompts": len(records), "model_path": model_path,
             "endpoint": "generate" if use_generate else "v1/completions",
-            "completion_tokens": sum(len(r["completion_ids"]) for r in records)}
+            "completion_tokens": sum(len(r["completion_ids"]) for r in records),
+            "incomplete": data["incomplete"]}
 
 
 if __name__ == "__main__":

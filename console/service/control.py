@@ -2,21 +2,23 @@
 
 Managers run their commands through a runner with `Host.run`'s shape
 (`await run(argv, check=..., timeout=...) -> CommandResult(exit_status, stdout, stderr)`):
-- `SystemdManager`: `systemctl is-active / show / stop / start UNIT` (optionally `sudo -n`), and
-  `journalctl -u UNIT -f` for the start-up log.
+- `SystemdManager`: `systemctl is-active / show / stop / start UNIT` (optionally `sudo -n`),
+  `journalctl -u UNIT -f -n 0` for the start-up log and `journalctl -u UNIT -n 20` when a start fails.
 - `CommandManager`: the configured start / stop / status commands (a string runs through `sh -c`,
   a list is argv). Status: exit 0 means running; if it prints a number first, that is the main pid.
   The optional log command (e.g. `tail -n +1 -F /var/log/sglang.log`) gives the start-up log.
 Health goes through the forwarded port (`console.service.sglang_api`): ready = /health 200 and a one-token
-/generate. SGLang's start-up log lines become `StartupProgress`.
+/generate. SGLang's start-up log lines become `StartupProgress`. The `*_argv()` methods are the one
+source of every command: the plan (`console.views.plan`) shows exactly what the managers run.
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
+import logging
 import re
 import time
+from collections import deque
 from collections.abc import Callable, Sequence
 from datetime import UTC, datetime
 from typing import Any, Protocol
@@ -27,12 +29,24 @@ from console.service.sglang_api import ServerAnswerError, ServerUnreachable, Sgl
 from console.tasks import cancel_and_wait
 from console.telemetry import ServiceIdentity
 
+log = logging.getLogger(__name__)
+
 SHOW_PROPERTIES = ("ActiveState", "SubState", "MainPID", "ActiveEnterTimestamp", "ControlGroup", "LoadState", "Result")
 COMMAND_TIMEOUT_S = 120.0
 
 
 class ServiceError(Exception):
     """A service command failed; the message names the command and what it printed."""
+
+
+class ServiceFailed(ServiceError):
+    """The service went down (failed / inactive / stopped) while we waited for it to be ready; the
+    message holds its state and the last lines of its log."""
+
+    def __init__(self, message: str, status: ServiceStatus, log_lines: Sequence[str] = ()):
+        super().__init__(message)
+        self.status = status
+        self.log_lines = list(log_lines)
 
 
 class Runner(Protocol):
@@ -119,14 +133,36 @@ class SystemdManager:
     def start_argv(self) -> list[str]:
         return self.argv("start", self.unit)
 
+    def status_argv(self) -> list[str]:
+        """The first of the status commands (`show` follows it for the details)."""
+        return self.argv("is-active", self.unit)
+
     def log_argv(self) -> list[str]:
         """journalctl following the unit from now on: the start-up log of the next start."""
         base = ["journalctl", "-u", self.unit, "-f", "-n", "0", "-o", "cat", "--no-pager"]
         return ["sudo", "-n", *base] if self.sudo else base
 
+    def journal_argv(self, lines: int = 20) -> list[str]:
+        """The unit's last `lines` journal lines (why a start failed)."""
+        base = ["journalctl", "-u", self.unit, "-n", str(lines), "--no-pager"]
+        return ["sudo", "-n", *base] if self.sudo else base
+
+    async def failure_log(self, lines: int = 20) -> list[str]:
+        """The journal's last lines for the unit ([] when journalctl cannot be read)."""
+        try:
+            result = await self.runner.run(self.journal_argv(lines), check=False, timeout=self.timeout)
+        except Exception as exc:  # noqa: BLE001 - the failure is reported anyway, with or without its log
+            return [f"(`{' '.join(self.journal_argv(lines))}` failed: {exc})"]
+        return _output(result).splitlines()[-lines:]
+
+    @staticmethod
+    def is_down(status: ServiceStatus) -> bool:
+        """A unit that will not come up by itself: failed, or inactive after its start."""
+        return status.state in ("failed", "inactive", "not-found")
+
     async def status(self) -> ServiceStatus:
         # is-active exits non-zero for anything but active: that is an answer, not a failure.
-        active = await self.runner.run(self.argv("is-active", self.unit), check=False, timeout=self.timeout)
+        active = await self.runner.run(self.status_argv(), check=False, timeout=self.timeout)
         show = await self.runner.run(
             self.argv("show", self.unit, "-p", ",".join(SHOW_PROPERTIES)), check=False, timeout=self.timeout
         )
@@ -177,11 +213,22 @@ class CommandManager:
     def start_argv(self) -> list[str]:
         return command_argv(self.start_command, self.sudo)
 
+    def status_argv(self) -> list[str]:
+        return command_argv(self.status_command, self.sudo)
+
     def log_argv(self) -> list[str] | None:
         return command_argv(self.log_command, self.sudo) if self.log_command else None
 
+    async def failure_log(self, lines: int = 20) -> list[str]:
+        """Nothing to ask: the log command's lines come from the start-up log follower."""
+        return []
+
+    @staticmethod
+    def is_down(status: ServiceStatus) -> bool:
+        return not status.active
+
     async def status(self) -> ServiceStatus:
-        result = await self.runner.run(command_argv(self.status_command, self.sudo), check=False, timeout=self.timeout)
+        result = await self.runner.run(self.status_argv(), check=False, timeout=self.timeout)
         words = result.stdout.split()
         main_pid = int(words[0]) if words and words[0].isdigit() else None
         running = result.exit_status == 0
@@ -244,25 +291,108 @@ def parse_startup_line(line: str) -> StartupProgress | None:
     return None
 
 
+class StartupLog:
+    """The manager's start-up log, followed across one start: only what that start writes counts.
+
+    A log command may replay old lines first (`tail -n +1 -F log` prints the last start's lines,
+    "ready" included). So the follower attaches before the start, waits until that replay has
+    drained (no line for `quiet_s`, at most `attach_timeout_s`), and parses only lines that arrive
+    after `mark_start()`, which the caller calls just before issuing the start. journalctl's
+    `-f -n 0` replays nothing; the quiet wait then only gives it time to attach. The last lines since
+    the start are kept for the error when the start fails.
+    """
+
+    def __init__(self, host: Any, manager: SystemdManager | CommandManager,
+                 on_progress: Callable[[StartupProgress], Any] | None = None, quiet_s: float = 0.3,
+                 attach_timeout_s: float = 10.0, keep_lines: int = 20):
+        self.host = host
+        self.argv = manager.log_argv()
+        self.on_progress = on_progress
+        self.quiet_s = quiet_s
+        self.attach_timeout_s = attach_timeout_s
+        self.replayed = 0  # lines dropped as written before the start
+        self.error: str | None = None  # why the log command ended, if it failed
+        self._lines: deque[str] = deque(maxlen=keep_lines)
+        self._live = False
+        self._last_line_at = 0.0
+        self._task: asyncio.Task | None = None
+
+    async def attach(self) -> None:
+        """Start the log command and return once what it replays from before has drained."""
+        if not self.argv or self._task is not None:
+            return
+        began = self._last_line_at = time.monotonic()
+        self._task = asyncio.create_task(self._follow(), name="startup-log")
+        while not self._task.done():
+            now = time.monotonic()
+            quiet_for = now - self._last_line_at
+            if quiet_for >= self.quiet_s:
+                return
+            if now - began >= self.attach_timeout_s:
+                log.warning("start-up log `%s` still replaying after %.0f s: later lines are taken as new",
+                            " ".join(self.argv), self.attach_timeout_s)
+                return
+            await asyncio.sleep(self.quiet_s - quiet_for)
+
+    def mark_start(self) -> None:
+        """From now on lines are the new start's (call it just before issuing the start)."""
+        self._live = True
+
+    def tail(self) -> list[str]:
+        """The last lines seen since `mark_start`."""
+        return list(self._lines)
+
+    async def _follow(self) -> None:
+        try:
+            async for line in self.host.stream(self.argv):
+                self._last_line_at = time.monotonic()
+                if not self._live:
+                    self.replayed += 1
+                    continue
+                self._lines.append(line)
+                progress = parse_startup_line(line)
+                if progress is not None and self.on_progress is not None:
+                    self.on_progress(progress)
+        except Exception as exc:  # noqa: BLE001 - a log that ends or fails only means less progress shown
+            self.error = str(exc) or type(exc).__name__
+
+    async def close(self) -> None:
+        """Stop the log command."""
+        await cancel_and_wait(self._task)
+
+
 async def follow_startup_log(host: Any, manager: SystemdManager | CommandManager,
                              on_progress: Callable[[StartupProgress], Any]) -> None:
-    """Follow the manager's start-up log over `host.stream` and report progress until "ready"."""
-    argv = manager.log_argv()
-    if not argv:
-        return
-    async for line in host.stream(argv):
-        progress = parse_startup_line(line)
-        if progress is not None:
-            on_progress(progress)
-            if progress.stage == "ready":
-                return
+    """Follow the manager's start-up log from now on (what it replays from before is skipped) and
+    report progress until "ready"."""
+    ready = asyncio.Event()
+
+    def report(progress: StartupProgress) -> None:
+        on_progress(progress)
+        if progress.stage == "ready":
+            ready.set()
+
+    startup = StartupLog(host, manager, report)
+    try:
+        await startup.attach()
+        startup.mark_start()
+        if startup._task is not None:
+            waiter = asyncio.ensure_future(ready.wait())
+            try:
+                await asyncio.wait({startup._task, waiter}, return_when=asyncio.FIRST_COMPLETED)
+            finally:
+                await cancel_and_wait(waiter)
+    finally:
+        await startup.close()
 
 
 async def probe_health(client: SglangClient, want_metrics: bool = True) -> ServiceHealth:
-    """One look at the server: /health, model, version, metrics, and readiness (health + one token)."""
+    """One look at the server: /health, model, version, metrics, and readiness (health + one token).
+
+    Never raises for anything the server does: each failure is the health's `error`."""
     try:
         status = await client.health()
-    except ServerUnreachable as exc:
+    except (ServerUnreachable, ServerAnswerError) as exc:
         return ServiceHealth(None, False, error=str(exc))
     fields: dict[str, Any] = {}
     error = None
@@ -289,44 +419,74 @@ class ReadyTimeout(Exception):
     """The server did not become ready in time; the message holds the last thing seen."""
 
 
+async def _down_while_starting(manager: SystemdManager | CommandManager,
+                               log_tail: Callable[[], list[str]] | None) -> ServiceFailed | None:
+    """A ServiceFailed when the manager says the service is down (failed, inactive, stopped)."""
+    try:
+        status = await manager.status()
+    except Exception as exc:  # noqa: BLE001 - a status that cannot be read is no verdict: keep waiting
+        log.warning("%s: status while starting: %s", manager.name, exc)
+        return None
+    if not manager.is_down(status):
+        return None
+    lines = (log_tail() if log_tail is not None else []) or await manager.failure_log()
+    state = status.state + (f" ({status.sub_state})" if status.sub_state else "")
+    detail = f"; {status.detail}" if status.detail else ""
+    message = f"{manager.name} is {state} after its start: it will not become ready{detail}"
+    if lines:
+        message += "\nlast log lines:\n" + "\n".join(lines)
+    return ServiceFailed(message, status, lines)
+
+
 async def wait_ready(client: SglangClient, timeout: float, poll_s: float = 0.5,
                      on_health: Callable[[ServiceHealth], Any] | None = None,
-                     clock: Callable[[], float] = time.monotonic) -> ServiceHealth:
+                     clock: Callable[[], float] = time.monotonic,
+                     manager: SystemdManager | CommandManager | None = None,
+                     log_tail: Callable[[], list[str]] | None = None) -> ServiceHealth:
     """Poll until ready (/health 200 and a one-token /generate), publishing each look.
 
     A 200 from /health alone is not trusted: health can flap while the server warms up, so the
-    generation must succeed too. Raises ReadyTimeout with the last health seen.
+    generation must succeed too. Every request ends by the deadline, so the wait ends on time even
+    when the server answers slowly. With `manager`, each poll also asks it: a unit that failed (or a
+    command-managed server that stopped) raises ServiceFailed at once, with the journal's last lines
+    (systemd) or `log_tail()` (the start-up log's lines since the start). Raises ReadyTimeout with
+    the last health seen.
     """
     deadline = clock() + timeout
     last: ServiceHealth | None = None
     while True:
-        last = await probe_health(client, want_metrics=False)
+        budget = max(deadline - clock(), 0.1)
+        last = await probe_health(client.within(budget), want_metrics=False)
         if on_health is not None:
             on_health(last)
         if last.ready:
             return last
+        if manager is not None:
+            failure = await _down_while_starting(manager, log_tail)
+            if failure is not None:
+                raise failure
         if clock() >= deadline:
             seen = f"/health {last.health_status}" if last.health_status else "no answer"
             raise ReadyTimeout(f"not ready after {timeout:.0f} s (last: {seen}; {last.error or 'no error'})")
-        await asyncio.sleep(poll_s)
+        await asyncio.sleep(max(0.0, min(poll_s, deadline - clock())))
 
 
 async def start_and_wait(manager: SystemdManager | CommandManager, client: SglangClient, timeout: float,
                          host: Any | None = None, on_progress: Callable[[StartupProgress], Any] | None = None,
                          on_health: Callable[[ServiceHealth], Any] | None = None) -> ServiceHealth:
-    """Start the service and wait until ready, following its start-up log meanwhile when it has one."""
-    follower = None
-    if host is not None and on_progress is not None and manager.log_argv():
-        follower = asyncio.create_task(follow_startup_log(host, manager, on_progress))
-        await asyncio.sleep(0.2)  # let `journalctl -f` attach before the first line is written
+    """Start the service and wait until ready, following its start-up log meanwhile when it has one
+    (`host` given): progress from the new start's lines only, and its last lines if it fails."""
+    startup = StartupLog(host, manager, on_progress) if host is not None and manager.log_argv() else None
     try:
+        if startup is not None:
+            await startup.attach()
+            startup.mark_start()
         await manager.start()
-        return await wait_ready(client, timeout, on_health=on_health)
+        return await wait_ready(client, timeout, on_health=on_health, manager=manager,
+                                log_tail=startup.tail if startup is not None else None)
     finally:
-        if follower is not None:
-            follower.cancel()
-            with contextlib.suppress(asyncio.CancelledError, Exception):
-                await follower
+        if startup is not None:
+            await startup.close()
 
 
 class ServiceMonitor:
@@ -347,26 +507,48 @@ class ServiceMonitor:
         self._task: asyncio.Task | None = None
 
     def subscribe(self, callback: Callable[[ServiceView], Any]) -> Callable[[], None]:
+        """Call `callback(view)` after every check; returns an unsubscribe. A subscriber that raises
+        is logged and skipped, never the end of the monitor."""
         self._subscribers.append(callback)
-        return lambda: self._subscribers.remove(callback)
+        return lambda: self._subscribers.remove(callback) if callback in self._subscribers else None
 
     async def check(self) -> ServiceView:
-        """One check, published."""
+        """One check, published. Never raises for what the manager or the server does: it becomes
+        the view's `error`."""
         try:
             status = await self.manager.status()
         except Exception as exc:  # noqa: BLE001 - a lost link or a failing status command: show it
             view = ServiceView(None, None, time.time(), error=str(exc) or type(exc).__name__)
         else:
-            health = await probe_health(self.client, self.want_metrics) if status.active and self.client else None
-            view = ServiceView(status, health, time.time())
+            health, error = None, None
+            if status.active and self.client:
+                try:
+                    health = await probe_health(self.client, self.want_metrics)
+                    error = health.error
+                except Exception as exc:  # noqa: BLE001 - whatever the server did, say it and go on
+                    log.exception("health check of %s failed", self.manager.name)
+                    error = f"health check failed: {type(exc).__name__}: {exc}"
+            view = ServiceView(status, health, time.time(), error=error)
         self.last = view
-        for callback in list(self._subscribers):
-            callback(view)
+        self._publish(view)
         return view
 
+    def _publish(self, view: ServiceView) -> None:
+        for callback in list(self._subscribers):
+            try:
+                callback(view)
+            except Exception:  # noqa: BLE001 - one broken subscriber must not stop the monitor
+                log.exception("service view subscriber %r failed", callback)
+
     async def run(self) -> None:
+        """Check until cancelled; the next check is armed when the last one has finished."""
         while True:
-            await self.check()
+            try:
+                await self.check()
+            except asyncio.CancelledError:
+                raise
+            except Exception:  # noqa: BLE001 - check() should not raise; if it does, keep watching
+                log.exception("service check of %s failed", self.manager.name)
             await asyncio.sleep(self.interval)
 
     def start(self) -> asyncio.Task:

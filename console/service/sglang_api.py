@@ -3,21 +3,32 @@
 Endpoints (KERNELS.md, SGLang 0.5.23): `/health` (503 while starting), `/model_info` then the older
 `/get_model_info`, `/server_info` then `/get_server_info`, optional `/metrics` (Prometheus text),
 `/generate`. Every answer is checked: a malformed one raises `ServerAnswerError` naming the
-endpoint, what was expected and what came back. Blocking urllib calls run in a thread.
+endpoint, what was expected and what came back. Blocking http.client calls run in a thread.
+
+Every request has a total deadline (connect, status line, headers and the whole body), not only a
+per-read timeout: a server that trickles its answer a byte at a time must not hold the console. Any
+transport failure is one of this module's two errors, with the URL and what had arrived:
+`ServerUnreachable` (no HTTP answer at all) or `ServerAnswerError` (an answer that is not HTTP, is
+cut short, or did not complete in time).
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import http.client
 import json
 import math
 import re
-import urllib.error
-import urllib.request
+import socket
+import threading
+import time
 from dataclasses import dataclass
 from typing import Any
+from urllib.parse import urlsplit
 
 DEFAULT_TIMEOUT_S = 10.0
+MAX_BODY_BYTES = 64 << 20  # no SGLang answer the console asks for comes near this
 READY_PROMPT_IDS = [1, 2, 3]  # any valid ids: readiness asks for one generated token, not its meaning
 
 
@@ -36,40 +47,122 @@ class HttpAnswer:
     content_type: str
 
 
-def _request(url: str, data: bytes | None, timeout: float) -> HttpAnswer:
-    headers = {"Content-Type": "application/json"} if data is not None else {}
-    request = urllib.request.Request(url, data=data, headers=headers, method="POST" if data is not None else "GET")
-    try:
-        with urllib.request.urlopen(request, timeout=timeout) as response:  # noqa: S310 - http(s) URLs from config
-            return HttpAnswer(response.status, response.read(), response.headers.get("Content-Type", ""))
-    except urllib.error.HTTPError as exc:
-        return HttpAnswer(exc.code, exc.read() or b"", exc.headers.get("Content-Type", "") if exc.headers else "")
-    except (urllib.error.URLError, OSError, TimeoutError) as exc:
-        reason = getattr(exc, "reason", exc)
-        raise ServerUnreachable(f"{url}: no answer ({reason})") from None
-
-
 def _excerpt(body: bytes) -> str:
     text = body.decode(errors="replace").strip()
     return repr(text[:120] + ("..." if len(text) > 120 else ""))
 
 
+def _request(url: str, data: bytes | None, timeout: float) -> HttpAnswer:
+    """GET (or POST `data`) with a total deadline of `timeout` seconds; any HTTP status is returned.
+
+    A watchdog timer shuts the socket down at the deadline, which ends a blocked read at once
+    whatever the server does; a short body (fewer bytes than Content-Length, or a cut chunk) is
+    an error, never taken for the whole answer.
+    """
+    parts = urlsplit(url)
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        raise ServerUnreachable(f"{url}: not an http(s) URL")
+    target = (parts.path or "/") + (f"?{parts.query}" if parts.query else "")
+    connection_class = http.client.HTTPSConnection if parts.scheme == "https" else http.client.HTTPConnection
+    try:
+        conn = connection_class(parts.hostname, parts.port, timeout=timeout)
+    except ValueError as exc:  # e.g. a port that is not a number
+        raise ServerUnreachable(f"{url}: {exc}") from None
+    expired = threading.Event()
+
+    def expire() -> None:
+        expired.set()
+        if conn.sock is not None:
+            with contextlib.suppress(OSError):
+                conn.sock.shutdown(socket.SHUT_RDWR)
+
+    watchdog = threading.Timer(timeout, expire)
+    watchdog.daemon = True
+    watchdog.start()
+    try:
+        headers = {"Content-Type": "application/json"} if data is not None else {}
+        try:
+            conn.request("POST" if data is not None else "GET", target, body=data, headers=headers)
+            response = conn.getresponse()
+        except http.client.RemoteDisconnected:  # also a BadStatusLine: nothing came back at all
+            raise ServerUnreachable(f"{url}: no answer (the server closed the connection without answering)") from None
+        except http.client.BadStatusLine as exc:
+            if expired.is_set():
+                raise ServerUnreachable(f"{url}: no answer within {timeout:g} s") from None
+            raise ServerAnswerError(f"{url}: not an HTTP answer: {_excerpt(str(exc.args[0] if exc.args else '').encode())}") from None
+        except http.client.HTTPException as exc:  # a header line too long, too many headers, ...
+            raise ServerAnswerError(f"{url}: malformed HTTP answer ({type(exc).__name__}: {exc})") from None
+        except OSError as exc:  # refused, reset, timed out, name not found
+            if expired.is_set():
+                raise ServerUnreachable(f"{url}: no answer within {timeout:g} s") from None
+            raise ServerUnreachable(f"{url}: no answer ({exc})") from None
+        status, content_type = response.status, response.getheader("Content-Type", "") or ""
+        expected = response.length  # None: chunked, or read until the server closes
+        body = bytearray()
+        failure = None
+        try:
+            while chunk := response.read(65536):
+                body += chunk
+                if len(body) > MAX_BODY_BYTES:
+                    raise ServerAnswerError(f"{url}: HTTP {status} answer larger than {MAX_BODY_BYTES >> 20} MiB")
+        except http.client.IncompleteRead as exc:
+            body += exc.partial
+            failure = "cut short"
+        except (OSError, http.client.HTTPException) as exc:
+            failure = f"cut short ({type(exc).__name__}: {exc})"
+        watchdog.cancel()
+        if expected is not None and len(body) < expected:
+            failure = failure or "cut short"
+        elif failure is None and expired.is_set() and expected is None:
+            failure = "cut short"  # read until close: the deadline's shutdown may have ended it
+        if failure is not None:
+            if expired.is_set():
+                failure = f"not complete within {timeout:g} s"
+            of = f" of {expected}" if expected is not None else ""
+            raise ServerAnswerError(f"{url}: HTTP {status} answer {failure} after {len(body)}{of} bytes: "
+                                    f"{_excerpt(bytes(body))}")
+        return HttpAnswer(status, bytes(body), content_type)
+    finally:
+        watchdog.cancel()
+        conn.close()
+
+
 class SglangClient:
     """Talks to one server at `base_url` (e.g. "http://127.0.0.1:40123", the forwarded port)."""
 
-    def __init__(self, base_url: str, timeout: float = DEFAULT_TIMEOUT_S):
+    def __init__(self, base_url: str, timeout: float = DEFAULT_TIMEOUT_S, deadline: float | None = None):
         self.base_url = base_url.rstrip("/")
-        self.timeout = timeout
+        self.timeout = timeout  # seconds per request, all of it
+        self.deadline = deadline  # time.monotonic() after which no request is made or waited for
+
+    def within(self, seconds: float) -> SglangClient:
+        """This client with every request also ending within `seconds` from now (e.g. a wait's end)."""
+        deadline = time.monotonic() + max(0.0, seconds)
+        if self.deadline is not None:
+            deadline = min(deadline, self.deadline)
+        return SglangClient(self.base_url, self.timeout, deadline)
+
+    def _budget(self, url: str, timeout: float | None) -> float:
+        budget = timeout or self.timeout
+        if self.deadline is not None:
+            left = self.deadline - time.monotonic()
+            if left <= 0:
+                raise ServerUnreachable(f"{url}: not asked: the time allowed has run out")
+            budget = min(budget, left)
+        return budget
 
     async def get(self, path: str, timeout: float | None = None) -> HttpAnswer:
-        return await asyncio.to_thread(_request, self.base_url + path, None, timeout or self.timeout)
+        url = self.base_url + path
+        return await asyncio.to_thread(_request, url, None, self._budget(url, timeout))
 
     async def post(self, path: str, body: dict, timeout: float | None = None) -> HttpAnswer:
+        url = self.base_url + path
         data = json.dumps(body).encode()
-        return await asyncio.to_thread(_request, self.base_url + path, data, timeout or self.timeout)
+        return await asyncio.to_thread(_request, url, data, self._budget(url, timeout))
 
     async def health(self) -> int:
-        """HTTP status of GET /health (200 up, 503 starting); raises ServerUnreachable."""
+        """HTTP status of GET /health (200 up, 503 starting); raises ServerUnreachable or
+        ServerAnswerError when no whole HTTP answer came back."""
         return (await self.get("/health")).status
 
     @staticmethod
