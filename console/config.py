@@ -127,6 +127,9 @@ class DrafterConfig:
     host: str
     path: str
     reference: bool = False
+    # Explicit target layers, overriding the checkpoint's `dflash_config.target_layer_ids` (shown as an
+    # override everywhere); None: read them from the checkpoint, where they are required.
+    layers: tuple[int, ...] | None = None
 
 
 @dataclass(frozen=True)
@@ -496,6 +499,7 @@ def _drafters(c: _Checker, data: Mapping[str, Any], hosts: Mapping[str, HostConf
             host=host,
             path=c.get(raw, "path", p, _text, "the checkpoint directory on the drafter's host", required=True),
             reference=is_reference,
+            layers=c.int_list(raw, "layers", p, 0, "layer ids"),
         ))
     return tuple(drafters)
 

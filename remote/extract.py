@@ -3,6 +3,11 @@
     python -m remote.extract --model DIR --completions completions.json --out DIR
         [--layers 1,8,15] [--drafter DIR ...] [--kernels fast|torch|any] [--device cpu|cuda|auto]
         [--device-map auto] [--max-memory 0=40GiB,1=40GiB,cpu=200GiB] [--staged --go-file PATH]
+        [--layers-override NAME=1,2,3] [--allow-incomplete] [--check-only]
+
+`--check-only` runs only the check phase (remote.extract_check: token ids inside the vocabulary,
+lengths within the context, finish reasons, drafter provenance), needs no GPU, writes nothing, and
+ends in a result event: what the console's preflight runs before the server stops.
 
 Order of work, so that the GPU is held as briefly as possible:
   1. inputs checked (model dir, completions, layers) and the kernel policy applied, in this fresh
@@ -12,8 +17,11 @@ Order of work, so that the GPU is held as briefly as possible:
      serves until then);
   3. forward passes with hooks on the chosen layers; each prompt's tensors go to a writer thread;
   4. the model leaves the GPU -> `gpu_released` event (the server can restart now), then the writer
-     finishes, then `manifest.json` is written last. A killed run leaves no manifest and no file
-     under a final name that is not complete.
+     finishes, per-layer soundness is computed from the saved bf16 states (remote.soundness), then
+     `manifest.json` is written last. All of it goes to an attempt directory
+     beside --out (`.NAME.attempt-PID`), moved into --out only once complete (`publish`): a killed
+     or failed run leaves no manifest and no file under a final name that is not complete, and an
+     earlier complete extraction in --out stays as it was.
 
 Output per prompt `<id>.safetensors`: `hidden` bf16 [T, n_layers, H] (layer order as manifest
 "layers"), `input_ids` int64 [T], `g` int64 [T] (target argmax after each position), `topk_ids`
@@ -28,13 +36,14 @@ import gc
 import json
 import os
 import queue
+import shutil
 import sys
 import threading
 import time
 from pathlib import Path
 from typing import Any
 
-from remote import kernels
+from remote import extract_check, kernels
 from remote.artifacts import MANIFEST, atomic_path, sha256_file, sync_file, write_manifest
 from remote.events import EventWriter, WorkerError, run_worker
 from remote.layers import LayerCapture, find_decoder_layers, parse_layer_list, select_layers, text_config
@@ -59,17 +68,26 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="python -m remote.extract", description=__doc__.splitlines()[0])
     p.add_argument("--model", required=True, help="target model directory (config.json + safetensors)")
     p.add_argument("--completions", required=True, help="completions.json from remote.completions")
-    p.add_argument("--out", required=True, help="output directory")
+    p.add_argument("--out", default=None, help="output directory (required unless --check-only)")
     p.add_argument("--layers", default="", help="comma-separated layer ids (output of decoder layer k)")
     p.add_argument("--drafter", action="append", default=[], help="drafter dir: adds its target_layer_ids")
     p.add_argument("--kernels", default="any", choices=kernels.POLICIES)
     p.add_argument("--device", default="auto", choices=("cpu", "cuda", "auto"))
     p.add_argument("--device-map", default=None, help="'auto' to split across GPUs (accelerate)")
     p.add_argument("--max-memory", default=None, help="per-device caps, e.g. 0=40GiB,1=40GiB,cpu=200GiB")
+    p.add_argument("--allow-offload", action="store_true",
+                   help="let --device-map auto put modules on the CPU (slow; implied by a cpu entry in --max-memory)")
     p.add_argument("--staged", action="store_true", help="stage weights in host RAM and wait for --go-file")
     p.add_argument("--go-file", default=None, help="staged mode: start the window when this file appears")
     p.add_argument("--limit", type=int, default=None, help="only the first N prompts")
+    p.add_argument("--check-only", action="store_true",
+                   help="only the check phase (no GPU, no output): a result event (remote.extract_check)")
+    p.add_argument("--allow-incomplete", action="store_true", help="extract generations cached as incomplete")
+    p.add_argument("--layers-override", action="append", default=[], metavar="NAME=1,2,3",
+                   help="a drafter's layer ids, replacing its target_layer_ids (NAME = its directory's name)")
     args = p.parse_args(argv)
+    if not args.out and not args.check_only:
+        p.error("--out is required (unless --check-only)")
     if args.staged and not args.go_file:
         p.error("--staged needs --go-file")
     return args
@@ -117,15 +135,68 @@ def resolve_device(choice: str) -> str:
     return choice
 
 
+ATTEMPT = ".{name}.attempt-{pid}"  # beside --out, on its filesystem: the files are renamed into place
+
+
 def prepare_out(out: str | Path) -> Path:
-    """Create the output directory; remove a previous manifest first so a re-run never looks complete early."""
-    directory = Path(out)
-    directory.mkdir(parents=True, exist_ok=True)
+    """A fresh directory for this attempt beside `out`, which is left as it is until `publish`.
+
+    A complete earlier extraction in `out` stays complete (its manifest and files untouched) through
+    a re-run that fails its checks, its load or its forward, or is killed: the attempt writes only
+    into its own directory. Attempts left by killed runs (their pid gone) are removed here.
+    """
+    from remote.procstat import pid_alive
+
+    final = Path(out)
+    if final.exists() and not final.is_dir():
+        raise WorkerError(f"--out {final} exists and is not a directory", "--out")
+    final.parent.mkdir(parents=True, exist_ok=True)
+    for stale in final.parent.glob(ATTEMPT.format(name=final.name, pid="*")):
+        pid = stale.name.rpartition("-")[2]
+        if pid.isdigit() and int(pid) != os.getpid() and not pid_alive(int(pid)):
+            shutil.rmtree(stale, ignore_errors=True)
+    if final.is_dir():
+        for partial in final.glob(".*.partial"):  # left in place by a killed run of an older version
+            partial.unlink(missing_ok=True)
+    attempt = final.parent / ATTEMPT.format(name=final.name, pid=os.getpid())
+    shutil.rmtree(attempt, ignore_errors=True)
+    attempt.mkdir()
+    return attempt
+
+
+def publish(attempt: Path, out: str | Path) -> Path:
+    """Move a complete attempt into `out`, its manifest last; returns the manifest's final path.
+
+    The old manifest goes first (from then on `out` is not complete), then every new file replaces
+    its namesake, then files that only the old manifest listed are removed, then the new manifest
+    lands. Other files in `out` are left alone.
+    """
+    final = Path(out)
+    final.mkdir(parents=True, exist_ok=True)
+    old_files: set[str] = set()
+    with contextlib.suppress(FileNotFoundError, ValueError, AttributeError):
+        old_files = set(json.loads((final / MANIFEST).read_text()).get("files", {}))
     with contextlib.suppress(FileNotFoundError):
-        (directory / MANIFEST).unlink()
-    for partial in directory.glob(".*.partial"):  # left by a killed run
-        partial.unlink(missing_ok=True)
-    return directory
+        (final / MANIFEST).unlink()
+    sync_file(final)
+    moved = set()
+    for path in sorted(attempt.iterdir()):
+        if path.name == MANIFEST:
+            continue
+        target = final / path.name
+        if path.is_dir() and target.is_dir():
+            shutil.rmtree(target)
+        os.replace(path, target)
+        moved.add(path.name)
+    for name in old_files - moved:
+        if name and "/" not in name and name not in (".", ".."):
+            with contextlib.suppress(FileNotFoundError, IsADirectoryError):
+                (final / name).unlink()
+    sync_file(final)
+    os.replace(attempt / MANIFEST, final / MANIFEST)
+    sync_file(final)
+    attempt.rmdir()
+    return final / MANIFEST
 
 
 def versions() -> dict[str, str | None]:
@@ -296,13 +367,15 @@ def copy_to_host(tensors: dict[str, Any]) -> tuple[dict[str, Any], list[Any]]:
     return host, events
 
 
-def warm_kernels(model_config: dict[str, Any], device: str, events: EventWriter) -> float:
+def warm_kernels(model_config: dict[str, Any], device: str, events: EventWriter, tokens: int = 64) -> float:
     """Compile and autotune the linear-attention kernels with a two-layer copy of the target's shape.
 
-    fla's Triton kernels specialise on head counts and dims, not on sequence length, so a short
-    forward of one linear and one full layer with the real dims compiles what the real forward
-    needs (into TRITON_CACHE_DIR and this process's memory) while the server still holds the GPU.
-    A small vocabulary keeps the embedding tiny. Returns seconds spent.
+    fla's Triton kernels specialise on head counts and dims, not on sequence length, so a forward
+    of one linear and one full layer with the real dims compiles what the real forward needs (into
+    TRITON_CACHE_DIR and this process's memory) while the server still holds the GPU. The autotuner
+    times its configs on these inputs and keeps the winner for every length (its keys hold no
+    length): `tokens` is the longest prompt's length, so it tunes for the shapes the window runs, as
+    a cold run does. A small vocabulary keeps the embedding tiny. Returns seconds spent.
     """
     import torch
     from transformers import AutoConfig, AutoModelForCausalLM
@@ -327,7 +400,7 @@ def warm_kernels(model_config: dict[str, Any], device: str, events: EventWriter)
     config = AutoConfig.for_model(model_type, **tcfg)
     with torch.device(device):
         small = AutoModelForCausalLM.from_config(config, dtype=torch.bfloat16)
-    ids = torch.randint(0, 256, (1, 64), device=device)
+    ids = torch.randint(0, 256, (1, max(16, min(int(tokens), 16384))), device=device)
     with torch.inference_mode():
         small(input_ids=ids, use_cache=False)
         # The top-8 pass over the real vocabulary compiles its own Triton kernel (per row width).
@@ -377,6 +450,17 @@ def wait_for_go(go_file: str, events: EventWriter) -> float:
     return time.perf_counter() - start
 
 
+def wait_for_file(path: str, go_file: str, events: EventWriter) -> float:
+    """Staged: block until the completions cache exists (written atomically by remote.completions)."""
+    start = time.perf_counter()
+    events.log(f"staged: weights read; waiting for the completions ({path})")
+    while not os.path.exists(path):
+        if os.path.exists(go_file):
+            raise WorkerError(f"the go signal came before the completions {path} existed", "--go-file")
+        time.sleep(0.1)
+    return time.perf_counter() - start
+
+
 def release_gpu(model: Any) -> None:
     """Free the model's GPU memory now and return it to the driver.
 
@@ -407,14 +491,31 @@ def main(events: EventWriter, argv: list[str] | None = None) -> dict[str, Any]:
     args = parse_args(argv)
     events.phase("check")
     model_config = read_model_config(args.model)
-    completions = load_completions(args.completions)
     tcfg = text_config(model_config)
     num_layers, hidden_size = tcfg.get("num_hidden_layers"), tcfg.get("hidden_size")
     if not isinstance(num_layers, int) or not isinstance(hidden_size, int):
         raise WorkerError("config.json has no num_hidden_layers / hidden_size", f"{args.model}/config.json")
-    layer_ids = select_layers(num_layers, parse_layer_list(args.layers), args.drafter)
+    overrides = extract_check.parse_overrides(args.layers_override)
+    layer_ids = select_layers(num_layers, parse_layer_list(args.layers), args.drafter, overrides)
     max_memory = parse_max_memory(args.max_memory)
-    prompts = completions["prompts"][: args.limit] if args.limit else completions["prompts"]
+
+    def read_completions() -> tuple[dict[str, Any], list[dict[str, Any]], dict[str, Any]]:
+        completions = load_completions(args.completions)
+        prompts = completions["prompts"][: args.limit] if args.limit else completions["prompts"]
+        checked = extract_check.check(args.model, model_config, args.completions, completions, prompts, layer_ids,
+                                      args.drafter, overrides, args.allow_incomplete, events, args.check_only)
+        if completions.get("model_path") and Path(str(completions["model_path"])).resolve() != Path(args.model).resolve():
+            events.log(f"completions were made by a server serving {completions['model_path']}; extracting "
+                       f"{args.model}", level="warning")
+        return completions, prompts, checked
+
+    # Staged, the weights are read while the live server still generates the completions: the
+    # cache is read (and checked) once it appears, before `staged`, so the stop still waits for it.
+    late = args.staged and not args.check_only and not Path(args.completions).exists()
+    if not late:
+        completions, prompts, checked = read_completions()
+        if args.check_only:
+            return checked
     if args.staged and Path(args.go_file).exists():
         # A go file left by an earlier run would start the copy to the GPU while the server still holds it.
         raise WorkerError(f"the go file {args.go_file} already exists (left by an earlier run?): remove it first",
@@ -422,10 +523,7 @@ def main(events: EventWriter, argv: list[str] | None = None) -> dict[str, Any]:
     device = resolve_device(args.device)
     decision = kernels.apply_policy(args.kernels, device)
     events.log(f"kernel policy {args.kernels}: {decision['reason']}")
-    out = prepare_out(args.out)
-    if completions.get("model_path") and Path(str(completions["model_path"])).resolve() != Path(args.model).resolve():
-        events.log(f"completions were made by a server serving {completions['model_path']}; extracting {args.model}",
-                   level="warning")
+    out = prepare_out(args.out)  # this attempt's own directory; moved into args.out once complete
 
     events.phase("import")
     modeling = kernels.import_modeling(model_config.get("model_type", ""))
@@ -450,7 +548,7 @@ def main(events: EventWriter, argv: list[str] | None = None) -> dict[str, Any]:
     _, decoder_layers = find_decoder_layers(model)
     if len(decoder_layers) != num_layers:
         raise WorkerError(f"config says {num_layers} layers, the model has {len(decoder_layers)}", args.model)
-    device_map = plan_device_map(model, device, args.device_map, max_memory)
+    device_map = plan_device_map(model, device, args.device_map, max_memory, allow_offload=args.allow_offload)
     total_tensors, total_bytes = model_bytes(model)
     events.log(f"checkpoint: {facts['tensors']} tensors, {facts['tensor_bytes'] / 1e9:.2f} GB; "
                f"devices: {', '.join(devices_used(device_map))}")
@@ -475,8 +573,12 @@ def main(events: EventWriter, argv: list[str] | None = None) -> dict[str, Any]:
         pin = torch.cuda.is_available()
         place_weights(model, {"": "cpu"}, pin=pin, on_tensor=on_tensor("weights"))
         window["host_read_s"] = round(time.perf_counter() - t0, 3)
+        if late:
+            wait_for_file(args.completions, args.go_file, events)
+            completions, prompts, checked = read_completions()
         # Only Triton kernels (fla, the top-8 pass) compile on first use; the torch path has nothing to warm.
-        window["warmup_s"] = round(warm_kernels(model_config, device, events), 3) if triton_topk else 0.0
+        longest = max(len(p["prompt_ids"]) + len(p["completion_ids"]) for p in prompts)
+        window["warmup_s"] = round(warm_kernels(model_config, device, events, longest), 3) if triton_topk else 0.0
         if pin:
             sizes = [n for p in prompts
                      for n in host_bytes(len(p["prompt_ids"]) + len(p["completion_ids"]), len(layer_ids), hidden_size)]
@@ -541,6 +643,7 @@ def main(events: EventWriter, argv: list[str] | None = None) -> dict[str, Any]:
 
     events.phase("flush")
     writer.finish()
+    soundness = extract_check.soundness_of(out, writer.files, layer_ids, events)
     manifest_path = write_manifest(
         out, writer.files,
         format=EXTRACT_FORMAT, layers=layer_ids, hidden_size=hidden_size, dtype="bfloat16",
@@ -548,10 +651,13 @@ def main(events: EventWriter, argv: list[str] | None = None) -> dict[str, Any]:
         model_path=str(Path(args.model).resolve()), kernels=binding["bound"], kernel_scheme=binding["scheme"],
         kernels_fast=binding["fast"], topk_pass="triton" if triton_topk else "torch", kernel_calls=used_calls, kernel_policy=args.kernels,
         kernel_decision=decision, versions=versions(), prompts=entries,
+        kernel_configs=kernels.autotune_choices(),  # fla's autotuned configs: runs that differ here round differently
         device_map={k: str(v) for k, v in device_map.items()}, devices=devices_used(device_map),
         completions_file=str(Path(args.completions).resolve()), completions_sha256=sha256_file(args.completions),
         prompt_set_sha256=completions.get("prompt_set_sha256"), checkpoint=facts, window=window,
+        soundness=soundness, incomplete_allowed=checked["incomplete"], layer_overrides=overrides,
     )
+    manifest_path, out = publish(out, args.out), Path(args.out)
     events.artifact(str(out), "extract", manifest=str(manifest_path), prompts=len(entries))
     return {"out": str(out), "prompts": len(entries), "tokens": tokens, "layers": layer_ids,
             "kernels": binding["bound"], "kernels_fast": binding["fast"], "window": window,

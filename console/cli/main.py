@@ -141,6 +141,52 @@ def _add_report(sub: argparse._SubParsersAction) -> None:
     parser.set_defaults(run=_cmd_report)
 
 
+def _cmd_run(args: argparse.Namespace) -> int:
+    from console.cli import run as cmd_run
+
+    return cmd_run.run(args)
+
+
+def _cmd_runs(args: argparse.Namespace) -> int:
+    from console.cli import run as cmd_run
+
+    return cmd_run.runs(args)
+
+
+def _add_runs_option(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--runs", metavar="DIR", default=None,
+                        help="the run store (default: the user data dir's runs/, or $DFLASH_OPS_RUNS)")
+
+
+def _add_run(sub: argparse._SubParsersAction) -> None:
+    parser = sub.add_parser(
+        "run", help="run the downtime window: preflight, stage, cache, stop, free VRAM, extract, restart, evaluate, report",
+        description="Run the procedure against the configured hosts, asking before every step that changes a "
+                    "host. Exit status 0 done; 1 failed with the service up; 2 usage or config; 3 failed with "
+                    "the service still down.")
+    _add_config_option(parser)
+    parser.add_argument("--plan", action="store_true", help="print every step with its exact command and whether "
+                                                            "it would act; change nothing")
+    parser.add_argument("--headless", action="store_true", help="no TUI: progress and tables on the terminal")
+    parser.add_argument("--yes", action="store_true", help="approve every confirmation (scripts, CI)")
+    parser.add_argument("--step", action="store_true", help="ask before each step: y / n / c (continue without asking)")
+    parser.add_argument("--resume", nargs="?", const=True, default=None, metavar="RUN",
+                        help="continue the latest unfinished run (or RUN) from its first unsatisfied step")
+    parser.add_argument("--no-restart", action="store_true",
+                        help="after a failure with the service down, leave it down (exit 3) instead of restarting it")
+    parser.add_argument("--route", choices=("window", "zero-downtime"), default=None,
+                        help="the route (default: the plan's proposal)")
+    _add_runs_option(parser)
+    parser.set_defaults(run=_cmd_run)
+
+
+def _add_runs(sub: argparse._SubParsersAction) -> None:
+    parser = sub.add_parser("runs", help="list earlier runs (date, route, downtime, headline tau per drafter)",
+                            description="List the runs in the run store, newest last.")
+    _add_runs_option(parser)
+    parser.set_defaults(run=_cmd_runs)
+
+
 # --------------------------------------------------------------------------------------------
 # The command table: (name, adds its parser). Later: drill, run.
 
@@ -156,6 +202,8 @@ COMMANDS: list[Subcommand] = [
     Subcommand("probe", _add_probe),
     Subcommand("status", _add_status),
     Subcommand("report", _add_report),
+    Subcommand("run", _add_run),
+    Subcommand("runs", _add_runs),
 ]
 
 

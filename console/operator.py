@@ -1,0 +1,120 @@
+"""The operator's console core: one object every view uses (headless `run`, the drill, the TUI).
+
+It holds the config, the live session (connections, telemetry, service watch, one message bus),
+the run store, and the engine of the run in progress. A view calls its methods and renders what it
+publishes on `bus`; none of them wires parts together itself.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+from pathlib import Path
+
+from console.config import Config
+from console.messages import PlanReady, RunFinished
+from console.procedure.decider import Decider, RefuseAll
+from console.procedure.engine import Engine
+from console.procedure.store import Run, RunStore, RunSummary
+from console.session import MessageBus, Session
+
+
+class ReadOnly(Exception):
+    """The console was opened read-only: nothing that acts is offered."""
+
+
+class Operator:
+    """The config's hosts, watched; the procedure, run on request."""
+
+    def __init__(self, config: Config, runs_dir: Path | str | None = None, read_only: bool = False,
+                 session: Session | None = None):
+        self.config = config
+        self.read_only = read_only
+        self.session = session or Session(config)
+        self.bus: MessageBus = self.session.bus
+        self.store = RunStore(runs_dir)
+        self.engine: Engine | None = None
+        self._task: asyncio.Task | None = None
+
+    def start(self) -> None:
+        """Connect every host, start telemetry and the service watch (on the running loop)."""
+        self.session.start()
+
+    async def stop(self) -> None:
+        await self.session.stop()
+
+    def _config_sha(self) -> str | None:
+        source = self.config.source
+        return hashlib.sha256(Path(source).read_bytes()).hexdigest() if source and Path(source).exists() else None
+
+    def open_run(self, resume: str | bool | None) -> Run:
+        """A new run, or the one to resume (`True`: the latest unfinished one)."""
+        if resume is True:
+            run = self.store.latest_unfinished()
+            if run is None:
+                raise LookupError(f"no unfinished run to resume in {self.store.root}")
+            return run
+        if resume:
+            return self.store.open(str(resume))
+        return self.store.create(str(self.config.source) if self.config.source else None, self._config_sha())
+
+    async def run(self, decider: Decider, resume: str | bool | None = None, route: str | None = None,
+                  no_restart: bool = False) -> RunFinished:
+        """Run the whole procedure (or resume one); publishes its messages on `bus`."""
+        if self.read_only:
+            raise ReadOnly("read-only console: the procedure cannot be run")
+        run = self.open_run(resume)
+        self.engine = Engine(self.session, run, decider, self.store, restart_on_failure=not no_restart, route=route)
+        self._task = asyncio.current_task()
+        try:
+            return await self.engine.execute()
+        finally:
+            self._task = None
+
+    async def plan(self, route: str | None = None) -> PlanReady:
+        """Preflight only: connect, probe, read the drafters, choose the plan. Changes nothing on the
+        hosts (beyond shipping the worker code) and keeps no run."""
+        run = self.store.create(str(self.config.source) if self.config.source else None, self._config_sha())
+        engine = Engine(self.session, run, RefuseAll(), self.store, restart_on_failure=False, route=route,
+                        plan_only=True)
+        try:
+            finished = await engine.execute()
+            if engine.plan is None:
+                raise RuntimeError(finished.message)
+            return engine.plan
+        finally:
+            _remove_tree(run.dir)
+
+    async def restart_service(self, decider: Decider) -> None:
+        """Start the service now (asking first): the one key that ends a downtime."""
+        if self.read_only:
+            raise ReadOnly("read-only console: the service cannot be started from here")
+        engine = self.engine
+        if engine is None:
+            run = self.store.latest_unfinished()
+            if run is None:
+                raise LookupError("no run of this console stopped the service")
+            engine = Engine(self.session, run, decider, self.store)
+        engine.decider = decider
+        await engine.restart_service(reason="the operator asked for it")
+
+    def cancel(self) -> None:
+        """Cancel the procedure in progress (it then offers the restart if the service is down)."""
+        if self._task is not None:
+            self._task.cancel()
+
+    def unfinished_run(self) -> str | None:
+        run = self.store.latest_unfinished()
+        return run.run_id if run else None
+
+    def runs(self) -> list[RunSummary]:
+        return self.store.summaries()
+
+    def run_dir(self, run_id: str) -> Path:
+        return self.store.root / run_id
+
+
+def _remove_tree(path: Path) -> None:
+    import shutil
+
+    shutil.rmtree(path, ignore_errors=True)

@@ -1,0 +1,878 @@
+"""The window engine: runs the procedure's steps against the session's hosts, asking before it acts.
+
+Each step has a check (already satisfied? skip and say why), a run and a verify; the state is saved
+after every transition and every decision, command and exit is journalled, so a console killed at
+any moment resumes from the first unsatisfied step. Jobs get deterministic ids (`<run>-<step>`)
+recorded before they start, so a resumed run finds a job it started instead of starting it again,
+and never extracts twice.
+
+Interlocks: the stop waits for verified completions and (when staging) the `staged` worker; the
+extraction waits until the service's GPUs are free (our staged worker's memory excluded); the
+restart begins at `gpu_released`, not after the files are flushed. Any failure, cancel or Ctrl-C
+after the stop offers the restart (`restart_on_failure`), and the exit code says whether the
+service is still down.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import shlex
+import time
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+from typing import Any
+
+from console.config import Config
+from console.messages import (
+    Confirmation,
+    DecisionMade,
+    Downtime,
+    HoldersFound,
+    PlanReady,
+    ResultsReady,
+    RunFinished,
+    StepUpdate,
+)
+from console.procedure import remote_files
+from console.procedure.decider import Decider
+from console.procedure.steps import ROUTES, Preflight, estimates, planned, stage_decision
+from console.procedure.store import Run, RunStore
+from console.service.control import ReadyTimeout, ServiceError, start_and_wait
+from console.service.vram import VramError, describe_outcomes, end_holders, endpids_argv, wait_vram_free
+from console.session import Session, service_name
+from console.ssh.hosts import HostError
+from console.ssh.jobs import JobDead, JobHandle, JobRunner, follow_with_reconnect
+from remote.prompts import DEFAULT_PROMPTS, load_prompts
+
+EXIT_DONE, EXIT_FAILED, EXIT_USAGE, EXIT_DOWN = 0, 1, 2, 3
+CONNECT_TIMEOUT_S = 30.0
+VRAM_WAIT_S = 30.0  # after the stop, before the holders are offered to end
+PROBE_TIMEOUT_S = 300.0
+
+
+class StepFailed(Exception):
+    """A step could not do its work; the message says what and where (one line)."""
+
+    def __init__(self, step: str, msg: str):
+        super().__init__(f"{step}: {msg}")
+        self.step = step
+        self.msg = msg
+
+
+class Refused(Exception):
+    """The operator said no: the run ends there and nothing more is changed."""
+
+    def __init__(self, step: str, action: str):
+        super().__init__(f"{step}: the operator refused to {action}")
+        self.step = step
+
+
+class Engine:
+    """Drives one run (new or resumed) of the procedure."""
+
+    def __init__(self, session: Session, run: Run, decider: Decider, store: RunStore | None = None,
+                 restart_on_failure: bool = True, route: str | None = None, plan_only: bool = False):
+        self.session = session
+        self.config: Config = session.config
+        self.bus = session.bus
+        self.run = run
+        self.decider = decider
+        self.store = store
+        self.restart_on_failure = restart_on_failure
+        self.plan_only = plan_only
+        self.route = route or run.state.get("route") or "window"
+        if self.route not in ROUTES:
+            raise ValueError(f"unknown route {self.route!r}: expected one of {', '.join(ROUTES)}")
+        self.facts = Preflight()
+        self.plan: PlanReady | None = None
+        self.earlier = estimates(s.state for s in self._earlier_runs())
+        self._gpu_released = asyncio.Event()
+        self._restart_task: asyncio.Task | None = None
+        self._unsubscribe_telemetry: Callable[[], None] | None = None
+
+    # --- bookkeeping --------------------------------------------------------------------------
+
+    @property
+    def state(self) -> dict[str, Any]:
+        return self.run.state
+
+    def _earlier_runs(self) -> list[Run]:
+        if self.store is None:
+            return []
+        runs = []
+        for run_id in self.store.run_ids():
+            if run_id != self.run.run_id:
+                with contextlib.suppress(Exception):
+                    runs.append(self.store.open(run_id))
+        return runs
+
+    def journal(self, step: str | None, message: str, **fields: Any) -> None:
+        self.bus.publish(self.run.journal(step, message, **fields))
+
+    def _step(self, name: str, status: str, detail: str | None = None) -> None:
+        step = self.run.step(name)
+        now = time.time()
+        if status == "running":
+            step["started_at"] = step.get("started_at") or now
+            step.pop("ended_at", None)
+        elif status in ("done", "skipped", "failed", "refused", "cancelled", "left-out"):
+            step["ended_at"] = now
+        step["status"] = status
+        if detail is not None:
+            step["detail"] = detail
+        self.run.save()
+        self.bus.publish(StepUpdate(self.run.run_id, name, status, step.get("started_at"), step.get("ended_at"),
+                                    detail))
+        if status != "running" or detail:
+            self.journal(name, f"{name}: {status}" + (f": {detail}" if detail else ""),
+                         level="error" if status == "failed" else "info")
+
+    async def _ask(self, confirmation: Confirmation) -> bool:
+        approved = await self.decider.decide(confirmation)
+        self.bus.publish(DecisionMade(confirmation, approved, self.decider.name))
+        self.journal(confirmation.step, f"{'approved' if approved else 'refused'}: {confirmation.action}",
+                     host=confirmation.host, decision=f"{'yes' if approved else 'no'} ({self.decider.name})",
+                     argv=list(confirmation.argv))
+        return approved
+
+    def _publish_downtime(self) -> None:
+        service = self.state["service"]
+        self.bus.publish(Downtime(self.run.run_id, service.get("stopped_at") if service.get("down") else None,
+                                  service.get("ready_at")))
+
+    @property
+    def service_down_by_us(self) -> bool:
+        return bool(self.state["service"].get("down"))
+
+    # --- the run ------------------------------------------------------------------------------
+
+    async def execute(self) -> RunFinished:
+        """Run (or resume) the procedure to its end; never raises for a failed step."""
+        self.state["route"] = self.route
+        self.state["status"] = "running"
+        self.run.save()
+        resumed = bool(self.state.get("started"))
+        self.state["started"] = True
+        self.journal(None, ("resumed" if resumed else "started") + f" run {self.run.run_id} "
+                     f"({self.route} route, config {self.config.source})")
+        self._unsubscribe_telemetry = self.session.bus.subscribe(self._record_telemetry)
+        if self.service_down_by_us:
+            self._publish_downtime()
+        status, message = "done", "the procedure finished"
+        try:
+            await self._preflight()
+            if self.plan_only:
+                return self._finish("done", "plan only: nothing was changed")
+            await self._steps()
+        except Refused as exc:
+            status, message = "refused", str(exc)
+        except asyncio.CancelledError:
+            task = asyncio.current_task()
+            if task is not None:
+                task.uncancel()  # the compensation below must still be able to wait
+            status, message = "cancelled", "cancelled by the operator"
+        except StepFailed as exc:
+            status, message = "failed", str(exc)
+        except (HostError, ServiceError, VramError, ReadyTimeout, OSError) as exc:
+            status, message = "failed", str(exc)
+        finally:
+            if self._unsubscribe_telemetry:
+                self._unsubscribe_telemetry()
+        if status != "done":
+            self.journal(None, message, level="error" if status == "failed" else "warning")
+            await self._compensate(status)
+        return self._finish(status, message)
+
+    def _finish(self, status: str, message: str) -> RunFinished:
+        down = self.service_down_by_us
+        code = EXIT_DONE if status == "done" else (EXIT_DOWN if down else EXIT_FAILED)
+        if not self.plan_only:
+            self.state["status"] = status
+            self.state["exit_code"] = code
+        self.state["message"] = message
+        self.run.save()
+        if down:
+            since = self.state["service"].get("stopped_at")
+            message += f"; THE SERVICE IS STILL DOWN (since {time.strftime('%H:%M:%S', time.localtime(since))})"
+        finished = RunFinished(self.run.run_id, status, code, not down, message, str(self.run.dir))
+        self.journal(None, f"run {status} (exit {code}): {message}", exit=code)
+        self.bus.publish(finished)
+        self.run.close()
+        return finished
+
+    async def _compensate(self, why: str) -> None:
+        """After a failure, refusal or cancel with the service down because of us: offer the restart."""
+        if self._restart_task is not None:
+            with contextlib.suppress(Exception):
+                await self._restart_task
+        if not self.service_down_by_us:
+            return
+        if not self.restart_on_failure:
+            self.journal("restart", "the service is left down (--no-restart)", level="warning")
+            return
+        try:
+            await self.restart_service(reason=f"the run {why} after the stop")
+        except (Refused, StepFailed, HostError, ServiceError, ReadyTimeout) as exc:
+            self.journal("restart", f"the restart failed: {exc}", level="error")
+
+    async def _steps(self) -> None:
+        steps = ROUTES[self.route]
+        if self.route == "window" and "stage" in steps:
+            # Stage and cache run side by side while the server still serves.
+            await asyncio.gather(self._do("stage", self._stage), self._do("cache", self._cache))
+            rest = steps[steps.index("cache") + 1:]
+        else:
+            rest = steps[1:]
+        for name in rest:
+            await self._do(name, getattr(self, "_" + name.replace("-", "_")))
+
+    async def _do(self, name: str, work: Callable[[], Awaitable[str | None]]) -> None:
+        """Run one step with its status published; its function returns a detail or raises."""
+        # Every step runs its own check, on resume too: a host's real state is trusted, not the saved one.
+        self._step(name, "running")
+        try:
+            detail = await work()
+        except Refused:
+            self._step(name, "refused")
+            raise
+        except asyncio.CancelledError:
+            self._step(name, "cancelled")
+            raise
+        except StepFailed as exc:
+            self._step(name, "failed", exc.msg)
+            raise
+        except Exception as exc:
+            self._step(name, "failed", str(exc))
+            raise StepFailed(name, str(exc)) from exc
+        if isinstance(detail, LeftOut):
+            self._step(name, "left-out", detail.why)
+        elif isinstance(detail, Skip):
+            self._step(name, "skipped", detail.why)
+        else:
+            self._step(name, "done", detail)
+
+    # --- preflight ----------------------------------------------------------------------------
+
+    async def _preflight(self) -> None:
+        self._step("preflight", "running")
+        try:
+            await self._preflight_checks()
+        except StepFailed as exc:
+            self._step("preflight", "failed", exc.msg)
+            raise
+        except (HostError, OSError, TimeoutError) as exc:
+            self._step("preflight", "failed", str(exc) or type(exc).__name__)
+            raise StepFailed("preflight", str(exc) or type(exc).__name__) from exc
+        self._step("preflight", "done", f"{len(self.config.hosts)} hosts, layers {self.facts.layers}")
+
+    async def _connected(self, name: str, step: str):
+        try:
+            return await self.session.host(name, CONNECT_TIMEOUT_S)
+        except TimeoutError:
+            state = self.session.supervisors[name].state
+            raise StepFailed(step, f"{name} is not connected after {CONNECT_TIMEOUT_S:.0f} s "
+                                   f"({state.last_error or state.status})") from None
+
+    async def _preflight_checks(self) -> None:
+        config = self.config
+        for name in config.hosts:
+            await self._connected(name, "preflight")
+        prompts = self._prompt_records()  # bad prompt files fail here, before anything else
+        self.state["facts"]["prompt_ids"] = [p["id"] for p in prompts]
+        # Facts from every host at once: probes (kernels, RAM, model size), drafter configs, the service.
+        probes, drafters, view = await asyncio.gather(self._probe_all(), self._read_drafters(),
+                                                      self.session.check_service())
+        self.facts.probes = probes
+        self.facts.drafters = drafters
+        target_probe = probes.get(config.target.host, {})
+        model = target_probe.get("model", {})
+        if model.get("exists") is False:
+            raise StepFailed("preflight", f"{config.target.model_path} does not exist on {config.target.host}")
+        if model.get("error"):
+            raise StepFailed("preflight", f"the target on {config.target.host}: {model['error']}")
+        self.facts.model_bytes = model.get("tensor_bytes")
+        self.facts.ram_available = target_probe.get("ram", {}).get("available")
+        kernels = target_probe.get("kernels", {})
+        if config.target.kernels == "fast" and not kernels.get("fast") and not self.session.simulated.get(config.target.host):
+            raise StepFailed("preflight", f"kernels = \"fast\" but {config.target.host} binds "
+                                          f"{', '.join(f'{k}={v}' for k, v in kernels.get('bound', {}).items()) or 'nothing'}")
+        self.facts.layers = self._layers(drafters)
+        # The service must be up and serving the target before anything is cached from it (a resumed
+        # run that stopped it already is the exception).
+        if not self.service_down_by_us:
+            if view.status is None:
+                raise StepFailed("preflight", f"the service manager on {config.service.host} did not answer: {view.error}")
+            if not view.status.active or view.health is None or not view.health.ready:
+                why = view.error or (view.health.error if view.health else None) or view.status.state
+                raise StepFailed("preflight", f"{service_name(config)} on {config.service.host} is not up and "
+                                              f"ready ({why}); the window starts from a live server")
+            self.facts.service_ready = True
+            self.facts.service_model = view.health.model_path
+            if view.health.model_path and not _same_model(view.health.model_path, config.target.model_path):
+                raise StepFailed("preflight", f"the server serves {view.health.model_path}, the target is "
+                                              f"{config.target.model_path}: completions would come from another model")
+        self.state["facts"]["preflight"] = self.facts.to_json()
+        self.state["facts"]["layers"] = self.facts.layers
+        self.run.save()
+        (self.run.dir / "probes.json").write_text(json.dumps({"format": "dflash-ops.probes/1", "hosts": probes}))
+        await self._choose_plan()
+
+    def _prompt_records(self) -> list[dict[str, Any]]:
+        """The prompts as the workers will read them (the config's max_new_tokens applied)."""
+        source = self.config.prompts.file
+        path = DEFAULT_PROMPTS if source is None else Path(source).expanduser()
+        if not path.is_absolute():
+            path = self.config.base_dir() / path
+        try:
+            prompt_set = load_prompts(path)
+        except Exception as exc:  # PromptFileError names file, line and field
+            raise StepFailed("preflight", getattr(exc, "msg", str(exc))) from None
+        records = []
+        for prompt in prompt_set.prompts:
+            record = prompt.to_json()
+            if self.config.prompts.max_new_tokens:
+                record["max_new_tokens"] = self.config.prompts.max_new_tokens
+            records.append(record)
+        return records
+
+    async def _probe_all(self) -> dict[str, dict[str, Any]]:
+        async def probe(name: str) -> tuple[str, dict[str, Any]]:
+            args = ["--workdir", await (await self.session.runner(name)).workdir()]
+            if name == self.config.target.host:
+                args += ["--model", self.config.target.model_path]
+            outcome = await self._job(name, "probe", f"probe-{name}", args, step="preflight", fresh=True)
+            if not isinstance(outcome.get("result"), dict):
+                raise StepFailed("preflight", f"the probe on {name} gave no facts: {outcome.get('error')}")
+            return name, outcome["result"]
+        return dict(await asyncio.gather(*(probe(name) for name in self.config.hosts)))
+
+    async def _read_drafters(self) -> dict[str, dict[str, Any]]:
+        """Each drafter's config.json, read over SSH where it lives."""
+        async def read(drafter) -> tuple[str, dict[str, Any]]:
+            host = await self._connected(drafter.host, "preflight")
+            path = f"{await host.expand(drafter.path)}/config.json"
+            text = await remote_files.read_text(host, path)
+            try:
+                data = json.loads(text)
+            except json.JSONDecodeError as exc:
+                raise StepFailed("preflight", f"{drafter.host}:{path}: not JSON ({exc})") from None
+            flash = data.get("dflash_config") if isinstance(data, dict) else None
+            ids = flash.get("target_layer_ids") if isinstance(flash, dict) else None
+            override = getattr(drafter, "layers", None)
+            if override:
+                ids, source = list(override), "override ([[drafters]] layers)"
+            elif isinstance(ids, list) and all(isinstance(i, int) for i in ids):
+                source = "config.json"
+            else:
+                raise StepFailed("preflight", f"{drafter.host}:{path}: `dflash_config.target_layer_ids`: expected a "
+                                              f"list of layer ids (required since z-lab/dflash PR #157), found "
+                                              f"{json.dumps(ids)}; set `layers = [...]` in its [[drafters]] table "
+                                              f"to override")
+            return drafter.name, {"host": drafter.host, "path": drafter.path, "target_layer_ids": ids,
+                                  "layers_from": source, "block_size": data.get("block_size"),
+                                  "hidden_size": data.get("hidden_size")}
+        return dict(await asyncio.gather(*(read(d) for d in self.config.drafters)))
+
+    def _layers(self, drafters: dict[str, dict[str, Any]]) -> list[int]:
+        if self.config.target.layers != "auto":
+            return sorted(set(self.config.target.layers))
+        layers = sorted({i for d in drafters.values() for i in d["target_layer_ids"]})
+        if not layers:
+            raise StepFailed("preflight", "layers = \"auto\" but no drafter is configured to take them from")
+        return layers
+
+    async def _choose_plan(self) -> None:
+        acts: dict[str, tuple[bool, str]] = {}
+        if self.route == "window":
+            stage, why = stage_decision(self.facts)
+            if "stage" in self.state["facts"].get("plan_stage", {}):
+                stage, why = self.state["facts"]["plan_stage"]["stage"], self.state["facts"]["plan_stage"]["why"]
+            self.state["facts"]["plan_stage"] = {"stage": stage, "why": why}
+            acts["stage"] = (stage, why)
+        manager = await self.session.service.manager(CONNECT_TIMEOUT_S)
+        downtime = self.earlier.get("downtime")
+        acts["stop"] = (True, f"{service_name(self.config)} on {self.config.service.host} goes down"
+                              + (f"; earlier windows took {downtime:.0f} s" if downtime else ""))
+        hosts = {"stage": self.config.target.host, "cache": self.config.service.host, "stop": self.config.service.host,
+                 "free-vram": self.config.service.host, "extract": self.config.target.host,
+                 "restart": self.config.service.host, "evaluate": self.config.eval.host}
+        argvs = {"stop": manager.stop_argv(), "restart": manager.start_argv()}
+        steps = planned(self.route, acts, hosts, argvs, self.earlier)
+        self.plan = PlanReady(self.run.run_id, self.route, steps)
+        self.state["plan"] = [{"name": s.name, "acts": s.acts, "why": s.why, "host": s.host, "argv": list(s.argv),
+                               "estimate_s": s.estimate_s} for s in steps]
+        self.run.save()
+        self.bus.publish(self.plan)
+        for step in steps:
+            self.journal("preflight", f"plan: {step.name}: {'acts' if step.acts else 'left out'}: {step.why}"
+                         + (f" ({shlex.join(step.argv)} on {step.host})" if step.argv else ""))
+
+    def _acts(self, name: str) -> bool:
+        return any(s.name == name and s.acts for s in (self.plan.steps if self.plan else ()))
+
+    # --- paths on the hosts -------------------------------------------------------------------
+
+    async def _window_dir(self, name: str) -> str:
+        """This run's directory on host `name` (created private)."""
+        runner = await self.session.runner(name, CONNECT_TIMEOUT_S)
+        path = f"{await runner.workdir()}/windows/{self.run.run_id}"
+        host = runner.host
+        await host.run(["mkdir", "-p", "-m", "700", path])
+        return path
+
+    # --- jobs ---------------------------------------------------------------------------------
+
+    async def _job(self, host_name: str, worker: str, key: str, args: list[str], step: str,
+                   fresh: bool = False, until: str | None = None,
+                   on_event: Callable[[dict[str, Any]], Any] | None = None) -> dict[str, Any]:
+        """Start (or find again) job `key` on `host_name` and follow it until it exits (or until an
+        event of type `until` arrives; then the job keeps running). Returns its outcome.
+
+        The job's id is recorded in the state before it starts, so a console killed in between
+        finds it by id on resume instead of starting a second one. `fresh`: a read-only job
+        (probes) is simply run again on resume.
+        """
+        jobs = self.state["jobs"]
+        record = jobs.get(key)
+        runner = await self.session.runner(host_name, CONNECT_TIMEOUT_S)
+        handle: JobHandle | None = None
+        if record and not fresh:
+            handle = await _find_job(runner, record["job_id"])
+        if handle is None:
+            job_id = f"{self.run.run_id}-{key}" + ("" if not fresh else f"-{int(time.time() * 1000) % 100000}")
+            jobs[key] = {"job_id": job_id, "host": host_name, "worker": worker, "args": args}
+            self.run.save()  # before the start: found again by id after a crash
+            handle = await runner.start(worker, args, job_id=job_id)
+            self.journal(step, f"started {worker} on {host_name} (pid {handle.pid})", host=host_name,
+                         argv=["python", "-m", f"remote.{worker}", *args])
+        else:
+            self.journal(step, f"found {worker} job {handle.job_id} on {host_name} again (pid {handle.pid})",
+                         host=host_name)
+        jobs[key]["handle"] = json.loads(handle.to_json())
+        self.run.save()
+        return await self._follow(handle, step, until=until, on_event=on_event)
+
+    async def _follow(self, handle: JobHandle, step: str, until: str | None = None,
+                      on_event: Callable[[dict[str, Any]], Any] | None = None) -> dict[str, Any]:
+        outcome: dict[str, Any] = {"handle": handle, "artifacts": []}
+        supervisor = self.session.supervisors[handle.host]
+        try:
+            async for _, event in follow_with_reconnect(supervisor, handle, connect_timeout=CONNECT_TIMEOUT_S):
+                kind = event.get("type")
+                self._publish_event(handle, event)
+                if on_event is not None:
+                    result = on_event(event)
+                    if asyncio.iscoroutine(result):
+                        await result
+                if kind == "result":
+                    outcome["result"] = event.get("data")
+                elif kind == "error":
+                    outcome["error"] = event.get("msg")
+                elif kind == "artifact":
+                    outcome["artifacts"].append(event)
+                elif kind == "exit":
+                    outcome["exit"] = event.get("code")
+                if until is not None and kind == until:
+                    outcome["until"] = event
+                    return outcome
+        except JobDead as exc:
+            raise StepFailed(step, str(exc)) from None
+        except TimeoutError:
+            raise StepFailed(step, f"{handle.host} did not reconnect within {CONNECT_TIMEOUT_S:.0f} s while "
+                                   f"following {handle.worker}") from None
+        if until is not None:
+            raise StepFailed(step, f"{handle.worker} on {handle.host} exited ({outcome.get('exit')}) before "
+                                   f"`{until}`: {outcome.get('error') or 'no error reported'}")
+        if outcome.get("exit") not in (0, None) or outcome.get("error"):
+            tail = ""
+            with contextlib.suppress(Exception):
+                tail = await (await self.session.runner(handle.host)).stderr_tail(handle)
+            raise StepFailed(step, f"{handle.worker} on {handle.host} failed (exit {outcome.get('exit')}): "
+                                   f"{outcome.get('error') or 'no error event'}" + (f"; stderr: {tail[-300:]}" if tail and not outcome.get("error") else ""))
+        return outcome
+
+    def _publish_event(self, handle: JobHandle, event: dict[str, Any]) -> None:
+        message = job_message(handle, event)
+        if message is not None:
+            self.bus.publish(message)
+        if event.get("type") == "log":
+            self.journal(None, f"{handle.host} {handle.worker}: {event.get('msg')}", host=handle.host,
+                         level=event.get("level", "info") if event.get("level") in ("warning", "error") else "info")
+
+    # --- steps --------------------------------------------------------------------------------
+
+    def _extract_args(self, window_dir: str, staged: bool) -> list[str]:
+        target = self.config.target
+        args = ["--model", target.model_path, "--completions", f"{window_dir}/completions.json",
+                "--out", f"{window_dir}/states", "--layers", ",".join(map(str, self.facts.layers)),
+                "--kernels", target.kernels]
+        if staged:
+            args += ["--staged", "--go-file", f"{window_dir}/go"]
+        return args
+
+    async def _stage(self) -> str | Skip | LeftOut:
+        if not self._acts("stage"):
+            return LeftOut(self.state["facts"]["plan_stage"]["why"])
+        if await self._extraction_complete():
+            return Skip("the extraction already finished")
+        window = await self._window_dir(self.config.target.host)
+        outcome = await self._job(self.config.target.host, "extract", "extract", self._extract_args(window, True),
+                                  step="stage", until="staged")
+        staged = outcome["until"]
+        self.state["facts"]["staged_pid"] = outcome["handle"].pid
+        self.run.save()
+        return (f"{staged.get('bytes', 0) / 1e9:.2f} GB in host RAM, kernels warmed "
+                f"({staged.get('warmup_s', 0):.1f} s); waiting for the go")
+
+    async def _cache(self) -> str | Skip:
+        service_host = self.config.service.host
+        window = await self._window_dir(service_host)
+        completions = f"{window}/completions.json"
+        host = await self._connected(service_host, "cache")
+        verified = await self._verify_completions(host, completions)
+        if verified is None:
+            if self.service_down_by_us:
+                raise StepFailed("cache", f"no verified completions at {service_host}:{completions} and the "
+                                          f"service is down: restart it and run again")
+            prompts = "\n".join(json.dumps(r) for r in self._prompt_records()) + "\n"
+            await remote_files.write_text(host, f"{window}/prompts.jsonl", prompts)
+            args = ["--server", self.config.service.url, "--out", completions, "--prompts", f"{window}/prompts.jsonl",
+                    "--tokenizer", self.config.target.model_path]
+            await self._job(service_host, "completions", "cache", args, step="cache")
+            verified = await self._verify_completions(host, completions)
+            if verified is None:
+                raise StepFailed("cache", f"{service_host}:{completions} was not written")
+        elif verified:
+            return Skip(f"already cached and verified: {verified}")
+        if self.config.target.host != service_host:
+            target_window = await self._window_dir(self.config.target.host)
+            await self._relay_file(service_host, completions, self.config.target.host,
+                                   f"{target_window}/completions.json", "cache")
+        return f"{len(self.state['facts']['prompt_ids'])} completions cached and verified"
+
+    async def _verify_completions(self, host: Any, path: str) -> str | None:
+        """None when there is no cache; else raises unless it matches the prompts and the target."""
+        try:
+            text = await remote_files.read_text(host, path)
+        except FileNotFoundError:
+            return None
+        try:
+            data = json.loads(text)
+        except json.JSONDecodeError as exc:
+            raise StepFailed("cache", f"{host.name}:{path}: not JSON ({exc})") from None
+        ids = [p.get("id") for p in data.get("prompts", [])]
+        want = self.state["facts"]["prompt_ids"]
+        if ids != want:
+            raise StepFailed("cache", f"{host.name}:{path} holds prompts {ids}, expected {want}")
+        empty = [p.get("id") for p in data["prompts"] if not p.get("completion_ids")]
+        if empty:
+            raise StepFailed("cache", f"{host.name}:{path}: empty completions for {', '.join(map(str, empty))}")
+        incomplete = data.get("incomplete") or [p.get("id") for p in data["prompts"]
+                                                 if (p.get("finish_reason") or {}).get("type") == "abort"]
+        if incomplete:
+            raise StepFailed("cache", f"{host.name}:{path}: aborted generations for {', '.join(map(str, incomplete))}")
+        model = data.get("model_path")
+        if model and not _same_model(model, self.config.target.model_path):
+            raise StepFailed("cache", f"{host.name}:{path} was made by a server serving {model}, not the target "
+                                      f"{self.config.target.model_path}")
+        self.state["facts"]["completion_tokens"] = sum(len(p["completion_ids"]) for p in data["prompts"])
+        return f"{len(ids)} prompts, {self.state['facts']['completion_tokens']} completion tokens"
+
+    async def _stop(self) -> str | Skip:
+        service = self.config.service
+        if self.service_down_by_us:
+            return Skip(f"stopped by this run at {time.strftime('%H:%M:%S', time.localtime(self.state['service']['stopped_at']))}")
+        if self.state["steps"].get("cache", {}).get("status") not in ("done", "skipped"):
+            raise StepFailed("stop", "refused: the completions are not cached and verified")
+        if self._acts("stage") and self.state["steps"].get("stage", {}).get("status") not in ("done", "skipped"):
+            raise StepFailed("stop", "refused: the staged extractor has not reported `staged`")
+        manager = await self.session.service.manager(CONNECT_TIMEOUT_S)
+        argv = manager.stop_argv()
+        downtime = self.earlier.get("downtime")
+        impact = f"{service_name(self.config)} on {service.host} goes down; " + (
+            f"earlier windows took {downtime:.0f} s" if downtime else "no earlier window to estimate the downtime from")
+        if not await self._ask(Confirmation("stop", "stop the service", service.host, tuple(argv), impact, True, downtime)):
+            raise Refused("stop", "stop the service")
+        stream = self.session.streams[service.host]
+        self.state["service"]["pids_before_stop"] = sorted(stream.telemetry.seen_service_pids) \
+            if hasattr(stream.telemetry, "seen_service_pids") else []
+        now = time.time()
+        self.state["service"].update(stopped_at=now, down=True, stopped_monotonic=time.monotonic())
+        self.run.save()  # before the command: a crash during the stop still knows the service may be down
+        self._publish_downtime()
+        started = time.monotonic()
+        try:
+            await manager.stop()
+        finally:
+            self.journal("stop", "stop command ran", host=service.host, argv=list(argv),
+                         duration_s=round(time.monotonic() - started, 3))
+            self.session.poke_service()
+        return f"stopped in {time.monotonic() - started:.1f} s"
+
+    async def _free_vram(self) -> str | Skip:
+        service = self.config.service
+        stream = self.session.streams[service.host]
+        exclude = []
+        if self.state["facts"].get("staged_pid") and self.config.target.host == service.host:
+            exclude.append(self.state["facts"]["staged_pid"])
+        if self._extraction_done_or_running():
+            return Skip("the extraction already started")
+        after = self.state["service"].get("stopped_monotonic")
+        if after is None or after > time.monotonic():  # resumed in a new process: only fresh samples count
+            after = time.monotonic()
+        known = self.state["service"].get("pids_before_stop", [])
+        result = await wait_vram_free(stream, service.gpus, service.vram_free_mib, VRAM_WAIT_S, stopped_at=after,
+                                      service_pids=known, exclude_pids=exclude)
+        if result.free:
+            return f"free after {result.waited_s:.1f} s ({result.used})"
+        holders = result.holders
+        self.bus.publish(HoldersFound(service.host, holders, result.used, service.vram_free_mib))
+        self.journal("free-vram", f"VRAM still held after {result.waited_s:.0f} s ({result.used}): "
+                     + "; ".join(f"pid {h.pid} {h.mib} MiB {h.command or '?'}" for h in holders), level="warning")
+        if not holders:
+            raise StepFailed("free-vram", f"VRAM still held ({result.used}) and no process is listed as holding it")
+        code_dir = await self.session.code_dir(service.host)
+        host = await self._connected(service.host, "free-vram")
+        python = await host.expand(host.spec.python) if host.spec.python.startswith("~") else host.spec.python
+        argv = endpids_argv(python, code_dir, holders, service.stop_grace_s, sudo=service.sudo)
+        action = f"end {len(holders)} process{'es' if len(holders) > 1 else ''} holding VRAM"
+        impact = ", ".join(f"pid {h.pid} ({h.mib} MiB, {h.command or '?'}"
+                           + (", was the service's" if h.was_service else "") + ")" for h in holders)
+        if not await self._ask(Confirmation("free-vram", action, service.host, tuple(argv),
+                                            f"SIGTERM, then SIGKILL after {service.stop_grace_s:g} s: {impact}", True)):
+            raise Refused("free-vram", action)
+        outcomes = await end_holders(host, python, code_dir, holders, service.stop_grace_s, sudo=service.sudo)
+        for line in describe_outcomes(outcomes):
+            self.journal("free-vram", line, host=service.host)
+        result = await wait_vram_free(stream, service.gpus, service.vram_free_mib, VRAM_WAIT_S,
+                                      stopped_at=time.monotonic(), service_pids=known, exclude_pids=exclude)
+        if not result.free:
+            raise StepFailed("free-vram", f"VRAM still held after ending the holders ({result.used})")
+        return f"free after ending {len(outcomes)} holder(s) ({result.used})"
+
+    def _extraction_done_or_running(self) -> bool:
+        return bool(self.state["facts"].get("go_sent") or self.state["facts"].get("extraction_complete"))
+
+    async def _extraction_complete(self) -> bool:
+        """The states' manifest on the target host is complete and its files match their sha256."""
+        if self.state["facts"].get("extraction_complete"):
+            return True
+        if "extract" not in self.state["jobs"]:
+            return False
+        window = await self._window_dir(self.config.target.host)
+        host = await self._connected(self.config.target.host, "extract")
+        code = await self.session.code_dir(self.config.target.host)
+        if await remote_files.manifest_complete(host, code, f"{window}/states"):
+            self.state["facts"]["extraction_complete"] = True
+            self.run.save()
+            return True
+        return False
+
+    async def _extract(self) -> str | Skip:
+        target = self.config.target.host
+        window = await self._window_dir(target)
+        if await self._extraction_complete():
+            self._gpu_released.set()
+            return Skip(f"already extracted (manifest complete, sha256 verified): {target}:{window}/states")
+        staged = self._acts("stage") and "extract" in self.state["jobs"]
+
+        def on_event(event: dict[str, Any]) -> None:
+            if event.get("type") == "gpu_released":
+                self.state["facts"]["gpu_released_at"] = time.time()
+                self.state["facts"]["window"] = {k: v for k, v in event.items() if k not in ("type", "seq")}
+                self.run.save()
+                self._gpu_released.set()
+                if self.route == "window" and self.service_down_by_us and self._restart_task is None:
+                    # The restart begins now, not after the files are flushed.
+                    self._restart_task = asyncio.create_task(self._restart_now(), name="restart-at-gpu-released")
+
+        if staged:
+            host = await self._connected(target, "extract")
+            if not self.state["facts"].get("go_sent"):
+                await host.run(["sh", "-c", f"umask 077; : > {shlex.quote(window + '/go')}"])
+                self.state["facts"]["go_sent"] = time.time()
+                self.run.save()
+                self.journal("extract", "go: the staged extractor copies the weights to the GPU", host=target)
+        outcome = await self._job(target, "extract", "extract", self._extract_args(window, False), step="extract",
+                                  on_event=on_event)
+        self.state["facts"]["extraction_complete"] = True
+        self.run.save()
+        result = outcome.get("result") or {}
+        window_facts = result.get("window", {})
+        return (f"{result.get('prompts', '?')} prompts, {result.get('tokens', '?')} tokens, layers "
+                f"{result.get('layers')}; window {window_facts.get('window_s', '?')} s")
+
+    async def _restart_now(self) -> None:
+        """The restart started at `gpu_released` (its result is the restart step's)."""
+        await self.restart_service(reason="the extraction released the GPUs")
+
+    async def _restart(self) -> str | Skip:
+        if self._restart_task is not None:
+            await self._restart_task
+            return f"ready {self.state['service'].get('ready_at', 0) - self.state['service'].get('stopped_at', 0):.1f} s after the stop"
+        if not self.service_down_by_us:
+            return Skip("the service was not stopped by this run (or is already back)")
+        await self.restart_service(reason="the extraction finished")
+        return f"ready {self.state['service']['ready_at'] - self.state['service']['stopped_at']:.1f} s after the stop"
+
+    async def restart_service(self, reason: str) -> None:
+        """Start the service (asking first) and wait until it is ready; the downtime ends then."""
+        service = self.config.service
+        manager = await self.session.service.manager(CONNECT_TIMEOUT_S)
+        argv = manager.start_argv()
+        down = self.state["service"].get("stopped_at")
+        so_far = f"down {time.time() - down:.0f} s so far" if down else "not stopped by this run"
+        if not await self._ask(Confirmation("restart", "start the service", service.host, tuple(argv),
+                                            f"{reason}: brings {service_name(self.config)} back ({so_far})", False,
+                                            self.earlier.get("restart"))):
+            raise Refused("restart", "start the service")
+        client = await self.session.service.client(CONNECT_TIMEOUT_S)
+        host = await self._connected(service.host, "restart")
+        started = time.monotonic()
+        self.state["service"]["start_issued_at"] = time.time()
+        self.run.save()
+        health = await start_and_wait(manager, client, service.ready_timeout_s, host=host,
+                                      on_progress=self.bus.publish, on_health=None)
+        self.state["service"].update(down=False, ready_at=time.time())
+        self.run.save()
+        self.journal("restart", f"ready after {time.monotonic() - started:.1f} s ({health.model or 'model ?'})",
+                     host=service.host, argv=list(argv), duration_s=round(time.monotonic() - started, 3))
+        self._publish_downtime()
+        self.session.poke_service()
+
+    async def _evaluate(self) -> str | Skip:
+        ev = self.config.eval
+        window = await self._window_dir(ev.host)
+        out = f"{window}/eval"
+        host = await self._connected(ev.host, "evaluate")
+        code = await self.session.code_dir(ev.host)
+        if await remote_files.manifest_complete(host, code, out):
+            return Skip(f"already evaluated (manifest complete): {ev.host}:{out}")
+        if not self.config.drafters:
+            return Skip("no drafters configured")
+        states = f"{await self._window_dir(self.config.target.host)}/states"
+        target_model = self.config.target.model_path
+        if ev.host != self.config.target.host:
+            states = await self._relay_tree(self.config.target.host, states, ev.host, "evaluate")
+            target_model = await self._relay_heads(ev.host)
+        args = ["--states", states, "--target", target_model, "--out", out, "--device", ev.device,
+                "--budgets", ",".join(map(str, ev.budgets)), "--topk", str(ev.topk)]
+        for drafter in self.config.drafters:
+            path = drafter.path
+            if drafter.host != ev.host:
+                path = await self._relay_tree(drafter.host, path, ev.host, "evaluate")
+            args += ["--drafter", f"{drafter.name}={path}"]
+        if self.config.reference:
+            args += ["--reference", self.config.reference.name]
+        outcome = await self._job(ev.host, "evaluate", "evaluate", args, step="evaluate")
+        return f"{len(self.config.drafters)} drafters evaluated" + (
+            f" ({outcome['result'].get('seconds', 0):.1f} s)" if isinstance(outcome.get("result"), dict) else "")
+
+    async def _report(self) -> str:
+        from console.views.report import write_report
+
+        ev = self.config.eval
+        window = await self._window_dir(ev.host)
+        host = await self._connected(ev.host, "report")
+        results_dir = self.run.results_dir
+        await remote_files.fetch_tree(host, f"{window}/eval", results_dir, progress=self._relay_progress("report"))
+        probes = self.run.dir / "probes.json"
+        if probes.exists():
+            (results_dir / "probes.json").write_text(probes.read_text())
+        results, paths = write_report(results_dir, self.run.dir)
+        headline = {name: (d.get("tau", {}).get("vanilla") or {}).get("macro")
+                    for name, d in results.get("drafters", {}).items()}
+        self.state["headline"] = headline
+        self.run.save()
+        self.bus.publish(ResultsReady(self.run.run_id, str(self.run.dir)))
+        return "; ".join(f"{k} tau {v:.2f}" for k, v in headline.items() if v is not None) + f"; {paths[0]}"
+
+    # --- data between hosts -------------------------------------------------------------------
+
+    async def _relay_file(self, src: str, src_path: str, dst: str, dst_path: str, step: str) -> None:
+        src_host = await self._connected(src, step)
+        dst_host = await self._connected(dst, step)
+        await remote_files.relay_file(src_host, src_path, dst_host, dst_path, progress=self._relay_progress(step))
+
+    async def _relay_tree(self, src: str, src_path: str, dst: str, step: str) -> str:
+        """Copy directory `src_path` from host `src` to host `dst` through the console, content-addressed
+        (an unchanged tree is not sent twice) and sha256-verified; returns its path on `dst`."""
+        src_host = await self._connected(src, step)
+        dst_host = await self._connected(dst, step)
+        dst_root = f"{await (await self.session.runner(dst)).workdir()}/relayed"
+        path, sent = await remote_files.relay_tree(src_host, await src_host.expand(src_path), dst_host, dst_root,
+                                                   progress=self._relay_progress(step))
+        self.journal(step, f"{src}:{src_path} -> {dst}:{path} ({'sent ' + str(sent) + ' bytes' if sent else 'already there'})")
+        return path
+
+    async def _relay_heads(self, dst: str) -> str:
+        """The target's embed_tokens/lm_head on the eval host (exported once on the target host)."""
+        target = self.config.target.host
+        host = await self._connected(target, "evaluate")
+        code = await self.session.code_dir(target)
+        window = await self._window_dir(target)
+        heads = f"{window}/target-heads"
+        await remote_files.export_heads(host, code, self.config.target.model_path, heads)
+        return await self._relay_tree(target, heads, dst, "evaluate")
+
+    def _relay_progress(self, step: str) -> Callable[[int, int], None]:
+        def progress(done: int, total: int) -> None:
+            message = relay_message(self.run.run_id, step, done, total)
+            if message is not None:
+                self.bus.publish(message)
+        return progress
+
+    # --- telemetry ----------------------------------------------------------------------------
+
+    def _record_telemetry(self, message: Any) -> None:
+        from console.messages import TelemetryUpdate
+
+        if isinstance(message, TelemetryUpdate) and message.sample is not None:
+            self.run.record_telemetry(message.host, message.sample,
+                                      {"service_down": self.service_down_by_us})
+
+
+class Skip(str):
+    """A step's work was already done: the step is skipped, saying why."""
+
+    @property
+    def why(self) -> str:
+        return str(self)
+
+
+class LeftOut(Skip):
+    """The plan leaves the step out (e.g. no staging without the RAM for it)."""
+
+
+def _same_model(a: str, b: str) -> bool:
+    return a.rstrip("/") == b.rstrip("/") or Path(a).name == Path(b).name and Path(a).name != ""
+
+
+async def _find_job(runner: JobRunner, job_id: str) -> JobHandle | None:
+    """The job with this id on the runner's host, or None when it was never started there."""
+    try:
+        return await runner.attach(job_id)
+    except (FileNotFoundError, KeyError, LookupError):
+        return None
+
+
+def job_message(handle: JobHandle, event: dict[str, Any]) -> Any:
+    from console.ssh import jobs
+
+    convert = getattr(jobs, "job_message", None)
+    return convert(handle, event) if convert is not None else None
+
+
+def relay_message(run_id: str, step: str, done: int, total: int) -> Any:
+    from console import messages
+
+    progress = getattr(messages, "JobProgress", None)
+    if progress is None:
+        return None
+    try:
+        return progress(job_id=f"{run_id}-relay", worker="relay", host="console", done=done, total=total,
+                        unit="bytes", rate=None, phase=step, message="copying between hosts")
+    except TypeError:
+        return None

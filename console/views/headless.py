@@ -1,0 +1,111 @@
+"""The headless view of a run: what `dflash-ops run --headless` and the terminal drill print.
+
+It subscribes to the session's bus and prints each step's transitions, the journal's warnings and
+errors, the downtime, and rich progress bars for the jobs (weights n/N and bytes, prompts i/N,
+anchors); `plan_table` renders a chosen plan (`--plan`).
+"""
+
+from __future__ import annotations
+
+import shlex
+import time
+from typing import Any
+
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TaskID, TextColumn, TimeElapsedColumn
+from rich.table import Table
+from rich.text import Text
+
+from console import messages as m
+from console.session import MessageBus
+
+STATUS_STYLE = {"done": "green", "skipped": "cyan", "left-out": "dim", "running": "bold", "failed": "bold red",
+                "refused": "yellow", "cancelled": "yellow", "pending": "dim"}
+
+
+def plan_table(plan: m.PlanReady) -> Table:
+    """Every step of the plan: whether it acts and why, where, the exact command, the estimate."""
+    table = Table(title=f"plan ({plan.route} route)", title_justify="left")
+    table.add_column("#", justify="right")
+    table.add_column("step", style="bold", no_wrap=True)
+    table.add_column("acts", no_wrap=True)
+    table.add_column("host", no_wrap=True)
+    table.add_column("why / command", overflow="fold")
+    table.add_column("estimate", justify="right", no_wrap=True)
+    for number, step in enumerate(plan.steps, 1):
+        why = Text(step.why)
+        if step.argv:
+            why.append("\n$ " + shlex.join(step.argv), style="cyan")
+        table.add_row(str(number), step.name, Text("yes", style="green") if step.acts else Text("no", style="dim"),
+                      step.host or "-", why, f"{step.estimate_s:.0f} s" if step.estimate_s else "-")
+    return table
+
+
+class HeadlessView:
+    """Prints a run as it happens."""
+
+    def __init__(self, bus: MessageBus, console: Console | None = None, show_progress: bool = True):
+        self.console = console or Console(stderr=True)
+        self.progress = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
+                                 TextColumn("{task.fields[extra]}"), TimeElapsedColumn(),
+                                 console=self.console, transient=False) if show_progress else None
+        self._tasks: dict[tuple[str, str], TaskID] = {}
+        self._unsubscribe = bus.subscribe(self.on_message)
+        if self.progress is not None:
+            self.progress.start()
+
+    def close(self) -> None:
+        self._unsubscribe()
+        if self.progress is not None:
+            self.progress.stop()
+
+    def _print(self, renderable: Any) -> None:
+        self.console.print(renderable, soft_wrap=True)
+
+    def on_message(self, message: Any) -> None:
+        if isinstance(message, m.StepUpdate):
+            style = STATUS_STYLE.get(message.status, "")
+            took = f" ({message.duration_s:.1f} s)" if message.duration_s is not None and message.status != "running" else ""
+            line = Text(f"[{message.step}] ", style="bold")
+            line.append(message.status + took, style=style)
+            if message.detail:
+                line.append(f": {message.detail}")
+            self._print(line)
+        elif isinstance(message, m.PlanReady):
+            self._print(plan_table(message))
+        elif isinstance(message, m.JournalEntry) and message.level in ("warning", "error"):
+            self._print(Text(f"  {message.level}: {message.message}", style="yellow" if message.level == "warning" else "red"))
+        elif isinstance(message, m.HoldersFound):
+            for holder in message.holders:
+                self._print(Text(f"  holder: pid {holder.pid} {holder.mib} MiB {holder.user or '?'} "
+                                 f"{holder.command or '?'}" + (" (was the service's)" if holder.was_service else ""),
+                                 style="yellow"))
+        elif isinstance(message, m.Downtime):
+            if message.down_since is not None:
+                self._print(Text(f"SERVICE DOWN since {time.strftime('%H:%M:%S', time.localtime(message.down_since))}",
+                                 style="bold white on red"))
+            elif message.restarted_at is not None:
+                self._print(Text("service back up", style="bold green"))
+        elif isinstance(message, m.StartupProgress):
+            self._print(Text(f"  server: {message.stage}"
+                             + (f" {message.done}/{message.total}" if message.total else ""), style="dim"))
+        elif type(message).__name__ == "JobProgress":
+            self._job_progress(message)
+        elif isinstance(message, m.RunFinished):
+            style = "bold green" if message.status == "done" else "bold red"
+            self._print(Text(f"run {message.run_id} {message.status} (exit {message.exit_code}): {message.message}",
+                             style=style))
+
+    def _job_progress(self, message: Any) -> None:
+        if self.progress is None:
+            return
+        key = (message.job_id, getattr(message, "key", None) or message.unit)
+        total = message.total
+        extra = getattr(message, "label", None) or ""
+        rate = getattr(message, "rate", None)
+        if rate:
+            extra = f"{extra} {rate:.1f} {message.unit}/s".strip()
+        if key not in self._tasks:
+            description = f"{message.host} {message.worker} {getattr(message, 'key', None) or message.unit}"
+            self._tasks[key] = self.progress.add_task(description, total=total, extra=extra)
+        self.progress.update(self._tasks[key], completed=message.done, total=total, extra=extra)
