@@ -495,7 +495,7 @@ def main(events: EventWriter, argv: list[str] | None = None) -> dict[str, Any]:
     num_layers, hidden_size = tcfg.get("num_hidden_layers"), tcfg.get("hidden_size")
     if not isinstance(num_layers, int) or not isinstance(hidden_size, int):
         raise WorkerError("config.json has no num_hidden_layers / hidden_size", f"{args.model}/config.json")
-    overrides = extract_check.parse_overrides(args.layers_override)
+    overrides = extract_check.parse_overrides(args.layers_override, args.drafter)
     layer_ids = select_layers(num_layers, parse_layer_list(args.layers), args.drafter, overrides)
     max_memory = parse_max_memory(args.max_memory)
 

@@ -202,3 +202,41 @@ def test_unreachable_server_and_foreign_tokenizer_path(tmp_path):
     finally:
         server.shutdown()
         server.server_close()
+
+
+@pytest.mark.parametrize("answer, reason", [
+    (b'{"output_ids": [5, 6], "text": "ab", "meta_info": {"finish_reason": {"type": "abort", "message": "client gone"}}}',
+     "finish_reason 'abort' (client gone)"),
+    (b'{"output_ids": [], "text": "", "meta_info": {"finish_reason": {"type": "stop"}}}', "empty completion (no tokens)"),
+    (b'{"output_ids": [5, 6], "text": "ab", "meta_info": {}}', "finish_reason None"),
+])
+def test_aborted_or_empty_generations_are_cached_marked_incomplete(tiny_target, tmp_path, answer, reason):
+    """Never cached as complete: marked per prompt and listed, and the extractor's check refuses them
+    (one line, nothing written) unless --allow-incomplete."""
+    url, server = broken_server(str(tiny_target), answer)
+    try:
+        result, events = run(["--server", url, "--prompts", str(prompt_file(tmp_path)), "--out", str(tmp_path / "c.json")])
+    finally:
+        server.shutdown()
+        server.server_close()
+    data = json.loads((tmp_path / "c.json").read_text())
+    assert data["incomplete"] == ["p0", "p1"] == result["incomplete"]
+    assert all(r["complete"] is False and r["incomplete_reason"] == reason for r in data["prompts"])
+    assert any(e["type"] == "log" and e["level"] == "warning" and "INCOMPLETE" in e["msg"] for e in events)
+    argv = ["--model", str(tiny_target), "--completions", str(tmp_path / "c.json"), "--out", str(tmp_path / "x")]
+    with pytest.raises(WorkerError) as err:
+        run_in_process(extract.main, argv)
+    assert "2 of 2 generations are incomplete" in err.value.msg and "--allow-incomplete" in err.value.msg
+    assert "\n" not in err.value.msg and not (tmp_path / "x").exists()
+    if reason != "empty completion (no tokens)":
+        checked, _ = run_in_process(extract.main, [*argv, "--check-only", "--allow-incomplete"])
+        assert checked["ok"] and checked["allowed_incomplete"] and [e["id"] for e in checked["incomplete"]] == ["p0", "p1"]
+
+
+def test_complete_generations_are_marked_complete(standin, tmp_path):
+    """The control: a live server's stop/length generations are complete and the list is empty."""
+    result, _ = run(["--server", standin, "--prompts", str(prompt_file(tmp_path)), "--out", str(tmp_path / "c.json")])
+    data = json.loads((tmp_path / "c.json").read_text())
+    assert data["incomplete"] == [] == result["incomplete"]
+    assert all(r["complete"] for r in data["prompts"])
+    assert completions.completeness({"completion_ids": [1], "finish_reason": "length"}) == (True, None)

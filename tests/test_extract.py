@@ -396,3 +396,42 @@ def test_release_skips_offloaded_and_meta_weights(tiny_target):
     kept = [t for t in list(model.parameters()) + list(model.buffers()) if t.device.type != "meta"]
     assert kept and all(t.numel() == 0 for t in kept)
     assert before.shape == (29, 2, 64)
+
+
+def _digests(directory: Path) -> dict[str, str]:
+    from remote.artifacts import sha256_file
+
+    return {p.name: sha256_file(p) for p in sorted(directory.iterdir()) if p.is_file()}
+
+
+def test_a_failed_rerun_leaves_the_good_extraction_complete(tiny_target, tiny_completions, tmp_path, monkeypatch):
+    """A re-run into the same --out that fails after its checks (here: in the forward of its second
+    prompt) must not take the completeness mark, nor any file, from the earlier good extraction."""
+    out = tmp_path / "out"
+    argv = ["--model", str(tiny_target), "--completions", str(tiny_completions), "--out", str(out),
+            "--layers", "1", "--kernels", "torch"]
+    run_inline(argv)
+    good = _digests(out)
+    read_manifest(out, verify=True)
+    real_forward, calls = extract.forward_one, []
+
+    def failing_forward(*args, **kwargs):
+        calls.append(1)
+        if len(calls) == 2:
+            raise RuntimeError("CUDA error: an illegal memory access was encountered")
+        return real_forward(*args, **kwargs)
+
+    monkeypatch.setattr(extract, "forward_one", failing_forward)
+    with pytest.raises(RuntimeError, match="illegal memory access"):
+        run_inline(argv + ["--layers", "1,2"])
+    assert _digests(out) == good
+    assert read_manifest(out, verify=True)["layers"] == [1, 3]
+    # The failed attempt's directory is cleared by the next run, which replaces the old output whole:
+    # files only the old manifest listed go, files it never listed stay.
+    monkeypatch.setattr(extract, "forward_one", real_forward)
+    (out / "notes.txt").write_text("mine")
+    result, _ = run_inline(argv + ["--limit", "1"])
+    manifest = read_manifest(out, verify=True)
+    assert result["out"] == str(out) and len(manifest["files"]) == 1
+    assert sorted(p.name for p in out.iterdir()) == sorted([*manifest["files"], "manifest.json", "notes.txt"])
+    assert not list(tmp_path.glob(".out.attempt-*"))
