@@ -75,10 +75,10 @@ def estimates(earlier_states: Iterable[dict[str, Any]]) -> dict[str, float]:
     durations: dict[str, list[float]] = {}
     for state in earlier_states:
         for name, step in state.get("steps", {}).items():
-            if step.get("status") == "done" and step.get("started_at") and step.get("ended_at"):
+            if step.get("status") == "done" and step.get("started_at") is not None and step.get("ended_at") is not None:
                 durations.setdefault(name, []).append(step["ended_at"] - step["started_at"])
         service = state.get("service", {})
-        if service.get("stopped_at") and service.get("ready_at"):
+        if service.get("stopped_at") is not None and service.get("ready_at") is not None:
             durations.setdefault("downtime", []).append(service["ready_at"] - service["stopped_at"])
     return {name: statistics.median(values) for name, values in durations.items()}
 
