@@ -205,8 +205,29 @@ def parse_max_memory(text: str | None) -> dict[Any, str] | None:
     return result
 
 
-def plan_device_map(model: Any, device: str, device_map: str | None, max_memory: dict[Any, str] | None) -> dict[str, Any]:
-    """Where each module goes: everything on `device`, or accelerate's `auto` split under `max_memory`."""
+def free_memory() -> dict[Any, int]:
+    """What accelerate plans `--device-map auto` from when no --max-memory is given: bytes free on each
+    GPU now (`torch.cuda.mem_get_info`) and available host RAM."""
+    from accelerate.utils import get_max_memory
+
+    return dict(get_max_memory())
+
+
+def _size(value: Any) -> str:
+    if not isinstance(value, int | float):
+        return str(value)  # as given in --max-memory
+    return f"{value / (1 << 30):.1f} GiB" if value >= 1 << 30 else f"{value / (1 << 20):.0f} MiB"
+
+
+def plan_device_map(model: Any, device: str, device_map: str | None, max_memory: dict[Any, str] | None,
+                    allow_offload: bool = False) -> dict[str, Any]:
+    """Where each module goes: everything on `device`, or accelerate's `auto` split under `max_memory`.
+
+    A split that puts modules on the cpu (or disk) runs them at host speed, through accelerate's
+    hooks: it is refused unless asked for, by `allow_offload` or an explicit cpu entry in
+    `max_memory`. Without --max-memory accelerate plans from the memory free *now*, so a leftover
+    holder of GPU memory would otherwise turn into a slow window that says nothing.
+    """
     if device == "cpu":
         return {"": "cpu"}
     if device_map in (None, "", "cuda", "cuda:0", "0"):
@@ -216,8 +237,21 @@ def plan_device_map(model: Any, device: str, device_map: str | None, max_memory:
         raise WorkerError(f"--device-map must be 'auto' or 'cuda', found {device_map!r}", "--device-map")
     from accelerate import infer_auto_device_map
 
+    budget = max_memory if max_memory is not None else free_memory()
     no_split = sorted(getattr(model, "_no_split_modules", None) or [])
-    return dict(infer_auto_device_map(model, max_memory=max_memory, no_split_module_classes=no_split))
+    planned = dict(infer_auto_device_map(model, max_memory=dict(budget), no_split_module_classes=no_split))
+    offloaded = [name for name, where in planned.items() if str(where) in ("cpu", "disk")]
+    asked = allow_offload or any(str(key) in ("cpu", "disk") for key in (max_memory or {}))
+    if offloaded and not asked:
+        seen = ", ".join(f"{'GPU' + str(k) if isinstance(k, int) else k} {_size(v)}" for k, v in budget.items())
+        source = "--max-memory" if max_memory is not None else "free memory now"
+        raise WorkerError(
+            f"--device-map auto would offload {len(offloaded)} module(s) from the GPUs to "
+            f"{'/'.join(sorted({str(planned[n]) for n in offloaded}))} ({', '.join(offloaded[:4])}"
+            f"{', ...' if len(offloaded) > 4 else ''}): the window would run at host speed. Planned from "
+            f"{source}: {seen}. Free the GPUs (a leftover holder?), or pass --allow-offload (or a cpu entry "
+            f"in --max-memory) to offload on purpose", "--device-map")
+    return planned
 
 
 def devices_used(device_map: dict[str, Any]) -> list[str]:
