@@ -2,10 +2,12 @@
 
     python -m remote.evaluate --states DIR --target MODEL_DIR --drafter NAME=PATH [--drafter ...]
         [--reference NAME] --out DIR [--device auto|cpu|cuda] [--budgets 8,16,64] [--topk 8]
-        [--anchor-chunk N]
+        [--anchor-chunk N] [--layers-override NAME=1,2,3] [--allow-unsound]
 
-Reads the extraction directory (refused without its manifest), only `embed_tokens` / `lm_head` of the
-target, and each drafter checkpoint (checked against the cached layers before any work). For every
+Reads the extraction directory (refused without its manifest; every file checked against its size
+and sha256 there, its shapes, metadata and token ids), only `embed_tokens` / `lm_head` of the target
+(finite), and each drafter checkpoint (field by field, weights finite, provenance against the cached
+layers and their soundness: a flagged layer refused unless --allow-unsound), all before any work. For every
 drafter and prompt it runs all anchors a in [P, N-2], batched in chunks over the prompt's context K/V
 computed once, and writes `<out>/<drafter>/<prompt_id>.safetensors` (section 4, plus `input_ids` for
 the g-vs-x diagnostic and the metadata `vocab_size`). Then `<out>/results.json` (remote.metrics per drafter, drafter facts, the
@@ -15,6 +17,7 @@ reference name) and `manifest.json` last.
 from __future__ import annotations
 
 import argparse
+import json
 import re
 import time
 from collections.abc import Callable
@@ -24,7 +27,14 @@ from typing import Any
 import torch
 
 from remote.artifacts import MANIFEST, atomic_path, read_manifest, write_json_atomic, write_manifest
-from remote.drafter import Drafter, DrafterError, check_against_cache, load_drafter
+from remote.drafter import (
+    Drafter,
+    DrafterError,
+    check_against_cache,
+    load_drafter,
+    parse_overrides,
+    provenance,
+)
 from remote.events import EventWriter, WorkerError, run_worker
 from remote.metrics import DumpError, drafter_metrics, load_dump, method_ids, parse_budgets
 from remote.target_io import TargetError, TargetHeads, read_target_heads
@@ -157,21 +167,108 @@ def write_dump(path: Path, drafter: str, prompt_id: str, prompt_len: int, block_
         save_file(tensors, str(tmp), metadata=meta)
 
 
+def check_states(states: Path, manifest: dict[str, Any], vocab_size: int | None, events: EventWriter) -> None:
+    """Every prompt file the evaluation reads, checked before any work: listed, its size and sha256
+    those of the manifest (done by the caller), its tensors' shapes and metadata those the manifest
+    says, its token ids inside the target's vocabulary. One line naming the file and field otherwise."""
+    from safetensors import SafetensorError, safe_open
+
+    layers, hidden_size = manifest["layers"], int(manifest["hidden_size"])
+    listed = manifest.get("files") or {}
+    for i, prompt in enumerate(manifest["prompts"]):
+        where = f"{states}/{prompt.get('file')}"
+        if not isinstance(prompt, dict) or not NAME_RE.match(str(prompt.get("id", ""))) \
+                or prompt.get("file") not in listed:
+            raise WorkerError(f"{states}/manifest.json: prompts[{i}] is not a listed file with a safe id "
+                              f"(found {json.dumps(prompt)[:80]})", where=str(states))
+        try:
+            with safe_open(str(states / prompt["file"]), "pt") as fh:
+                meta = fh.metadata() or {}
+                names = set(fh.keys())
+                missing = {"hidden", "input_ids", "g"} - names
+                if missing:
+                    raise WorkerError(f"{where}: missing tensors {sorted(missing)}", where=where)
+                shape = list(fh.get_slice("hidden").get_shape())
+                ids, g = fh.get_tensor("input_ids"), fh.get_tensor("g")
+        except (SafetensorError, OSError) as exc:
+            raise WorkerError(f"{where}: unreadable safetensors ({exc})", where=where) from exc
+        t = ids.shape[0]
+        if shape != [t, len(layers), hidden_size]:
+            raise WorkerError(f"{where}: hidden has shape {shape}, expected [{t}, {len(layers)}, {hidden_size}] "
+                              f"(tokens, layers {layers}, hidden)", where=where)
+        if g.shape[0] != t:
+            raise WorkerError(f"{where}: g has {g.shape[0]} positions, input_ids {t}", where=where)
+        prompt_len = prompt.get("prompt_len")
+        if not isinstance(prompt_len, int) or not 1 <= prompt_len < t:
+            raise WorkerError(f"{where}: prompt_len {prompt_len!r} (manifest) must be in 1..{t - 1} for {t} tokens",
+                              where=where)
+        if meta.get("prompt_len") not in (None, str(prompt_len)) or meta.get("prompt_id") not in (None, prompt["id"]):
+            raise WorkerError(f"{where}: metadata prompt_id {meta.get('prompt_id')!r} / prompt_len "
+                              f"{meta.get('prompt_len')!r} disagree with the manifest's {prompt['id']!r} / {prompt_len}",
+                              where=where)
+        if vocab_size is not None and t:
+            low, high = int(ids.min()), int(ids.max())
+            if low < 0 or high >= vocab_size:
+                bad = low if low < 0 else high
+                raise WorkerError(f"{where}: input_ids holds token {bad}, outside the target vocabulary "
+                                  f"(0..{vocab_size - 1}): it cannot be embedded", where=where)
+            truth = g[:-1]
+            if t > 1 and (int(truth.min()) < 0 or int(truth.max()) >= vocab_size):
+                raise WorkerError(f"{where}: g holds token ids outside the target vocabulary (0..{vocab_size - 1})",
+                                  where=where)
+    events.log(f"states checked: {len(manifest['prompts'])} prompt files, sizes and sha256 as in the manifest")
+
+
 def evaluate(states: Path, target: Path, drafter_paths: dict[str, Path], out: Path, device: torch.device,
              budgets: list[int], topk: int, chunk: int | None, reference: str | None,
-             events: EventWriter) -> dict[str, Any]:
-    """The whole evaluation; returns the results dict also written to `<out>/results.json`."""
-    try:
-        manifest = read_manifest(states)
-    except ValueError as exc:
-        raise WorkerError(str(exc), where=str(states)) from exc
-    layers = [int(k) for k in manifest["layers"]]
-    hidden_size = int(manifest["hidden_size"])
-    prompts = manifest["prompts"]
+             events: EventWriter, overrides: dict[str, list[int]] | None = None,
+             allow_unsound: bool = False) -> dict[str, Any]:
+    """The whole evaluation; returns the results dict also written to `<out>/results.json`.
+
+    Everything is checked before the first weight reaches the device: the states' manifest (sizes and
+    sha256 of every file), each drafter's provenance against the states (layers, hidden size, fc width,
+    the soundness of the layers it reads: a flagged layer refused unless `allow_unsound`), the target
+    heads (finite), each checkpoint field by field and its weights (finite).
+    """
+    overrides = overrides or {}
+    unknown = sorted(set(overrides) - set(drafter_paths))
+    if unknown:
+        raise WorkerError(f"--layers-override names {unknown}, not among the drafters {sorted(drafter_paths)}",
+                          where="--layers-override")
     if reference is not None and reference not in drafter_paths:
         raise WorkerError(f"--reference {reference!r} is not one of the drafters {sorted(drafter_paths)}",
                           where="--reference")
     reference = reference or next(iter(drafter_paths))
+    events.phase("check")
+    try:
+        # sha256 too: a host crash can leave a renamed file zeroed (written without fsync) at its full size.
+        manifest = read_manifest(states, verify=True)
+    except ValueError as exc:
+        raise WorkerError(str(exc), where=str(states)) from exc
+    for key in ("layers", "hidden_size", "prompts"):
+        if key not in manifest:
+            raise WorkerError(f"{states}/manifest.json: no {key!r}: not an extraction manifest", where=str(states))
+    layers = [int(k) for k in manifest["layers"]]
+    hidden_size = int(manifest["hidden_size"])
+    prompts = manifest["prompts"]
+    soundness = manifest.get("soundness")
+    if soundness is None:
+        from remote.soundness import of_files
+
+        events.log("the extraction's manifest has no soundness statistics (an older extractor): computed now",
+                   level="warning")
+        soundness = of_files(states, [p["file"] for p in prompts], layers)
+    facts = {"dir": str(states), "layers": layers, "hidden_size": hidden_size, "soundness": soundness}
+    provenances: dict[str, dict[str, Any]] = {}
+    for name, path in drafter_paths.items():
+        try:
+            provenances[name] = provenance(path, name, overrides.get(name), facts, weights=False,
+                                           allow_unsound=allow_unsound)
+        except DrafterError as exc:
+            raise WorkerError(str(exc), where=str(path)) from exc
+        if allow_unsound and any(r.get("flagged") for r in provenances[name]["soundness"] or []):
+            events.log(f"drafter {name} reads unsound layers (--allow-unsound): "
+                       f"{[r['layer'] for r in provenances[name]['soundness'] if r.get('flagged')]}", level="warning")
 
     events.phase("load")
     try:
@@ -181,11 +278,16 @@ def evaluate(states: Path, target: Path, drafter_paths: dict[str, Path], out: Pa
     if heads.hidden_size != hidden_size:
         raise WorkerError(f"{target}: embed_tokens has hidden size {heads.hidden_size}, the cached states "
                           f"{hidden_size}", where=str(target))
+    for label, tensor in (("embed_tokens", heads.embed), ("lm_head", heads.lm_head)):
+        if not bool(torch.isfinite(tensor).all()):
+            raise WorkerError(f"{target}: {label} holds non-finite values: refused", where=str(target))
+    check_states(states, manifest, heads.vocab_size, events)
     dtype = compute_dtype(device)
     drafters: dict[str, Drafter] = {}
     for name, path in drafter_paths.items():
         try:
-            drafter = load_drafter(path, device, dtype)
+            # Weights checked (shapes, finite) on the CPU first; then moved to the device.
+            drafter = load_drafter(path, "cpu", dtype, layers_override=overrides.get(name))
             check_against_cache(drafter.spec, layers, hidden_size, name)
         except DrafterError as exc:
             raise WorkerError(str(exc), where=str(path)) from exc
@@ -193,7 +295,11 @@ def evaluate(states: Path, target: Path, drafter_paths: dict[str, Path], out: Pa
             raise WorkerError(f"{path}: mask_token_id {drafter.spec.mask_token_id} is outside the target "
                               f"vocabulary ({heads.vocab_size})", where=str(path))
         drafters[name] = drafter
-        events.log(f"drafter {name}: layers {drafter.spec.target_layer_ids}, block {drafter.spec.block_size}, "
+        provenances[name]["weights_checked"] = True
+    for name, drafter in drafters.items():
+        drafters[name] = Drafter(drafter.spec, drafter.w, device, dtype)
+        source = " (override)" if drafter.spec.layers_source == "override" else ""
+        events.log(f"drafter {name}: layers {drafter.spec.target_layer_ids}{source}, block {drafter.spec.block_size}, "
                    f"{drafter.spec.num_layers} layers, fc width {drafter.spec.fc_layers}")
     embed = heads.embed.to(device)
     lm_head = heads.lm_head.to(device=device, dtype=dtype)
@@ -231,6 +337,7 @@ def evaluate(states: Path, target: Path, drafter_paths: dict[str, Path], out: Pa
         except DumpError as exc:
             raise WorkerError(str(exc), where=str(out / name)) from exc
         metrics["facts"] = {**drafter.spec.facts(), "path": str(drafter_paths[name])}
+        metrics["provenance"] = provenances[name]
         vanilla, pos1 = metrics["tau"]["vanilla"]["macro"], metrics["pos1_acc"]
         events.log(f"drafter {name}: tau vanilla {'-' if vanilla is None else f'{vanilla:.2f}'}, "
                    f"pos1_acc {'-' if pos1 is None else f'{pos1:.3f}'}")
@@ -248,6 +355,8 @@ def evaluate(states: Path, target: Path, drafter_paths: dict[str, Path], out: Pa
         "device": str(device),
         "dtype": str(dtype).replace("torch.", ""),
         "kernels": manifest.get("kernels"),
+        "soundness": soundness,
+        "states_incomplete_allowed": manifest.get("incomplete_allowed") or [],
         "g_x_mismatch": next(iter(results["drafters"].values()))["g_x_mismatch"] if results["drafters"] else None,
     })
     write_json_atomic(out / "results.json", results)
@@ -269,7 +378,14 @@ def main(events: EventWriter, argv: list[str] | None = None) -> dict[str, Any]:
     parser.add_argument("--budgets", default="8,16,64")
     parser.add_argument("--topk", type=int, default=8)
     parser.add_argument("--anchor-chunk", type=int, default=None)
+    parser.add_argument("--layers-override", action="append", default=[], metavar="NAME=1,2,3",
+                        help="a drafter's target layer ids, replacing its config's (the console's [[drafters]] layers)")
+    parser.add_argument("--allow-unsound", action="store_true", help="evaluate on layers flagged unsound")
     args = parser.parse_args(argv)
+    try:
+        overrides = parse_overrides(args.layers_override)
+    except DrafterError as exc:
+        raise WorkerError(str(exc), where="--layers-override") from exc
     try:
         budgets = parse_budgets(args.budgets)
     except ValueError as exc:
@@ -281,7 +397,7 @@ def main(events: EventWriter, argv: list[str] | None = None) -> dict[str, Any]:
     drafters = parse_drafters(args.drafter)
     device = pick_device(args.device)
     results = evaluate(Path(args.states), Path(args.target), drafters, Path(args.out), device, budgets, args.topk,
-                       args.anchor_chunk, args.reference, events)
+                       args.anchor_chunk, args.reference, events, overrides, args.allow_unsound)
     summary = {name: {"tau_vanilla": m["tau"]["vanilla"]["macro"], "pos1_acc": m["pos1_acc"]}
                for name, m in results["drafters"].items()}
     return {"results": str(Path(args.out) / "results.json"), "reference": results["reference"], "summary": summary}

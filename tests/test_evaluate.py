@@ -117,7 +117,7 @@ def test_drafter_needing_uncached_layers_names_them(copying: dict[str, Path], tm
     msg = evaluate_error(tmp_path, "--states", str(copying["states"]), "--target", str(copying["target"]),
                          "--drafter", f"ok={copying['drafter']}", "--drafter", f"other={other}",
                          "--out", str(tmp_path / "out"), "--device", "cpu")
-    assert "the cache holds 3 layers [0, 1, 2]; missing: [3, 5]" in msg
+    assert "fc takes 3 layers [2, 3, 5] (target_layer_ids)" in msg and "holds layers [0, 1, 2]: missing [3, 5]" in msg
     assert not (tmp_path / "out" / "ok").exists()  # refused before any work
 
 
