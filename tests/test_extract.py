@@ -189,21 +189,23 @@ def test_killed_worker_leaves_nothing_that_looks_complete(tiny_target, tmp_path)
     completions = write_completions(tiny_target, tmp_path / "long.json", n_prompts=40, completion_len=700)
     out = tmp_path / "out"
     out.mkdir()
-    (out / "manifest.json").write_text("{}")  # a previous run's: must not survive into this one
+    (out / "manifest.json").write_text("{}")  # a previous run's: a killed re-run leaves it as it was
     env = {**os.environ, "PYTHONPATH": str(REPO), "DFLASH_EVENTS": str(tmp_path / "ev.jsonl")}
     proc = subprocess.Popen([sys.executable, "-m", "remote.extract", "--model", str(tiny_target),
                              "--completions", str(completions), "--out", str(out), "--layers", "0,1,2"],
                             env=env, cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     deadline = time.time() + 60
-    while not list(out.glob("*.safetensors")) and time.time() < deadline and proc.poll() is None:
+    while not list(tmp_path.glob(".out.attempt-*/*.safetensors")) and time.time() < deadline and proc.poll() is None:
         time.sleep(0.02)
     proc.send_signal(signal.SIGKILL)
     proc.wait()
-    finals = list(out.glob("*.safetensors"))
+    # The attempt writes beside --out, in its own directory, moved into place only when complete.
+    finals = list(tmp_path.glob(".out.attempt-*/*.safetensors"))
     assert finals, "no prompt file appeared before the kill"
-    assert not (out / "manifest.json").exists()
+    assert (out / "manifest.json").read_text() == "{}" and not list(out.glob("*.safetensors"))
+    (attempt,) = {file.parent for file in finals}
     with pytest.raises(ValueError, match="incomplete"):
-        read_manifest(out)
+        read_manifest(attempt)
     for file in finals:  # every file under a final name is complete
         tensors, meta = load(file)
         assert tensors["hidden"].shape[0] == tensors["input_ids"].shape[0] == int(meta["prompt_len"]) + 700
@@ -331,7 +333,9 @@ def test_files_are_synced_after_gpu_released_and_before_the_manifest(tiny_target
     # and the directory itself are synced.
     last_prompt = max(order.index(f"fsync:{name}") for name in prompt_files)
     manifest_sync = next(i for i, name in enumerate(order) if name.startswith("fsync:.manifest.json"))
-    assert order.index(f"fsync:{out.name}") < manifest_sync and last_prompt < manifest_sync
+    attempt = extract.ATTEMPT.format(name=out.name, pid=os.getpid())  # moved into `out` once complete
+    assert order.index(f"fsync:{attempt}") < manifest_sync and last_prompt < manifest_sync
+    assert order[-1] == f"fsync:{out.name}"  # the manifest's rename into `out`, last
 
 
 def test_release_drops_every_weight_without_the_garbage_collector(tiny_target):
