@@ -1,0 +1,393 @@
+"""The console app: a thin shell over the `Operator`.
+
+It bridges the core's bus into Textual messages (telemetry ticks replace each other in the queue),
+folds them into `ConsoleState`, repaints the screen on top (not a screen hidden under a modal: it is
+redrawn whole when it comes back), runs the operator's coroutines in async workers on its own loop
+(asyncssh lives there), and routes every worker and host error to the one error modal.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+import time
+from collections.abc import Callable, Iterable
+from pathlib import Path
+from typing import Any
+
+from textual import work
+from textual.app import App, SystemCommand
+from textual.binding import Binding
+from textual.message import Message
+from textual.screen import ModalScreen, Screen
+from textual.worker import Worker, WorkerState
+
+from console import messages as m
+from console.session.bus import replace_key
+from screens.dashboard import DashboardScreen
+from screens.decider import ModalDecider
+from screens.modals.confirm import QuestionModal
+from screens.modals.error import ErrorModal, ErrorReport, report_of, tail
+from screens.modals.help import HelpModal
+from screens.modals.quit import QuitWhileDownModal
+from screens.state import ConsoleState
+from screens.widgets.downtime_banner import DowntimeBanner
+
+STOP_TIMEOUT_S = 10.0
+
+
+class CoreMessage(Message):
+    """A message the core published on the bus. A newer one of the same key (a host's telemetry
+    tick, its link state, the service view) replaces an older one still queued."""
+
+    def __init__(self, payload: Any) -> None:
+        super().__init__()
+        self.payload = payload
+        self.key = replace_key(payload)
+        self.published = time.perf_counter()
+
+    def can_replace(self, message: Message) -> bool:
+        return self.key is not None and isinstance(message, CoreMessage) and message.key == self.key
+
+
+class ProcedureStarted(Message):
+    def __init__(self, resume: str | None) -> None:
+        super().__init__()
+        self.resume = resume
+
+
+class ProcedureEnded(Message):
+    def __init__(self, finished: m.RunFinished | None) -> None:
+        super().__init__()
+        self.finished = finished
+
+
+class ErrorShown(Message):
+    def __init__(self, report: ErrorReport) -> None:
+        super().__init__()
+        self.report = report
+
+
+class ConsoleApp(App[int]):
+    """`dflash-ops console`: the dashboard over an `Operator` (console/operator.py)."""
+
+    CSS_PATH = "console.tcss"
+    TITLE = "dflash-ops"
+    BINDINGS = [
+        Binding("g", "run_procedure", "Run"),
+        Binding("p", "plan", "Plan"),
+        Binding("c", "cancel_run", "Cancel run"),
+        Binding("r", "restart_service", "Restart service", priority=True),
+        Binding("o", "open_results", "Results"),
+        Binding("h", "runs", "Runs"),
+        Binding("question_mark", "help", "Help"),
+        Binding("q", "quit", "Quit"),
+    ]
+    ACTING = {"run_procedure", "plan", "cancel_run", "restart_service"}
+
+    def __init__(self, operator: Any, *, autostart: bool = False, clock: Callable[[], float] = time.time,
+                 tick_s: float = 1.0, start_operator: bool = True) -> None:
+        super().__init__()
+        self.operator = operator
+        self.read_only = bool(getattr(operator, "read_only", False))
+        self.autostart = autostart
+        self.now = clock
+        self.tick_s = tick_s
+        self.start_operator = start_operator
+        self.state = ConsoleState()
+        self.decider = ModalDecider(self)
+        self.repaint_probe: Callable[[float], None] | None = None  # bench: seconds from publish to repaint
+        self._unsubscribe: Callable[[], None] | None = None
+        self._thread = threading.get_ident()
+        self._stopped = False
+        self._host_errors: dict[str, str] = {}
+        config = operator.config
+        service = config.service
+        self.service_name = service.unit if service.manager == "systemd" else "server"
+        self.sub_title = ("read-only  " if self.read_only else "") + ", ".join(config.hosts)
+
+    # --- lifecycle ------------------------------------------------------------------------------
+
+    def on_mount(self) -> None:
+        for message in list(self.operator.bus.last.values()):
+            self.state.apply(message)
+        self._unsubscribe = self.operator.bus.subscribe(self._from_bus)
+        self.push_screen(DashboardScreen(id="dashboard"))
+        if self.start_operator:
+            self.operator.start()
+        self.set_interval(self.tick_s, self._tick)
+        if self.autostart and not self.read_only:
+            self.action_run_procedure()
+        elif not self.read_only:
+            self._offer_resume()
+
+    def _offer_resume(self) -> None:
+        try:
+            run_id = self.operator.unfinished_run()
+        except Exception as exc:  # noqa: BLE001 - an unreadable runs dir is worth saying, not fatal
+            self.show_error(report_of("the runs directory", exc))
+            return
+        if not run_id:
+            return
+
+        def answered(resume: bool | None) -> None:
+            if resume:
+                self.run_procedure(resume=run_id)
+
+        self.push_screen(QuestionModal(f"Run {run_id} did not finish. Resume it from its first unsatisfied step?",
+                                       yes="Resume", no="Not now", id="resume"), callback=answered)
+
+    async def _shutdown(self) -> None:
+        if self._stopped:
+            return
+        self._stopped = True
+        if self._unsubscribe is not None:
+            self._unsubscribe()
+        self.workers.cancel_all()
+        with contextlib.suppress(Exception):
+            await self.workers.wait_for_complete()
+        if self.start_operator:
+            with contextlib.suppress(Exception):
+                import asyncio
+
+                await asyncio.wait_for(self.operator.stop(), STOP_TIMEOUT_S)
+
+    async def on_unmount(self) -> None:
+        await self._shutdown()
+
+    # --- the bus --------------------------------------------------------------------------------
+
+    def _from_bus(self, payload: Any) -> None:
+        message = CoreMessage(payload)
+        if threading.get_ident() == self._thread:
+            self.post_message(message)
+        else:  # a publisher on another thread: hand it to the app's loop
+            self.call_from_thread(self.post_message, message)
+
+    def on_core_message(self, message: CoreMessage) -> None:
+        payload = message.payload
+        kind = self.state.apply(payload)
+        self._errors_in(payload)
+        if kind == "downtime":
+            self.refresh_bindings()
+        if kind is None:
+            return
+        screen = self.screen
+        if isinstance(screen, ModalScreen):  # the screen under it is redrawn whole when it resumes
+            return
+        if isinstance(screen, DashboardScreen):
+            screen.refresh_part(kind, payload)
+        self._banner()
+        if self.repaint_probe is not None and isinstance(payload, m.TelemetryUpdate):
+            published, probe = message.published, self.repaint_probe
+            self.call_after_refresh(lambda: probe(time.perf_counter() - published))
+
+    def _errors_in(self, payload: Any) -> None:
+        """Host and job errors the core publishes go to the error modal (a host once per outage)."""
+        if isinstance(payload, m.HostState):
+            if payload.status == "down" and payload.last_error:
+                if self._host_errors.get(payload.host) != payload.last_error:
+                    self._host_errors[payload.host] = payload.last_error
+                    self.show_error(ErrorReport(f"{payload.host} is down", payload.last_error))
+            elif payload.status == "connected":
+                self._host_errors.pop(payload.host, None)
+        elif type(payload).__name__ == "JobError":
+            where = getattr(payload, "where", None) or getattr(payload, "host", None)
+            title = f"job {getattr(payload, 'job_id', '?')} failed" + (f" ({where})" if where else "")
+            stderr = getattr(payload, "stderr_tail", None) or getattr(payload, "stderr", None)
+            text = str(getattr(payload, "msg", None) or getattr(payload, "message", None) or "failed")
+            self.show_error(ErrorReport(title, text, tail(stderr)))
+        elif isinstance(payload, m.RunFinished) and payload.status == "failed":
+            down = "" if payload.service_up else "  The service is DOWN: r restarts it."
+            self.show_error(ErrorReport(f"run {payload.run_id} failed", payload.message + down))
+
+    def _tick(self) -> None:
+        screen = self.screen
+        if isinstance(screen, DashboardScreen):
+            screen.tick()
+        self._banner()
+
+    def _banner(self) -> None:
+        for banner in self.screen.query(DowntimeBanner):
+            banner.show(self.state.down_since, self.now(), self.can_restart())
+
+    def on_screen_resume(self) -> None:
+        self._banner()
+
+    # --- errors ---------------------------------------------------------------------------------
+
+    def show_error(self, report: ErrorReport) -> None:
+        """The one error modal: opened, or the report added to the one already open."""
+        self.post_message(ErrorShown(report))
+        for screen in self.screen_stack:
+            if isinstance(screen, ErrorModal):
+                screen.add(report)
+                return
+        self.push_screen(ErrorModal(report))
+
+    def on_worker_state_changed(self, event: Worker.StateChanged) -> None:
+        worker = event.worker
+        if event.state == WorkerState.ERROR and worker.error is not None:
+            self.show_error(report_of(f"{worker.description or worker.name} failed", worker.error))
+        if worker.group in ("procedure", "service") and event.state in (
+                WorkerState.SUCCESS, WorkerState.ERROR, WorkerState.CANCELLED):
+            self.state.running = bool([w for w in self.workers if w.group == "procedure" and not w.is_finished])
+            self.refresh_bindings()
+
+    # --- actions --------------------------------------------------------------------------------
+
+    def can_restart(self) -> bool:
+        return not self.read_only and self.state.down_since is not None
+
+    def check_action(self, action: str, parameters: tuple[object, ...]) -> bool | None:
+        if action in self.ACTING and self.read_only:
+            return False  # read-only: no key that acts is offered
+        if isinstance(self.screen, ModalScreen) and action in self.ACTING | {"open_results", "runs"}:
+            return False
+        busy = self.state.running
+        if action in ("run_procedure", "plan"):
+            return not busy
+        if action == "cancel_run":
+            return busy
+        if action == "restart_service":
+            return self.state.down_since is not None and not self._service_busy()
+        return True
+
+    def _service_busy(self) -> bool:
+        return any(w.group == "service" and not w.is_finished for w in self.workers)
+
+    @work(exclusive=True, exit_on_error=False, group="procedure", description="the procedure")
+    async def run_procedure(self, resume: str | None = None) -> m.RunFinished:
+        self.state.running = True
+        self.refresh_bindings()
+        self.post_message(ProcedureStarted(resume))
+        finished = None
+        try:
+            finished = await self.operator.run(self.decider, resume=resume)
+            return finished
+        finally:
+            self.state.running = False
+            self.refresh_bindings()
+            self.post_message(ProcedureEnded(finished))
+
+    def action_run_procedure(self) -> None:
+        if self.read_only or self.state.running:
+            return
+        self.run_procedure()
+
+    @work(exclusive=True, exit_on_error=False, group="procedure", description="the plan")
+    async def plan_procedure(self) -> m.PlanReady:
+        return await self.operator.plan()
+
+    def action_plan(self) -> None:
+        if not self.read_only and not self.state.running:
+            self.plan_procedure()
+
+    def action_cancel_run(self) -> None:
+        if not self.read_only and self.state.running:
+            self.operator.cancel()
+            self.notify("cancelling: the run stops at the next safe point and offers the restart")
+
+    @work(exclusive=True, exit_on_error=False, group="service", description="the restart")
+    async def restart(self) -> None:
+        await self.operator.restart_service(self.decider)
+
+    def action_restart_service(self) -> None:
+        if self.can_restart() and not self._service_busy():
+            self.restart()
+
+    def action_help(self) -> None:
+        if not isinstance(self.screen, HelpModal):
+            self.push_screen(HelpModal(self.read_only))
+
+    def results_dir(self) -> Path | None:
+        """The run to show: the one this console just ran, else the newest with results."""
+        for source in (self.state.results, self.state.finished):
+            if source is not None and (Path(source.run_dir) / "results").is_dir():
+                return Path(source.run_dir)
+        with contextlib.suppress(Exception):
+            for summary in sorted(self.operator.runs(), key=lambda r: r.created_at, reverse=True):
+                if (Path(summary.dir) / "results").is_dir():
+                    return Path(summary.dir)
+        return None
+
+    def action_open_results(self) -> None:
+        from screens.results import ResultsScreen
+
+        run_dir = self.results_dir()
+        if run_dir is None:
+            self.notify("no run with results yet", severity="warning")
+            return
+        self.push_screen(ResultsScreen(run_dir))
+
+    def action_runs(self) -> None:
+        from screens.runs import RunsScreen
+
+        self.push_screen(RunsScreen())
+
+    def action_read_only(self) -> None:
+        """One way: a console can stop acting, not start (restart it without --read-only for that)."""
+        self.read_only = True
+        self.sub_title = "read-only  " + ", ".join(self.operator.config.hosts)
+        self.refresh_bindings()
+        self._banner()
+        self.notify("read-only: no key acts now")
+
+    async def action_quit(self) -> None:
+        if self.state.down_since is not None:
+            if any(isinstance(s, QuitWhileDownModal) for s in self.screen_stack):
+                return
+
+            def answered(answer: str | None) -> None:
+                if answer == "quit":
+                    self.call_later(self._quit_now)
+                elif answer == "restart":
+                    self._restart_then_quit()
+
+            self.push_screen(QuitWhileDownModal(self.state.down_since, self.now(), self.can_restart()),
+                             callback=answered)
+            return
+        await self._quit_now()
+
+    @work(exclusive=True, exit_on_error=False, group="service", description="the restart")
+    async def _restart_then_quit(self) -> None:
+        await self.operator.restart_service(self.decider)
+        if self.state.down_since is None:
+            await self._quit_now()
+
+    async def _quit_now(self) -> None:
+        await self._shutdown()
+        finished = self.state.finished
+        self.exit(finished.exit_code if finished is not None else 0)
+
+    # --- command palette ------------------------------------------------------------------------
+
+    def get_system_commands(self, screen: Screen) -> Iterable[SystemCommand]:
+        acting = not self.read_only
+        if acting and not self.state.running:
+            yield SystemCommand("Run the procedure", "preflight, stage, cache, stop, free VRAM, extract, "
+                                "restart, evaluate, report (asks before each change)", self.action_run_procedure)
+            yield SystemCommand("Plan", "preflight only: what each step would do; touches nothing",
+                                self.action_plan)
+        if acting and self.state.running:
+            yield SystemCommand("Cancel the run", "stop at the next safe point; the restart is offered",
+                                self.action_cancel_run)
+        if self.can_restart():
+            yield SystemCommand("Restart the service", "start it again now (asks first)",
+                                self.action_restart_service)
+        yield SystemCommand("Open results", "the newest run's tables, chart and window timeline",
+                            self.action_open_results)
+        yield SystemCommand("Compare runs", "earlier runs side by side: pick two", self.action_runs)
+        if acting:
+            yield SystemCommand("Read-only", "stop offering anything that acts, for the rest of this session",
+                                self.action_read_only)
+        yield SystemCommand("Help", "the keys", self.action_help)
+        yield from super().get_system_commands(screen)
+
+
+def run_app(operator: Any, *, autostart: bool = False) -> int:
+    """Open the console on `operator` (started and stopped by the app); returns the exit status:
+    0, or the finished run's (1 failed with the service up, 3 failed with it down)."""
+    app = ConsoleApp(operator, autostart=autostart)
+    result = app.run()
+    return int(result if result is not None else (app.return_code or 0))

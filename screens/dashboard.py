@@ -1,0 +1,89 @@
+"""The dashboard: a panel per host, the service, the steps, the current job and the event log."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from textual.app import ComposeResult
+from textual.containers import Horizontal, Vertical, VerticalScroll
+from textual.screen import Screen
+from textual.widgets import Footer, Header
+
+from screens.widgets.downtime_banner import DowntimeBanner
+from screens.widgets.event_log import EventLog
+from screens.widgets.host_panel import HISTORY_S, HostPanel
+from screens.widgets.job_panel import JobPanel
+from screens.widgets.service_panel import ServicePanel
+from screens.widgets.stepper import Stepper
+
+if TYPE_CHECKING:
+    from screens.app import ConsoleApp
+
+
+class DashboardScreen(Screen):
+    """Redrawn from `app.state`: `refresh_part(kind)` for one kind of change, `refresh_all` on resume."""
+
+    app: ConsoleApp
+
+    def compose(self) -> ComposeResult:
+        app = self.app
+        service = app.operator.config.service
+        yield Header(show_clock=False, icon="")
+        yield DowntimeBanner()
+        with Horizontal(id="main"):
+            with VerticalScroll(id="hosts"):
+                for host in app.operator.config.hosts:
+                    yield HostPanel(host, self._history)
+            with Vertical(id="side"):
+                yield ServicePanel(app.service_name, service.host)
+                yield Stepper()
+                yield JobPanel()
+        yield EventLog()
+        yield Footer()
+
+    def _history(self, host: str, gpu: int) -> list[float | None]:
+        try:
+            return self.app.operator.session.history(host, gpu, HISTORY_S)
+        except (KeyError, AttributeError):
+            return []
+
+    def on_mount(self) -> None:
+        log = self.query_one(EventLog)
+        for entry in self.app.state.journal:
+            log.add(entry)
+        self.refresh_all()
+
+    def on_screen_resume(self) -> None:
+        self.refresh_all()
+
+    def refresh_all(self) -> None:
+        for kind in ("host", "service", "steps", "job", "downtime"):
+            self.refresh_part(kind)
+
+    def refresh_part(self, kind: str, payload: object = None) -> None:
+        """Repaint what `kind` of change concerns (the state already holds it)."""
+        state, now = self.app.state, self.app.now()
+        if kind == "host":
+            hosts = [payload.host] if payload is not None and hasattr(payload, "host") else None
+            for panel in self.query(HostPanel):
+                if hosts is None or panel.host in hosts:
+                    panel.show(state.hosts.get(panel.host), state.telemetry.get(panel.host), now)
+        elif kind in ("service", "downtime"):
+            self.query_one(ServicePanel).show(state.service, state.downtime, state.startup, now)
+            self.query_one(DowntimeBanner).show(state.down_since, now, self.app.can_restart())
+        elif kind == "steps":
+            self.query_one(Stepper).show(state.steps, state.planned, state.run_id, state.route, now)
+        elif kind == "job":
+            self.query_one(JobPanel).show(state.current_job())
+        elif kind == "journal" and payload is not None:
+            self.query_one(EventLog).add(payload)
+
+    def tick(self) -> None:
+        """Once a second: the clocks that move without a message (ages, timers, durations)."""
+        self.refresh_part("service")
+        self.refresh_part("steps")
+        state, now = self.app.state, self.app.now()
+        for panel in self.query(HostPanel):  # a connected host repaints with its next sample anyway
+            host = state.hosts.get(panel.host)
+            if host is not None and host.status != "connected":
+                panel.show(host, state.telemetry.get(panel.host), now)

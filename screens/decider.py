@@ -1,0 +1,67 @@
+"""The TUI's Decider: each confirmation the engine asks becomes a modal, and the engine waits for
+the answer. Implements `console.procedure.decider.Decider`."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import TYPE_CHECKING
+
+from textual.message import Message
+
+from console.messages import Confirmation, HoldersFound
+from screens.modals.confirm import ConfirmModal
+from screens.modals.holders import HoldersModal
+
+if TYPE_CHECKING:
+    from screens.app import ConsoleApp
+
+
+class DecisionAsked(Message):
+    """A confirmation is on screen."""
+
+    def __init__(self, confirmation: Confirmation) -> None:
+        super().__init__()
+        self.confirmation = confirmation
+
+
+class DecisionAnswered(Message):
+    """The operator answered a confirmation."""
+
+    def __init__(self, confirmation: Confirmation, approved: bool) -> None:
+        super().__init__()
+        self.confirmation = confirmation
+        self.approved = approved
+
+
+class ModalDecider:
+    """Asks with the confirm modal, or with the holders modal for `free-vram`; read-only refuses."""
+
+    name = "tui"
+
+    def __init__(self, app: ConsoleApp) -> None:
+        self.app = app
+
+    async def decide(self, confirmation: Confirmation) -> bool:
+        if self.app.read_only:  # nothing that acts is offered; a question that comes anyway is refused
+            return False
+        if confirmation.step == "free-vram":
+            found = self.app.operator.bus.last.get(HoldersFound) or self.app.state.holders
+            modal = HoldersModal(confirmation, found if isinstance(found, HoldersFound) else None)
+        else:
+            modal = ConfirmModal(confirmation)
+        answer: asyncio.Future[bool] = asyncio.get_running_loop().create_future()
+
+        def answered(result: bool | None) -> None:
+            if not answer.done():
+                answer.set_result(bool(result))
+
+        self.app.post_message(DecisionAsked(confirmation))
+        await self.app.push_screen(modal, callback=answered)
+        try:
+            approved = await answer
+        except asyncio.CancelledError:  # the run was cancelled under the question: take it away
+            if modal.is_attached and self.app.screen is modal:
+                modal.dismiss(False)
+            raise
+        self.app.post_message(DecisionAnswered(confirmation, approved))
+        return approved

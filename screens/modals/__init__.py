@@ -1,0 +1,1 @@
+"""Modal screens: confirm a step, end the VRAM holders, errors, quit while down, help, pick runs."""

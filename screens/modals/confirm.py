@@ -1,0 +1,92 @@
+"""Confirm a step before it changes a host: the host, the literal command, the impact and the
+estimate. y approves; n or escape refuses; for a destructive step Cancel has the focus, so a
+stray Enter refuses."""
+
+from __future__ import annotations
+
+import shlex
+
+from rich.text import Text
+from textual.app import ComposeResult
+from textual.binding import Binding
+from textual.containers import Horizontal, Vertical
+from textual.screen import ModalScreen
+from textual.widgets import Button, Static
+
+from console.messages import Confirmation
+from screens.format import duration
+
+
+class QuestionModal(ModalScreen[bool]):
+    """A yes/no question with its own buttons; the base of the confirm and holders modals."""
+
+    DEFAULT_CSS = """
+    QuestionModal { align: center middle; }
+    QuestionModal > Vertical { width: 90; max-width: 95%; height: auto; max-height: 90%;
+                               border: thick $primary; background: $surface; padding: 1 2; }
+    QuestionModal.destructive > Vertical { border: thick $error; }
+    QuestionModal .title { text-style: bold; margin-bottom: 1; }
+    QuestionModal .label { color: $text-muted; }
+    QuestionModal .command { background: $boost; padding: 0 1; margin-bottom: 1; }
+    QuestionModal .buttons { height: auto; align-horizontal: right; margin-top: 1; }
+    QuestionModal Button { margin-left: 2; }
+    """
+    BINDINGS = [Binding("y", "answer(True)", "Yes"), Binding("n", "answer(False)", "No"),
+                Binding("escape", "answer(False)", "Cancel", show=False)]
+
+    def __init__(self, title: str, yes: str = "Yes", no: str = "Cancel", destructive: bool = False,
+                 id: str | None = None) -> None:
+        super().__init__(id=id, classes="destructive" if destructive else "")
+        self.title_text = title
+        self.yes_label, self.no_label = yes, no
+        self.destructive = destructive
+
+    def body(self) -> ComposeResult:
+        yield from ()
+
+    def compose(self) -> ComposeResult:
+        with Vertical():
+            yield Static(Text(self.title_text), classes="title")
+            yield from self.body()
+            with Horizontal(classes="buttons"):
+                yield Button(f"{self.yes_label} (y)", id="yes", variant="error" if self.destructive else "primary")
+                yield Button(f"{self.no_label} (n)", id="no")
+
+    def on_mount(self) -> None:
+        self.query_one("#no" if self.destructive else "#yes", Button).focus()
+
+    def on_button_pressed(self, event: Button.Pressed) -> None:
+        event.stop()
+        self.dismiss(event.button.id == "yes")
+
+    def action_answer(self, approved: bool) -> None:
+        self.dismiss(approved)
+
+
+def command_text(argv: tuple[str, ...] | list[str]) -> Text:
+    """The literal command, exactly as it will run (quoted as a shell would need it), never markup."""
+    return Text(f"$ {shlex.join(argv)}" if argv else "(no command: the console acts itself)")
+
+
+class ConfirmModal(QuestionModal):
+    """What the engine asks before a stop, a start or an overwrite."""
+
+    def __init__(self, confirmation: Confirmation) -> None:
+        c = confirmation
+        super().__init__(f"{c.step}: {c.action} on {c.host}?", yes="Proceed", no="Cancel",
+                         destructive=c.destructive, id="confirm")
+        self.confirmation = c
+
+    def body(self) -> ComposeResult:
+        c = self.confirmation
+        yield Static("host", classes="label")
+        yield Static(Text(c.host), classes="command")
+        yield Static("command", classes="label")
+        yield Static(command_text(c.argv), classes="command")
+        yield Static("impact", classes="label")
+        yield Static(Text(c.impact))
+        if c.estimate_s is not None:
+            what = "estimated downtime" if c.destructive else "estimate"
+            yield Static(Text(f"{what}: {duration(c.estimate_s)} (earlier runs)"), classes="estimate")
+        if c.destructive:
+            yield Static(Text("Destructive: Cancel has the focus.", style="bold red"))

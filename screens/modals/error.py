@@ -1,0 +1,87 @@
+"""The one error modal: errors from workers, jobs and hosts, each with its stderr tail, never a
+traceback. A second error while it is open is added to it rather than stacked."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from rich.text import Text
+from textual.app import ComposeResult
+from textual.binding import Binding
+from textual.containers import Vertical, VerticalScroll
+from textual.screen import ModalScreen
+from textual.widgets import Button, Static
+
+TAIL_LINES = 20
+
+
+@dataclass(frozen=True)
+class ErrorReport:
+    title: str  # "extract failed on inference"
+    message: str  # the first line: what went wrong, in the core's words
+    detail: str | None = None  # the stderr tail, or the rest of the message
+
+
+def tail(text: str | None, lines: int = TAIL_LINES) -> str | None:
+    if not text:
+        return None
+    kept = text.rstrip().splitlines()[-lines:]
+    return "\n".join(kept) or None
+
+
+def report_of(title: str, error: BaseException) -> ErrorReport:
+    """An exception as the operator should read it: its message, and the stderr tail it carries."""
+    text = str(error).strip() or type(error).__name__
+    first, _, rest = text.partition("\n")
+    stderr = getattr(error, "stderr_tail", None) or getattr(error, "stderr", None)
+    detail = tail(stderr if isinstance(stderr, str) and stderr.strip() else rest)
+    if detail and detail in first:
+        detail = None
+    return ErrorReport(title, first, detail)
+
+
+class ErrorModal(ModalScreen[None]):
+    DEFAULT_CSS = """
+    ErrorModal { align: center middle; }
+    ErrorModal > Vertical { width: 100; max-width: 95%; height: auto; max-height: 90%;
+                            border: thick $error; background: $surface; padding: 1 2; }
+    ErrorModal VerticalScroll { height: auto; max-height: 30; }
+    ErrorModal .error-title { text-style: bold; color: $error; }
+    ErrorModal .error-detail { background: $boost; padding: 0 1; margin-bottom: 1; color: $text-muted; }
+    ErrorModal .buttons { height: auto; align-horizontal: right; }
+    """
+    BINDINGS = [Binding("escape,enter,q", "close", "Close")]
+
+    def __init__(self, report: ErrorReport) -> None:
+        super().__init__(id="error")
+        self.reports: list[ErrorReport] = [report]
+
+    def compose(self) -> ComposeResult:
+        with Vertical():
+            yield VerticalScroll(classes="reports")
+            with Vertical(classes="buttons"):
+                yield Button("Close (esc)", id="close", variant="error")
+
+    def on_mount(self) -> None:
+        self._draw()
+        self.query_one("#close", Button).focus()
+
+    def add(self, report: ErrorReport) -> None:
+        self.reports.append(report)
+        self._draw()
+
+    def _draw(self) -> None:
+        box = self.query_one(".reports", VerticalScroll)
+        box.remove_children()
+        for report in self.reports:
+            box.mount(Static(Text(report.title), classes="error-title"))
+            box.mount(Static(Text(report.message)))
+            if report.detail:
+                box.mount(Static(Text(report.detail), classes="error-detail"))
+
+    def on_button_pressed(self, event: Button.Pressed) -> None:
+        event.stop()
+        self.dismiss(None)
+
+    def action_close(self) -> None:
+        self.dismiss(None)

@@ -1,0 +1,65 @@
+"""`?`: what each key does, and what the console is doing for you."""
+
+from __future__ import annotations
+
+from rich.table import Table
+from rich.text import Text
+from textual.app import ComposeResult
+from textual.binding import Binding
+from textual.containers import Vertical, VerticalScroll
+from textual.screen import ModalScreen
+from textual.widgets import Static
+
+KEYS = [
+    ("g", "run the procedure: preflight, stage, cache, stop, free VRAM, extract, restart, evaluate, report"),
+    ("p", "plan only: preflight, touches nothing"),
+    ("c", "cancel the running procedure (it then offers the restart)"),
+    ("r", "restart the service (while this run holds it down)"),
+    ("o", "open the results of the newest run (or of the finished one)"),
+    ("h", "earlier runs: pick two to compare, or open one's results"),
+    ("ctrl+p", "command palette: every command by name"),
+    ("?", "this help"),
+    ("q", "quit (asks first while the service is down)"),
+]
+RESULT_KEYS = [
+    ("1..7", "summary, per prompt, acceptance chart, parity, kernels, window timeline, compare"),
+    ("e", "export report.md and report.json into the run's results directory"),
+    ("escape", "back to the dashboard"),
+]
+
+
+def keys_table(title: str, rows: list[tuple[str, str]]) -> Table:
+    table = Table(title=title, title_justify="left", box=None, show_header=False, padding=(0, 2, 0, 0))
+    table.add_column(style="bold cyan", no_wrap=True)
+    table.add_column()
+    for key, text in rows:
+        table.add_row(key, text)
+    return table
+
+
+class HelpModal(ModalScreen[None]):
+    DEFAULT_CSS = """
+    HelpModal { align: center middle; }
+    HelpModal > Vertical { width: 96; max-width: 95%; height: auto; max-height: 90%; border: thick $primary;
+                           background: $surface; padding: 1 2; }
+    HelpModal VerticalScroll { height: auto; }
+    """
+    BINDINGS = [Binding("escape,q,question_mark", "dismiss_help", "Close")]
+
+    def __init__(self, read_only: bool) -> None:
+        super().__init__(id="help")
+        self.read_only = read_only
+
+    def compose(self) -> ComposeResult:
+        with Vertical(), VerticalScroll():
+            if self.read_only:
+                yield Static(Text("Read-only: this console watches; no key stops, starts or ends anything.",
+                                  style="bold yellow"))
+            yield Static(keys_table("Dashboard", KEYS))
+            yield Static(keys_table("Results", RESULT_KEYS))
+            yield Static(Text("\nBefore anything changes a host you are asked, with the literal command. "
+                              "Refusing changes nothing. While the service is down because of this run a red "
+                              "banner says for how long, on every screen.", style="dim"))
+
+    def action_dismiss_help(self) -> None:
+        self.dismiss(None)

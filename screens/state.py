@@ -1,0 +1,164 @@
+"""What the console has seen on the bus: the newest message of each kind, folded into one plain object.
+
+The app feeds every core message to `ConsoleState.apply`; panels draw from the state, so a panel
+mounted late (or repainted after a modal closes) shows the same thing as one that saw every message.
+No Textual here: it is plain data, tested on its own.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Any
+
+from console import messages as m
+
+STEP_NAMES = ("preflight", "stage", "cache", "stop", "free-vram", "extract", "restart", "evaluate", "report")
+JOURNAL_KEPT = 500
+
+
+@dataclass
+class StepView:
+    """One line of the stepper."""
+
+    name: str
+    status: str = "pending"
+    acts: bool = True
+    why: str = ""
+    host: str | None = None
+    estimate_s: float | None = None
+    started_at: float | None = None
+    ended_at: float | None = None
+    detail: str | None = None
+
+
+@dataclass
+class JobView:
+    """One remote job's progress, by unit (weights in tensors and bytes, prompts, anchors)."""
+
+    job_id: str
+    label: str
+    bars: dict[str, Any] = field(default_factory=dict)  # unit -> the newest JobProgress for it
+    phase: str | None = None
+    last_log: str | None = None
+    finished: bool = False
+    stalled: str | None = None
+
+
+@dataclass
+class ConsoleState:
+    """The newest of everything; `apply` returns the kinds that changed (the panels to repaint)."""
+
+    hosts: dict[str, m.HostState] = field(default_factory=dict)
+    telemetry: dict[str, m.TelemetryUpdate] = field(default_factory=dict)
+    service: m.ServiceView | None = None
+    startup: m.StartupProgress | None = None
+    run_id: str | None = None
+    route: str | None = None
+    steps: dict[str, StepView] = field(default_factory=lambda: {n: StepView(n) for n in STEP_NAMES})
+    planned: bool = False
+    downtime: m.Downtime | None = None
+    holders: m.HoldersFound | None = None
+    journal: deque = field(default_factory=lambda: deque(maxlen=JOURNAL_KEPT))
+    jobs: dict[str, JobView] = field(default_factory=dict)
+    finished: m.RunFinished | None = None
+    results: m.ResultsReady | None = None
+    running: bool = False  # a procedure (or a restart) is in progress in this console
+
+    @property
+    def down_since(self) -> float | None:
+        return self.downtime.down_since if self.downtime is not None else None
+
+    def apply(self, message: Any) -> str | None:
+        """Fold one message in; returns which panel it concerns ("host", "service", "steps", "job",
+        "journal", "downtime", "run") or None when nothing shown changed."""
+        if isinstance(message, m.HostState):
+            self.hosts[message.host] = message
+            return "host"
+        if isinstance(message, m.TelemetryUpdate):
+            self.telemetry[message.host] = message
+            return "host"
+        if isinstance(message, m.ServiceView):
+            self.service = message
+            if message.status is not None and message.status.active and message.health and message.health.ready:
+                self.startup = None
+            return "service"
+        if isinstance(message, m.StartupProgress):
+            self.startup = None if message.stage == "ready" else message
+            return "service"
+        if isinstance(message, m.PlanReady):
+            self._plan(message)
+            return "steps"
+        if isinstance(message, m.StepUpdate):
+            self._step(message)
+            return "steps"
+        if isinstance(message, m.Downtime):
+            self.downtime = message
+            return "downtime"
+        if isinstance(message, m.HoldersFound):
+            self.holders = message
+            return None
+        if isinstance(message, m.JournalEntry):
+            self.journal.append(message)
+            return "journal"
+        if isinstance(message, m.RunFinished):
+            self.finished = message
+            return "run"
+        if isinstance(message, m.ResultsReady):
+            self.results = message
+            return "run"
+        return self._job(message)
+
+    def _plan(self, plan: m.PlanReady) -> None:
+        if plan.run_id != self.run_id:
+            self.jobs.clear()
+        self.run_id, self.route, self.planned, self.finished = plan.run_id, plan.route, True, None
+        old = self.steps
+        self.steps = {}
+        for step in plan.steps:
+            view = StepView(step.name, acts=step.acts, why=step.why, host=step.host, estimate_s=step.estimate_s)
+            if step.name in old and old[step.name].status != "pending" and plan.run_id == self.run_id:
+                before = old[step.name]
+                view.status, view.started_at, view.ended_at, view.detail = (
+                    before.status, before.started_at, before.ended_at, before.detail)
+            if not step.acts and view.status == "pending":
+                view.status = "left-out"
+            self.steps[step.name] = view
+
+    def _step(self, update: m.StepUpdate) -> None:
+        self.run_id = update.run_id
+        view = self.steps.setdefault(update.step, StepView(update.step))
+        view.status = update.status
+        view.started_at = update.started_at if update.started_at is not None else view.started_at
+        view.ended_at = update.ended_at
+        view.detail = update.detail
+
+    def _job(self, message: Any) -> str | None:
+        kind = type(message).__name__
+        if not kind.startswith("Job"):
+            return None
+        job_id = str(getattr(message, "job_id", "job"))
+        job = self.jobs.get(job_id)
+        if job is None:
+            label = getattr(message, "worker", None) or getattr(message, "step", None) or job_id
+            job = self.jobs[job_id] = JobView(job_id, str(label))
+        if kind == "JobProgress":
+            key = getattr(message, "key", None) or getattr(message, "unit", None) or "progress"
+            job.bars[str(key)] = message
+            job.phase = getattr(message, "phase", None) or job.phase
+            job.stalled = None
+        elif kind == "JobLog":
+            job.last_log = str(next((getattr(message, a) for a in ("msg", "message", "line") if hasattr(message, a)), ""))
+        elif kind == "JobStalled":
+            job.stalled = str(getattr(message, "msg", None) or getattr(message, "message", None)
+                              or "no event for a while")
+        elif kind in ("JobResult", "JobExit", "JobError"):
+            job.finished = True
+        return "job"
+
+    def current_job(self) -> JobView | None:
+        """The newest job still going, else the newest one."""
+        going = [j for j in self.jobs.values() if not j.finished]
+        if going:
+            return going[-1]
+        return next(reversed(self.jobs.values()), None) if self.jobs else None

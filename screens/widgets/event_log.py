@@ -1,0 +1,46 @@
+"""The run's journal as it is written: time, step, host, message; decisions and exits included."""
+
+from __future__ import annotations
+
+import shlex
+
+from rich.text import Text
+from textual.widgets import RichLog
+
+from console.messages import JournalEntry
+from screens.format import clock
+
+LEVEL_STYLE = {"warning": "yellow", "error": "bold red"}
+
+
+def journal_line(entry: JournalEntry) -> Text:
+    text = Text(clock(entry.t), style="dim")
+    text.append(" ")
+    if entry.step:
+        text.append(f"{entry.step:<9} ", style="cyan")
+    if entry.host:
+        text.append(f"{entry.host}: ", style="bold")
+    text.append(entry.message, style=LEVEL_STYLE.get(entry.level, ""))
+    if entry.decision:
+        text.append(f" [{entry.decision}]", style="magenta")
+    if entry.argv:
+        text.append(f"  $ {shlex.join(entry.argv)}", style="dim")
+    if entry.exit is not None:
+        text.append(f"  exit {entry.exit}", style="green" if entry.exit == 0 else "red")
+    if entry.duration_s is not None:
+        text.append(f"  {entry.duration_s:.1f} s", style="dim")
+    return text
+
+
+class EventLog(RichLog):
+    DEFAULT_CSS = """
+    EventLog { border: round $primary-darken-1; height: 1fr; min-height: 4; scrollbar-size-vertical: 1; }
+    """
+
+    def __init__(self) -> None:
+        super().__init__(id="events", wrap=True, markup=False, highlight=False, max_lines=1000)
+        self.border_title = "Events"
+        self.can_focus = True
+
+    def add(self, entry: JournalEntry) -> None:
+        self.write(journal_line(entry))

@@ -1,0 +1,75 @@
+"""The service: what its manager says, how it answers (health, model, requests), its uptime, or a red
+DOWN timer while this console holds it down; start-up progress while it comes back."""
+
+from __future__ import annotations
+
+from rich.console import Group
+from rich.text import Text
+from textual.widgets import Static
+
+from console.messages import Downtime, ServiceView, StartupProgress
+from screens.format import clock, duration
+
+
+def service_renderable(view: ServiceView | None, downtime: Downtime | None, startup: StartupProgress | None,
+                       now: float) -> Group:
+    lines: list[Text] = []
+    down_since = downtime.down_since if downtime is not None else None
+    if down_since is not None:
+        lines.append(Text(f" DOWN {duration(now - down_since)} ", style="bold white on red"))
+        lines.append(Text(f"stopped by this run at {clock(down_since)}", style="red"))
+    if view is None:
+        lines.append(Text("not checked yet", style="yellow"))
+        return Group(*lines)
+    status = view.status
+    if status is None:
+        lines.append(Text(f"unknown: {view.error}", style="bold red"))
+        return Group(*lines)
+    if status.active:
+        state = Text(status.state + (f" ({status.sub_state})" if status.sub_state else ""), style="green")
+        if status.main_pid:
+            state.append(f", pid {status.main_pid}")
+        lines.append(state)
+        if status.since and down_since is None:
+            lines.append(Text(f"up {duration(now - status.since)}", style="dim"))
+    else:
+        lines.append(Text(f"NOT RUNNING ({status.state})", style="bold red"))
+        if status.detail:
+            lines.append(Text(status.detail.splitlines()[0], style="red"))
+    if view.error:
+        lines.append(Text(view.error, style="yellow"))
+    if startup is not None:
+        done = f" {startup.done}/{startup.total}" if startup.done is not None and startup.total else ""
+        lines.append(Text(f"starting: {startup.stage}{done}", style="yellow"))
+    health = view.health
+    if health is not None:
+        if health.health_status is None:
+            lines.append(Text(f"health: no answer ({health.error})", style="bold red"))
+        else:
+            line = Text("health ")
+            line.append(f"{health.health_status}", style="green" if health.health_status == 200 else "yellow")
+            line.append(", ready" if health.ready else ", NOT READY", style="green" if health.ready else "bold yellow")
+            lines.append(line)
+            if health.model:
+                lines.append(Text(f"model {health.model}", overflow="ellipsis", no_wrap=True))
+            if health.running_requests is not None or health.queued_requests is not None:
+                lines.append(Text(f"requests {health.running_requests or 0:.0f} running, "
+                                  f"{health.queued_requests or 0:.0f} queued"))
+    return Group(*lines)
+
+
+class ServicePanel(Static):
+    """The service panel; `show` redraws it."""
+
+    DEFAULT_CSS = """
+    ServicePanel { height: auto; border: round $primary-darken-1; padding: 0 1; }
+    """
+
+    def __init__(self, name: str, host: str) -> None:
+        super().__init__(id="service")
+        self.border_title = f"Service {name} on {host}"
+
+    def show(self, view: ServiceView | None, downtime: Downtime | None, startup: StartupProgress | None,
+             now: float) -> None:
+        self.set_class(downtime is not None and downtime.down_since is not None, "down")
+        self.update(service_renderable(view, downtime, startup, now))

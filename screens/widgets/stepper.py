@@ -1,0 +1,63 @@
+"""The procedure's steps: status, how long each took (or has been running), the estimate from
+earlier runs, and why a step was skipped, left out, refused or failed."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+from rich.console import Group
+from rich.table import Table
+from rich.text import Text
+from textual.widgets import Static
+
+from screens.format import duration
+from screens.state import StepView
+
+MARKS = {"pending": ("·", "dim"), "running": ("▶", "bold yellow"), "done": ("✓", "green"),
+         "skipped": ("↷", "cyan"), "failed": ("✗", "bold red"), "refused": ("⊘", "yellow"),
+         "left-out": ("–", "dim"), "cancelled": ("⊘", "yellow")}
+
+
+def stepper_renderable(steps: Mapping[str, StepView], planned: bool, now: float) -> Group:
+    table = Table(box=None, show_header=False, padding=(0, 1), pad_edge=False, expand=True)
+    table.add_column("", width=1, no_wrap=True)
+    table.add_column("step", no_wrap=True, ratio=1)
+    table.add_column("status", no_wrap=True)
+    table.add_column("took", justify="right", no_wrap=True)
+    table.add_column("est.", justify="right", no_wrap=True, style="dim")
+    notes: list[Text] = []
+    for step in steps.values():
+        mark, style = MARKS.get(step.status, ("?", ""))
+        if step.status == "running" and step.started_at is not None:
+            took = duration(now - step.started_at)
+        elif step.started_at is not None and step.ended_at is not None:
+            took = duration(step.ended_at - step.started_at)
+        else:
+            took = ""
+        estimate = f"~{duration(step.estimate_s)}" if step.estimate_s is not None else ""
+        table.add_row(Text(mark, style=style), Text(step.name, style="bold" if step.status == "running" else ""),
+                      Text(step.status, style=style), took, estimate)
+        why = step.detail or (step.why if step.status in ("skipped", "left-out") else None)
+        if why and step.status in ("skipped", "left-out", "refused", "failed", "cancelled"):
+            notes.append(Text(f"{step.name}: {why}", style="red" if step.status == "failed" else "dim"))
+    parts: list = [table]
+    if not planned:
+        parts.append(Text("no plan yet: p plans (touches nothing), g runs", style="dim"))
+    parts.extend(notes[-3:])
+    return Group(*parts)
+
+
+class Stepper(Static):
+    DEFAULT_CSS = """
+    Stepper { height: auto; border: round $primary-darken-1; padding: 0 1; }
+    """
+
+    def __init__(self) -> None:
+        super().__init__(id="stepper")
+        self.border_title = "Steps"
+
+    def show(self, steps: Mapping[str, StepView], planned: bool, run_id: str | None, route: str | None,
+             now: float) -> None:
+        self.border_title = f"Steps  {run_id}" + (f" ({route})" if route and route != "window" else "") \
+            if run_id else "Steps"
+        self.update(stepper_renderable(steps, planned, now))
