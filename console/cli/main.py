@@ -16,6 +16,7 @@ from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 from typing import NoReturn
 
+from console.cli.drill import add_parser as add_drill
 from console.config import DEFAULT_CONFIG_NAME, ConfigError, example_config_text, load_config
 from remote.artifacts import atomic_path
 
@@ -204,6 +205,7 @@ COMMANDS: list[Subcommand] = [
     Subcommand("report", _add_report),
     Subcommand("run", _add_run),
     Subcommand("runs", _add_runs),
+    Subcommand("drill", add_drill),
 ]
 
 

@@ -1,0 +1,64 @@
+"""`dflash-ops drill up|down|status`: the rehearsal hosts of the drill (`console.drill.hosts`).
+
+`up` prints progress on stderr and the config's path alone on stdout, as its last line, so that
+`dflash-ops run --config "$(dflash-ops drill up | tail -n1)"` works.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+
+def cmd_up(args: argparse.Namespace) -> int:
+    from console.drill.assets import AssetsError
+    from console.drill.hosts import DrillError, up
+
+    try:
+        path = up(args.dir, fresh=args.fresh)
+    except (DrillError, AssetsError) as exc:
+        print(f"dflash-ops drill up: {exc}", file=sys.stderr)
+        return 1
+    print(path, flush=True)
+    return 0
+
+
+def cmd_down(args: argparse.Namespace) -> int:
+    from console.drill.hosts import down
+
+    outcomes = down(args.dir)
+    left = [o for o in outcomes if o["outcome"] in ("survived", "not_permitted")]
+    for o in outcomes:
+        print(f"ended pid {o['pid']}: {o['outcome']} ({o['detail']})", file=sys.stderr)
+    print("drill down" if not left else f"drill down, but {len(left)} process(es) could not be ended")
+    return 1 if left else 0
+
+
+def cmd_status(args: argparse.Namespace) -> int:
+    from console.drill.hosts import status
+
+    found = status(args.dir)
+    print("\n".join(found.lines()))
+    return 0 if found.up else 1
+
+
+def add_parser(sub: argparse._SubParsersAction) -> None:
+    """Register `drill` and its actions on the top-level subparsers."""
+    parser = sub.add_parser(
+        "drill", help="rehearsal hosts on this machine: up, down, status",
+        description="Rehearsal hosts on this machine (two embedded SSH servers, the rehearsal server as a "
+                    "command-managed service, simulated GPUs, a tiny target and two drafters) for a first run "
+                    "of the window and for the end-to-end test.")
+    actions = parser.add_subparsers(dest="action", metavar="ACTION", required=True, parser_class=type(parser))
+    for name, run, text in (
+        ("up", cmd_up, "start the rehearsal hosts (building the assets once); print the config's path last"),
+        ("down", cmd_down, "stop the hosts, the service and every process the drill started"),
+        ("status", cmd_status, "say whether the drill is up: pid, ports, service, config (exit 1 when down)"),
+    ):
+        action = actions.add_parser(name, help=text, description=text[0].upper() + text[1:] + ".")
+        action.add_argument("--dir", default=None, metavar="DIR",
+                            help="the drill's directory (default: $DFLASH_OPS_DRILL_DIR or the user state dir's drill)")
+        if name == "up":
+            action.add_argument("--fresh", action="store_true",
+                                help="end a drill that is up and start a new one (re-arms the stuck-VRAM episode)")
+        action.set_defaults(run=run)

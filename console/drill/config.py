@@ -1,0 +1,76 @@
+"""The config a drill writes: its two hosts, the rehearsal server as a command-managed service, the
+tiny target, the drill's prompts, the two drafters and a CPU evaluation. It must load with
+`console.config.load_config` like any operator's file, and it is checked that way when written."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from console.config import Config, dump_toml, load_config
+from console.drill.layout import INFERENCE_HOST, TRAINING_HOST, DrillLayout
+from remote.artifacts import atomic_path
+
+SERVICE_GPU_MIB = 40000  # per simulated GPU while the rehearsal server runs
+LOAD_DELAY_S = 1.0  # simulated weight loading, so the start-up log shows progress
+MAX_NEW_TOKENS = 24
+
+
+def service_commands(layout: DrillLayout, python: str, port: int) -> dict[str, list[str]]:
+    """start / stop / status / log of the rehearsal server (`remote.drill.service`), as argv."""
+    state = str(layout.service_state)
+    manage = [python, "-m", "remote.drill.service"]
+    standin = ["--model", str(layout.target), "--port", str(port), "--gpu-file", str(layout.simulated_gpus(INFERENCE_HOST)),
+               "--gpu-mib", str(SERVICE_GPU_MIB), "--load-delay", str(LOAD_DELAY_S), "--metrics"]
+    return {
+        "start": [*manage, "start", "--state", state, "--", *standin],
+        "stop": [*manage, "stop", "--state", state],
+        "status": [*manage, "status", "--state", state],
+        "log": ["tail", "-n", "+1", "-F", f"{state}/standin.log"],
+    }
+
+
+def host_table(layout: DrillLayout, name: str, port: int, user: str, python: str) -> dict[str, Any]:
+    """Everything explicit: address, port, user, key, known_hosts (nothing left to ~/.ssh/config)."""
+    ssh = layout.ssh_dir(name)
+    return {"address": "127.0.0.1", "port": port, "user": user, "python": python, "workdir": str(layout.workdir(name)),
+            "identity_file": str(ssh / "client_key"), "known_hosts": str(ssh / "known_hosts"),
+            "connect_timeout": 5, "keepalive_interval": 5}
+
+
+def drill_config_data(layout: DrillLayout, ports: dict[str, int], service_port: int, user: str,
+                      python: str) -> dict[str, Any]:
+    """The config's tables."""
+    commands = service_commands(layout, python, service_port)
+    return {
+        "hosts": {name: host_table(layout, name, ports[name], user, python) for name in (INFERENCE_HOST, TRAINING_HOST)},
+        "service": {"host": INFERENCE_HOST, "manager": "command", **commands, "url": f"http://127.0.0.1:{service_port}",
+                    "ready_timeout_s": 60, "vram_free_mib": 1024, "stop_grace_s": 2},
+        "target": {"host": INFERENCE_HOST, "model_path": str(layout.target), "kernels": "any", "layers": "auto"},
+        "prompts": {"file": str(layout.prompts), "max_new_tokens": MAX_NEW_TOKENS},
+        "drafters": [
+            {"name": "reference", "host": TRAINING_HOST, "path": str(layout.reference), "reference": True},
+            {"name": "candidate", "host": TRAINING_HOST, "path": str(layout.candidate)},
+        ],
+        "eval": {"host": INFERENCE_HOST, "device": "cpu", "budgets": [8, 16], "topk": 8},
+    }
+
+
+HEADER = """\
+# Written by `dflash-ops drill up`: two rehearsal hosts on this machine (embedded SSH servers on
+# loopback with their own keys), the rehearsal server as a command-managed service on ct129, a tiny
+# hybrid Qwen3.5 target, two drafters on ct200 (the reference and a candidate with the story's
+# off-by-one layer bug). GPUs are simulated; the first stop leaves VRAM held by a leftover process.
+# `dflash-ops drill down` ends it all.
+
+"""
+
+
+def write_drill_config(layout: DrillLayout, ports: dict[str, int], service_port: int, user: str,
+                       python: str) -> Config:
+    """Write the drill's config atomically and return it as `load_config` reads it back."""
+    text = HEADER + dump_toml(drill_config_data(layout, ports, service_port, user, python))
+    path: Path = layout.config
+    with atomic_path(path) as tmp:
+        tmp.write_text(text, encoding="utf-8")
+    return load_config(path)

@@ -1,0 +1,95 @@
+"""Where everything of one drill lives, under its directory (default: the user state dir's `drill`).
+
+    <dir>/dflash-ops.toml        the config the drill writes (its path is what `drill up` prints)
+    <dir>/drill.pid              the rehearsal hosts' process, while it runs
+    <dir>/drill.json             its state: ports, pids, service, assets (written atomically)
+    <dir>/hosts.log              its log
+    <dir>/prompts.jsonl          the drill's prompt set
+    <dir>/<host>/ssh/            host key, client key, known_hosts, an empty ssh_config
+    <dir>/<host>/home/           the host's home (commands run there, SFTP starts there)
+    <dir>/<host>/home/dflash-ops the host's workdir; simulated-gpu.json in it marks a drill host
+    <dir>/ct129/home/standin/    the service's pid file, log and stuck-VRAM marker
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+import platformdirs
+
+DIR_ENV = "DFLASH_OPS_DRILL_DIR"
+INFERENCE_HOST = "ct129"
+TRAINING_HOST = "ct200"
+HOSTS = (INFERENCE_HOST, TRAINING_HOST)
+SIMULATED_GPU_FILE = "simulated-gpu.json"  # the name `dflash-ops status` looks for in a workdir
+
+
+def default_dir() -> Path:
+    """$DFLASH_OPS_DRILL_DIR, else `drill` under the user state dir."""
+    override = os.environ.get(DIR_ENV)
+    return Path(override) if override else Path(platformdirs.user_state_dir("dflash-ops")) / "drill"
+
+
+@dataclass(frozen=True)
+class DrillLayout:
+    """The paths of one drill directory."""
+
+    dir: Path
+
+    @classmethod
+    def at(cls, path: str | os.PathLike | None = None) -> DrillLayout:
+        return cls(Path(path).expanduser().resolve() if path is not None else default_dir().resolve())
+
+    @property
+    def config(self) -> Path:
+        return self.dir / "dflash-ops.toml"
+
+    @property
+    def pid_file(self) -> Path:
+        return self.dir / "drill.pid"
+
+    @property
+    def state_file(self) -> Path:
+        return self.dir / "drill.json"
+
+    @property
+    def log(self) -> Path:
+        return self.dir / "hosts.log"
+
+    @property
+    def prompts(self) -> Path:
+        return self.dir / "prompts.jsonl"
+
+    def ssh_dir(self, host: str) -> Path:
+        return self.dir / host / "ssh"
+
+    def home(self, host: str) -> Path:
+        return self.dir / host / "home"
+
+    def workdir(self, host: str) -> Path:
+        return self.home(host) / "dflash-ops"
+
+    def simulated_gpus(self, host: str) -> Path:
+        return self.workdir(host) / SIMULATED_GPU_FILE
+
+    @property
+    def service_state(self) -> Path:
+        return self.home(INFERENCE_HOST) / "standin"
+
+    @property
+    def target(self) -> Path:
+        return self.home(INFERENCE_HOST) / "models" / "tiny-qwen3.5-hybrid"
+
+    @property
+    def reference(self) -> Path:
+        return self.home(TRAINING_HOST) / "dflash" / "reference" / "z-lab-tiny-DFlash"
+
+    @property
+    def candidate(self) -> Path:
+        return self.home(TRAINING_HOST) / "dflash" / "checkpoints" / "v4" / "step-5400"
+
+    @property
+    def training_log(self) -> Path:
+        return self.home(TRAINING_HOST) / "train.log"
