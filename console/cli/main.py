@@ -206,6 +206,7 @@ COMMANDS: list[Subcommand] = [
     Subcommand("run", _add_run),
     Subcommand("runs", _add_runs),
     Subcommand("drill", add_drill),
+    Subcommand("console", lambda sub: __import__("console.cli.console", fromlist=["add_parser"]).add_parser(sub)),
 ]
 
 
