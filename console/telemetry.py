@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from console.messages import GpuProcess, GpuReading, TelemetrySample, TelemetryUpdate
+from console.ssh.hosts import resolve_python
 from console.tasks import cancel_and_wait
 
 log = logging.getLogger(__name__)
@@ -222,7 +223,9 @@ class HostTelemetry:
 
 
 def agent_argv(python: str, code_dir: str, interval: float = 1.0, simulate: str | None = None) -> list[str]:
-    """The command that runs the agent from the uploaded code directory (no shell involved)."""
+    """The command that runs the agent from the uploaded code directory (no shell involved).
+
+    `python` must already be resolved for the host (`Host.resolve_python`): no shell expands `~`."""
     argv = ["env", f"PYTHONPATH={code_dir}", python, "-m", "remote.agent", "--interval", f"{interval:g}"]
     if simulate:
         argv += ["--simulate", simulate]
@@ -240,7 +243,7 @@ class TelemetryStream:
     the agent again; in between it publishes the telemetry as not streaming (and stale once old).
     """
 
-    def __init__(self, supervisor: Any, code_dir: Callable[[Any], Awaitable[str]], python: str = "python3",
+    def __init__(self, supervisor: Any, code_dir: Callable[[Any], Awaitable[str]], python: str | None = None,
                  interval: float = 1.0, simulate: str | None = None, history_s: float = HISTORY_S,
                  retry_s: float = 1.0):
         self.supervisor = supervisor
@@ -290,7 +293,9 @@ class TelemetryStream:
             try:
                 host = await self.supervisor.wait_connected(None)
                 code = await self.code_dir(host)
-                argv = agent_argv(self.python, code, self.interval, self.simulate)
+                # None: the host's own python (its spec); `~` paths are expanded on the host.
+                python = await resolve_python(host, self.python or host.spec.python)
+                argv = agent_argv(python, code, self.interval, self.simulate)
                 self.starts += 1
                 async for line in host.stream(argv):
                     if self.telemetry.add_line(line) is not None:

@@ -9,6 +9,7 @@ import contextlib
 import os
 import shlex
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -19,9 +20,10 @@ from pathlib import Path
 import pytest
 
 from console.config import dump_toml, parse_config
-from console.messages import ServiceHealth, StartupProgress
+from console.messages import ServiceHealth, StartupProgress, VramHolder
 from console.service.control import (
     CommandManager,
+    ServiceFailed,
     ServiceMonitor,
     manager_from_config,
     service_identity,
@@ -36,6 +38,7 @@ from console.ssh.jobs import JobRunner
 from console.ssh.supervisor import HostSupervisor
 from console.telemetry import ServiceIdentity, TelemetryStream
 from remote.drill import simgpu
+from remote.gpu_source import describe_process
 from tests.standin_helpers import free_port
 
 PY = sys.executable
@@ -228,3 +231,78 @@ async def test_telemetry_restarts_after_a_reconnect(rig: Rig):
     sample = await rig.stream.wait_for(lambda s: True, timeout=30, after=dropped_at)
     assert rig.stream.starts >= 2 and sample.seq < 20  # a new agent counts from 0 again
     assert not rig.stream.telemetry.is_stale()
+
+
+async def test_a_stale_start_up_log_is_not_taken_for_the_new_start(rig: Rig):
+    """`tail -n +1 -F log` first replays the last start's log, "ready" included: only what the new
+    start writes may become progress."""
+    port = free_port()
+    manager = rig.manager(port, "--load-delay", "1", "--gpu-mib", "1000", "--release-after", "0")
+    (rig.tmp / f"standin-{port}.log").write_text(
+        "Load weight begin. avail mem=139.00 GB\n"
+        "Loading safetensors checkpoint shards: 100% Completed | 7/7 [00:09<00:00]\n"
+        "Load weight end. elapsed=9.20 s, type=Qwen3_5ForCausalLM\n"
+        "The server is fired up and ready to roll!\n")
+    client = SglangClient(f"http://127.0.0.1:{await rig.host.forward_local_port('127.0.0.1', port)}")
+    progress: list[StartupProgress] = []
+    health = await start_and_wait(manager, client, timeout=60, host=rig.host, on_progress=progress.append)
+    assert health.ready
+    assert not any(p.total == 7 for p in progress), progress  # the old start's shards
+    assert any(p.stage == "loading" and p.total == 4 for p in progress), progress
+    stages = [p.stage for p in progress]
+    assert stages[0] == "loading" and stages.count("ready") == 1 and stages[-1] == "ready", stages
+    await manager.stop()
+
+
+async def test_a_server_that_dies_at_start_fails_the_wait_at_once_with_its_log(rig: Rig):
+    blocker = socket.socket()  # bound, not listening: the server cannot bind, connecting is refused
+    blocker.bind(("127.0.0.1", 0))
+    port = blocker.getsockname()[1]
+    try:
+        manager = rig.manager(port)
+        client = SglangClient(f"http://127.0.0.1:{await rig.host.forward_local_port('127.0.0.1', port)}")
+        began = time.monotonic()
+        with pytest.raises(ServiceFailed) as info:
+            await start_and_wait(manager, client, timeout=60, host=rig.host)
+        assert time.monotonic() - began < 20  # not the ready timeout
+        message = str(info.value)
+        assert "is stopped after its start" in message
+        assert f"cannot listen on 127.0.0.1:{port}" in message  # the log command's tail
+        assert info.value.status.state == "stopped"
+    finally:
+        blocker.close()
+
+
+def _home_python(rig: Rig) -> str:
+    """A `~/venv/bin/python` on the host, as operators configure it."""
+    venv = rig.server.home / "venv" / "bin"
+    venv.mkdir(parents=True, exist_ok=True)
+    with contextlib.suppress(FileExistsError):
+        (venv / "python").symlink_to(PY)
+    return "~/venv/bin/python"
+
+
+async def test_telemetry_runs_a_home_relative_python(rig: Rig):
+    stream = TelemetryStream(rig.supervisor, lambda h: JobRunner(h).ensure_code(), python=_home_python(rig),
+                             interval=0.2, simulate=str(rig.sim), retry_s=0.2)
+    stream.start()
+    try:
+        sample = await stream.wait_for(lambda s: True, timeout=15)
+        assert sample.simulated and stream.error is None
+    finally:
+        await stream.stop()
+    assert await rig.host.resolve_python("~/venv/bin/python") == f"{rig.server.home}/venv/bin/python"
+    assert await rig.host.resolve_python("/usr/bin/python3") == "/usr/bin/python3"
+
+
+async def test_endpids_runs_a_home_relative_python(rig: Rig):
+    victim = subprocess.Popen(["sleep", "60"])
+    try:
+        holder = VramHolder(victim.pid, 100, (0,), "sleep 60", None, describe_process(victim.pid)["start_time"], False)
+        outcomes = await end_holders(rig.host, _home_python(rig), rig.code, [holder], grace_s=1.0)
+        assert [(o.pid, o.outcome) for o in outcomes] == [(victim.pid, "terminated")]
+        assert victim.wait(5) == -signal.SIGTERM
+    finally:
+        if victim.poll() is None:
+            victim.kill()
+            victim.wait()

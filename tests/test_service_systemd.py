@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
@@ -9,14 +10,18 @@ from pathlib import Path
 import pytest
 
 from console.service.control import (
+    ReadyTimeout,
     ServiceError,
+    ServiceFailed,
     SystemdManager,
     parse_startup_line,
     parse_systemctl_show,
     parse_systemd_timestamp,
     service_identity,
+    start_and_wait,
     status_from_show,
 )
+from console.service.sglang_api import SglangClient
 from console.telemetry import ServiceIdentity
 
 DATA = Path(__file__).parent / "data" / "systemd"
@@ -37,9 +42,16 @@ class RecordedSystemctl:
     state: str = "active"
     calls: list[list[str]] = field(default_factory=list)
     fail: dict[str, Result] = field(default_factory=dict)
+    after_start: str = "active"  # the state `start` leaves the unit in ("failed": it crashed at once)
+    journal: str = "journal_startup.txt"  # what `journalctl -u UNIT -n N` prints
 
     async def run(self, argv: list[str], check: bool = True, timeout: float | None = None) -> Result:
         self.calls.append(argv)
+        if "journalctl" in argv:
+            words = argv[argv.index("journalctl"):]
+            lines = int(words[words.index("-n") + 1])
+            text = (DATA / self.journal).read_text().splitlines()
+            return Result(0, "\n".join(text[-lines:] if lines else []) + "\n")
         words = argv[argv.index("systemctl") + 1:]
         verb = words[0]
         if verb in self.fail:
@@ -51,7 +63,7 @@ class RecordedSystemctl:
         if verb == "show":
             return Result(0, (DATA / f"show_{self.state}.txt").read_text())
         if verb in ("stop", "start"):
-            self.state = "inactive" if verb == "stop" else "active"
+            self.state = "inactive" if verb == "stop" else self.after_start
             return Result(0)
         return Result(1, stderr=f"Unknown command verb {verb}.")
 
@@ -129,3 +141,27 @@ async def test_telemetry_recognises_the_unit_by_main_pid_and_cgroup_only_while_a
     assert service_identity(running) == ServiceIdentity(2741803, "/system.slice/sglang-qwen.service")
     stopping = await SystemdManager(RecordedSystemctl("deactivating"), "sglang-qwen").status()
     assert service_identity(stopping) == ServiceIdentity()
+
+
+async def test_a_unit_that_fails_at_restart_is_an_error_at_once_with_its_journal():
+    runner = RecordedSystemctl("inactive", after_start="failed", journal="journal_failed.txt")
+    manager = SystemdManager(runner, "sglang-qwen", sudo=True)
+    began = time.monotonic()
+    with pytest.raises(ServiceFailed) as info:
+        # nothing listens on port 9: without asking the manager this would wait the full 60 s
+        await start_and_wait(manager, SglangClient("http://127.0.0.1:9", timeout=1), timeout=60)
+    assert time.monotonic() - began < 10
+    message = str(info.value)
+    assert message.startswith("sglang-qwen is failed (failed) after its start: it will not become ready; "
+                              "result: exit-code")
+    assert "torch.OutOfMemoryError: CUDA out of memory" in message
+    assert info.value.log_lines[-1].endswith("Failed with result 'exit-code'.")
+    assert ["sudo", "-n", "journalctl", "-u", "sglang-qwen", "-n", "20", "--no-pager"] in runner.calls
+
+
+async def test_an_activating_unit_is_waited_for():
+    runner = RecordedSystemctl("inactive", after_start="deactivating")  # neither up nor down: keep waiting
+    manager = SystemdManager(runner, "sglang-qwen")
+    with pytest.raises(ReadyTimeout):
+        await start_and_wait(manager, SglangClient("http://127.0.0.1:9", timeout=1), timeout=1)
+    assert not any("journalctl" in call for call in runner.calls)

@@ -19,6 +19,7 @@ from console.service.vram import (
     endpids_argv,
     find_holders,
     parse_end_results,
+    used_summary,
     vram_free,
     wait_vram_free,
 )
@@ -160,3 +161,44 @@ async def test_a_host_without_gpu_readings_fails_the_wait_at_once_with_the_reaso
 
 async def _code_dir() -> str:
     return str(ROOT)
+
+
+def test_our_staged_extractor_is_subtracted_and_never_offered():
+    """The stager holds 20 GB on GPU 0 while it waits for the go: the service's leftovers must go
+    under the threshold on their own, and the stager is never listed for ending."""
+    stager = GpuProcess(7000, 0, 20000, "root", "python -m remote.extract --staged", start_time=5)
+    leftover = GpuProcess(4242, 0, 900, "root", "sglang::scheduler_TP0", start_time=11)
+    reading = sample([20900, 0], (stager, leftover))
+    assert not vram_free(reading, (0, 1), 1024)  # counted in, the stager blocks the window forever
+    assert vram_free(reading, (0, 1), 1024, exclude=[7000])  # 900 MiB left: under the threshold
+    assert not vram_free(reading, (0, 1), 800, exclude=[7000])  # the threshold applies to the rest
+    assert [h.pid for h in find_holders(reading, (0, 1), exclude=[7000])] == [4242]
+    assert used_summary(reading, (0,), exclude=[7000]) == "GPU0 900 MiB (+ 20000 MiB ours)"
+
+
+async def test_the_waiter_ends_on_the_rest_and_lists_only_other_holders():
+    stager = GpuProcess(7000, 0, 20000, "root", "python -m remote.extract --staged", start_time=5)
+    stuck = GpuProcess(4242, 0, 46000, "root", "sglang::scheduler_TP0", start_time=11)
+    stream = FixedStream([sample([66000, 0], (stager, stuck))])
+    result = await wait_vram_free(stream, (0,), 1024, timeout=0.2, stopped_at=0.0, exclude=[7000])
+    assert not result.free and [h.pid for h in result.holders] == [4242]
+    assert result.used == "GPU0 46000 MiB (+ 20000 MiB ours)"
+    stream = FixedStream([sample([20500, 0], (stager, GpuProcess(4242, 0, 500, "root", "x", start_time=11)))])
+    assert (await wait_vram_free(stream, (0,), 1024, timeout=2, stopped_at=0.0, exclude=[7000])).free
+
+
+class FixedStream:
+    """A `TelemetryStream` stand-in that has received `samples` (the last is the latest)."""
+
+    def __init__(self, samples: list[TelemetrySample]):
+        self.samples = samples
+        self.error = None
+        self.telemetry = type("T", (), {"host": "ct129", "latest": samples[-1], "received_at": 1.0,
+                                        "seen_service_pids": {}})()
+
+    async def wait_for(self, predicate, timeout: float, after: float | None = None) -> TelemetrySample:
+        for s in self.samples:
+            if predicate(s):
+                return s
+        await asyncio.sleep(timeout)
+        raise TimeoutError

@@ -19,7 +19,7 @@ import logging
 import re
 import time
 from collections import deque
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from datetime import UTC, datetime
 from typing import Any, Protocol
 
@@ -342,6 +342,18 @@ class StartupLog:
         """The last lines seen since `mark_start`."""
         return list(self._lines)
 
+    async def settled_tail(self, timeout: float = 3.0) -> list[str]:
+        """The last lines, once some came and the log has been quiet for `quiet_s` (at most
+        `timeout`): what a dying server wrote last may still be on its way (`tail -F` polls a new
+        file once a second) when its manager already says stopped."""
+        deadline = time.monotonic() + timeout
+        while self._task is not None and not self._task.done() and time.monotonic() < deadline:
+            quiet_for = time.monotonic() - self._last_line_at
+            if self._lines and quiet_for >= self.quiet_s:
+                break
+            await asyncio.sleep(max(0.05, self.quiet_s - quiet_for))
+        return self.tail()
+
     async def _follow(self) -> None:
         try:
             async for line in self.host.stream(self.argv):
@@ -420,7 +432,7 @@ class ReadyTimeout(Exception):
 
 
 async def _down_while_starting(manager: SystemdManager | CommandManager,
-                               log_tail: Callable[[], list[str]] | None) -> ServiceFailed | None:
+                               log_tail: Callable[[], Awaitable[list[str]]] | None) -> ServiceFailed | None:
     """A ServiceFailed when the manager says the service is down (failed, inactive, stopped)."""
     try:
         status = await manager.status()
@@ -429,7 +441,7 @@ async def _down_while_starting(manager: SystemdManager | CommandManager,
         return None
     if not manager.is_down(status):
         return None
-    lines = (log_tail() if log_tail is not None else []) or await manager.failure_log()
+    lines = (await log_tail() if log_tail is not None else []) or await manager.failure_log()
     state = status.state + (f" ({status.sub_state})" if status.sub_state else "")
     detail = f"; {status.detail}" if status.detail else ""
     message = f"{manager.name} is {state} after its start: it will not become ready{detail}"
@@ -442,14 +454,14 @@ async def wait_ready(client: SglangClient, timeout: float, poll_s: float = 0.5,
                      on_health: Callable[[ServiceHealth], Any] | None = None,
                      clock: Callable[[], float] = time.monotonic,
                      manager: SystemdManager | CommandManager | None = None,
-                     log_tail: Callable[[], list[str]] | None = None) -> ServiceHealth:
+                     log_tail: Callable[[], Awaitable[list[str]]] | None = None) -> ServiceHealth:
     """Poll until ready (/health 200 and a one-token /generate), publishing each look.
 
     A 200 from /health alone is not trusted: health can flap while the server warms up, so the
     generation must succeed too. Every request ends by the deadline, so the wait ends on time even
     when the server answers slowly. With `manager`, each poll also asks it: a unit that failed (or a
     command-managed server that stopped) raises ServiceFailed at once, with the journal's last lines
-    (systemd) or `log_tail()` (the start-up log's lines since the start). Raises ReadyTimeout with
+    (systemd) or `await log_tail()` (the start-up log's lines since the start). Raises ReadyTimeout with
     the last health seen.
     """
     deadline = clock() + timeout
@@ -483,7 +495,7 @@ async def start_and_wait(manager: SystemdManager | CommandManager, client: Sglan
             startup.mark_start()
         await manager.start()
         return await wait_ready(client, timeout, on_health=on_health, manager=manager,
-                                log_tail=startup.tail if startup is not None else None)
+                                log_tail=startup.settled_tail if startup is not None else None)
     finally:
         if startup is not None:
             await startup.close()

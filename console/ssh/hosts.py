@@ -23,6 +23,7 @@ import uuid
 from collections.abc import AsyncIterator, Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
+from typing import Any
 
 import asyncssh
 
@@ -124,6 +125,12 @@ def command_line(argv: list[str]) -> str:
     if isinstance(argv, str) or not all(isinstance(a, str) for a in argv):
         raise TypeError(f"argv must be a list of str, got {argv!r}")
     return shlex.join(argv)
+
+
+async def resolve_python(host: Any, python: str) -> str:
+    """`python` as an argv word on `host`: a `~` path is expanded with `host.expand` (the remote
+    home), anything else is returned as it is, without touching the host."""
+    return await host.expand(python) if python.startswith("~") else python
 
 
 class _HostKeyRecorder(asyncssh.SSHClient):
@@ -319,6 +326,12 @@ class Host:
             rest = path
         home = await self.home()
         return str(PurePosixPath(home) / rest) if rest else home
+
+    async def resolve_python(self, python: str | None = None) -> str:
+        """The host's Python as the command that runs it (`python`, default the spec's): `~` and
+        `~/x` become absolute paths, since argv reaches the program without a shell to expand
+        them. The one place a host's interpreter is resolved (jobs, telemetry, endpids)."""
+        return await resolve_python(self, self.spec.python if python is None else python)
 
     def _check_ended(self, returncode: int | None, command: str) -> None:
         """No exit status and no signal, and the link is gone: the command's channel ended with the
