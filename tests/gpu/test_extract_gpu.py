@@ -27,6 +27,11 @@ ROOT = Path(__file__).resolve().parents[2]
 RESULTS = ROOT / "docs" / "gpu-results" / "extract.json"
 DIMS = {**BIG, "num_hidden_layers": 4, "vocab_size": 32000}
 LAYERS = "0,1,2"
+# Two fast runs whose fla autotuners chose other configs (an empty vs a warm Triton cache) differ by
+# bf16 rounding that grows with depth: cosine 1 - 2e-8 at layer 0 to 1 - 6e-6 at layer 3 (max |d|
+# 0.0625) was seen. The bound, per layer of this 4-layer slice, is ~8x that and ~5x tighter than the
+# fast-vs-torch gap (1 - 2.4e-4 at layer 3). With the same configs the runs are identical (max |d| 0).
+AUTOTUNE_COSINE_BOUND = 5e-5
 
 
 def record(key: str, value) -> None:
@@ -72,6 +77,8 @@ def test_fast_path_bound_and_used(fast_run, work):
     # Used, not only bound: the prefill path ran once per linear layer per prompt.
     assert manifest["kernel_calls"] == {"causal_conv1d_fn": 3 * 4, "torch_chunk_gated_delta_rule": 3 * 4}
     assert manifest["versions"]["fla"] and manifest["versions"]["causal_conv1d"]
+    # The configs fla's autotuners chose are recorded (runs that differ there round differently).
+    assert any(k.startswith("fla.") for k in manifest["kernel_configs"]), manifest["kernel_configs"]
     # The model really left the GPU before `gpu_released` was sent.
     assert released(fast_run)["gpu_bytes_still_allocated"] < 64 << 20
 
@@ -114,9 +121,58 @@ def test_staged_window_holds_no_compile(fast_run, target, work, triton_cache):
     assert s["window_s"] < cold_window
     from remote.parity import compare_dirs
 
-    same = compare_dirs(work / "fast", work / "staged")  # staging changes nothing in the numbers
-    record("staged_vs_cold_parity", [{k: r[k] for k in ("layer", "cosine", "max_abs")} for r in same["layers"]])
-    assert all(r["cosine"] > 1 - 1e-6 for r in same["layers"]), same["layers"]
+    # The empty cache makes this run's autotuners tune afresh: where they pick other configs than the
+    # cold run's, bf16 rounding differs (fla's choice, not staging's: see the next test). That spread
+    # is recorded and held to AUTOTUNE_COSINE_BOUND; with the same configs, nothing may differ.
+    same = compare_dirs(work / "fast", work / "staged")
+    differ = configs_differ(work / "fast", work / "staged")
+    record("staged_vs_cold_parity", {"layers": [{k: r[k] for k in ("layer", "cosine", "max_abs")} for r in same["layers"]],
+                                     "configs_differ": differ, "bound_cosine": 1 - AUTOTUNE_COSINE_BOUND})
+    if differ:
+        assert all(r["cosine"] > 1 - AUTOTUNE_COSINE_BOUND for r in same["layers"]), (same["layers"], differ)
+    else:
+        assert all(r["max_abs"] == 0 for r in same["layers"]), same["layers"]
+
+
+def configs_differ(dir_a: Path, dir_b: Path) -> dict:
+    """Kernels whose autotuned configs differ between two extractions' manifests."""
+    a = json.loads((dir_a / "manifest.json").read_text()).get("kernel_configs") or {}
+    b = json.loads((dir_b / "manifest.json").read_text()).get("kernel_configs") or {}
+    return {k: {"a": a.get(k), "b": b.get(k)} for k in sorted(set(a) | set(b)) if a.get(k) != b.get(k)}
+
+
+def test_staged_with_the_cold_runs_configs_is_identical(fast_run, target, work, triton_cache):
+    """Staging itself (pinned host copies, side-stream copies, reserved buffers, the warm-up) changes
+    nothing: with the cold run's Triton cache, fla reads the configs it tuned there, and the hidden
+    states are bit-identical."""
+    from remote.parity import compare_dirs
+
+    model, completions = target
+    go = work / "go-warm"
+    run_extract(["--model", str(model), "--completions", str(completions), "--out", str(work / "staged-warm"),
+                 "--layers", LAYERS, "--kernels", "fast", "--staged", "--go-file", str(go)],
+                work, "staged-warm", triton_cache, go_file=go)
+    assert configs_differ(work / "fast", work / "staged-warm") == {}
+    same = compare_dirs(work / "fast", work / "staged-warm")
+    record("staged_same_configs_vs_cold", [{k: r[k] for k in ("layer", "cosine", "max_abs")} for r in same["layers"]])
+    assert all(r["max_abs"] == 0 for r in same["layers"]), same["layers"]
+
+
+def test_auto_map_refuses_a_silent_cpu_offload(fast_run, target, work, triton_cache):
+    """A holder leaves 800 MiB free on the GPU (the worker's CUDA context takes some of it; the model is
+    690 MB): `--device-map auto` without --max-memory would plan layers onto the CPU from what is free;
+    the worker refuses, naming the free memory, before anything reaches the GPU."""
+    model, completions = target
+    free, _ = torch.cuda.mem_get_info()
+    holder = torch.empty(max(free - (800 << 20), 0), dtype=torch.uint8, device="cuda")
+    try:
+        with pytest.raises(RuntimeError, match="would offload .* Planned from free memory now: GPU0 .* --allow-offload"):
+            run_extract(["--model", str(model), "--completions", str(completions), "--out", str(work / "offload"),
+                         "--layers", LAYERS, "--kernels", "fast", "--device-map", "auto"], work, "offload", triton_cache)
+    finally:
+        del holder
+        torch.cuda.empty_cache()
+    assert not (work / "offload" / "manifest.json").exists()
 
 
 @pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs two GPUs")
