@@ -5,6 +5,7 @@ from __future__ import annotations
 import io
 import json
 import re
+import shlex
 from pathlib import Path
 from typing import Any
 
@@ -12,6 +13,7 @@ import pytest
 from rich.console import Console
 
 from console.config import config_to_dict, dump_toml, example_config_text, load_config, parse_config
+from console.service.control import manager_from_config
 from console.views.plan import (
     STEPS,
     procedure_steps,
@@ -113,13 +115,14 @@ def test_command_manager_shows_literal_commands_with_sudo(example: dict) -> None
                    stop="pkill -TERM -f 'sglang serve'", status=["true"])
     config = parse_config(dump_toml(example))
     commands = service_commands(config)
-    assert commands == {"start": "sudo /opt/sglang/start.sh --port 30000",
-                        "stop": "sudo pkill -TERM -f 'sglang serve'", "status": "sudo true"}
-    assert "`sudo pkill -TERM -f 'sglang serve'`" in dict(procedure_steps(config))["stop"]
+    # Exactly what the manager runs: `sudo -n` (never a password prompt), a string through `sh -c`.
+    stop = shlex.join(["sudo", "-n", "sh", "-c", "pkill -TERM -f 'sglang serve'"])
+    assert commands == {"start": "sudo -n /opt/sglang/start.sh --port 30000", "stop": stop, "status": "sudo -n true"}
+    assert f"`{stop}`" in dict(procedure_steps(config))["stop"]
 
 
 def test_plan_names_the_start_up_log_command(example: dict) -> None:
-    assert startup_log_command(parse_config(dump_toml(example))) == "journalctl -u sglang-qwen -f"
+    assert startup_log_command(parse_config(dump_toml(example))) == "journalctl -u sglang-qwen -f -n 0 -o cat --no-pager"
     service = example["service"]
     service.pop("unit")
     service.update(manager="command", start="/opt/s/start", stop="/opt/s/stop", status="/opt/s/status")
@@ -127,15 +130,15 @@ def test_plan_names_the_start_up_log_command(example: dict) -> None:
     assert "no `log` command" in render(parse_config(dump_toml(example)))
     service.update(log=["tail", "-n", "+1", "-F", "/var/log/sglang.log"], sudo=True)
     config = parse_config(dump_toml(example))
-    assert startup_log_command(config) == "sudo tail -n +1 -F /var/log/sglang.log"
-    assert "sudo tail -n +1 -F /var/log/sglang.log" in render(config)
+    assert startup_log_command(config) == "sudo -n tail -n +1 -F /var/log/sglang.log"
+    assert "sudo -n tail -n +1 -F /var/log/sglang.log" in render(config)
 
 
 def test_systemd_with_sudo(example: dict) -> None:
     example["service"]["sudo"] = True
     commands = service_commands(parse_config(dump_toml(example)))
-    assert commands["stop"] == "sudo systemctl stop sglang-qwen"
-    assert commands["status"] == "sudo systemctl is-active sglang-qwen"
+    assert commands["stop"] == "sudo -n systemctl stop sglang-qwen"
+    assert commands["status"] == "sudo -n systemctl is-active sglang-qwen"
 
 
 def test_evaluate_step_says_where_checkpoints_come_from(example: dict) -> None:
@@ -151,3 +154,27 @@ def test_every_step_is_described(example: dict) -> None:
     steps = procedure_steps(parse_config(dump_toml(example)))
     assert [name for name, _ in steps] == list(STEPS)
     assert all(len(what) > 20 for _, what in steps)
+
+
+@pytest.mark.parametrize("service", [
+    {"manager": "systemd", "unit": "sglang-qwen"},
+    {"manager": "systemd", "unit": "sglang-qwen", "sudo": True},
+    {"manager": "command", "start": "/opt/s/start --port 30000", "stop": ["kill", "-TERM", "4242"],
+     "status": "test -e /run/s.pid", "log": ["tail", "-n", "+1", "-F", "/var/log/s.log"]},
+    {"manager": "command", "sudo": True, "start": ["/opt/s/start"], "stop": "/opt/s/stop 'all of it'",
+     "status": ["true"]},
+])
+def test_the_plan_shows_exactly_the_argv_the_manager_runs(example: dict, service: dict) -> None:
+    example["service"] = {"host": example["service"]["host"], **service}
+    config = parse_config(dump_toml(example))
+    manager = manager_from_config(config.service, runner=None)
+    commands = service_commands(config)
+    assert commands == {"start": shlex.join(manager.start_argv()), "stop": shlex.join(manager.stop_argv()),
+                        "status": shlex.join(manager.status_argv())}
+    log = manager.log_argv()
+    assert startup_log_command(config) == (shlex.join(log) if log else None)
+    steps = dict(procedure_steps(config))
+    assert f"`{commands['stop']}`" in steps["stop"] and f"`{commands['start']}`" in steps["restart"]
+    text = render(config)
+    for command in commands.values():
+        assert command in text.replace("\n", ""), command

@@ -16,7 +16,8 @@ from rich.panel import Panel
 from rich.table import Table
 from rich.text import Text
 
-from console.config import Command, Config
+from console.config import Config
+from console.service.control import manager_from_config
 from remote.prompts import DEFAULT_PROMPTS, PromptFileError, load_prompts
 
 STEPS = ("preflight", "stage", "cache", "stop", "extract", "restart", "evaluate", "report")
@@ -72,42 +73,31 @@ def describe_layers(config: Config) -> str:
     return ", ".join(str(layer) for layer in config.target.layers)
 
 
-def _command_text(command: Command | None) -> str:
-    if command is None:
-        return "-"
-    return command if isinstance(command, str) else shlex.join(command)
+class _RunsNothing:
+    """The runner of the plan's managers: they are built only to say their argv, never to run it."""
+
+    async def run(self, argv: list[str], check: bool = True, timeout: float | None = None) -> None:
+        raise RuntimeError(f"the plan runs nothing (asked to run {shlex.join(argv)})")
 
 
-def _systemctl(config: Config, verb: str) -> str:
-    service = config.service
-    argv = ["systemctl", verb, service.unit or ""]
-    return shlex.join((["sudo"] if service.sudo else []) + argv)
+def service_argv(config: Config) -> dict[str, list[str] | None]:
+    """The argv the service's manager will run for start / stop / status / log (None: no log
+    command), from the very manager the window uses, so what is shown is what runs."""
+    manager = manager_from_config(config.service, _RunsNothing())
+    return {"start": manager.start_argv(), "stop": manager.stop_argv(), "status": manager.status_argv(),
+            "log": manager.log_argv()}
 
 
 def service_commands(config: Config) -> dict[str, str]:
-    """The literal start/stop/status commands the service manager will run on its host."""
-    service = config.service
-    if service.manager == "systemd":
-        return {verb: _systemctl(config, verb) for verb in ("start", "stop")} | {
-            "status": _systemctl(config, "is-active")
-        }
-    prefix = "sudo " if service.sudo else ""
-    return {
-        "start": prefix + _command_text(service.start),
-        "stop": prefix + _command_text(service.stop),
-        "status": prefix + _command_text(service.status),
-    }
+    """The literal start/stop/status commands the service manager will run on its host (`shlex.join`
+    of the manager's argv)."""
+    return {verb: shlex.join(argv) for verb, argv in service_argv(config).items() if verb != "log" and argv}
 
 
 def startup_log_command(config: Config) -> str | None:
     """The command whose output is read for start-up progress after a restart; None: there is none."""
-    service = config.service
-    if service.manager == "systemd":
-        argv = ["journalctl", "-u", service.unit or "", "-f"]
-        return shlex.join((["sudo"] if service.sudo else []) + argv)
-    if service.log is None:
-        return None
-    return ("sudo " if service.sudo else "") + _command_text(service.log)
+    argv = service_argv(config)["log"]
+    return shlex.join(argv) if argv else None
 
 
 def _gpus(config: Config) -> str:
