@@ -332,7 +332,7 @@ def evaluate(states: Path, target: Path, drafter_paths: dict[str, Path], out: Pa
             events.progress("prompts", p_index + 1, len(prompts), "prompt", label=label)
         events.log(f"drafter {name}: {len(prompts)} prompts in {time.perf_counter() - started:.1f} s")
         try:
-            dumps = [load_dump(out / name / f"{p['id']}.safetensors") for p in prompts]
+            dumps = [load_dump(out / name / f"{p['id']}.safetensors", drafter=name, prompt_id=p["id"]) for p in prompts]
             metrics = drafter_metrics(dumps, budgets, topk)
         except DumpError as exc:
             raise WorkerError(str(exc), where=str(out / name)) from exc

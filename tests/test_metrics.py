@@ -163,9 +163,21 @@ def _write(dump: PromptDump, root: Path) -> None:
                dump.block_size, dump.anchors, dump.topk_ids, dump.topk_logprobs, dump.truth, x)
 
 
+def _write_run(root: Path, dumps: list[PromptDump]) -> Path:
+    """Dumps written by the evaluator's writer, with the manifest the evaluator writes last."""
+    from remote.artifacts import write_manifest
+
+    files = {}
+    for dump in dumps:
+        _write(dump, root)
+        files[f"{dump.drafter}/{dump.prompt_id}.safetensors"] = {"kind": "draft-dump", "drafter": dump.drafter,
+                                                                 "prompt_id": dump.prompt_id}
+    write_manifest(root, files, kind="evaluation")
+    return root
+
+
 def test_cli_recomputes_from_files(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
-    for i in range(3):
-        _write(make_dump(_truth(40, i), 8, 5, prompt_id=f"p{i}"), tmp_path / "run")
+    _write_run(tmp_path / "run", [make_dump(_truth(40, i), 8, 5, prompt_id=f"p{i}") for i in range(3)])
     loaded = load_dump(tmp_path / "run" / "d" / "p0.safetensors")
     assert loaded.topk_ids.dtype == torch.int64 and loaded.prompt_len == 8
     out = tmp_path / "m.json"
@@ -176,20 +188,31 @@ def test_cli_recomputes_from_files(tmp_path: Path, capsys: pytest.CaptureFixture
     for key in ("macro", "micro", "ci95", "rounds", "dropped"):
         assert key in d["tau"]["ddtree-b8"]
     assert d["tau"]["vanilla"]["macro"] == 5.0 and d["streak"] == 4.0
+    assert d["simulated_acc_len"] == 4.0 and d["acceptance_histogram"] == [0.0, 0.0, 0.0, 0.0, 1.0]
+    assert "SpecForge" in d["simulated_acc_len_form"]
     assert set(d["per_prompt"]) == {"p0", "p1", "p2"}
     assert data == json.loads(json.dumps(compute(tmp_path / "run", [2, 8], 4)))
-    assert "tau ddtree-b8" in capsys.readouterr().out
+    printed = capsys.readouterr().out
+    assert "tau ddtree-b8" in printed and "(EVAL-SPEC walk, the papers' tau)" in printed
+    assert "simulated_acc_len  4.000  (SpecForge: teacher-forced" in printed and "not tau" in printed
+    # one drafter's directory is read through its parent's manifest
+    assert main([str(tmp_path / "run" / "d"), "--budgets", "2"]) == 0
 
 
 def test_cli_bad_input(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
     assert main([str(tmp_path)]) == 2
+    assert "no complete manifest.json" in capsys.readouterr().err
+    assert main([str(tmp_path), "--no-manifest"]) == 2
     assert "no draft-output dumps" in capsys.readouterr().err
     _write(make_dump(_truth(20), 5, 4), tmp_path)
-    assert main([str(tmp_path), "--budgets", "8,x"]) == 2
+    assert main([str(tmp_path), "--no-manifest", "--budgets", "8"]) == 0
+    capsys.readouterr()
+    assert main([str(tmp_path), "--budgets", "8,x", "--no-manifest"]) == 2
     assert "'x' is not a positive integer" in capsys.readouterr().err
     (tmp_path / "d" / "broken.safetensors").write_bytes(b"not a safetensors file")
-    assert main([str(tmp_path)]) == 2
+    assert main([str(tmp_path), "--no-manifest", "--json", str(tmp_path / "m.json")]) == 2
     assert "broken.safetensors: unreadable" in capsys.readouterr().err
+    assert not (tmp_path / "m.json").exists()
 
 
 def test_vocabulary_smaller_than_budget_is_complete() -> None:
