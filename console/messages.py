@@ -302,3 +302,99 @@ class ResultsReady:
 
     run_id: str
     run_dir: str
+
+
+# --- Jobs (console/ssh/jobs.py: `job_message` turns a worker's events into these) ----------------------
+# (Messages holding a dict — artifact details, result data, last event — are not hashable.)
+
+
+@dataclass(frozen=True)
+class JobProgress:
+    """A `progress` event: `done` of `total` `unit`s, at `rate` units per second (from this key's
+    previous progress event; None for the first), in the job's current `phase`."""
+
+    job_id: str
+    worker: str
+    host: str
+    done: float
+    total: float | None
+    unit: str
+    rate: float | None = None
+    phase: str | None = None
+    message: str | None = None  # the event's label, e.g. the prompt's id
+    key: str = ""  # which counter: a worker may report several ("tensors", "bytes", "prompts")
+    t: float | None = None  # the worker's clock (unix seconds)
+
+    @property
+    def fraction(self) -> float | None:
+        return None if not self.total else min(1.0, max(0.0, self.done / self.total))
+
+
+@dataclass(frozen=True)
+class JobLog:
+    """A `log` event; also a `phase` event (kind "phase", message the phase's name) and any event
+    type the console has no message for (kind = its type, e.g. "gpu_released")."""
+
+    job_id: str
+    worker: str
+    host: str
+    level: str  # "info" | "warning" | "error"
+    message: str
+    kind: str = "log"
+    phase: str | None = None
+    t: float | None = None
+
+
+@dataclass(frozen=True)
+class JobArtifact:
+    """An `artifact` event: a finished, renamed file or folder on the job's host."""
+
+    job_id: str
+    worker: str
+    host: str
+    path: str
+    kind: str
+    details: dict[str, object]  # the event's other fields (sizes, sha256, prompts, ...)
+
+
+@dataclass(frozen=True)
+class JobResult:
+    """The worker's `result` event: its answer."""
+
+    job_id: str
+    worker: str
+    host: str
+    data: object
+
+
+@dataclass(frozen=True)
+class JobError:
+    """An `error` event: a clear, human error (an exit with a non-zero code follows)."""
+
+    job_id: str
+    worker: str
+    host: str
+    message: str
+    where: str | None = None
+
+
+@dataclass(frozen=True)
+class JobExit:
+    """The `exit` event, always a job's last."""
+
+    job_id: str
+    worker: str
+    host: str
+    code: int
+
+
+@dataclass(frozen=True)
+class JobStalled:
+    """The job's process is alive but wrote no event (heartbeats included) for `silent_s` seconds."""
+
+    job_id: str
+    worker: str
+    host: str
+    silent_s: float
+    last_event: dict[str, object] | None
+    stderr_tail: str
