@@ -37,7 +37,7 @@ from console.messages import (
 )
 from console.procedure import remote_files
 from console.procedure.decider import Decider
-from console.procedure.steps import ROUTES, Preflight, estimates, planned, stage_decision
+from console.procedure.steps import ROUTES, Preflight, estimates, planned, size_text, stage_decision
 from console.procedure.store import Run, RunStore
 from console.service.control import ReadyTimeout, ServiceError, start_and_wait
 from console.service.vram import VramError, describe_outcomes, end_holders, endpids_argv, wait_vram_free
@@ -181,7 +181,8 @@ class Engine:
             if self._unsubscribe_telemetry:
                 self._unsubscribe_telemetry()
         if status != "done":
-            self.journal(None, message, level="error" if status == "failed" else "warning")
+            if status != "failed":  # a failed step journalled its own error
+                self.journal(None, message, level="warning")
             await self._compensate(status)
         return self._finish(status, message)
 
@@ -523,7 +524,7 @@ class Engine:
         staged = outcome["until"]
         self.state["facts"]["staged_pid"] = outcome["handle"].pid
         self.run.save()
-        return (f"{staged.get('bytes', 0) / 1e9:.2f} GB in host RAM, kernels warmed "
+        return (f"{size_text(staged.get('bytes', 0))} in host RAM, kernels warmed "
                 f"({staged.get('warmup_s', 0):.1f} s); waiting for the go")
 
     async def _cache(self) -> str | Skip:
@@ -566,13 +567,12 @@ class Engine:
         want = self.state["facts"]["prompt_ids"]
         if ids != want:
             raise StepFailed("cache", f"{host.name}:{path} holds prompts {ids}, expected {want}")
-        empty = [p.get("id") for p in data["prompts"] if not p.get("completion_ids")]
-        if empty:
-            raise StepFailed("cache", f"{host.name}:{path}: empty completions for {', '.join(map(str, empty))}")
-        incomplete = data.get("incomplete") or [p.get("id") for p in data["prompts"]
-                                                 if (p.get("finish_reason") or {}).get("type") == "abort"]
+        # remote.completions marks an aborted, failed or empty generation incomplete (never complete).
+        incomplete = [p for p in data["prompts"] if p.get("complete") is False or not p.get("completion_ids")]
         if incomplete:
-            raise StepFailed("cache", f"{host.name}:{path}: aborted generations for {', '.join(map(str, incomplete))}")
+            why = "; ".join(f"{p.get('id')}: {p.get('incomplete_reason') or 'no completion tokens'}" for p in incomplete)
+            raise StepFailed("cache", f"{host.name}:{path}: incomplete generations ({why}); the server must answer "
+                                      f"them in full before it is stopped")
         model = data.get("model_path")
         if model and not _same_model(model, self.config.target.model_path):
             raise StepFailed("cache", f"{host.name}:{path} was made by a server serving {model}, not the target "
@@ -624,7 +624,7 @@ class Engine:
             after = time.monotonic()
         known = self.state["service"].get("pids_before_stop", [])
         result = await wait_vram_free(stream, service.gpus, service.vram_free_mib, VRAM_WAIT_S, stopped_at=after,
-                                      service_pids=known, exclude_pids=exclude)
+                                      service_pids=known, exclude=exclude)
         if result.free:
             return f"free after {result.waited_s:.1f} s ({result.used})"
         holders = result.holders
@@ -635,7 +635,7 @@ class Engine:
             raise StepFailed("free-vram", f"VRAM still held ({result.used}) and no process is listed as holding it")
         code_dir = await self.session.code_dir(service.host)
         host = await self._connected(service.host, "free-vram")
-        python = await host.expand(host.spec.python) if host.spec.python.startswith("~") else host.spec.python
+        python = await host.resolve_python()
         argv = endpids_argv(python, code_dir, holders, service.stop_grace_s, sudo=service.sudo)
         action = f"end {len(holders)} process{'es' if len(holders) > 1 else ''} holding VRAM"
         impact = ", ".join(f"pid {h.pid} ({h.mib} MiB, {h.command or '?'}"
@@ -647,7 +647,7 @@ class Engine:
         for line in describe_outcomes(outcomes):
             self.journal("free-vram", line, host=service.host)
         result = await wait_vram_free(stream, service.gpus, service.vram_free_mib, VRAM_WAIT_S,
-                                      stopped_at=time.monotonic(), service_pids=known, exclude_pids=exclude)
+                                      stopped_at=time.monotonic(), service_pids=known, exclude=exclude)
         if not result.free:
             raise StepFailed("free-vram", f"VRAM still held after ending the holders ({result.used})")
         return f"free after ending {len(outcomes)} holder(s) ({result.used})"
@@ -766,9 +766,8 @@ class Engine:
             args += ["--drafter", f"{drafter.name}={path}"]
         if self.config.reference:
             args += ["--reference", self.config.reference.name]
-        outcome = await self._job(ev.host, "evaluate", "evaluate", args, step="evaluate")
-        return f"{len(self.config.drafters)} drafters evaluated" + (
-            f" ({outcome['result'].get('seconds', 0):.1f} s)" if isinstance(outcome.get("result"), dict) else "")
+        await self._job(ev.host, "evaluate", "evaluate", args, step="evaluate")
+        return f"{len(self.config.drafters)} drafters evaluated on {ev.host}"
 
     async def _report(self) -> str:
         from console.views.report import write_report

@@ -56,9 +56,8 @@ if not os.path.exists(os.path.join(out, "config.json")):
 
 
 async def python(host: Host) -> str:
-    """The host's interpreter with `~` expanded (quoted argv would keep it literal)."""
-    value = host.spec.python
-    return await host.expand(value) if value.startswith("~") else value
+    """The host's interpreter, `~` expanded (`Host.resolve_python`)."""
+    return await host.resolve_python()
 
 
 async def read_text(host: Host, path: str) -> str:

@@ -66,8 +66,16 @@ def stage_decision(facts: Preflight) -> tuple[bool, str]:
         return False, (f"left out: the target host has {facts.ram_available / gib:.1f} GiB RAM available, "
                        f"staging needs {need / gib:.1f} GiB (weights {facts.model_bytes / gib:.1f} GiB + margin); "
                        f"the weights are read from disk inside the window instead")
-    return True, (f"{facts.ram_available / gib:.1f} GiB RAM available for {facts.model_bytes / gib:.2f} GiB of "
+    return True, (f"{facts.ram_available / gib:.1f} GiB RAM available for {size_text(facts.model_bytes)} of "
                   f"weights: read and warmed before the stop, so the window holds only the copy and the forward")
+
+
+def size_text(n: int) -> str:
+    """Bytes in the unit an operator reads at a glance: '54.2 GiB', '38.1 MiB'."""
+    for unit, scale in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
+        if n >= scale:
+            return f"{n / scale:.1f} {unit}"
+    return f"{n} B"
 
 
 def estimates(earlier_states: Iterable[dict[str, Any]]) -> dict[str, float]:
