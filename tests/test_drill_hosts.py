@@ -220,11 +220,15 @@ def test_drafters_taus_differ_on_the_real_workers(drill: DrillLayout, tmp_path: 
 
 def test_down_leaves_no_process_behind(drill_cache: Path, tmp_path: Path):
     layout = DrillLayout.at(tmp_path / "drill")
-    path = up(layout.dir, say=lambda msg: None)
-    assert path == layout.config
+    assert up(layout.dir, say=lambda msg: None) == layout.config
+    first = json.loads(layout.state_file.read_text())["pid"]
+    # A fresh drill ends this one and re-arms the stuck-VRAM episode for its first stop.
+    assert up(layout.dir, fresh=True, say=lambda msg: None) == layout.config
     state = json.loads(layout.state_file.read_text())
+    assert state["pid"] != first and not pid_alive(first)
     server = drill_service.running_pid(layout.service_state)
     worker = _holders(layout)[0]["pid"]
+    assert b"--hold-until-killed" in Path(f"/proc/{server}/cmdline").read_bytes().split(b"\0")
     started = {"hosts": state["pid"], "trainer": state["trainer_pid"], "server": server, "gpu worker": worker}
     # A detached job started over SSH, as the console starts its workers.
     config, spec = _spec(layout, "ct200")

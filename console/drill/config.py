@@ -4,10 +4,11 @@ tiny target, the drill's prompts, the two drafters and a CPU evaluation. It must
 
 from __future__ import annotations
 
+from dataclasses import fields
 from pathlib import Path
 from typing import Any
 
-from console.config import Config, dump_toml, load_config
+from console.config import Config, HostConfig, dump_toml, load_config
 from console.drill.layout import INFERENCE_HOST, TRAINING_HOST, DrillLayout
 from remote.artifacts import atomic_path
 
@@ -33,9 +34,14 @@ def service_commands(layout: DrillLayout, python: str, port: int) -> dict[str, l
 def host_table(layout: DrillLayout, name: str, port: int, user: str, python: str) -> dict[str, Any]:
     """Everything explicit: address, port, user, key, known_hosts (nothing left to ~/.ssh/config)."""
     ssh = layout.ssh_dir(name)
-    return {"address": "127.0.0.1", "port": port, "user": user, "python": python, "workdir": str(layout.workdir(name)),
-            "identity_file": str(ssh / "client_key"), "known_hosts": str(ssh / "known_hosts"),
-            "connect_timeout": 5, "keepalive_interval": 5}
+    table = {"address": "127.0.0.1", "port": port, "user": user, "python": python, "workdir": str(layout.workdir(name)),
+             "identity_file": str(ssh / "client_key"), "known_hosts": str(ssh / "known_hosts"),
+             "connect_timeout": 5, "keepalive_interval": 5}
+    # The server's own empty ssh_config keeps the user's ~/.ssh/config (a `Host *` ProxyJump, say) out,
+    # once the config has the key to say so.
+    if "ssh_config" in {f.name for f in fields(HostConfig)}:
+        table["ssh_config"] = str(ssh / "ssh_config")
+    return table
 
 
 def drill_config_data(layout: DrillLayout, ports: dict[str, int], service_port: int, user: str,
