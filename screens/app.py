@@ -312,13 +312,22 @@ class ConsoleApp(App[int]):
         return None
 
     def action_open_results(self) -> None:
-        from screens.results import ResultsScreen
-
         run_dir = self.results_dir()
         if run_dir is None:
             self.notify("no run with results yet", severity="warning")
             return
-        self.push_screen(ResultsScreen(run_dir))
+        self.open_results(run_dir)
+
+    def open_results(self, run_dir: Path) -> None:
+        """The results screen of `run_dir`; an incomplete or unreadable one goes to the error modal."""
+        from screens.results import ResultsScreen, read_run_dir
+
+        try:
+            data = read_run_dir(run_dir)
+        except Exception as exc:  # noqa: BLE001 - the report's UsageError names the file and the problem
+            self.show_error(report_of(f"the results of {run_dir.name}", exc))
+            return
+        self.push_screen(ResultsScreen(data))
 
     def action_runs(self) -> None:
         from screens.runs import RunsScreen

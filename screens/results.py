@@ -1,0 +1,245 @@
+"""A run's results: the summary (drafters side by side, ratio to the reference), per prompt, the
+per-position acceptance chart, parity, the kernels of every host, and the window's timeline (VRAM
+and the service's state over the run). `e` writes report.md and report.json into the run dir."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from rich.console import Group
+from rich.table import Table
+from rich.text import Text
+from textual.app import ComposeResult
+from textual.binding import Binding
+from textual.containers import VerticalScroll
+from textual.screen import Screen
+from textual.widgets import Footer, Header, Static, TabbedContent, TabPane
+from textual_plotext import PlotextPlot
+
+from console.procedure.store import JOURNAL, STATE, TELEMETRY, read_jsonl
+from console.views.probe_table import probe_table
+from console.views.tables import drafter_order, parity_table, per_prompt_table, summary_table
+from screens.format import clock, duration
+from screens.widgets.downtime_banner import DowntimeBanner
+
+if TYPE_CHECKING:
+    from screens.app import ConsoleApp
+
+RESULTS = "results"
+COLOURS = ("cyan", "magenta", "green", "yellow", "blue", "red")
+
+
+@dataclass
+class RunData:
+    """What a run directory holds, read once."""
+
+    run_dir: Path
+    results: dict[str, Any]
+    parity: dict[str, Any] | None
+    probes: dict[str, dict] | None
+    state: dict[str, Any] = field(default_factory=dict)
+    telemetry: list[dict[str, Any]] = field(default_factory=list)
+
+
+def read_run_dir(run_dir: Path) -> RunData:
+    """The results (complete, by their manifest), the state and the telemetry log of a run directory.
+    A results directory given directly works too (no timeline then). Raises the report's UsageError."""
+    from console.cli.report import read_run
+
+    results_dir = run_dir / RESULTS if (run_dir / RESULTS).is_dir() else run_dir
+    results, parity, probes = read_run(results_dir)
+    state: dict[str, Any] = {}
+    if (run_dir / STATE).is_file():
+        try:
+            state = json.loads((run_dir / STATE).read_text(encoding="utf-8"))
+        except (json.JSONDecodeError, UnicodeDecodeError):
+            state = {}
+    return RunData(run_dir, results, parity, probes, state, read_jsonl(run_dir / TELEMETRY))
+
+
+# --- the window timeline ------------------------------------------------------------------------
+
+def vram_series(records: list[dict[str, Any]]) -> tuple[float | None, dict[str, tuple[list[float], list[float]]]]:
+    """Per host (minutes since the first sample, % of all its GPUs' memory in use): hosts of
+    different sizes share one axis."""
+    t0 = min((r["t"] for r in records if "sample" in r), default=None)
+    series: dict[str, tuple[list[float], list[float]]] = {}
+    for r in records:
+        sample = r.get("sample")
+        if not sample or t0 is None:
+            continue
+        gpus = sample.get("gpus", [])
+        used = sum((g.get("mem_used_mib") or 0) for g in gpus)
+        total = sum((g.get("mem_total_mib") or 0) for g in gpus)
+        if not total:
+            continue
+        xs, ys = series.setdefault(r["host"], ([], []))
+        xs.append((r["t"] - t0) / 60)
+        ys.append(100 * used / total)
+    return t0, series
+
+
+def service_strip(state: dict[str, Any], t0: float | None, t1: float | None, width: int = 60) -> Text:
+    """The service over the run on one line: green while up, red while this run held it down."""
+    service = state.get("service") or {}
+    stopped, ready = service.get("stopped_at"), service.get("ready_at")
+    text = Text("service ", style="bold")
+    if t0 is None or t1 is None or t1 <= t0:
+        return text + Text("no telemetry recorded in this run", style="dim")
+    for i in range(width):
+        t = t0 + (t1 - t0) * (i + 0.5) / width
+        down = stopped is not None and t >= stopped and (ready is None or t < ready)
+        text.append("█", style="red" if down else "green")
+    if stopped is not None:
+        took = f"down {duration(ready - stopped)}" if ready is not None else "NOT RESTARTED"
+        text.append(f"  {took} ({clock(stopped)} to {clock(ready) if ready else '-'})",
+                    style="red" if ready is None else "")
+    return text
+
+
+def steps_table(state: dict[str, Any], t0: float | None) -> Table:
+    table = Table(title="Steps", title_justify="left", box=None, header_style="bold", padding=(0, 2, 0, 0))
+    for name in ("step", "status", "began", "took", "detail"):
+        table.add_column(name, no_wrap=name != "detail", justify="right" if name in ("began", "took") else "left")
+    for name, step in (state.get("steps") or {}).items():
+        began, ended = step.get("started_at"), step.get("ended_at")
+        offset = f"+{duration(began - t0)}" if began is not None and t0 is not None else ""
+        took = duration(ended - began) if began is not None and ended is not None else ""
+        table.add_row(name, step.get("status", "?"), offset, took, Text(step.get("detail") or step.get("why") or "",
+                                                                          style="dim"))
+    return table
+
+
+class TimelinePlot(PlotextPlot):
+    """GiB used per host over the run, with the stop and the ready marked."""
+
+    def __init__(self, data: RunData) -> None:
+        super().__init__(id="timeline-plot")
+        self.data = data
+
+    def on_mount(self) -> None:
+        plt = self.plt
+        t0, series = vram_series(self.data.telemetry)
+        for (host, (xs, ys)), colour in zip(series.items(), COLOURS, strict=False):
+            plt.plot(xs, ys, label=host, color=colour, marker="braille")
+        service = self.data.state.get("service") or {}
+        if t0 is not None:
+            for key, colour in (("stopped_at", "red"), ("ready_at", "green")):
+                if service.get(key):
+                    plt.vline((service[key] - t0) / 60, colour)
+        plt.ylim(0, 100)
+        plt.title("VRAM in use per host (% of its GPUs' memory); red line: the stop, green: ready again")
+        plt.xlabel("minutes since the run began")
+
+
+class AcceptancePlot(PlotextPlot):
+    """Per drafter, the share of vanilla rounds that accept at least j slots."""
+
+    def __init__(self, results: dict[str, Any]) -> None:
+        super().__init__(id="acceptance-plot")
+        self.results = results
+
+    def on_mount(self) -> None:
+        plt = self.plt
+        longest = 0
+        for name, colour in zip(drafter_order(self.results), COLOURS, strict=False):
+            curve = [100 * (v or 0.0) for v in (self.results["drafters"][name].get("per_position") or [])]
+            longest = max(longest, len(curve))
+            if curve:
+                plt.plot(list(range(1, len(curve) + 1)), curve, label=name, color=colour, marker="braille")
+        plt.ylim(0, 100)
+        if longest:
+            plt.xticks(list(range(1, longest + 1, max(1, longest // 8))))
+        plt.title("accepted at least j slots (% of vanilla rounds)")
+        plt.xlabel("slot j")
+
+
+def _scroll(renderable: Any, id: str) -> VerticalScroll:
+    return VerticalScroll(Static(renderable, classes="table"), id=id, classes="result-scroll")
+
+
+class ResultsScreen(Screen):
+    """One run's results; opened from the dashboard with `o`, or from the runs list."""
+
+    app: ConsoleApp
+    DEFAULT_CSS = """
+    ResultsScreen TabbedContent { height: 1fr; }
+    ResultsScreen .result-scroll { height: 1fr; overflow-x: auto; }
+    ResultsScreen .table { width: auto; }
+    ResultsScreen #window-pane PlotextPlot { height: 1fr; min-height: 12; }
+    ResultsScreen #window-pane .strip { height: auto; }
+    ResultsScreen #window-pane VerticalScroll { height: auto; max-height: 12; }
+    """
+    BINDINGS = [
+        Binding("escape", "back", "Dashboard"),
+        Binding("e", "export", "Export report"),
+        Binding("1", "tab('summary')", "Summary", show=False),
+        Binding("2", "tab('per-prompt')", "Per prompt", show=False),
+        Binding("3", "tab('acceptance')", "Acceptance", show=False),
+        Binding("4", "tab('parity')", "Parity", show=False),
+        Binding("5", "tab('kernels')", "Kernels", show=False),
+        Binding("6", "tab('window-pane')", "Window", show=False),
+    ]
+
+    def __init__(self, data: RunData) -> None:
+        super().__init__(id="results")
+        self.data = data
+
+    def compose(self) -> ComposeResult:
+        data = self.data
+        yield Header(show_clock=False, icon="")
+        yield DowntimeBanner()
+        with TabbedContent(initial="summary"):
+            with TabPane("1 Summary", id="summary"):
+                yield _scroll(summary_table(data.results), "summary-table")
+            with TabPane("2 Per prompt", id="per-prompt"):
+                yield _scroll(per_prompt_table(data.results), "per-prompt-table")
+            with TabPane("3 Acceptance", id="acceptance"):
+                yield AcceptancePlot(data.results)
+            with TabPane("4 Parity", id="parity"):
+                yield _scroll(parity_table(data.parity) if data.parity else
+                              Text("no parity.json in this run: the parity check did not run", style="dim"),
+                              "parity-table")
+            with TabPane("5 Kernels", id="kernels"):
+                yield _scroll(probe_table(data.probes, "Kernels and environment of every host") if data.probes else
+                              Text("no probes.json in this run", style="dim"), "kernel-table")
+            with TabPane("6 Window", id="window-pane"):
+                t0, _ = vram_series(data.telemetry)
+                t1 = max((r["t"] for r in data.telemetry if "t" in r), default=None)
+                yield TimelinePlot(data)
+                yield Static(service_strip(data.state, t0, t1), classes="strip")
+                yield VerticalScroll(Static(steps_table(data.state, t0)))
+        yield Footer()
+
+    def on_mount(self) -> None:
+        run_id = self.data.state.get("run_id") or self.data.run_dir.name
+        self.sub_title = f"results of {run_id}"
+
+    def action_tab(self, tab: str) -> None:
+        self.query_one(TabbedContent).active = tab
+
+    def action_back(self) -> None:
+        self.app.pop_screen()
+
+    def action_export(self) -> None:
+        from console.views.report import write_report
+
+        run_dir = self.data.run_dir
+        results_dir = run_dir / RESULTS if (run_dir / RESULTS).is_dir() else run_dir
+        try:
+            _, (markdown, exported) = write_report(results_dir, run_dir)
+        except Exception as exc:  # noqa: BLE001 - shown in the error modal, never a traceback
+            from screens.modals.error import report_of
+
+            self.app.show_error(report_of("export failed", exc))
+            return
+        self.notify(f"wrote {markdown} and {exported}", title="report exported", timeout=8)
+
+
+def journal_tail(run_dir: Path, lines: int = 10) -> Group:
+    """The last lines of a run's journal (for the runs list)."""
+    records = read_jsonl(run_dir / JOURNAL)[-lines:]
+    return Group(*[Text(f"{clock(r.get('t'))} {r.get('step') or '':<9} {r.get('message', '')}") for r in records])
