@@ -6,7 +6,9 @@
 
 Each side is a full `remote.extract` run in its own process (the kernel binding is fixed at import,
 so fast and forced-torch cannot share one), written to OUT/a-<policy> and OUT/b-<policy>. Per layer:
-mean |d|, max |d|, relative error ||d|| / ||a||, cosine; and argmax (g) agreement. All in float64:
+mean |d|, max |d|, relative error ||d|| / ||a||, cosine; argmax (g) agreement over the whole output
+(`argmax_agreement`, one figure: g comes from the last layer only); and each run's per-layer
+soundness (`soundness.a` / `soundness.b`, remote.soundness). All in float64:
 float32 cosine over millions of elements reported 0.99985 for identical tensors (KERNELS.md), while
 in float64 identical inputs give exactly 0 difference and a cosine within 1e-12 of 1.
 """
@@ -62,8 +64,11 @@ def compare_dirs(dir_a: str | Path, dir_b: str | Path) -> dict[str, Any]:
     """Compare two complete extraction outputs prompt by prompt; layers and tokens must match."""
     from safetensors import safe_open
 
+    from remote.soundness import of_files
+
     try:
-        man_a, man_b = read_manifest(dir_a), read_manifest(dir_b)
+        # sha256 too: a file zeroed by a host crash keeps its size.
+        man_a, man_b = read_manifest(dir_a, verify=True), read_manifest(dir_b, verify=True)
     except ValueError as exc:
         raise WorkerError(str(exc)) from exc
     if man_a["layers"] != man_b["layers"]:
@@ -88,8 +93,14 @@ def compare_dirs(dir_a: str | Path, dir_b: str | Path) -> dict[str, Any]:
         argmax_same += same
         argmax_total += count
         per_prompt.append({"id": entry["id"], "argmax_agreement": same / max(count, 1), "tokens": count})
+    soundness = {}
+    for side, directory, manifest in (("a", dir_a, man_a), ("b", dir_b, man_b)):
+        # The extractor's own statistics when its manifest has them, else the same computed here.
+        soundness[side] = manifest.get("soundness") or of_files(directory, [p["file"] for p in manifest["prompts"]],
+                                                                layers)
     return {
         "format": FORMAT,
+        "soundness": soundness,
         "a": {"dir": str(dir_a), "kernels": man_a.get("kernels"), "policy": man_a.get("kernel_policy")},
         "b": {"dir": str(dir_b), "kernels": man_b.get("kernels"), "policy": man_b.get("kernel_policy")},
         "layers": [{"layer": k, **sums[k].result()} for k in layers],

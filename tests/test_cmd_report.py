@@ -32,6 +32,12 @@ def run_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return out
 
 
+def report_warnings(run_dir: Path) -> list[str]:
+    warnings = json.loads((run_dir / "report.json").read_text())["warnings"]
+    assert any("off-policy" in w for w in warnings)
+    return warnings
+
+
 def _parity(root: Path) -> dict:
     """A real remote.parity comparison of two extractions that differ on one layer."""
     seqs = random_sequences(2, 8, 20, 32, seed=1)
@@ -66,6 +72,14 @@ def test_report_prints_tables_and_writes_exports(run_dir: Path, tmp_path: Path, 
     assert "prompt00" in out and "j=15" in out and "100.0%" in out
     assert "Hidden-state parity per layer" in out and "-1.000000000000" in out
     assert "Kernels on both hosts" in out and "torch fallback" in out
+    # every tau labelled: SpecForge's number beside tau, z-lab's histogram drawn, g != x flagged with its meaning
+    assert "simulated_acc_len (SpecForge: teacher-forced, no bonus; not tau)" in out
+    assert "share of vanilla rounds accepting exactly r draft tokens (z-lab histogram)" in out and "r=15" in out
+    assert "Layer provenance per drafter" in out and "Feature soundness per extracted layer" in out
+    assert "Feature soundness of both parity runs" in out
+    warning = next(line for line in out.splitlines() if "g != x on" in line)
+    assert "above 2%" in warning and "(!)" in next(line for line in out.splitlines() if "g != x (serving" in line)
+    assert report_warnings(run_dir)
 
     markdown = (run_dir / "report.md").read_text()
     assert "## Summary" in markdown and "| metric | copy (reference) | random |" in markdown
@@ -75,7 +89,13 @@ def test_report_prints_tables_and_writes_exports(run_dir: Path, tmp_path: Path, 
     report = json.loads((run_dir / "report.json").read_text())
     assert report["format"] == "dflash-ops.report/1" and report["results"] == results
     assert report["tables"]["summary"]["headers"][1:] == ["copy (reference)", "random"]
-    assert report["tables"]["parity"]["flagged"] == [False, True]
+    # the argmax row comes from what remote.parity really writes (argmax_agreement): same g on both sides
+    assert report["tables"]["parity"]["flagged"] == [False, True, False]
+    assert report["tables"]["parity"]["rows"][-1][0].startswith("argmax g, whole output (")
+    assert report["tables"]["parity"]["rows"][-1][-1] == "100.0%"
+    assert report["tables"]["parity_soundness"]["rows"] and not any(report["tables"]["parity_soundness"]["flagged"])
+    assert report["tables"]["provenance"]["rows"][0][:2] == ["copy", "[1, 2]"]
+    assert report["tables"]["soundness"]["rows"] and not any(report["tables"]["soundness"]["flagged"])
     assert set(report["probes"]) == {"inference", "training"}
 
 

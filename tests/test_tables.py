@@ -12,12 +12,20 @@ from console.views.tables import (
     bar,
     export_json,
     export_markdown,
+    histogram_chart,
     kernel_rows,
     kernel_table,
+    parity_rows,
+    parity_soundness_rows,
+    parity_soundness_table,
     parity_table,
     per_prompt_table,
+    provenance_rows,
+    provenance_table,
     ratio_text,
+    soundness_table,
     summary_table,
+    warning_lines,
 )
 
 
@@ -68,13 +76,83 @@ def test_per_prompt_and_chart() -> None:
     assert bar(0.5, 8) == "████    " and bar(1 / 16, 2) == "▏ " and bar(1.2, 4) == "████"
 
 
-def test_parity_table_digits() -> None:
-    parity = {"layers": [{"layer": 1, "mean_abs": 0.0012, "max_abs": 0.25, "rel_err": 0.003,
-                          "cosine": 0.9997512345678, "argmax_agree": 0.995},
-                         {"layer": 23, "mean_abs": 0.0, "max_abs": 0.0, "rel_err": 0.0,
-                          "cosine": 1.0000000000000004, "argmax_agree": 1.0}]}
+def _real_parity(root: Path, flip_g: bool = False, zero_layer: bool = False) -> dict:
+    """A comparison made by the real producer (remote.parity.compare_dirs) of two real extraction
+    directories (remote.drill.synthetic), layer 2 differing; optionally g differing on a few positions
+    and side b's layer 2 all zero (flagged unsound)."""
+    import torch
+
+    from remote.drill.synthetic import random_sequences, write_extraction
+    from remote.parity import compare_dirs
+
+    seqs = random_sequences(2, 8, 20, 32, seed=1)
+    hidden = [torch.randn(20, 2, 16, generator=torch.Generator().manual_seed(i)) for i in range(2)]
+    a = write_extraction(root / "a", [{**s, "hidden": h} for s, h in zip(seqs, hidden, strict=True)], [1, 2], 16)
+    other = []
+    for s, h in zip(seqs, hidden, strict=True):
+        h = h.clone()
+        h[:, 1] = 0.0 if zero_layer else h[:, 1] * 1.001
+        g = s["g"].clone()
+        if flip_g:
+            g[:4] = (g[:4] + 1) % 32
+        other.append({**s, "g": g, "hidden": h})
+    b = write_extraction(root / "b", other, [1, 2], 16)
+    return compare_dirs(a, b)
+
+
+def test_parity_table_digits_and_the_argmax_row(tmp_path: Path) -> None:
+    parity = _real_parity(tmp_path, flip_g=True)
+    assert "argmax_agreement" in parity and all("argmax_agree" not in rec for rec in parity["layers"])
     text = render(parity_table(parity))
-    assert "0.999751234568" in text and "1.000000000000" in text and "99.5%" in text and "2.500e-01" in text
+    assert "1.000000000000" in text and "argmax g, whole output (40 positions)" in text
+    assert parity["argmax_agreement"] == 32 / 40 and "80.0%" in text
+    headers, rows, styles = parity_rows(parity)
+    assert rows[-1][-1] == "80.0%" and styles[-1] == "yellow"  # 4 positions of each prompt disagree
+    assert rows[0][-1] == ""  # g is one figure for the whole output, not per layer
+
+
+def test_parity_soundness_of_both_runs(tmp_path: Path) -> None:
+    parity = _real_parity(tmp_path, zero_layer=True)
+    headers, rows, styles = parity_soundness_rows(parity)
+    assert [r[0] for r in rows] == ["1 (a)", "1 (b)", "2 (a)", "2 (b)"]
+    assert styles == ["", "", "", "bold red"] and rows[3][-1].startswith("UNSOUND: 40 of 40 tokens all zero")
+    assert "Feature soundness of both parity runs" in render(parity_soundness_table(parity))
+
+
+def test_soundness_provenance_histogram_and_warnings() -> None:
+    results = json.loads(json.dumps(RESULTS))
+    d = results["drafters"]["ours-step4000"]
+    d["acceptance_histogram"] = [0.5, 0.25, 0.25, 0.0]
+    d["simulated_acc_len"] = 1.2345
+    d["g_x_mismatch"] = 0.05
+    d["provenance"] = {"target_layer_ids": [1, 2], "layers_source": "override", "config_target_layer_ids": None,
+                       "fc_width": 2, "block_size": 4, "mask_token_id": 9, "hidden_size": 16,
+                       "reads": [{"layer": 1, "index": 0}, {"layer": 2, "index": 1}], "weights_checked": True,
+                       "soundness": [{"layer": 2, "flagged": True}]}
+    results["soundness"] = {"layers": [{"layer": 1, "nan": 0, "inf": 0, "zero_share": 0.0, "norm_p1": 1.0,
+                                        "norm_p50": 2.0, "norm_p99": 3.0, "zero_rows": 0, "constant_rows": 0,
+                                        "flagged": False, "reasons": []},
+                                       {"layer": 2, "nan": 0, "inf": 0, "zero_share": 1.0, "norm_p1": 0.0,
+                                        "norm_p50": 0.0, "norm_p99": 0.0, "zero_rows": 5, "constant_rows": 0,
+                                        "flagged": True, "reasons": ["5 of 5 tokens all zero"]}]}
+    text = render(summary_table(results))
+    assert "simulated_acc_len (SpecForge: teacher-forced, no bonus; not tau)" in text and "1.23" in text
+    assert "5.0% (!)" in text and "1.2%" in text and "1.2% (!)" not in text
+    assert "[1, 2] (override; config:" in text
+    chart = render(histogram_chart(results, width=8))
+    assert "r=0  ████      50.0%" in chart and "r=3" in chart and "zlab" not in chart  # zlab has no histogram
+    assert "Layer provenance per drafter" in render(provenance_table(results))
+    headers, rows, styles = provenance_rows(results)
+    ours = rows[[r[0] for r in rows].index("ours-step4000")]
+    assert ours[1:4] == ["[1, 2]", "override (config: None)", "2"] and ours[7] == "1@0, 2@1"
+    assert styles[[r[0] for r in rows].index("ours-step4000")] == "yellow"
+    sound = render(soundness_table(results["soundness"]))
+    assert "UNSOUND: 5 of 5 tokens all zero" in sound and "100.0%" in sound
+    warnings = warning_lines(results)
+    assert any("5.0% of completion positions (above 2%)" in w and "off-policy" in w for w in warnings)
+    assert any("flagged unsound [2]" in w for w in warnings) and any("overridden" in w for w in warnings)
+    assert warning_lines(RESULTS) == []  # 1.2% is under the threshold
+    assert len(warning_lines(results, mismatch_threshold=0.1)) == 2
 
 
 def test_kernel_asymmetry_is_red() -> None:
@@ -94,8 +172,8 @@ def test_kernel_asymmetry_is_red() -> None:
 
 def test_exports_beside_the_run(tmp_path: Path) -> None:
     md = export_markdown(RESULTS, tmp_path / "report.md",
-                         parity={"layers": [{"layer": 1, "cosine": 0.9, "mean_abs": 1, "max_abs": 2, "rel_err": 3,
-                                             "argmax_agree": 0.5}]})
+                         parity={"layers": [{"layer": 1, "cosine": 0.9, "mean_abs": 1, "max_abs": 2, "rel_err": 3}],
+                                 "argmax_agreement": 0.5, "tokens": 10})
     text = md.read_text()
     assert "| tau vanilla (macro [95% CI]) |" in text and "0.24x" in text and "## Hidden-state parity" in text
     assert "| 1 (!) |" in text  # a low cosine is flagged in Markdown too

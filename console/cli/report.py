@@ -3,6 +3,10 @@
 RUN_DIR is the output directory of `remote.evaluate` (or its `results.json`). It is read only when
 complete (its `manifest.json`, written last, lists every file); `parity.json` (from `remote.parity`)
 and `probes.json` (from `dflash-ops probe --out`) are added to the report when they lie beside it.
+Shown too: warnings first (g-vs-x above 2% and what it means, unsound layers evaluated anyway,
+overridden layer ids, incomplete generations extracted), each drafter's layer provenance, z-lab's
+acceptance-length histogram, SpecForge's simulated_acc_len (labelled, beside tau), and per-layer
+feature soundness of the extraction (and of both parity runs).
 The Markdown and JSON exports are written there as `report.md` and `report.json`.
 """
 
@@ -19,17 +23,27 @@ from rich.text import Text
 from console.cli.main import UsageError
 from console.cli.probe import PROBES_FILE
 from console.views.tables import (
+    MISMATCH_THRESHOLD,
     acceptance_chart,
     export_json,
     export_markdown,
+    histogram_chart,
     kernel_rows,
     kernel_table,
     parity_rows,
+    parity_soundness_rows,
+    parity_soundness_table,
     parity_table,
     per_prompt_rows,
     per_prompt_table,
+    provenance_rows,
+    provenance_table,
+    soundness_rows,
+    soundness_table,
     summary_rows,
     summary_table,
+    warning_lines,
+    warnings_block,
 )
 from remote.artifacts import read_manifest
 
@@ -99,23 +113,36 @@ def run(args: argparse.Namespace) -> int:
         (host_a, probe_a), (host_b, probe_b) = list(probes.items())[:2]
         two_hosts = (host_a, probe_a, host_b, probe_b)
 
+    threshold = float(getattr(args, "mismatch_threshold", None) or MISMATCH_THRESHOLD)
     console = Console()
+    if warning_lines(results, threshold):
+        console.print(warnings_block(results, threshold))
     console.print(summary_table(results))
+    console.print(provenance_table(results))
     console.print(per_prompt_table(results))
     console.print(acceptance_chart(results))
+    console.print(histogram_chart(results))
+    if results.get("soundness"):
+        console.print(soundness_table(results["soundness"]))
     if parity:
         console.print(parity_table(parity))
+        if parity.get("soundness"):
+            console.print(parity_soundness_table(parity))
     if two_hosts:
         console.print(kernel_table(*two_hosts))
 
     markdown = export_markdown(results, run_dir / MARKDOWN_FILE, parity=parity, probes=two_hosts)
-    tables = {"summary": _table_json(summary_rows(results)), "per_prompt": _table_json(per_prompt_rows(results))}
+    tables = {"summary": _table_json(summary_rows(results, threshold)),
+              "provenance": _table_json(provenance_rows(results)),
+              "per_prompt": _table_json(per_prompt_rows(results)),
+              "soundness": _table_json(soundness_rows(results.get("soundness")))}
     if parity:
         tables["parity"] = _table_json(parity_rows(parity))
+        tables["parity_soundness"] = _table_json(parity_soundness_rows(parity))
     if two_hosts:
         tables["kernels"] = _table_json(kernel_rows(*two_hosts))
     report = {"format": REPORT_FORMAT, "run_dir": str(run_dir.resolve()), "results": results,
-              "parity": parity, "probes": probes, "tables": tables}
+              "parity": parity, "probes": probes, "tables": tables, "warnings": warning_lines(results, threshold)}
     exported = export_json(report, run_dir / JSON_FILE)
     console.print(Text(f"wrote {markdown} and {exported}"))
     return 0

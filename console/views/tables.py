@@ -55,9 +55,24 @@ def _methods(results: dict[str, Any]) -> list[str]:
 
 # -- summary ----------------------------------------------------------------------------------------
 
-def summary_rows(results: dict[str, Any]) -> Rows:
+MISMATCH_THRESHOLD = 0.02
+MISMATCH_MEANING = ("the cached completions are not what this target predicts greedily (serving engine vs Hugging "
+                    "Face numerics, or completions from another model or kernels); tau is scored against g, the "
+                    "target's own argmax, so it stays right, but the drafted contexts are off-policy for this target")
+
+
+def _layers_text(m: dict[str, Any]) -> str:
+    facts, prov = m.get("facts") or {}, m.get("provenance") or {}
+    layers = prov.get("target_layer_ids", facts.get("layers", "-"))
+    if (prov.get("layers_source") or facts.get("layers_source")) == "override":
+        return f"{layers} (override; config: {prov.get('config_target_layer_ids', facts.get('config_layer_ids'))})"
+    return str(layers)
+
+
+def summary_rows(results: dict[str, Any], mismatch_threshold: float = MISMATCH_THRESHOLD) -> Rows:
     """Drafters side by side (reference first); tau per method as macro [95% CI] and the ratio to the
-    reference, micro, pos1_acc, streak, all-anchor tau (diagnostic), rounds/dropped, facts."""
+    reference, micro, SpecForge's simulated_acc_len (labelled), pos1_acc, streak, all-anchor tau
+    (diagnostic), rounds/dropped, g-vs-x (flagged above `mismatch_threshold`), facts."""
     names = drafter_order(results)
     ref_name = results.get("reference")
     drafters = results["drafters"]
@@ -82,14 +97,19 @@ def summary_rows(results: dict[str, Any]) -> Rows:
 
         add(f"tau {method} (macro [95% CI])", macro, "bold" if method == "vanilla" else "")
         add(f"tau {method} (micro)", lambda n, m, method=method: _num((m["tau"].get(method) or {}).get("micro")))
+    add("simulated_acc_len (SpecForge: teacher-forced, no bonus; not tau)",
+        lambda n, m: _num(m.get("simulated_acc_len")), "dim")
     add("pos1_acc", lambda n, m: _pct(m.get("pos1_acc")))
     add("streak (tau vanilla - 1)", lambda n, m: _num(m.get("streak")))
     add("tau all anchors (diagnostic, not the papers' tau)", lambda n, m: _num(m.get("tau_all_anchor")), "dim")
     add("rounds / dropped tail (vanilla)", lambda n, m: "{} / {}".format(
         (m["tau"].get("vanilla") or {}).get("rounds", "-"), (m["tau"].get("vanilla") or {}).get("dropped", "-")), "dim")
-    add("g != x (serving vs HF argmax)", lambda n, m: _pct(m.get("g_x_mismatch")), "dim")
+    flagged = any((drafters[n].get("g_x_mismatch") or 0) > mismatch_threshold for n in names)
+    add(f"g != x (serving vs HF argmax; flagged > {100 * mismatch_threshold:g}%)",
+        lambda n, m: _pct(m.get("g_x_mismatch")) + (" (!)" if (m.get("g_x_mismatch") or 0) > mismatch_threshold else ""),
+        "yellow" if flagged else "dim")
     add("prompts", lambda n, m: str(m.get("prompts", "-")), "dim")
-    add("target layers", lambda n, m: str((m.get("facts") or {}).get("layers", "-")), "dim")
+    add("target layers", lambda n, m: _layers_text(m), "dim")
     add("block size", lambda n, m: str((m.get("facts") or {}).get("block_size", m.get("block_size", "-"))), "dim")
     add("fc width (layers)", lambda n, m: str((m.get("facts") or {}).get("fc_width", "-")), "dim")
     return headers, rows, styles
@@ -178,15 +198,148 @@ def parity_rows(parity: dict[str, Any], cosine_floor: float = 0.999) -> Rows:
             "-" if rec.get("max_abs") is None else f"{rec['max_abs']:.3e}",
             "-" if rec.get("rel_err") is None else f"{rec['rel_err']:.3e}",
             "-" if cos is None else f"{cos:.12f}",
-            _pct(rec.get("argmax_agree")) if rec.get("argmax_agree") is not None else "-",
+            "",  # argmax (g) is one figure for the whole output: the row below
         ])
         styles.append("yellow" if cos is not None and cos < cosine_floor else "")
+    # remote.parity writes `argmax_agreement` (g from the last layer, all positions of all prompts).
+    agreement = parity.get("argmax_agreement")
+    tokens = parity.get("tokens")
+    rows.append([f"argmax g, whole output ({tokens} positions)" if tokens else "argmax g, whole output",
+                 "", "", "", "", _pct(agreement)])
+    styles.append("yellow" if agreement is not None and agreement < 1.0 else "")
     return headers, rows, styles
 
 
 def parity_table(parity: dict[str, Any]) -> Table:
     """Hidden-state parity (fast kernels vs torch path) per layer."""
     return _rich(parity_rows(parity), "Hidden-state parity per layer")
+
+
+# -- soundness, provenance, histogram, warnings ------------------------------------------------------
+
+SOUNDNESS_HEADERS = ["layer", "NaN / Inf", "zeros", "norm p1", "norm p50", "norm p99", "all-zero rows",
+                     "constant rows", "flag"]
+
+
+def _soundness_cells(rec: dict[str, Any]) -> list[str]:
+    def g(key: str) -> str:
+        value = rec.get(key)
+        return "-" if value is None else f"{value:.4g}"
+
+    return [f"{rec.get('nan', '-')} / {rec.get('inf', '-')}", _pct(rec.get("zero_share")), g("norm_p1"), g("norm_p50"),
+            g("norm_p99"), str(rec.get("zero_rows", "-")), str(rec.get("constant_rows", "-")),
+            ("UNSOUND: " + "; ".join(rec.get("reasons") or [])) if rec.get("flagged") else "ok"]
+
+
+def soundness_rows(soundness: dict[str, Any] | None) -> Rows:
+    """Per extracted layer (EVAL-SPEC 6): NaN/Inf, share of exact zeros, per-token L2 norm p1/p50/p99,
+    all-zero and constant rows, the flag (red)."""
+    rows, styles = [], []
+    for rec in (soundness or {}).get("layers", []):
+        rows.append([str(rec.get("layer")), *_soundness_cells(rec)])
+        styles.append("bold red" if rec.get("flagged") else "")
+    return SOUNDNESS_HEADERS, rows, styles
+
+
+def soundness_table(soundness: dict[str, Any] | None, title: str = "Feature soundness per extracted layer") -> Table:
+    return _rich(soundness_rows(soundness), title)
+
+
+def parity_soundness_rows(parity: dict[str, Any]) -> Rows:
+    """The same statistics for both runs of a parity comparison, side by side per layer."""
+    sides = parity.get("soundness") or {}
+    rows, styles = [], []
+    by_side = {side: {r.get("layer"): r for r in (sides.get(side) or {}).get("layers", [])} for side in ("a", "b")}
+    layers = list(dict.fromkeys([*by_side["a"], *by_side["b"]]))
+    for k in layers:
+        for side in ("a", "b"):
+            rec = by_side[side].get(k)
+            if rec is None:
+                continue
+            policy = (parity.get(side) or {}).get("policy")
+            rows.append([f"{k} ({side}{', ' + policy if policy else ''})", *_soundness_cells(rec)])
+            styles.append("bold red" if rec.get("flagged") else "")
+    return SOUNDNESS_HEADERS, rows, styles
+
+
+def parity_soundness_table(parity: dict[str, Any]) -> Table:
+    return _rich(parity_soundness_rows(parity), "Feature soundness of both parity runs")
+
+
+def provenance_rows(results: dict[str, Any]) -> Rows:
+    """Per drafter where its numbers come from: target_layer_ids (and whether overridden), fc input
+    width (from the weights), block size, mask token, hidden size, the extracted layers it reads."""
+    headers = ["drafter", "target_layer_ids", "source", "fc width", "block", "mask token", "hidden",
+               "reads (extraction index)", "weights checked"]
+    rows, styles = [], []
+    for n in drafter_order(results):
+        m = results["drafters"][n]
+        p = m.get("provenance") or {}
+        facts = m.get("facts") or {}
+        source = p.get("layers_source") or facts.get("layers_source") or "-"
+        if source == "override":
+            source = f"override (config: {p.get('config_target_layer_ids', facts.get('config_layer_ids'))})"
+        reads = p.get("reads")
+        rows.append([
+            n, str(p.get("target_layer_ids", facts.get("layers", "-"))), source,
+            str(p.get("fc_width", facts.get("fc_width", "-"))), str(p.get("block_size", facts.get("block_size", "-"))),
+            str(p.get("mask_token_id", facts.get("mask_token_id", "-"))),
+            str(p.get("hidden_size", facts.get("hidden_size", "-"))),
+            ", ".join(f"{r['layer']}@{r['index']}" for r in reads) if reads else "-",
+            "yes" if p.get("weights_checked") else "-",
+        ])
+        styles.append("yellow" if source.startswith("override") else "")
+    return headers, rows, styles
+
+
+def provenance_table(results: dict[str, Any]) -> Table:
+    return _rich(provenance_rows(results), "Layer provenance per drafter")
+
+
+def histogram_lines(results: dict[str, Any], width: int = BAR_WIDTH) -> list[tuple[str, str]]:
+    """(text, style) lines: per drafter, z-lab's acceptance-length histogram, the share of vanilla-walk
+    rounds that accepted exactly r draft tokens, r = 0..L."""
+    lines: list[tuple[str, str]] = []
+    for n in drafter_order(results):
+        hist = results["drafters"][n].get("acceptance_histogram")
+        if not hist:
+            continue
+        lines.append((f"{n}: share of vanilla rounds accepting exactly r draft tokens (z-lab histogram)", "bold"))
+        for r, share in enumerate(hist):
+            lines.append((f"  r={r:<3d}{bar(share or 0.0, width)} {100 * (share or 0.0):5.1f}%", "cyan"))
+    return lines
+
+
+def histogram_chart(results: dict[str, Any], width: int = BAR_WIDTH) -> Group:
+    return Group(*[Text(text, style=style) for text, style in histogram_lines(results, width)])
+
+
+def warning_lines(results: dict[str, Any], mismatch_threshold: float = MISMATCH_THRESHOLD) -> list[str]:
+    """What an operator must read before trusting the numbers: g-vs-x above the threshold and what it
+    means, unsound layers evaluated anyway, overridden layer ids, incomplete generations extracted."""
+    out = []
+    for n in drafter_order(results):
+        m = results["drafters"][n]
+        mismatch = m.get("g_x_mismatch")
+        if mismatch is not None and mismatch > mismatch_threshold:
+            out.append(f"{n}: g != x on {100 * mismatch:.1f}% of completion positions (above "
+                       f"{100 * mismatch_threshold:g}%): {MISMATCH_MEANING}.")
+        prov = m.get("provenance") or {}
+        bad = [r["layer"] for r in prov.get("soundness") or [] if r.get("flagged")]
+        if bad:
+            out.append(f"{n}: evaluated on layers flagged unsound {bad} (--allow-unsound): its tau is not to be trusted.")
+        if (prov.get("layers_source") or (m.get("facts") or {}).get("layers_source")) == "override":
+            out.append(f"{n}: target_layer_ids overridden to {prov.get('target_layer_ids')} "
+                       f"(config: {prov.get('config_target_layer_ids')}).")
+    incomplete = results.get("states_incomplete_allowed") or []
+    if incomplete:
+        out.append(f"{len(incomplete)} incomplete generations were extracted (--allow-incomplete): "
+                   + ", ".join(str(e.get("id")) for e in incomplete) + ".")
+    return out
+
+
+def warnings_block(results: dict[str, Any], mismatch_threshold: float = MISMATCH_THRESHOLD) -> Group:
+    return Group(*[Text("! " + line, style="bold yellow") for line in warning_lines(results, mismatch_threshold)])
 
 
 # -- kernels of two hosts ---------------------------------------------------------------------------
@@ -271,12 +424,23 @@ def results_markdown(results: dict[str, Any], parity: dict[str, Any] | None = No
     parts = ["# Drafter evaluation", ""]
     if results.get("reference"):
         parts += [f"Reference drafter: `{results['reference']}`; ratios are drafter / reference.", ""]
+    warnings = warning_lines(results)
+    if warnings:
+        parts += ["## Warnings", "", *[f"- {w}" for w in warnings], ""]
     parts += ["## Summary", "", markdown_table(summary_rows(results)), "",
+              "## Layer provenance", "", markdown_table(provenance_rows(results)), "",
               "## Per prompt", "", markdown_table(per_prompt_rows(results)), "",
               "## Per-position acceptance (vanilla walk)", "", "```",
               *[text for text, _ in acceptance_lines(results)], "```", ""]
+    if any(results["drafters"][n].get("acceptance_histogram") for n in results["drafters"]):
+        parts += ["## Acceptance-length histogram (z-lab; vanilla walk)", "", "```",
+                  *[text for text, _ in histogram_lines(results)], "```", ""]
+    if results.get("soundness"):
+        parts += ["## Feature soundness per extracted layer", "", markdown_table(soundness_rows(results["soundness"])), ""]
     if parity:
         parts += ["## Hidden-state parity", "", markdown_table(parity_rows(parity)), ""]
+        if parity.get("soundness"):
+            parts += ["### Soundness of both runs", "", markdown_table(parity_soundness_rows(parity)), ""]
     if probes:
         parts += ["## Kernels", "", markdown_table(kernel_rows(*probes)), ""]
     return "\n".join(parts)
