@@ -23,6 +23,7 @@ from console.views.tables import (
     provenance_rows,
     provenance_table,
     ratio_text,
+    soundness_rows,
     soundness_table,
     summary_table,
     warning_lines,
@@ -147,7 +148,9 @@ def test_soundness_provenance_histogram_and_warnings() -> None:
     assert ours[1:4] == ["[1, 2]", "override (config: None)", "2"] and ours[7] == "1@0, 2@1"
     assert styles[[r[0] for r in rows].index("ours-step4000")] == "yellow"
     sound = render(soundness_table(results["soundness"]))
-    assert "UNSOUND: 5 of 5 tokens all zero" in sound and "100.0%" in sound
+    assert "Feature soundness per extracted layer" in sound and "100.0%" in sound and "UNSOUND" in sound
+    headers, rows, styles = soundness_rows(results["soundness"])
+    assert rows[1][-1] == "UNSOUND: 5 of 5 tokens all zero" and styles == ["", "bold red"] and rows[0][-1] == "ok"
     warnings = warning_lines(results)
     assert any("5.0% of completion positions (above 2%)" in w and "off-policy" in w for w in warnings)
     assert any("flagged unsound [2]" in w for w in warnings) and any("overridden" in w for w in warnings)
