@@ -97,6 +97,7 @@ class ServiceConfig:
     ready_timeout_s: float = 900
     vram_free_mib: int = 1024
     stop_grace_s: float = 10
+    vram_wait_s: float = 30  # after a stop: how long VRAM may stay held before its holders are offered to end
     gpus: tuple[int, ...] = ()
 
 
@@ -435,6 +436,7 @@ def _service(c: _Checker, data: Mapping[str, Any], hosts: Mapping[str, HostConfi
         ready_timeout_s=c.get(raw, "ready_timeout_s", p, _positive_number, "a positive number of seconds", 900),
         vram_free_mib=c.get(raw, "vram_free_mib", p, _positive_int, "a positive integer (MiB per GPU)", 1024),
         stop_grace_s=c.get(raw, "stop_grace_s", p, _positive_number, "a positive number of seconds", 10),
+        vram_wait_s=c.get(raw, "vram_wait_s", p, _positive_number, "a positive number of seconds", 30),
         gpus=gpus or (),
     )
 

@@ -59,12 +59,13 @@ class Operator:
         return self.store.create(str(self.config.source) if self.config.source else None, self._config_sha())
 
     async def run(self, decider: Decider, resume: str | bool | None = None, route: str | None = None,
-                  no_restart: bool = False) -> RunFinished:
+                  no_restart: bool = False, stage: bool | None = None) -> RunFinished:
         """Run the whole procedure (or resume one); publishes its messages on `bus`."""
         if self.read_only:
             raise ReadOnly("read-only console: the procedure cannot be run")
         run = self.open_run(resume)
-        self.engine = Engine(self.session, run, decider, self.store, restart_on_failure=not no_restart, route=route)
+        self.engine = Engine(self.session, run, decider, self.store, restart_on_failure=not no_restart, route=route,
+                             stage=stage)
         self._task = asyncio.current_task()
         try:
             return await self.engine.execute()

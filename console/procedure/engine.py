@@ -48,7 +48,6 @@ from remote.prompts import DEFAULT_PROMPTS, load_prompts
 
 EXIT_DONE, EXIT_FAILED, EXIT_USAGE, EXIT_DOWN = 0, 1, 2, 3
 CONNECT_TIMEOUT_S = 30.0
-VRAM_WAIT_S = 30.0  # after the stop, before the holders are offered to end
 PROBE_TIMEOUT_S = 300.0
 
 
@@ -73,7 +72,8 @@ class Engine:
     """Drives one run (new or resumed) of the procedure."""
 
     def __init__(self, session: Session, run: Run, decider: Decider, store: RunStore | None = None,
-                 restart_on_failure: bool = True, route: str | None = None, plan_only: bool = False):
+                 restart_on_failure: bool = True, route: str | None = None, plan_only: bool = False,
+                 stage: bool | None = None):
         self.session = session
         self.config: Config = session.config
         self.bus = session.bus
@@ -82,6 +82,7 @@ class Engine:
         self.store = store
         self.restart_on_failure = restart_on_failure
         self.plan_only = plan_only
+        self.stage_override = stage  # None: the plan decides from the target host's RAM
         self.route = route or run.state.get("route") or "window"
         if self.route not in ROUTES:
             raise ValueError(f"unknown route {self.route!r}: expected one of {', '.join(ROUTES)}")
@@ -388,7 +389,9 @@ class Engine:
         acts: dict[str, tuple[bool, str]] = {}
         if self.route == "window":
             stage, why = stage_decision(self.facts)
-            if "stage" in self.state["facts"].get("plan_stage", {}):
+            if self.stage_override is False:
+                stage, why = False, "left out: --no-stage (the weights are read inside the window)"
+            if "stage" in self.state["facts"].get("plan_stage", {}):  # a resumed run keeps its plan
                 stage, why = self.state["facts"]["plan_stage"]["stage"], self.state["facts"]["plan_stage"]["why"]
             self.state["facts"]["plan_stage"] = {"stage": stage, "why": why}
             acts["stage"] = (stage, why)
@@ -605,6 +608,8 @@ class Engine:
         started = time.monotonic()
         try:
             await manager.stop()
+            self.state["service"]["stop_returned_at"] = time.time()
+            self.run.save()
         finally:
             self.journal("stop", "stop command ran", host=service.host, argv=list(argv),
                          duration_s=round(time.monotonic() - started, 3))
@@ -623,9 +628,10 @@ class Engine:
         if after is None or after > time.monotonic():  # resumed in a new process: only fresh samples count
             after = time.monotonic()
         known = self.state["service"].get("pids_before_stop", [])
-        result = await wait_vram_free(stream, service.gpus, service.vram_free_mib, VRAM_WAIT_S, stopped_at=after,
+        result = await wait_vram_free(stream, service.gpus, service.vram_free_mib, service.vram_wait_s, stopped_at=after,
                                       service_pids=known, exclude=exclude)
         if result.free:
+            self._vram_free_now()
             return f"free after {result.waited_s:.1f} s ({result.used})"
         holders = result.holders
         self.bus.publish(HoldersFound(service.host, holders, result.used, service.vram_free_mib))
@@ -646,11 +652,16 @@ class Engine:
         outcomes = await end_holders(host, python, code_dir, holders, service.stop_grace_s, sudo=service.sudo)
         for line in describe_outcomes(outcomes):
             self.journal("free-vram", line, host=service.host)
-        result = await wait_vram_free(stream, service.gpus, service.vram_free_mib, VRAM_WAIT_S,
+        result = await wait_vram_free(stream, service.gpus, service.vram_free_mib, service.vram_wait_s,
                                       stopped_at=time.monotonic(), service_pids=known, exclude=exclude)
         if not result.free:
             raise StepFailed("free-vram", f"VRAM still held after ending the holders ({result.used})")
+        self._vram_free_now()
         return f"free after ending {len(outcomes)} holder(s) ({result.used})"
+
+    def _vram_free_now(self) -> None:
+        self.state["service"]["vram_free_at"] = time.time()
+        self.run.save()
 
     def _extraction_done_or_running(self) -> bool:
         return bool(self.state["facts"].get("go_sent") or self.state["facts"].get("extraction_complete"))
