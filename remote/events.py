@@ -12,6 +12,8 @@ Event types (all carry `seq`, counting from 0, and `t`, unix seconds):
   result    {"data": object}                               the worker's answer
   error     {"msg": str, "where"?: str}                    a clear, human error (then exit != 0)
   exit      {"code": int}                                  always the last event of a job
+  heartbeat {}                                             "still alive", every $DFLASH_HEARTBEAT_S s
+                                                           (default 5; 0 turns it off) from a thread
   (workers may add other types, e.g. extract's `gpu_released`; readers ignore unknown ones.)
 
 Where the events go: the file named by $DFLASH_EVENTS when set (the console sets it), else stdout.
@@ -29,6 +31,8 @@ from collections.abc import Callable
 from typing import Any
 
 EVENTS_ENV = "DFLASH_EVENTS"
+HEARTBEAT_ENV = "DFLASH_HEARTBEAT_S"
+DEFAULT_HEARTBEAT_S = 5.0
 
 
 class WorkerError(Exception):
@@ -48,6 +52,9 @@ class EventWriter:
         self._seq = 0
         self._fd: int | None = None
         self._stream = stream
+        self._closed = False
+        self._heartbeat: threading.Thread | None = None
+        self._heartbeat_stop = threading.Event()
         if path is not None:
             self._fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
         elif stream is None:
@@ -60,6 +67,8 @@ class EventWriter:
 
     def emit(self, type_: str, **fields: Any) -> None:
         with self._lock:
+            if self._closed:  # nothing follows `exit`
+                return
             event = {"seq": self._seq, "t": round(time.time(), 3), "type": type_, **fields}
             line = json.dumps(event, separators=(",", ":"), default=str) + "\n"
             if self._fd is not None:
@@ -94,12 +103,50 @@ class EventWriter:
         self.emit("error", **fields)
 
     def exit(self, code: int) -> None:
+        """The last event: stops the heartbeat first, and nothing is written after it."""
+        self.stop_heartbeat()
         self.emit("exit", code=code)
+        with self._lock:
+            self._closed = True
+
+    def start_heartbeat(self, interval: float) -> None:
+        """Write a `heartbeat` event every `interval` seconds from a daemon thread, so the console
+        can tell a worker that is busy (a long load, a long forward pass) from one that hangs."""
+        if interval <= 0 or self._heartbeat is not None:
+            return
+
+        def beat() -> None:
+            while not self._heartbeat_stop.wait(interval):
+                try:
+                    self.emit("heartbeat")
+                except OSError:  # the events file went away: nothing to tell
+                    return
+
+        self._heartbeat = threading.Thread(target=beat, name="heartbeat", daemon=True)
+        self._heartbeat.start()
+
+    def stop_heartbeat(self) -> None:
+        self._heartbeat_stop.set()
+        if self._heartbeat is not None and self._heartbeat is not threading.current_thread():
+            self._heartbeat.join(timeout=5)
+        self._heartbeat = None
 
     def close(self) -> None:
-        if self._fd is not None:
-            os.close(self._fd)
-            self._fd = None
+        self.stop_heartbeat()
+        with self._lock:
+            self._closed = True
+            if self._fd is not None:
+                os.close(self._fd)
+                self._fd = None
+
+
+def heartbeat_interval(environ: Any = None) -> float:
+    """$DFLASH_HEARTBEAT_S as seconds (default 5; 0 or less: no heartbeat)."""
+    raw = (os.environ if environ is None else environ).get(HEARTBEAT_ENV, "")
+    try:
+        return float(raw) if raw.strip() else DEFAULT_HEARTBEAT_S
+    except ValueError:
+        return DEFAULT_HEARTBEAT_S
 
 
 def run_worker(main: Callable[[EventWriter], Any]) -> None:
@@ -108,7 +155,8 @@ def run_worker(main: Callable[[EventWriter], Any]) -> None:
     `main` returns the result data (or None). A `WorkerError` becomes a clean `error` event; any
     other exception an `error` with the traceback's last frame and the full traceback on stderr.
     The `exit` event is always the last thing written. SIGTERM is turned into SystemExit so a
-    cancelled worker still writes `exit`.
+    cancelled worker still writes `exit`. A heartbeat thread writes `heartbeat` every
+    $DFLASH_HEARTBEAT_S seconds (default 5) until then.
     """
     import signal
 
@@ -117,6 +165,7 @@ def run_worker(main: Callable[[EventWriter], Any]) -> None:
 
     signal.signal(signal.SIGTERM, _on_term)
     events = EventWriter.from_env()
+    events.start_heartbeat(heartbeat_interval())
     code = 0
     try:
         data = main(events)

@@ -21,9 +21,10 @@ from rich.console import Console
 from rich.text import Text
 
 from console.config import Config, load_config
+from console.messages import JobLog
 from console.ssh.host_specs import host_spec, probe_python
-from console.ssh.hosts import Host, HostError, tail_text
-from console.ssh.jobs import JobHandle, JobRunner
+from console.ssh.hosts import Host, HostError
+from console.ssh.jobs import JobRunner, collect
 from console.views.probe_table import Asymmetry, find_asymmetries, probe_table
 from remote.artifacts import write_json_atomic
 
@@ -44,27 +45,6 @@ class HostProbe:
     seconds: float = 0.0
 
 
-async def _collect(runner: JobRunner, handle: JobHandle, say: Say) -> tuple[dict | None, str | None]:
-    """Follow the probe's events to its exit: (facts, None) or (None, why it failed)."""
-    name = handle.host
-    facts: dict | None = None
-    error: str | None = None
-    async for _, event in runner.follow(handle):
-        kind = event.get("type")
-        if kind == "log":
-            say(f"{name}: {event.get('msg')}")
-        elif kind == "error":
-            error = str(event.get("msg"))
-        elif kind == "result" and isinstance(event.get("data"), dict):
-            facts = event["data"]
-        elif kind == "exit" and event.get("code", 1) != 0 and error is None:
-            tail = await runner.stderr_tail(handle)
-            error = f"exited with status {event.get('code')}" + (f"; stderr ends with: {tail_text(tail, 400)}" if tail else "")
-    if facts is None and error is None:
-        error = "finished without a result"
-    return (None, error) if error else (facts, None)
-
-
 async def probe_host(config: Config, name: str, timeout: float, say: Say) -> HostProbe:
     """Connect to host `name`, run the probe there as a job and return what it found; never raises
     for a host problem (it becomes `HostProbe.error`)."""
@@ -83,7 +63,13 @@ async def probe_host(config: Config, name: str, timeout: float, say: Say) -> Hos
         handle = await runner.start("probe", args)
         say(f"{name}: probe running (pid {handle.pid}, {handle.run_dir})")
         try:
-            facts, error = await asyncio.wait_for(_collect(runner, handle, say), timeout)
+            outcome = await asyncio.wait_for(
+                collect(runner, handle, on_message=lambda m: say(f"{name}: {m.message}")
+                        if isinstance(m, JobLog) and m.kind == "log" else None), timeout)
+            if outcome.state != "exited":  # dead or stalled: the message names the host and the job
+                return HostProbe(name, None, outcome.error, time.monotonic() - started)
+            facts = outcome.result if isinstance(outcome.result, dict) and outcome.error is None else None
+            error = outcome.error or (None if facts is not None else "finished without a result")
         except TimeoutError:
             await runner.cancel(handle, grace=2.0)
             facts, error = None, f"did not finish within {timeout:g} s (cancelled; see {handle.stderr_path})"

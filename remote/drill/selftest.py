@@ -5,7 +5,8 @@
 Emits a `phase`, one `progress` and one `log` per step, then a `result` holding the echoed
 arguments exactly as received (so tests can check that quoting kept each one literal). With
 `--crash-at K` it raises an uncaught exception at step K: a message on stderr, an `error` event
-and exit code 1, as a real worker bug would.
+and exit code 1, as a real worker bug would. `--sleep-silent S` sleeps S seconds after step 1
+(only heartbeats, if on, are written meanwhile); `--big-line N` first logs one N-byte message.
 """
 
 from __future__ import annotations
@@ -28,6 +29,9 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--echo", nargs="*", default=[], help="arguments to return in the result")
     parser.add_argument("--stderr", default=None, help="a line to write to stderr before starting")
     parser.add_argument("--ignore-term", action="store_true", help="ignore SIGTERM (to test KILL)")
+    parser.add_argument("--sleep-silent", type=float, default=0.0,
+                        help="after the first step, sleep this long writing no event of its own")
+    parser.add_argument("--big-line", type=int, default=0, help="first write a log event this many bytes long")
     return parser.parse_args(argv)
 
 
@@ -39,12 +43,16 @@ def main(events: EventWriter, argv: list[str] | None = None) -> dict[str, Any]:
     if args.stderr:
         print(args.stderr, file=sys.stderr, flush=True)
     events.phase("steps")
+    if args.big_line:
+        events.log("x" * args.big_line)
     for step in range(1, args.steps + 1):
         if args.crash_at is not None and step == args.crash_at:
             raise RuntimeError(f"selftest crashed at step {step} as asked")
         time.sleep(args.interval)
         events.progress("steps", step, args.steps, "step", label=f"step {step}")
         events.log(f"step {step}/{args.steps} done")
+        if step == 1 and args.sleep_silent:
+            time.sleep(args.sleep_silent)
     return {"echo": args.echo, "pid": os.getpid(), "cwd": os.getcwd(), "sid": os.getsid(0)}
 
 
