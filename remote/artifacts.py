@@ -86,9 +86,17 @@ def read_manifest(directory: str | os.PathLike, verify: bool = False) -> dict[st
     path = directory / MANIFEST
     if not path.is_file():
         raise ValueError(f"{directory}: no {MANIFEST}: the output is incomplete (interrupted run?)")
-    manifest = json.loads(path.read_text())
-    for name, facts in manifest.get("files", {}).items():
+    try:
+        manifest = json.loads(path.read_text())
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise ValueError(f"{path}: not valid JSON ({exc}): a damaged manifest") from None
+    files = manifest.get("files", {}) if isinstance(manifest, dict) else None
+    if not isinstance(files, dict):
+        raise ValueError(f"{path}: expected an object with a 'files' object")
+    for name, facts in files.items():
         file = directory / name
+        if not isinstance(facts, dict) or not isinstance(facts.get("size"), int) or not isinstance(facts.get("sha256"), str):
+            raise ValueError(f"{path}: files[{name!r}] has no integer 'size' and 'sha256'")
         if not file.is_file():
             raise ValueError(f"{directory}: {name} is listed in {MANIFEST} but missing")
         if file.stat().st_size != facts["size"]:

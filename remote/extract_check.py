@@ -85,6 +85,9 @@ def check(model: str | Path, model_config: dict[str, Any], completions_file: str
         name = Path(directory).name
         try:
             records[name] = _drafter(directory, name, overrides.get(name), vocab, num_layers, hidden)
+            # What it will read from this extraction (its layers' positions in the manifest's `layers`).
+            records[name]["reads"] = [{"layer": k, "index": layer_ids.index(k)}
+                                      for k in records[name]["target_layer_ids"] if k in layer_ids]
         except ValueError as exc:
             problems.append(str(exc))
     result = {

@@ -141,3 +141,25 @@ def test_a_go_file_and_limit_still_checked_with_check_only(tiny_target, tiny_com
     shutil.copy(tiny_completions, tmp_path / "c.json")
     checked, _ = run_in_process(extract.main, _argv(tiny_target, tmp_path / "c.json", None, "--limit", "1"))
     assert checked["prompts"] == 1
+
+
+def test_a_damaged_manifest_is_named(tmp_path):
+    from remote.artifacts import read_manifest, write_manifest
+
+    (tmp_path / "a.bin").write_bytes(b"x")
+    write_manifest(tmp_path, {"a.bin": {}})
+    assert read_manifest(tmp_path, verify=True)["files"]["a.bin"]["size"] == 1  # control
+    (tmp_path / "manifest.json").write_bytes(b"\0" * 40)  # zeroed by a host crash
+    with pytest.raises(ValueError, match=r"manifest.json: not valid JSON .*a damaged manifest"):
+        read_manifest(tmp_path)
+    (tmp_path / "manifest.json").write_text(json.dumps({"files": {"a.bin": {"sha256": "x"}}}))
+    with pytest.raises(ValueError, match=r"files\['a.bin'\] has no integer 'size' and 'sha256'"):
+        read_manifest(tmp_path)
+
+
+def test_check_only_says_which_extracted_layers_each_drafter_reads(tiny_target, tiny_completions, tmp_path):
+    ok = save_random_drafter(tmp_path / "ok", 64, _vocab(tiny_target), [1, 2], 4, block_size=4, mask_token_id=5)
+    checked, _ = run_in_process(extract.main, _argv(tiny_target, tiny_completions, None, "--drafter", str(ok),
+                                                    "--layers", "0"))
+    assert checked["layers"] == [0, 1, 2, 3]
+    assert checked["drafters"]["ok"]["reads"] == [{"layer": 1, "index": 1}, {"layer": 2, "index": 2}]
