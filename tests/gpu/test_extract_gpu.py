@@ -205,3 +205,49 @@ def test_split_gpu_and_cpu_matches_one_gpu(fast_run, target, work, triton_cache)
     record("split_gpu_and_cpu", {"devices": manifest["devices"], "device_map": manifest.get("device_map"),
                                  "layers": report["layers"]})
     assert all(r["cosine"] > 1 - 1e-12 for r in report["layers"]), report["layers"]
+
+
+def test_output_kernel_config_alone_moves_the_rounding(fast_run, target):
+    """The cause of staged != cold, isolated in one process: the same prompt through the same weights
+    with each config of fla's `chunk_fwd_kernel_o` forced in turn (BK splits its K reduction into
+    blocks accumulated in fp32: another BK, another rounding). Figures recorded; each within the bound."""
+    from transformers import AutoModelForCausalLM
+    from triton.runtime.autotuner import Autotuner
+
+    from remote import extract, kernels
+    from remote.layers import find_decoder_layers
+
+    modeling = kernels.import_modeling("qwen3_5_text")
+    if not kernels.bound_kernels(modeling)["fast"]:
+        pytest.skip("fla and causal-conv1d are not bound in this process")
+    from fla.ops.common import chunk_o
+
+    tuner = chunk_o.chunk_fwd_kernel_o
+    while not isinstance(tuner, Autotuner):
+        tuner = tuner.fn
+    model_dir, completions = target
+    entry = json.loads(Path(completions).read_text())["prompts"][0]
+    ids = entry["prompt_ids"] + entry["completion_ids"]
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.bfloat16, device_map="cuda").eval()
+    _, layers = find_decoder_layers(model)
+    configs, cache = list(tuner.configs), dict(tuner.cache)
+    rows, reference = [], None
+    try:
+        for config in configs:
+            tuner.configs, tuner.cache = [config], {}
+            hidden = extract.forward_one(model, layers, [0, 1, 2, 3], ids).wait()["hidden"].double()
+            if reference is None:
+                reference = hidden
+            per_layer = []
+            for i in range(hidden.shape[1]):
+                a, b = reference[:, i].reshape(-1), hidden[:, i].reshape(-1)
+                per_layer.append({"layer": i, "max_abs": float((a - b).abs().max()),
+                                  "cosine": float(a @ b / (a.norm() * b.norm()))})
+            rows.append({"config": str(config), "layers": per_layer})
+    finally:
+        tuner.configs, tuner.cache = configs, cache
+        del model
+        torch.cuda.empty_cache()
+    record("chunk_o_config_spread", {"reference": rows[0]["config"], "runs": rows})
+    for row in rows:
+        assert all(r["cosine"] > 1 - AUTOTUNE_COSINE_BOUND for r in row["layers"]), row
