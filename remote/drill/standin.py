@@ -2,7 +2,7 @@
 
     python -m remote.drill.standin --model DIR --port N [--host 127.0.0.1] [--load-delay S]
         [--gpu-file F --gpu-mib M [--release-after S | --hold-until-killed] [--stubborn-holder]]
-        [--served-name NAME] [--metrics] [--flap-health]
+        [--served-name NAME] [--metrics] [--flap-health] [--dtype float32|bfloat16]
 
 It serves the tiny target (`remote.drill.tinymodel`) with transformers on CPU, greedy:
   GET  /health, /health_generate   503 while loading, 200 once the model answers
@@ -51,7 +51,7 @@ def log(msg: str) -> None:
 class Model:
     """The tiny target on CPU with its tokenizer, greedy generation under a lock."""
 
-    def __init__(self, path: Path):
+    def __init__(self, path: Path, dtype: str = "float32"):
         # CPU only: with fla / causal-conv1d installed, transformers would bind kernels that need a GPU.
         for name in ("fla", "causal_conv1d"):
             sys.modules.setdefault(name, None)  # type: ignore[arg-type]
@@ -64,7 +64,8 @@ class Model:
         torch.set_num_threads(1)
         self.torch = torch
         self.tokenizer = AutoTokenizer.from_pretrained(path)
-        self.model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
+        # bfloat16 computes as SGLang serves and as the extractor reads; float32 is the default.
+        self.model = AutoModelForCausalLM.from_pretrained(path, dtype=getattr(torch, dtype)).eval()
         self.eos_id = self.tokenizer.eos_token_id
         self.lock = threading.Lock()
 
@@ -131,7 +132,7 @@ class Server:
                 time.sleep(self.args.load_delay / steps)
                 log(f"Loading safetensors checkpoint shards: {i * 100 // steps}% Completed | {i}/{steps}")
             begin = time.time()
-            self.model = Model(self.model_path)
+            self.model = Model(self.model_path, self.args.dtype)
             with self.model.lock:
                 self.model.generate(self.model.tokenizer("warm up")["input_ids"], 1)
             log(f"Load weight end. elapsed={time.time() - begin:.2f} s, type={type(self.model.model).__name__}")
@@ -371,6 +372,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--served-name", help="served_model_name (default: the model path)")
     parser.add_argument("--metrics", action="store_true", help="serve /metrics (SGLang's --enable-metrics)")
     parser.add_argument("--flap-health", action="store_true", help="/health alternates 200/503 while loading")
+    parser.add_argument("--dtype", choices=("float32", "bfloat16"), default="float32", help="the model's compute dtype")
     parser.add_argument("--gpu-worker", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.gpu_worker:
