@@ -38,6 +38,8 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
 def main(events: EventWriter, argv: list[str] | None = None) -> dict[str, Any]:
     """Run the steps; return the echoed arguments and facts about the process."""
     args = parse_args(sys.argv[1:] if argv is None else argv)
+    run_dir = os.environ.get("DFLASH_RUN_DIR")
+    handle_at_start = bool(run_dir) and os.path.exists(os.path.join(run_dir, "handle.json"))
     if args.ignore_term:
         signal.signal(signal.SIGTERM, signal.SIG_IGN)
     if args.stderr:
@@ -53,7 +55,8 @@ def main(events: EventWriter, argv: list[str] | None = None) -> dict[str, Any]:
         events.log(f"step {step}/{args.steps} done")
         if step == 1 and args.sleep_silent:
             time.sleep(args.sleep_silent)
-    return {"echo": args.echo, "pid": os.getpid(), "cwd": os.getcwd(), "sid": os.getsid(0)}
+    return {"echo": args.echo, "pid": os.getpid(), "cwd": os.getcwd(), "sid": os.getsid(0),
+            "handle_at_start": handle_at_start}
 
 
 if __name__ == "__main__":
