@@ -10,6 +10,7 @@ must not take the whole sample down. `describe_process` adds what /proc knows ab
 from __future__ import annotations
 
 import csv
+import glob
 import io
 import os
 import pwd
@@ -264,15 +265,92 @@ def _proc_text(pid: int, name: str) -> str | None:
         return None
 
 
+NVIDIA_DEVICES = "/dev/nvidia"  # the driver's device files: /dev/nvidia0.., nvidiactl, nvidia-uvm
+
+
+def nvidia_devices_present() -> bool:
+    """True when this host (this mount namespace) has NVIDIA device files: only then can NVML report
+    processes, and only then is a holder's descriptor check meaningful (a drill host's simulated
+    GPUs have none, and their holders are local pids)."""
+    return bool(glob.glob(glob.escape(NVIDIA_DEVICES) + "*"))
+
+
+def holds_nvidia_device(pid: int) -> bool | None:
+    """True when `pid` has a /dev/nvidia* file open, False when it has none (or does not exist), None
+    when its descriptors cannot be read (another user's process, and this is not root)."""
+    try:
+        names = os.listdir(f"/proc/{pid}/fd")
+    except PermissionError:
+        return None
+    except OSError:
+        return False
+    for name in names:
+        try:
+            if os.readlink(f"/proc/{pid}/fd/{name}").startswith(NVIDIA_DEVICES):
+                return True
+        except OSError:
+            continue
+    return False
+
+
+def in_host_pid_namespace() -> bool | None:
+    """True when this process sees the host's pids (its NSpid has one entry), False inside a child
+    pid namespace (a container), None when the kernel does not say (before Linux 4.1)."""
+    text = _proc_text(os.getpid(), "status") or ""
+    for line in text.splitlines():
+        if line.startswith("NSpid:"):
+            return len(line.split()) == 2
+    return None
+
+
+_CONFIRMED: dict[tuple[int, int], bool] = {}  # (pid, start time) seen holding a /dev/nvidia* file
+
+
+def gpu_visibility(pid: int, fields: list[str] | None = None) -> tuple[bool, str | None]:
+    """(visible, reason): whether `pid`, a pid NVML reported, names the GPU process here.
+
+    NVML reports host pids; inside a container /proc/<pid> can be another process or none. So a pid
+    counts as visible when it holds a /dev/nvidia* file open. When its descriptors cannot be read
+    (another user's process), it counts as visible only in the host's pid namespace, where NVML's
+    pid is this pid. Without NVIDIA device files (simulated GPUs) there is nothing to check against.
+    """
+    if not nvidia_devices_present():
+        return True, None
+    fields = read_stat(pid) if fields is None else fields
+    if fields is None:
+        return False, f"pid {pid} does not exist in this pid namespace (NVML reports host pids)"
+    key = (pid, _safe(lambda: int(fields[START_TIME])) or 0)
+    if key in _CONFIRMED:
+        return True, None
+    holds = holds_nvidia_device(pid)
+    if holds:
+        if len(_CONFIRMED) > 4096:
+            _CONFIRMED.clear()
+        _CONFIRMED[key] = True
+        return True, None
+    if holds is False:
+        return False, (f"pid {pid} here holds no /dev/nvidia* file: not the process NVML reported "
+                       "(another pid namespace, or the pid was reused)")
+    if in_host_pid_namespace():
+        return True, "its file descriptors are not readable as this user; the host's pid namespace, so NVML's pid is this one"
+    return False, (f"cannot confirm pid {pid}: its file descriptors are not readable as this user, and this "
+                   "is not the host's pid namespace")
+
+
 def describe_process(pid: int) -> dict:
-    """What /proc says about `pid`: user, command line, ppid, ancestors, start time, cgroup.
+    """What /proc says about `pid`: user, command line, ppid, ancestors, start time, cgroup, and
+    whether it is visible from here (`visible`, `visible_reason`: see `gpu_visibility`).
 
     `start_time` (clock ticks since boot) identifies the process: a pid reused later has another, so
     the console can end exactly the process it listed. Fields /proc will not give are None (a process
-    in another pid namespace, as seen from a container, has none at all).
+    in another pid namespace, as seen from a container, has none at all). A process with
+    `visible: false` must not be offered for ending: the pid NVML gave names another process here, or
+    none (`remote.endpids` refuses it too).
     """
-    info: dict[str, Any] = {"user": None, "command": None, "ppid": None, "ancestors": [], "start_time": None, "cgroup": None}
+    info: dict[str, Any] = {"user": None, "command": None, "ppid": None, "ancestors": [], "start_time": None,
+                            "cgroup": None, "visible": False, "visible_reason": None}
     fields = read_stat(pid)
+    info["visible"], info["visible_reason"] = gpu_visibility(pid, fields)
     if fields is None:
         return info
     info["ppid"] = _safe(lambda: int(fields[PPID]))

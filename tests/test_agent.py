@@ -196,3 +196,52 @@ def test_a_malformed_simulated_file_is_reported_in_the_sample(tmp_path: Path):
     (sample,) = lines(run_agent("--simulate", str(sim), "--count", "1"))
     assert sample["simulated"] and sample["gpus"] == []
     assert sample["reason"] == f"simulated: {sim}: not a simulated GPU file (no 'gpus' list)"
+
+
+def test_holders_not_visible_from_this_namespace_are_marked(monkeypatch, tmp_path: Path):
+    """NVML gives host pids; in a container /proc/<pid> may be another process or none. A holder is
+    `visible` only when the pid holds a /dev/nvidia* file here; otherwise `visible: false` with the
+    reason, in the sample the console reads (and `remote.endpids` refuses such a pid)."""
+    device = tmp_path / "nvidia0"
+    device.write_bytes(b"")
+    monkeypatch.setattr(gpu_source, "NVIDIA_DEVICES", str(tmp_path / "nvidia"))
+    holder = subprocess.Popen([sys.executable, "-c", f"import time; fh = open({str(device)!r}); print('up', flush=True); "
+                               "time.sleep(60)"], stdout=subprocess.PIPE)
+    other = subprocess.Popen([sys.executable, "-c", "import time; print('up', flush=True); time.sleep(60)"],
+                             stdout=subprocess.PIPE)
+    gone = subprocess.Popen(["true"])
+    gone.wait()
+    try:
+        assert holder.stdout.readline().strip() == other.stdout.readline().strip() == b"up"
+
+        class Source:
+            name, simulated, reason = "nvml", False, None
+
+            def read(self):
+                return [], [{"pid": p, "gpu": 0, "mib": 100} for p in (holder.pid, other.pid, gone.pid)]
+
+        procs = {p["pid"]: p for p in agent.take_sample(Source(), 0, 1.0, "h")["processes"]}
+        assert procs[holder.pid]["visible"] is True and procs[holder.pid]["visible_reason"] is None
+        assert procs[other.pid]["visible"] is False
+        assert "holds no /dev/nvidia* file: not the process NVML reported" in procs[other.pid]["visible_reason"]
+        assert procs[other.pid]["command"]  # /proc still describes what the pid names here
+        assert procs[gone.pid]["visible"] is False and "does not exist in this pid namespace" in procs[gone.pid]["visible_reason"]
+        # A host without NVIDIA device files (a drill host's simulated GPUs): local pids, nothing to check.
+        monkeypatch.setattr(gpu_source, "NVIDIA_DEVICES", str(tmp_path / "none-here"))
+        assert gpu_source.describe_process(other.pid)["visible"] is True
+    finally:
+        for proc in (holder, other):
+            proc.kill()
+            proc.wait()
+            proc.stdout.close()
+
+
+def test_unreadable_descriptors_count_as_visible_only_in_the_hosts_pid_namespace(monkeypatch, tmp_path: Path):
+    (tmp_path / "nvidia0").write_bytes(b"")
+    monkeypatch.setattr(gpu_source, "NVIDIA_DEVICES", str(tmp_path / "nvidia"))
+    monkeypatch.setattr(gpu_source, "holds_nvidia_device", lambda pid: None)  # another user's process
+    monkeypatch.setattr(gpu_source, "in_host_pid_namespace", lambda: True)
+    assert gpu_source.gpu_visibility(os.getpid())[0] is True
+    monkeypatch.setattr(gpu_source, "in_host_pid_namespace", lambda: False)
+    visible, reason = gpu_source.gpu_visibility(os.getpid())
+    assert visible is False and reason.startswith(f"cannot confirm pid {os.getpid()}")
