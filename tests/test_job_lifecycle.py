@@ -234,13 +234,7 @@ async def _reported_after(action) -> list[dict]:
 
 async def test_a_link_that_dies_mid_read_leaves_no_unretrieved_task(ssh_target: SSHTarget, tmp_path: Path) -> None:
     handle = _fake_job(tmp_path, 40_000)  # 9 MiB of events: reads as big as the server allows
-    proxy = FinProxy(ssh_target.server.port)
-    port = await proxy.start()
-    key = (ssh_target.server.host_key.export_public_key().decode() if ssh_target.kind == "openssh"
-           else ssh_target.server.known_hosts_line().split(" ", 1)[1])
-    known = tmp_path / "known_hosts_proxy"
-    known.write_text(f"[127.0.0.1]:{port} {key.strip()}\n")
-    host = await ssh_target.connect(port=port, known_hosts=str(known))
+    proxy, host = await _through_proxy(ssh_target, tmp_path)
     runner = JobRunner(host, **FAST)
     errors: list[str] = []
 
@@ -257,6 +251,37 @@ async def test_a_link_that_dies_mid_read_leaves_no_unretrieved_task(ssh_target: 
         await proxy.close()
     assert errors and "connection lost" in errors[0]
     assert not reported, [c.get("message") for c in reported]
+
+
+async def _through_proxy(ssh_target: SSHTarget, tmp_path: Path) -> tuple[FinProxy, Host]:
+    proxy = FinProxy(ssh_target.server.port)
+    port = await proxy.start()
+    key = (ssh_target.server.host_key.export_public_key().decode() if ssh_target.kind == "openssh"
+           else ssh_target.server.known_hosts_line().split(" ", 1)[1])
+    known = tmp_path / "known_hosts_proxy"
+    known.write_text(f"[127.0.0.1]:{port} {key.strip()}\n")
+    return proxy, await ssh_target.connect(port=port, known_hosts=str(known))
+
+
+async def test_a_download_cut_mid_transfer_leaves_no_unretrieved_task(ssh_target: SSHTarget, tmp_path: Path) -> None:
+    big = tmp_path / "states.safetensors"
+    big.write_bytes(os.urandom(48 << 20))
+    proxy, host = await _through_proxy(ssh_target, tmp_path)
+    errors: list[str] = []
+
+    async def download() -> None:
+        try:
+            await host.get(str(big), tmp_path / "fetched", progress=lambda done, total: setattr(proxy, "cut", True))
+        except HostDisconnected as exc:
+            errors.append(str(exc))
+
+    try:
+        reported = await _reported_after(download)
+    finally:
+        await proxy.close()
+    assert errors and "connection lost during download" in errors[0]
+    assert not reported, [c.get("message") for c in reported]
+    assert not (tmp_path / "fetched").exists()
 
 
 async def test_dropped_embedded_connections_leave_no_unretrieved_task(embedded_server, tmp_path: Path) -> None:

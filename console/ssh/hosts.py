@@ -133,6 +133,30 @@ async def resolve_python(host: Any, python: str) -> str:
     return await host.expand(python) if python.startswith("~") else python
 
 
+def _guard_sftp_tasks() -> None:
+    """Retrieve the exceptions of asyncssh's parallel SFTP request tasks on this loop.
+
+    asyncssh's parallel reader/writer (file reads, get, put) raises the first failed request and
+    leaves its siblings unretrieved when the link drops with requests in flight (ConnectionLost
+    is neither OSError nor SFTPError there), so asyncio prints "Task exception was never
+    retrieved" later. The failure itself reaches the caller through the awaited call; these
+    siblings only repeat it. Installed once per loop, wrapping any task factory already set.
+    """
+    loop = asyncio.get_running_loop()
+    previous = loop.get_task_factory()
+    if getattr(previous, "guards_sftp_tasks", False):
+        return
+
+    def factory(loop: asyncio.AbstractEventLoop, coro: Any, **kwargs: Any) -> asyncio.Future:
+        task = previous(loop, coro, **kwargs) if previous is not None else asyncio.Task(coro, loop=loop, **kwargs)
+        if getattr(coro, "__qualname__", "").startswith("_SFTPParallelIO."):
+            task.add_done_callback(lambda t: t.cancelled() or t.exception())
+        return task
+
+    factory.guards_sftp_tasks = True  # type: ignore[attr-defined]
+    loop.set_task_factory(factory)
+
+
 class _HostKeyRecorder(asyncssh.SSHClient):
     """Remembers the key the server offered when known_hosts did not vouch for it (for the message)."""
 
@@ -206,6 +230,7 @@ class Host:
         """Open the connection; raises UnknownHostKey, AuthFailed or HostUnreachable."""
         if self.is_connected:
             return
+        _guard_sftp_tasks()
         try:
             kwargs, host, port, user, known_path = await self._options()
         except (OSError, ValueError, asyncssh.KeyImportError) as exc:
