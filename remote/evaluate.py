@@ -37,6 +37,7 @@ from remote.drafter import (
 )
 from remote.events import EventWriter, WorkerError, run_worker
 from remote.metrics import DumpError, drafter_metrics, load_dump, method_ids, parse_budgets
+from remote.prompts import ID_RE
 from remote.target_io import TargetError, TargetHeads, read_target_heads
 
 NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
@@ -177,7 +178,7 @@ def check_states(states: Path, manifest: dict[str, Any], vocab_size: int | None,
     listed = manifest.get("files") or {}
     for i, prompt in enumerate(manifest["prompts"]):
         where = f"{states}/{prompt.get('file')}"
-        if not isinstance(prompt, dict) or not NAME_RE.match(str(prompt.get("id", ""))) \
+        if not isinstance(prompt, dict) or not ID_RE.match(str(prompt.get("id", ""))) \
                 or prompt.get("file") not in listed:
             raise WorkerError(f"{states}/manifest.json: prompts[{i}] is not a listed file with a safe id "
                               f"(found {json.dumps(prompt)[:80]})", where=str(states))

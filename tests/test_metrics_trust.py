@@ -197,3 +197,20 @@ def test_evaluator_output_carries_both_labelled_numbers(tmp_path) -> None:
     m = json.loads((out / "results.json").read_text())["drafters"]["copy"]
     assert m["simulated_acc_len"] == pytest.approx(15.0) and m["acceptance_histogram"][-1] == 1.0
     assert load_dumps(out)["copy"][0].drafter == "copy"
+
+
+def test_cli_flags_g_vs_x_above_two_percent(tmp_path, capsys) -> None:
+    from remote.artifacts import write_manifest
+
+    dump = make_dump(_truth(40), 8, 5, prompt_id="p0")
+    x = torch.cat([torch.tensor([0]), dump.truth[:-1]])
+    x[20:25] = (x[20:25] + 1) % 50  # 5 of 32 completion positions: g != x
+    write_dump(tmp_path / "d" / "p0.safetensors", "d", "p0", 8, 5, dump.anchors, dump.topk_ids, dump.topk_logprobs,
+               dump.truth, x)
+    write_manifest(tmp_path, {"d/p0.safetensors": {"kind": "draft-dump", "drafter": "d", "prompt_id": "p0"}})
+    assert main([str(tmp_path), "--budgets", "2", "--topk", "4"]) == 0
+    out = capsys.readouterr().out
+    assert "WARNING g != x on 15.6% of completion positions (> 2%)" in out and "off-policy" in out
+    _write_run(tmp_path / "clean", [make_dump(_truth(40), 8, 5, prompt_id="p0")])  # control: g == x
+    assert main([str(tmp_path / "clean"), "--budgets", "2", "--topk", "4"]) == 0
+    assert "WARNING" not in capsys.readouterr().out
