@@ -81,6 +81,19 @@ async def test_starting_an_id_that_exists_is_refused_and_runs_nothing(ssh_target
     await runner.cancel(first, grace=5)
 
 
+async def test_a_start_cut_off_blocks_its_id_only_briefly(ssh_target: SSHTarget) -> None:
+    runner = JobRunner(await ssh_target.connect(), **FAST)
+    runs = Path(await runner.workdir()) / "runs"
+    runs.mkdir(mode=0o700, exist_ok=True)
+    staging = runs / ".starting-run3-cache"
+    staging.mkdir()  # a console killed mid-start, a moment ago: its worker may still be waiting
+    with pytest.raises(JobExists, match="run3-cache is being started"):
+        await runner.start("drill.selftest", ["--steps", "1", "--interval", "0"], job_id="run3-cache")
+    os.utime(staging, (time.time() - 120, time.time() - 120))  # long enough ago: that worker gave up
+    handle = await runner.start("drill.selftest", ["--steps", "1", "--interval", "0"], job_id="run3-cache")
+    assert (await events_of(runner, handle))[-1]["code"] == 0 and not staging.exists()
+
+
 async def test_list_shows_the_jobs_with_a_handle_oldest_first(ssh_target: SSHTarget) -> None:
     runner = JobRunner(await ssh_target.connect(), **FAST)
     assert await runner.list() == []

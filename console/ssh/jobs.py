@@ -304,6 +304,9 @@ class JobRunner:
         script = "\n".join([
             "set -e", "umask 077",
             f"mkdir -p {q(workdir)}/runs",
+            # A staging directory older than a minute is a start cut off before its worker could
+            # run (the worker gives up after ~30 s): it no longer blocks the id.
+            f"if [ -n \"$(find {q(staging)} -maxdepth 0 -mmin +1 2>/dev/null)\" ]; then rm -rf -- {q(staging)}; fi",
             f"if ! mkdir -m 700 {q(staging)} 2>/dev/null; then echo 'being started' >&2; exit {_EXISTS_STATUS}; fi",
             f"if [ -e {q(run_dir)} ]; then rmdir {q(staging)}; echo 'exists' >&2; exit {_EXISTS_STATUS}; fi",
             f"cd {q(code_dir)}",
