@@ -168,3 +168,49 @@ def test_a_model_directory_without_config_is_a_clear_error(tmp_path: Path):
                           cwd=Path(__file__).resolve().parents[1], capture_output=True, text=True, timeout=30)
     assert done.returncode == 1
     assert done.stderr.strip() == f"standin: --model {tmp_path}: no config.json there (build it with remote.drill.tinymodel)"
+
+
+def test_health_stays_503_until_the_warm_up_generation_is_done(tmp_path: Path, capsys, monkeypatch):
+    """Real SGLang answers /health 200 only after its warm-up (a one-token generation) and logs "fired
+    up" first. Here the warm-up is held open: /health and /generate must say 503 until it ends, and the
+    first 200 comes after the log line (what made test_startup_log_has_sglangs_lines flaky)."""
+    import argparse
+    import threading
+    from http.server import ThreadingHTTPServer
+
+    from remote.drill import standin as standin_mod
+
+    started, gate = threading.Event(), threading.Event()
+
+    class SlowWarmUp:
+        def __init__(self, path, dtype="float32"):
+            self.lock, self.model, self.eos_id = threading.Lock(), object(), 0
+            self.tokenizer = lambda text: {"input_ids": [1, 2]}
+
+        def generate(self, input_ids, max_new_tokens):
+            started.set()
+            assert gate.wait(20)
+            return [3], "length"
+
+    monkeypatch.setattr(standin_mod, "Model", SlowWarmUp)
+    (tmp_path / "config.json").write_text("{}")
+    args = argparse.Namespace(model=str(tmp_path), port=0, host="127.0.0.1", load_delay=0.0, gpu_file=None,
+                              served_name=None, metrics=False, flap_health=False, dtype="float32")
+    state = standin_mod.Server(args)
+    httpd = ThreadingHTTPServer(("127.0.0.1", 0), standin_mod.make_handler(state))
+    threading.Thread(target=httpd.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True).start()
+    url = f"http://127.0.0.1:{httpd.server_address[1]}"
+    try:
+        threading.Thread(target=state.load, daemon=True).start()
+        assert started.wait(20)  # the weights are in; the warm-up generation runs
+        assert wait_status(url + "/health", 503, timeout=5)[-1] == 503
+        assert post(url + "/generate", {"input_ids": [1], "sampling_params": {"max_new_tokens": 1}})[0] == 503
+        before = capsys.readouterr().out
+        assert "Load weight end" in before and "fired up" not in before
+        gate.set()
+        wait_status(url + "/health", 200, timeout=20)
+        assert "The server is fired up and ready to roll!" in capsys.readouterr().out
+    finally:
+        gate.set()
+        httpd.shutdown()
+        httpd.server_close()

@@ -5,7 +5,8 @@
         [--served-name NAME] [--metrics] [--flap-health] [--dtype float32|bfloat16]
 
 It serves the tiny target (`remote.drill.tinymodel`) with transformers on CPU, greedy:
-  GET  /health, /health_generate   503 while loading, 200 once the model answers
+  GET  /health, /health_generate   503 while loading and warming up; 200 once a one-token generation
+                                   has worked and "fired up" is in the log (as SGLang)
   GET  /model_info (/get_model_info), /server_info (/get_server_info), /v1/models
   POST /generate                   `input_ids` or `text` in; `text`, `output_ids`, `meta_info` out
   POST /v1/completions             OpenAI-style
@@ -132,12 +133,15 @@ class Server:
                 time.sleep(self.args.load_delay / steps)
                 log(f"Loading safetensors checkpoint shards: {i * 100 // steps}% Completed | {i}/{steps}")
             begin = time.time()
-            self.model = Model(self.model_path, self.args.dtype)
-            with self.model.lock:
-                self.model.generate(self.model.tokenizer("warm up")["input_ids"], 1)
-            log(f"Load weight end. elapsed={time.time() - begin:.2f} s, type={type(self.model.model).__name__}")
-            self.ready_at = time.time()
+            model = Model(self.model_path, self.args.dtype)
+            log(f"Load weight end. elapsed={time.time() - begin:.2f} s, type={type(model.model).__name__}")
+            # Like SGLang: ready only once a one-token generation (its warm-up request) has worked,
+            # and the log says so before /health answers 200.
+            with model.lock:
+                model.generate(model.tokenizer("warm up")["input_ids"], 1)
             log("The server is fired up and ready to roll!")
+            self.ready_at = time.time()
+            self.model = model  # from here on /health is 200 and requests are served
         except Exception as exc:  # noqa: BLE001 - the server stays up and says why it cannot serve
             self.load_error = f"{type(exc).__name__}: {exc}"
             log(f"Load failed: {self.load_error}")
