@@ -11,6 +11,7 @@ from typing import Any
 from console.config import Config, HostConfig, dump_toml, load_config
 from console.drill.layout import INFERENCE_HOST, TRAINING_HOST, DrillLayout
 from remote.artifacts import atomic_path
+from remote.drill.drafters import SERVING_DTYPE
 
 SERVICE_GPU_MIB = 40000  # per simulated GPU while the rehearsal server runs
 LOAD_DELAY_S = 1.0  # simulated weight loading, so the start-up log shows progress
@@ -22,7 +23,7 @@ def service_commands(layout: DrillLayout, python: str, port: int) -> dict[str, l
     state = str(layout.service_state)
     manage = [python, "-m", "remote.drill.service"]
     standin = ["--model", str(layout.target), "--port", str(port), "--gpu-file", str(layout.simulated_gpus(INFERENCE_HOST)),
-               "--gpu-mib", str(SERVICE_GPU_MIB), "--load-delay", str(LOAD_DELAY_S), "--metrics"]
+               "--gpu-mib", str(SERVICE_GPU_MIB), "--load-delay", str(LOAD_DELAY_S), "--metrics", "--dtype", SERVING_DTYPE]
     return {
         "start": [*manage, "start", "--state", state, "--", *standin],
         "stop": [*manage, "stop", "--state", state],
@@ -51,7 +52,7 @@ def drill_config_data(layout: DrillLayout, ports: dict[str, int], service_port: 
     return {
         "hosts": {name: host_table(layout, name, ports[name], user, python) for name in (INFERENCE_HOST, TRAINING_HOST)},
         "service": {"host": INFERENCE_HOST, "manager": "command", **commands, "url": f"http://127.0.0.1:{service_port}",
-                    "ready_timeout_s": 60, "vram_free_mib": 1024, "stop_grace_s": 2},
+                    "ready_timeout_s": 60, "vram_free_mib": 1024, "stop_grace_s": 2, "vram_wait_s": 5},
         "target": {"host": INFERENCE_HOST, "model_path": str(layout.target), "kernels": "any", "layers": "auto"},
         "prompts": {"file": str(layout.prompts), "max_new_tokens": MAX_NEW_TOKENS},
         "drafters": [

@@ -4,8 +4,9 @@
 
 Both read `target_layer_ids` [1, 2, 3] of the 4-layer tiny target (`remote.drill.tinymodel`) and are
 trained with the real DFlash forward (`remote.drafter.Drafter`, batched anchors) to predict the target's
-greedy next tokens g on the shipped prompts' greedy completions (float32, as the rehearsal server
-generates them; hidden states and g in bf16, as the extractor computes them):
+greedy next tokens g on the shipped prompts' greedy completions (generated in bf16 as the drill's
+rehearsal server generates them, `--dtype bfloat16`; hidden states and g in bf16, as the extractor
+computes them):
 
 - `reference`: trained on the layers its config names (layer k = `hidden_states[k+1]`, EVAL-SPEC 1);
 - `candidate`: trained on `hidden_states[k]` instead, i.e. the outputs of layers [0, 1, 2], while its
@@ -34,6 +35,7 @@ COMPLETION_TOKENS = 32  # trained on; the drill asks for fewer (a prefix of the 
 STEPS = 400
 LEARNING_RATE = 3e-3
 SEEDS = {"reference": 0, "candidate": 1}
+SERVING_DTYPE = "bfloat16"  # the drill's rehearsal server generates with it (`standin --dtype`)
 NORM_INIT = 10.0
 
 
@@ -49,24 +51,27 @@ def quiet_transformers() -> None:
 
 
 def training_sequences(target: Path, completion_tokens: int = COMPLETION_TOKENS) -> list[dict[str, Any]]:
-    """Per shipped prompt: tokens x (prompt + float32 greedy completion), bf16 states of every layer, g."""
+    """Per shipped prompt: tokens x (prompt + greedy completion), bf16 states of every layer, g."""
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     from remote.prompts import load_prompts, prompt_token_ids
 
     tokenizer = AutoTokenizer.from_pretrained(target)
-    serving = AutoModelForCausalLM.from_pretrained(target, dtype=torch.float32).eval()
+    serving = AutoModelForCausalLM.from_pretrained(target, dtype=getattr(torch, SERVING_DTYPE)).eval()
     extracting = AutoModelForCausalLM.from_pretrained(target, dtype=torch.bfloat16).eval()
     out = []
+    threads = torch.get_num_threads()
     with torch.inference_mode():
         for prompt in load_prompts().prompts:
             ids = prompt_token_ids(tokenizer, prompt)
             x = torch.tensor([ids])
-            # As the rehearsal server generates (remote.drill.standin.Model.generate).
+            # As the rehearsal server generates (remote.drill.standin.Model.generate, one thread).
+            torch.set_num_threads(1)
             tokens = serving.generate(x, attention_mask=torch.ones_like(x), max_new_tokens=completion_tokens,
                                       do_sample=False, eos_token_id=tokenizer.eos_token_id,
                                       pad_token_id=tokenizer.pad_token_id)[0]
+            torch.set_num_threads(threads)
             result = extracting(input_ids=tokens[None], output_hidden_states=True)
             layers = len(result.hidden_states) - 1
             # Layer k = hidden_states[k+1]; the last entry has the final norm applied, as the extractor stores it.

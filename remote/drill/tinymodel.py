@@ -153,6 +153,12 @@ def build_tiny_target(out_dir: str | os.PathLike, num_layers: int = 4, seed: int
         config.eos_token_id = tokenizer.convert_tokens_to_ids("<|im_end|>")
         config.pad_token_id = tokenizer.convert_tokens_to_ids("<|endoftext|>")
         model = Qwen3_5ForCausalLM(config).to(torch.bfloat16)
+        # The init zeroes the pad token's embedding row (padding_idx); no trained model has one, and a
+        # pad token in a completion would then give all-zero hidden states, which the extractor flags.
+        with torch.no_grad():
+            embed = model.get_input_embeddings().weight
+            row = torch.randn(embed.shape[1], generator=torch.Generator().manual_seed(seed + 1)) * 0.02
+            embed[config.pad_token_id] = row.to(embed.dtype)
         model.save_pretrained(tmp, safe_serialization=True)
         if out.exists():
             shutil.rmtree(out)
