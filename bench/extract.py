@@ -8,7 +8,9 @@ Measures, side by side with a baseline each time:
   2. forward with hooks + top-k + saving vs a plain `model(ids)` forward (target: under 5% cost);
   3. fast kernels (fla + causal-conv1d) vs the forced torch path: steady tokens/s and parity;
   4. in-window time: staged (weights in pinned RAM, kernels warmed before the go) vs cold (process
-     start, load, Triton compile, forward inside the window), each with its own empty Triton cache.
+     start, load, Triton compile, forward inside the window), each with its own empty Triton cache;
+     and the two runs' hidden states compared: the fast path's run-to-run spread where fla's
+     autotuners chose other configs (manifest `kernel_configs`).
 Writes the figures as JSON (default docs/gpu-results/bench-extract.json) and prints the headline last.
 """
 
@@ -345,10 +347,26 @@ def main() -> None:
           f"(first pass {w['staged_first_forward_s']:.2f} s); before the go: host read {w['staged_host_read_s']:.2f} s,"
           f" warm-up {w['staged_warmup_s']:.2f} s", flush=True)
 
+    # Run-to-run spread of the fast path: cold and staged tuned fla's kernels each on its own (two
+    # empty Triton caches); where the autotuners chose other configs the bf16 rounding can differ.
+    from remote.parity import compare_dirs
+
+    spread = compare_dirs(work / "out-fast", work / "out-staged")
+    configs = [json.loads((work / d / "manifest.json").read_text()).get("kernel_configs") or {}
+               for d in ("out-fast", "out-staged")]
+    figures["run_to_run"] = {
+        "layers": [{k: r[k] for k in ("layer", "cosine", "max_abs")} for r in spread["layers"]],
+        "configs_differ": sorted(k for k in set(configs[0]) | set(configs[1]) if configs[0].get(k) != configs[1].get(k)),
+        "configs_cold": configs[0]}
+    rr = figures["run_to_run"]
+    print(f"run-to-run (cold vs staged, each autotuned on its own): max |d| "
+          f"{max(r['max_abs'] for r in rr['layers']):g}, min cosine {min(r['cosine'] for r in rr['layers']):.9f}; "
+          f"kernels with other configs: {', '.join(k.rsplit('.', 1)[-1] for k in rr['configs_differ']) or 'none'}",
+          flush=True)
+
     # 3. fast vs torch, and parity of the two.
     torch_run = run_extract([*base, "--out", str(work / "out-torch"), "--kernels", "torch"], work, "torch", None)
     tr = released(torch_run)
-    from remote.parity import compare_dirs
 
     parity = compare_dirs(work / "out-fast", work / "out-torch")
     figures["kernels"] = {"fast_tok_s": c.get("steady_tokens_per_s"), "torch_tok_s": tr.get("steady_tokens_per_s"),
