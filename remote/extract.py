@@ -161,6 +161,11 @@ def prepare_out(out: str | Path) -> Path:
     attempt = final.parent / ATTEMPT.format(name=final.name, pid=os.getpid())
     shutil.rmtree(attempt, ignore_errors=True)
     attempt.mkdir()
+    import atexit
+
+    # A run that fails leaves no attempt behind (after `publish` there is nothing left to remove);
+    # one that is killed leaves it to the next run's clean-up above.
+    atexit.register(shutil.rmtree, attempt, True)
     return attempt
 
 

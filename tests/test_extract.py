@@ -439,3 +439,23 @@ def test_a_failed_rerun_leaves_the_good_extraction_complete(tiny_target, tiny_co
     assert result["out"] == str(out) and len(manifest["files"]) == 1
     assert sorted(p.name for p in out.iterdir()) == sorted([*manifest["files"], "manifest.json", "notes.txt"])
     assert not list(tmp_path.glob(".out.attempt-*"))
+
+
+def test_a_failed_worker_leaves_no_attempt_directory(tiny_target, tiny_completions, tmp_path):
+    """The worker fails after it made its attempt directory (here: a broken weights file): the
+    directory goes with it, and an earlier output in --out is untouched."""
+    import shutil
+
+    from tests.fixtures_models import run_module
+
+    model = tmp_path / "model"
+    shutil.copytree(tiny_target, model)
+    (model / "model.safetensors").write_bytes(b"\xff" * 64)
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "manifest.json").write_text("{}")
+    code, events = run_module("remote.extract", ["--model", str(model), "--completions", str(tiny_completions),
+                                                 "--out", str(out), "--kernels", "torch"], tmp_path)
+    assert code != 0 and any(e["type"] == "error" for e in events)
+    assert not list(tmp_path.glob(".out.attempt-*"))
+    assert sorted(p.name for p in out.iterdir()) == ["manifest.json"]
