@@ -37,8 +37,10 @@ STOP_TIMEOUT_S = 10.0
 
 
 class CoreMessage(Message):
-    """A message the core published on the bus. A newer one of the same key (a host's telemetry
-    tick, its link state, the service view) replaces an older one still queued."""
+    """A message the core published on the bus. While one with a replace key (a host's telemetry
+    tick, its link state, the service view) waits in the app's queue, a newer one of the same key
+    only updates its payload: a burst costs one repaint, and the newest state is the one drawn.
+    `published` is when the first of them arrived (the repaint delay is measured from there)."""
 
     def __init__(self, payload: Any) -> None:
         super().__init__()
@@ -101,6 +103,7 @@ class ConsoleApp(App[int]):
         self._thread = threading.get_ident()
         self._stopped = False
         self._host_errors: dict[str, str] = {}
+        self._queued: dict[Any, CoreMessage] = {}  # replace key -> its message still in the queue
         config = operator.config
         service = config.service
         self.service_name = service.unit if service.manager == "systemd" else "server"
@@ -137,7 +140,7 @@ class ConsoleApp(App[int]):
         self.push_screen(QuestionModal(f"Run {run_id} did not finish. Resume it from its first unsatisfied step?",
                                        yes="Resume", no="Not now", id="resume"), callback=answered)
 
-    async def _shutdown(self) -> None:
+    async def _stop_console(self) -> None:
         if self._stopped:
             return
         self._stopped = True
@@ -153,23 +156,35 @@ class ConsoleApp(App[int]):
                 await asyncio.wait_for(self.operator.stop(), STOP_TIMEOUT_S)
 
     async def on_unmount(self) -> None:
-        await self._shutdown()
+        await self._stop_console()
 
     # --- the bus --------------------------------------------------------------------------------
 
     def _from_bus(self, payload: Any) -> None:
+        if threading.get_ident() != self._thread:  # a publisher on another thread: to the app's loop
+            self.call_from_thread(self._from_bus, payload)
+            return
+        key = replace_key(payload)
+        if key is not None:
+            queued = self._queued.get(key)
+            if queued is not None:  # one still waits in the queue: it carries the newest state instead
+                queued.payload = payload
+                return
         message = CoreMessage(payload)
-        if threading.get_ident() == self._thread:
-            self.post_message(message)
-        else:  # a publisher on another thread: hand it to the app's loop
-            self.call_from_thread(self.post_message, message)
+        if key is not None:
+            self._queued[key] = message
+        self.post_message(message)
 
     def on_core_message(self, message: CoreMessage) -> None:
+        if message.key is not None:
+            self._queued.pop(message.key, None)
         payload = message.payload
         kind = self.state.apply(payload)
         self._errors_in(payload)
         if kind == "downtime":
             self.refresh_bindings()
+        if kind == "downtime":
+            self._banner()  # on every screen, under a modal too: the banner shows through
         if kind is None:
             return
         screen = self.screen
@@ -177,7 +192,6 @@ class ConsoleApp(App[int]):
             return
         if isinstance(screen, DashboardScreen):
             screen.refresh_part(kind, payload)
-        self._banner()
         if self.repaint_probe is not None and isinstance(payload, m.TelemetryUpdate):
             published, probe = message.published, self.repaint_probe
             self.call_after_refresh(lambda: probe(time.perf_counter() - published))
@@ -208,8 +222,9 @@ class ConsoleApp(App[int]):
         self._banner()
 
     def _banner(self) -> None:
-        for banner in self.screen.query(DowntimeBanner):
-            banner.show(self.state.down_since, self.now(), self.can_restart())
+        for screen in self.screen_stack:
+            for banner in screen.query(DowntimeBanner):
+                banner.show(self.state.down_since, self.now(), self.can_restart())
 
     def on_screen_resume(self) -> None:
         self._banner()
@@ -361,13 +376,25 @@ class ConsoleApp(App[int]):
     @work(exclusive=True, exit_on_error=False, group="service", description="the restart")
     async def _restart_then_quit(self) -> None:
         await self.operator.restart_service(self.decider)
-        if self.state.down_since is None:
-            await self._quit_now()
+        still_down = any(isinstance(x, m.Downtime) and x.down_since is not None
+                         for x in self.operator.bus.last.values())
+        if not still_down:  # (the bus knows before our queue does)
+            self.call_later(self._quit_now)
 
     async def _quit_now(self) -> None:
-        await self._shutdown()
+        await self._stop_console()
+        code = self.exit_status()
+        self.exit(code, return_code=code)
+
+    def exit_status(self) -> int:
+        """0; or the finished run's: 1 failed with the service up, 3 failed with it still down
+        (a failed run whose service was restarted from here since then counts as up)."""
         finished = self.state.finished
-        self.exit(finished.exit_code if finished is not None else 0)
+        if finished is None:
+            return 0
+        if finished.exit_code == 3 and self.state.down_since is None:
+            return 1
+        return finished.exit_code
 
     # --- command palette ------------------------------------------------------------------------
 

@@ -134,24 +134,27 @@ class ConsoleState:
         view.detail = update.detail
 
     def _job(self, message: Any) -> str | None:
+        """Job messages (console/messages.py: JobProgress, JobLog, JobStalled, JobResult, JobError, JobExit)."""
         kind = type(message).__name__
-        if not kind.startswith("Job"):
+        if not kind.startswith("Job") or not hasattr(message, "job_id"):
             return None
-        job_id = str(getattr(message, "job_id", "job"))
-        job = self.jobs.get(job_id)
+        job = self.jobs.get(message.job_id)
         if job is None:
-            label = getattr(message, "worker", None) or getattr(message, "step", None) or job_id
-            job = self.jobs[job_id] = JobView(job_id, str(label))
+            worker, host = getattr(message, "worker", None), getattr(message, "host", None)
+            label = f"{worker} on {host}" if worker and host else str(worker or message.job_id)
+            job = self.jobs[message.job_id] = JobView(message.job_id, label)
         if kind == "JobProgress":
-            key = getattr(message, "key", None) or getattr(message, "unit", None) or "progress"
-            job.bars[str(key)] = message
-            job.phase = getattr(message, "phase", None) or job.phase
+            job.bars[message.key or message.unit or "progress"] = message
+            job.phase = message.phase or job.phase
             job.stalled = None
         elif kind == "JobLog":
-            job.last_log = str(next((getattr(message, a) for a in ("msg", "message", "line") if hasattr(message, a)), ""))
+            if message.kind == "phase":
+                job.phase = message.message
+            else:
+                job.last_log = message.message if message.kind == "log" else f"{message.kind}: {message.message}"
+            job.stalled = None
         elif kind == "JobStalled":
-            job.stalled = str(getattr(message, "msg", None) or getattr(message, "message", None)
-                              or "no event for a while")
+            job.stalled = f"no event for {message.silent_s:.0f} s (the process is alive)"
         elif kind in ("JobResult", "JobExit", "JobError"):
             job.finished = True
         return "job"

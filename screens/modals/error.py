@@ -58,26 +58,29 @@ class ErrorModal(ModalScreen[None]):
 
     def compose(self) -> ComposeResult:
         with Vertical():
-            yield VerticalScroll(classes="reports")
+            with VerticalScroll(classes="reports"):
+                for report in self.reports:
+                    yield from self._widgets(report)
             with Vertical(classes="buttons"):
                 yield Button("Close (esc)", id="close", variant="error")
 
+    @staticmethod
+    def _widgets(report: ErrorReport) -> list[Static]:
+        shown = [Static(Text(report.title), classes="error-title"), Static(Text(report.message))]
+        if report.detail:
+            shown.append(Static(Text(report.detail), classes="error-detail"))
+        return shown
+
     def on_mount(self) -> None:
-        self._draw()
-        self.query_one("#close", Button).focus()
+        for button in self.query("#close"):
+            button.focus()
 
     def add(self, report: ErrorReport) -> None:
+        """Another error while this one is open: shown below the others."""
         self.reports.append(report)
-        self._draw()
-
-    def _draw(self) -> None:
-        box = self.query_one(".reports", VerticalScroll)
-        box.remove_children()
-        for report in self.reports:
-            box.mount(Static(Text(report.title), classes="error-title"))
-            box.mount(Static(Text(report.message)))
-            if report.detail:
-                box.mount(Static(Text(report.detail), classes="error-detail"))
+        boxes = self.query(".reports")
+        if boxes:  # else compose, still to come, draws it
+            boxes.first().mount_all(self._widgets(report))
 
     def on_button_pressed(self, event: Button.Pressed) -> None:
         event.stop()

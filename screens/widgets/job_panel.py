@@ -24,7 +24,7 @@ def counter_text(progress: Any) -> str:
         shown_total = f"/{total:g}" if isinstance(total, int | float) else ""
         shown_done = f"{done:g}" if isinstance(done, int | float) else "?"
         text = f"{key} {shown_done}{shown_total}" + (f" {unit}" if unit and unit != key else "")
-    label = getattr(progress, "label", None)
+    label = getattr(progress, "message", None)
     if label:
         text += f", {label}"
     rate = getattr(progress, "rate", None)

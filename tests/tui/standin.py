@@ -260,3 +260,43 @@ def fixed_clock() -> float:
 
 def wall_clock() -> float:
     return time.time()
+
+
+def extract_progress(t: float = T0) -> list[m.JobProgress]:
+    """The extractor mid-way: weights loaded, prompts 4 of 10 (no ETA; rates from the core)."""
+    job = dict(job_id="extract-3f9a", worker="extract", host="ct129", phase="forward")
+    return [m.JobProgress(**job, done=480, total=480, unit="tensors", key="weights", rate=None,
+                          message="27.8 GB", t=t),
+            m.JobProgress(**job, done=27.8e9, total=27.8e9, unit="bytes", key="weights_bytes", rate=2.1e9, t=t),
+            m.JobProgress(**job, done=4, total=10, unit="prompts", key="prompts", rate=0.4,
+                          message="async_rate_limiter: 1536 tokens", t=t)]
+
+
+def mid_window(op: StandinOperator) -> None:
+    """The window 90 s after the stop: extraction running, the service down."""
+    now = op.now
+    op.publish(m.PlanReady(op.run_id, "window", PLAN_STEPS))
+    t = now - 190
+    for name, took in (("preflight", 6), ("stage", 48), ("cache", 35), ("stop", 4), ("free-vram", 11)):
+        op.publish(m.StepUpdate(op.run_id, name, "done", t, t + took))
+        t += took
+    op.publish(m.StepUpdate(op.run_id, "extract", "running", now - 75))
+    op.publish(m.Downtime(op.run_id, now - 90))
+    op.publish(service_view(False, now))
+    loading = (m.GpuProcess(5120, 0, 15200, "root", "/root/eval-venv/bin/python -m remote.extract --go-file go"),
+               m.GpuProcess(5120, 1, 14600, "root", "/root/eval-venv/bin/python -m remote.extract --go-file go"))
+    ct129 = sample("ct129", [gpu(0, 15600, util=88, temp=55, power=260), gpu(1, 15000, util=85, temp=54, power=250)],
+                   loading, t=now)
+    op.publish(m.TelemetryUpdate("ct129", ct129, 0.5, False, True))
+    for p in extract_progress(now):
+        op.publish(p)
+    for i, (step, text) in enumerate((
+            ("cache", "10 completions cached (10/10 complete)"),
+            ("stop", "stop the service: approved"),
+            ("stop", "sglang-qwen stopped"),
+            ("free-vram", "2 processes still hold VRAM: GPU0 40400 MiB, GPU1 40400 MiB"),
+            ("free-vram", "ended 4301 (terminated), 4302 (terminated); GPUs free after 11 s"),
+            ("extract", "go: weights to GPU"))):
+        op.publish(m.JournalEntry(now - 100 + 10 * i, op.run_id, step, text, host="ct129",
+                                  argv=("systemctl", "stop", "sglang-qwen") if text.startswith("sglang") else None,
+                                  exit=0 if text.startswith("sglang") else None))

@@ -1,0 +1,423 @@
+"""The console's behaviour, driven by keys (Pilot), asserting on the messages seen (harlequin style)
+and on what is on screen. The operator is the stand-in: real message objects on a real bus."""
+
+from __future__ import annotations
+
+import asyncio
+import io
+import json
+from pathlib import Path
+
+import pytest
+from rich.console import Console
+from textual.message import Message
+from textual.widgets import Sparkline, Static
+
+from console import messages as m
+from console.ssh.hosts import CommandFailed
+from screens.app import ConsoleApp, CoreMessage, ErrorShown, ProcedureEnded
+from screens.decider import DecisionAnswered, DecisionAsked
+from screens.modals.confirm import ConfirmModal, QuestionModal
+from screens.modals.error import ErrorModal
+from screens.modals.holders import HoldersModal
+from screens.modals.quit import QuitWhileDownModal
+from screens.results import ResultsScreen
+from screens.runs import RunsScreen
+from screens.state import ConsoleState
+from screens.widgets.downtime_banner import DowntimeBanner
+from screens.widgets.host_panel import GpuRow, HostPanel
+from screens.widgets.service_panel import ServicePanel
+from tests.tui.standin import (
+    T0,
+    StandinOperator,
+    fixed_clock,
+    holders_confirmation,
+    serving_telemetry,
+    stop_confirmation,
+)
+
+SIZE = (120, 40)
+
+
+class Seen:
+    """The message hook: every message dispatched, in order."""
+
+    def __init__(self) -> None:
+        self.messages: list[Message] = []
+
+    def __call__(self, message: Message) -> None:
+        self.messages.append(message)
+
+    def of(self, kind: type) -> list:
+        return [x for x in self.messages if isinstance(x, kind)]
+
+    def core(self, kind: type) -> list:
+        return [x.payload for x in self.of(CoreMessage) if isinstance(x.payload, kind)]
+
+
+def text_of(widget: Static) -> str:
+    """What a Static shows, as plain text (rich renderables rendered 200 columns wide)."""
+    content = widget.content
+    if isinstance(content, str):
+        return content
+    console = Console(width=200, file=io.StringIO(), record=True, color_system=None)
+    console.print(content)
+    return console.export_text()
+
+
+def app_for(op: StandinOperator, **kw) -> ConsoleApp:
+    return ConsoleApp(op, clock=fixed_clock, **kw)
+
+
+async def wait_for(pilot, condition, timeout: float = 5.0) -> None:
+    deadline = asyncio.get_running_loop().time() + timeout
+    while not condition():
+        if asyncio.get_running_loop().time() > deadline:
+            raise AssertionError("condition not met in time")
+        await pilot.pause(0.02)
+
+
+@pytest.fixture
+def op() -> StandinOperator:
+    operator = StandinOperator()
+    operator.seed(history=30)
+    return operator
+
+
+# --- dashboard ---------------------------------------------------------------------------------
+
+
+async def test_dashboard_shows_every_host_its_gpus_holders_and_the_service(op: StandinOperator):
+    seen = Seen()
+    app = app_for(op)
+    async with app.run_test(size=SIZE, message_hook=seen) as pilot:
+        await pilot.pause()
+        assert op.started
+        panels = {p.host: p for p in app.screen.query(HostPanel)}
+        assert set(panels) == {"ct129", "ct200"}
+        assert len(panels["ct129"].query(GpuRow)) == 2 and len(panels["ct200"].query(GpuRow)) == 8
+        assert "connected, 1.2 ms" in str(panels["ct129"].border_title)
+        holders = text_of(panels["ct129"].query_one(".holders", Static))
+        assert "4242" in holders and "44100" in holders and "root" in holders and "sglang.launch_server" in holders
+        assert panels["ct129"].query(Sparkline).first().data[-1] > 0  # the history reached the sparkline
+        service = text_of(app.screen.query_one(ServicePanel))
+        assert "active (running)" in service and "model Qwen3.6-27B" in service
+        assert "3 running, 1 queued" in service and "up 3 d 2 h" in service
+        await pilot.press("q")
+    assert op.stopped
+
+
+async def test_telemetry_burst_collapses_to_the_newest_sample(op: StandinOperator):
+    seen = Seen()
+    app = app_for(op)
+    async with app.run_test(size=SIZE, message_hook=seen) as pilot:
+        await pilot.pause()
+        before = len(seen.core(m.TelemetryUpdate))
+        for seq in range(200):  # a burst published at once: the queue keeps the newest per host
+            for update in serving_telemetry(t=T0 + seq, seq=seq):
+                op.publish(update)
+        await pilot.pause()
+        delivered = seen.core(m.TelemetryUpdate)[before:]
+        assert len(delivered) < 50
+        assert {u.host: u.sample.seq for u in delivered[-2:]} == {"ct129": 199, "ct200": 199}
+        assert app.state.telemetry["ct200"].sample.seq == 199
+
+
+async def test_simulated_badge_stale_age_and_reconnecting_host(op: StandinOperator):
+    app = app_for(op)
+    async with app.run_test(size=SIZE) as pilot:
+        ct129, ct200 = serving_telemetry(simulated=True)
+        op.publish(ct129)
+        op.publish(m.TelemetryUpdate("ct200", ct200.sample, 14.0, True, False, error="agent stream closed"))
+        op.publish(m.HostState("ct200", "reconnecting", T0 + 18, last_error="ct200: connection lost"))
+        await pilot.pause()
+        panels = {p.host: p for p in app.screen.query(HostPanel)}
+        assert "SIMULATED" in str(panels["ct129"].border_title)
+        assert panels["ct200"].has_class("stale")
+        assert "STALE: last sample 14 s ago" in str(panels["ct200"].border_subtitle)
+        assert "reconnecting for 12 s" in str(panels["ct200"].border_title)  # the clock says T0 + 30
+        note = text_of(panels["ct200"].query_one(".host-note", Static))
+        assert "connection lost" in note and "agent stream closed" in note
+
+
+# --- the window by keys ------------------------------------------------------------------------
+
+
+async def test_window_by_keys_banner_while_down_and_gone_after_ready(op: StandinOperator):
+    seen = Seen()
+    app = app_for(op)
+    async with app.run_test(size=SIZE, message_hook=seen) as pilot:
+        await pilot.press("g")
+        await wait_for(pilot, lambda: isinstance(app.screen, ConfirmModal))
+        modal = app.screen
+        assert modal.confirmation.step == "stop"
+        assert app.focused.id == "no"  # destructive: Cancel has the focus
+        assert "$ systemctl stop sglang-qwen" in text_of(modal.query(Static)[4])
+        banner = app.screen_stack[1].query_one(DowntimeBanner)
+        assert not banner.has_class("down")
+        await pilot.press("y")
+        await wait_for(pilot, lambda: isinstance(app.screen, HoldersModal))
+        assert banner.has_class("down")  # the stop happened: red banner
+        holders = app.screen
+        table = text_of(holders.query_one(".holders-table", Static))
+        assert "4301" in table and "4302" in table and "40000" in table
+        assert "remote.endpids --grace 10 4301:88231 4302:88232" in text_of(holders.query(".command").last())
+        await pilot.press("y")
+        await wait_for(pilot, lambda: seen.of(ProcedureEnded))
+        await pilot.pause()
+        assert not banner.has_class("down")  # ready again: the banner has gone
+    assert op.decisions == [("stop", True), ("free-vram", True)]
+    assert [d.confirmation.step for d in seen.of(DecisionAsked)] == ["stop", "free-vram"]
+    assert [d.approved for d in seen.of(DecisionAnswered)] == [True, True]
+    assert seen.of(ProcedureEnded)[0].finished.status == "done"
+    downtimes = seen.core(m.Downtime)
+    assert downtimes[0].down_since is not None and downtimes[-1].down_since is None
+
+
+@pytest.mark.parametrize("key", ["n", "escape", "enter"])
+async def test_refusing_the_stop_changes_nothing(op: StandinOperator, key: str):
+    """n, escape, and a stray Enter (Cancel has the focus) all refuse."""
+    seen = Seen()
+    app = app_for(op)
+    async with app.run_test(size=SIZE, message_hook=seen) as pilot:
+        await pilot.press("g")
+        await wait_for(pilot, lambda: isinstance(app.screen, ConfirmModal))
+        await pilot.press(key)
+        await wait_for(pilot, lambda: seen.of(ProcedureEnded))
+        assert seen.of(ProcedureEnded)[0].finished.status == "refused"
+        assert not seen.core(m.Downtime)
+        assert app.state.service.status.active
+        assert not app.screen.query_one(DowntimeBanner).has_class("down")
+    assert op.decisions == [("stop", False)]
+
+
+async def test_quit_while_down_asks_and_restart_key_ends_the_downtime(op: StandinOperator):
+    seen = Seen()
+    app = app_for(op)
+    async with app.run_test(size=SIZE, message_hook=seen) as pilot:
+        await pilot.press("g")
+        await wait_for(pilot, lambda: isinstance(app.screen, ConfirmModal))
+        await pilot.press("y")
+        await wait_for(pilot, lambda: isinstance(app.screen, HoldersModal))
+        await pilot.press("n")  # leave the holders: the run ends with the service down
+        await wait_for(pilot, lambda: seen.of(ProcedureEnded))
+        assert seen.of(ProcedureEnded)[0].finished.exit_code == 3
+        await wait_for(pilot, lambda: isinstance(app.screen, ErrorModal) or app.state.down_since is not None)
+        assert app.state.down_since is not None
+        while isinstance(app.screen, ErrorModal | QuestionModal):
+            await pilot.press("escape")
+        await pilot.press("q")
+        await wait_for(pilot, lambda: isinstance(app.screen, QuitWhileDownModal))
+        await pilot.press("escape")  # stay
+        await pilot.pause()
+        assert app.is_running and not isinstance(app.screen, QuitWhileDownModal)
+        assert app.check_action("restart_service", ()) is True
+        await pilot.press("r")
+        await wait_for(pilot, lambda: isinstance(app.screen, ConfirmModal))
+        assert app.screen.confirmation.step == "restart" and app.focused.id == "yes"  # not destructive
+        await pilot.press("y")
+        await wait_for(pilot, lambda: app.state.down_since is None)
+        await pilot.press("q")  # up again: quits without asking
+        await pilot.pause()
+    assert not any(isinstance(s, QuitWhileDownModal) for s in app.screen_stack)
+    assert op.decisions[-1] == ("restart", True)
+    assert app.return_code == 1  # the run failed; the service is up again
+
+
+async def test_quit_while_down_restart_first_then_quits(op: StandinOperator):
+    app = app_for(op)
+    async with app.run_test(size=SIZE) as pilot:
+        op.publish(m.Downtime(op.run_id, T0))
+        await pilot.pause()
+        await pilot.press("q")
+        await wait_for(pilot, lambda: isinstance(app.screen, QuitWhileDownModal))
+        await pilot.press("r")
+        await wait_for(pilot, lambda: isinstance(app.screen, ConfirmModal))
+        await pilot.press("y")
+        await wait_for(pilot, lambda: not app.is_running)
+    assert op.decisions == [("restart", True)] and op.stopped
+
+
+# --- errors, read-only, resume -----------------------------------------------------------------
+
+
+async def test_worker_and_host_errors_share_one_modal_with_the_stderr_tail(op: StandinOperator):
+    async def failing_plan() -> m.PlanReady:
+        raise CommandFailed("ct129", ["python3", "-m", "remote.probe"], 1,
+                            "Traceback (most recent call last):\n  File x\nImportError: no module named torch")
+
+    op.plan = failing_plan
+    seen = Seen()
+    app = app_for(op)
+    async with app.run_test(size=SIZE, message_hook=seen) as pilot:
+        await pilot.press("p")
+        await wait_for(pilot, lambda: isinstance(app.screen, ErrorModal))
+        op.publish(m.HostState("ct200", "down", T0, last_error="ct200: host key not in known_hosts"))
+        await wait_for(pilot, lambda: len(seen.of(ErrorShown)) == 2)
+        await pilot.pause()
+        modals = [s for s in app.screen_stack if isinstance(s, ErrorModal)]
+        assert len(modals) == 1 and len(modals[0].reports) == 2
+        shown = "\n".join(text_of(w) for w in modals[0].query(Static))
+        assert "the plan failed" in shown and "ImportError: no module named torch" in shown
+        assert "ct200 is down" in shown and "known_hosts" in shown
+        assert "Traceback" not in shown.split("stderr")[0] or "File x" in shown  # the tail, as the host wrote it
+        await pilot.press("escape")
+        await pilot.pause()
+        assert not isinstance(app.screen, ErrorModal)
+
+
+async def test_read_only_offers_no_key_that_acts():
+    op = StandinOperator(read_only=True)
+    op.seed()
+    op.publish(m.Downtime(op.run_id, T0))
+    app = app_for(op)
+    async with app.run_test(size=SIZE) as pilot:
+        await pilot.pause()
+        for action in ("run_procedure", "plan", "restart_service", "cancel_run"):
+            assert app.check_action(action, ()) is False
+        await pilot.press("g", "p", "r")
+        await pilot.pause()
+        assert not app.workers and op.decisions == []
+        offered = {key for key, active in app.active_bindings.items() if active.enabled}
+        assert "q" in offered and not offered & {"g", "p", "r", "c"}
+        titles = [c.title for c in app.get_system_commands(app.screen)]
+        assert "Run the procedure" not in titles and "Restart the service" not in titles
+        assert "r restarts" not in text_of(app.screen.query_one(DowntimeBanner))
+        assert "read-only" in app.sub_title
+
+
+async def test_decider_refuses_in_read_only_without_a_modal():
+    op = StandinOperator(read_only=True)
+    app = app_for(op)
+    async with app.run_test(size=SIZE) as pilot:
+        await pilot.pause()
+        assert await app.decider.decide(stop_confirmation()) is False
+        assert not isinstance(app.screen, ConfirmModal)
+
+
+async def test_unfinished_run_is_offered_for_resume(op: StandinOperator):
+    op.unfinished = "20251130-170000-cd34"
+    calls: list = []
+    original = op.run
+
+    async def run(decider, resume=None, route=None, no_restart=False):
+        calls.append(resume)
+        return await original(decider, resume=resume)
+
+    op.run = run
+    app = app_for(op)
+    async with app.run_test(size=SIZE) as pilot:
+        await wait_for(pilot, lambda: isinstance(app.screen, QuestionModal) and app.screen.id == "resume")
+        assert "20251130-170000-cd34" in app.screen.title_text
+        await pilot.press("y")
+        await wait_for(pilot, lambda: isinstance(app.screen, ConfirmModal))
+        await pilot.press("n")
+    assert calls == ["20251130-170000-cd34"]
+
+
+async def test_holders_modal_marks_exactly_the_pids_the_command_names(op: StandinOperator):
+    app = app_for(op)
+    async with app.run_test(size=SIZE) as pilot:
+        from tests.tui.standin import holders_found
+
+        found = holders_found()
+        extra = m.VramHolder(7777, 900, (0,), "python other.py", "alice", 1, False)
+        op.publish(m.HoldersFound(found.host, (*found.holders, extra), found.used, found.threshold_mib))
+        await pilot.pause()
+        asked = asyncio.ensure_future(app.decider.decide(holders_confirmation()))
+        await wait_for(pilot, lambda: isinstance(app.screen, HoldersModal))
+        table = text_of(app.screen.query_one(".holders-table", Static))
+        row = next(line for line in table.splitlines() if "7777" in line)
+        assert row.split()[0] == "no" and "alice" in row
+        assert "End them" in str(app.screen.query_one("#yes").label) and app.focused.id == "no"
+        await pilot.press("n")
+        assert await asyncio.wait_for(asked, 5) is False
+
+
+# --- results and runs --------------------------------------------------------------------------
+
+
+async def test_results_screen_and_export(runs_root: Path):
+    op = StandinOperator(runs_dir=runs_root)
+    op.seed()
+    app = app_for(op)
+    async with app.run_test(size=SIZE) as pilot:
+        await pilot.press("o")
+        await wait_for(pilot, lambda: isinstance(app.screen, ResultsScreen))
+        screen = app.screen
+        assert screen.data.run_dir.name == "20251201-093500-ab12"  # the newest run
+        summary = text_of(screen.query_one("#summary-table Static"))
+        assert "copy (reference)" in summary and "random" in summary and "16.00" in summary
+        for key, pane in (("2", "per-prompt"), ("3", "acceptance"), ("4", "parity"), ("5", "kernels"),
+                          ("6", "window-pane")):
+            await pilot.press(key)
+            await pilot.pause()
+            assert screen.query_one("TabbedContent").active == pane
+        assert "-1.000000000000" in text_of(screen.query_one("#parity-table Static"))
+        strip = text_of(screen.query_one(".strip", Static))
+        assert "down 3 min 14 s" in strip
+        await pilot.press("e")
+        await pilot.pause()
+        run_dir = runs_root / "20251201-093500-ab12"
+        assert (run_dir / "report.md").is_file()
+        assert json.loads((run_dir / "report.json").read_text())["format"] == "dflash-ops.report/1"
+        await pilot.press("escape")
+        await pilot.pause()
+        assert app.screen.id == "dashboard"
+
+
+async def test_incomplete_results_go_to_the_error_modal(runs_root: Path):
+    for run in runs_root.iterdir():
+        (run / "results" / "manifest.json").unlink()
+    op = StandinOperator(runs_dir=runs_root)
+    app = app_for(op)
+    async with app.run_test(size=SIZE) as pilot:
+        app.open_results(runs_root / "20251201-093500-ab12")
+        await wait_for(pilot, lambda: isinstance(app.screen, ErrorModal) and app.screen.query(Static))
+        assert "manifest" in "\n".join(text_of(w) for w in app.screen.query(Static))
+
+
+async def test_runs_list_compares_two_runs(runs_root: Path):
+    op = StandinOperator(runs_dir=runs_root)
+    app = app_for(op)
+    async with app.run_test(size=SIZE) as pilot:
+        await pilot.press("h")
+        await wait_for(pilot, lambda: isinstance(app.screen, RunsScreen))
+        await pilot.press("space", "down", "space", "c")
+        await pilot.pause()
+        table = text_of(app.screen.query_one("#compare-table", Static))
+        assert "20251130-170000-cd34" in table and "20251201-093500-ab12" in table
+        assert "tau vanilla copy" in table and "+0.40" in table  # the later run is 0.4 better
+        await pilot.press("enter")
+        await wait_for(pilot, lambda: isinstance(app.screen, ResultsScreen))
+
+
+async def test_command_palette_offers_the_console_commands(op: StandinOperator):
+    app = app_for(op)
+    async with app.run_test(size=SIZE) as pilot:
+        await pilot.pause()
+        titles = [c.title for c in app.get_system_commands(app.screen)]
+        for title in ("Run the procedure", "Plan", "Open results", "Compare runs", "Read-only", "Help"):
+            assert title in titles
+        assert "Restart the service" not in titles  # nothing is down
+        await pilot.press("ctrl+p")
+        await pilot.pause()
+        await pilot.press(*"read-only")
+        await pilot.pause(0.3)
+        await pilot.press("enter")
+        await pilot.pause()
+        assert app.read_only and app.check_action("run_procedure", ()) is False
+
+
+# --- the state, on its own ---------------------------------------------------------------------
+
+
+def test_state_keeps_step_progress_across_a_replanned_run():
+    state = ConsoleState()
+    plan = m.PlanReady("r1", "window", (m.PlannedStep("preflight", True, ""), m.PlannedStep("stage", False, "no RAM")))
+    state.apply(plan)
+    assert state.steps["stage"].status == "left-out"
+    state.apply(m.StepUpdate("r1", "preflight", "done", 1.0, 3.0))
+    state.apply(plan)  # read back on resume: the done step stays done
+    assert state.steps["preflight"].status == "done" and state.steps["preflight"].ended_at == 3.0
+    assert state.apply(m.Downtime("r1", 5.0)) == "downtime" and state.down_since == 5.0
