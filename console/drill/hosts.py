@@ -82,9 +82,12 @@ class DrillStatus:
     trainer_pid: int | None = None
     since: float | None = None
     leftovers: tuple[int, ...] = ()
+    starting: bool = False
 
     def lines(self) -> list[str]:
         """The status as a few lines for the terminal."""
+        if self.starting:
+            return [f"drill at {self.dir}: starting (pid {self.pid}; `dflash-ops drill up` waits for it)"]
         if not self.up:
             out = [f"drill at {self.dir}: down"]
             if self.leftovers:
@@ -124,15 +127,18 @@ def _cmdline(pid: int) -> str:
         return ""
 
 
+def _is_hosts_process(layout: DrillLayout, pid: Any) -> bool:
+    return (isinstance(pid, int) and pid_alive(pid) and "console.drill.hosts" in _cmdline(pid)
+            and str(layout.dir) in _cmdline(pid))
+
+
 def _hosts_pid(layout: DrillLayout) -> int | None:
     """The hosts' process of this drill while it lives (a reused pid is not it)."""
     try:
         pid = int(layout.pid_file.read_text().split()[0])
     except (OSError, ValueError, IndexError):
-        return None
-    if pid_alive(pid) and "console.drill.hosts" in _cmdline(pid) and str(layout.dir) in _cmdline(pid):
-        return pid
-    return None
+        pid = _read_state(layout).get("pid")  # still starting: no pid file yet
+    return pid if _is_hosts_process(layout, pid) else None
 
 
 def _running_state(layout: DrillLayout) -> dict[str, Any] | None:
@@ -254,6 +260,9 @@ def status(dir: str | os.PathLike | None = None) -> DrillStatus:
     layout = DrillLayout.at(dir)
     state = _running_state(layout)
     if state is None:
+        starting = _read_state(layout)
+        if starting.get("state") == "starting" and _is_hosts_process(layout, starting.get("pid")):
+            return DrillStatus(layout.dir, up=False, starting=True, pid=starting["pid"])
         return DrillStatus(layout.dir, up=False, leftovers=tuple(procs.marked_pids(layout.dir)))
     service_pid = drill_service.running_pid(layout.service_state)
     trainer = state.get("trainer_pid")
@@ -370,9 +379,20 @@ async def serve(layout: DrillLayout, assets: DrillAssets, python: str) -> int:
         loop.add_signal_handler(sig, stop.set)
     previous = _read_state(layout)
     servers: dict[str, DrillSSHServer] = {}
+    drops: set[asyncio.Task] = set()
+
+    def drop_links() -> None:
+        # SIGUSR1: every SSH connection is cut, as a network blip would (the rehearsal of a dropped link).
+        _log("SIGUSR1: dropping every SSH connection")
+        for server in servers.values():
+            task = asyncio.ensure_future(server.drop_connections())
+            drops.add(task)
+            task.add_done_callback(drops.discard)
+    loop.add_signal_handler(signal.SIGUSR1, drop_links)
     trainer: subprocess.Popen | None = None
     commands: dict[str, list[str]] | None = None
     code = 0
+    write_json_atomic(layout.state_file, {**previous, "state": "starting", "pid": os.getpid()})
     try:
         _log(f"preparing {layout.dir} from {assets.root}")
         prepare_hosts(layout, assets)
