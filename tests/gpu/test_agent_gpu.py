@@ -24,6 +24,10 @@ pytestmark = [
 ]
 
 ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT))
+
+from remote import gpu_source  # noqa: E402
+
 INTERVAL = 0.5
 ALLOC_MIB = 20 * 1024
 
@@ -93,8 +97,17 @@ def test_nvml_readings_follow_a_20_gb_allocation_within_two_samples():
         holding = next(s for s in after_alloc if gpu0(s)["mem_used_mib"] >= base + ALLOC_MIB - 64)
         big = [p for p in holding["processes"] if p["gpu"] == 0 and (p["mib"] or 0) >= ALLOC_MIB]
         assert big, holding["processes"]
-        if big[0]["pid"] == holder.pid:  # NVML gives host pids: inside a container they differ
-            assert "python" in big[0]["command"] and big[0]["start_time"] > 0
+        seen = big[0]
+        print(f"holder: NVML pid {seen['pid']} (ours {holder.pid}); visible {seen['visible']} ({seen['visible_reason']}); "
+              f"host pid namespace: {gpu_source.in_host_pid_namespace()}")
+        if seen["pid"] == holder.pid:  # NVML gives host pids: inside a container they differ
+            assert "python" in seen["command"] and seen["start_time"] > 0
+            assert seen["visible"] is True, seen  # it holds /dev/nvidia* files here
+        else:
+            # The container case: NVML's host pid names another process here, or none. It must be
+            # marked so, and `remote.endpids` refuses it on the same check (asked here, not signalled).
+            assert seen["visible"] is False and seen["visible_reason"], seen
+            assert gpu_source.gpu_visibility(seen["pid"])[0] is False
 
         holder.stdin.write("\n")
         holder.stdin.flush()
