@@ -10,13 +10,17 @@ what="${1:-all}"
 source .dev/setup-device.sh
 export TRITON_CACHE_DIR="${TRITON_CACHE_DIR:-/tmp/triton-dflash}" PYTHONUNBUFFERED=1
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
+echo "== gpu_suite $what: $(date -u +%FT%TZ), git $(git rev-parse --short HEAD 2>/dev/null || echo '?')" | tee -a "$out/gpu-tests.log"
 if [[ "$what" == tests || "$what" == all ]]; then
-  python3 -m pytest --noconftest -p no:cacheprovider -q -rs tests/gpu 2>&1 | tee "$out/gpu-tests.log"
+  python3 -m pytest --noconftest -p no:cacheprovider -q -rs tests/gpu 2>&1 | tee -a "$out/gpu-tests.log"
   python3 bench/telemetry.py --skip-console --json "$out/telemetry.json" 2>&1 | tee "$out/bench-telemetry.txt"
   python3 bench/evaluate.py --device cuda 2>&1 | tee "$out/bench-evaluate.txt"
-  cp docs/gpu-results/*.json "$out/" 2>/dev/null
+  # The GPU tests record their figures into docs/gpu-results/extract.json (only that one: the
+  # telemetry figures are already in $out, and a copy of the committed file would overwrite them).
+  cp docs/gpu-results/extract.json "$out/" 2>/dev/null
 fi
 if [[ "$what" == bench-extract || "$what" == all ]]; then
   python3 bench/extract.py --json "$out/bench-extract.json" 2>&1 | tee "$out/bench-extract.txt"
 fi
 nvidia-smi --query-gpu=index,memory.used --format=csv,noheader >> "$out/gpu-tests.log" 2>&1
+echo "== gpu_suite $what done in ${SECONDS} s" >> "$out/gpu-tests.log"
