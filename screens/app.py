@@ -15,7 +15,7 @@ from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
-from textual import work
+from textual import events, work
 from textual.app import App, SystemCommand
 from textual.binding import Binding
 from textual.message import Message
@@ -34,6 +34,15 @@ from screens.state import ConsoleState
 from screens.widgets.downtime_banner import DowntimeBanner
 
 STOP_TIMEOUT_S = 10.0
+NARROW_COLUMNS = 110  # under this the side panels go above the hosts (console.tcss: .narrow)
+
+
+def coalesce_key(payload: Any) -> Any:
+    """The bus's replace key, but per counter for job progress (a job reports several at once:
+    weights in tensors and in bytes, prompts), so no counter hides another."""
+    if isinstance(payload, m.JobProgress):
+        return ("progress", payload.job_id, payload.key or payload.unit)
+    return replace_key(payload)
 
 
 class CoreMessage(Message):
@@ -45,7 +54,7 @@ class CoreMessage(Message):
     def __init__(self, payload: Any) -> None:
         super().__init__()
         self.payload = payload
-        self.key = replace_key(payload)
+        self.key = coalesce_key(payload)
         self.published = time.perf_counter()
 
     def can_replace(self, message: Message) -> bool:
@@ -124,6 +133,13 @@ class ConsoleApp(App[int]):
         elif not self.read_only:
             self._offer_resume()
 
+    def on_resize(self, event: events.Resize) -> None:
+        narrow = event.size.width < NARROW_COLUMNS
+        if narrow != self.has_class("narrow"):
+            self.set_class(narrow, "narrow")
+            if isinstance(self.screen, DashboardScreen):
+                self.screen.refresh_part("steps")
+
     def _offer_resume(self) -> None:
         try:
             run_id = self.operator.unfinished_run()
@@ -164,7 +180,7 @@ class ConsoleApp(App[int]):
         if threading.get_ident() != self._thread:  # a publisher on another thread: to the app's loop
             self.call_from_thread(self._from_bus, payload)
             return
-        key = replace_key(payload)
+        key = coalesce_key(payload)
         if key is not None:
             queued = self._queued.get(key)
             if queued is not None:  # one still waits in the queue: it carries the newest state instead
@@ -252,7 +268,9 @@ class ConsoleApp(App[int]):
     # --- actions --------------------------------------------------------------------------------
 
     def can_restart(self) -> bool:
-        return not self.read_only and self.state.down_since is not None
+        """The restart key: while the service is down because of a run and no procedure is going
+        (a running one restarts it itself, and c cancels it, which offers the restart)."""
+        return not self.read_only and self.state.down_since is not None and not self.state.running
 
     def check_action(self, action: str, parameters: tuple[object, ...]) -> bool | None:
         if action in self.ACTING and self.read_only:
@@ -265,7 +283,7 @@ class ConsoleApp(App[int]):
         if action == "cancel_run":
             return busy
         if action == "restart_service":
-            return self.state.down_since is not None and not self._service_busy()
+            return self.can_restart() and not self._service_busy()
         return True
 
     def _service_busy(self) -> bool:

@@ -72,7 +72,8 @@ class DashboardScreen(Screen):
             self.query_one(ServicePanel).show(state.service, state.downtime, state.startup, now)
             self.query_one(DowntimeBanner).show(state.down_since, now, self.app.can_restart())
         elif kind == "steps":
-            self.query_one(Stepper).show(state.steps, state.planned, state.run_id, state.route, now)
+            self.query_one(Stepper).show(state.steps, state.planned, state.run_id, state.route, now,
+                                         compact=self.app.has_class("narrow"))
         elif kind == "job":
             self.query_one(JobPanel).show(state.current_job())
         elif kind == "journal" and payload is not None:

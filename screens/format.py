@@ -36,3 +36,15 @@ def size(nbytes: float | None) -> str:
         if nbytes >= scale:
             return f"{nbytes / scale:.1f} {unit}"
     return f"{nbytes:.0f} B"
+
+
+def short_duration(seconds: float | None) -> str:
+    """'45s', '1m45s', '1h05m': for narrow columns."""
+    if seconds is None:
+        return ""
+    seconds = max(0, int(round(seconds)))
+    if seconds < 60:
+        return f"{seconds}s"
+    if seconds < 3600:
+        return f"{seconds // 60}m{seconds % 60:02d}s"
+    return f"{seconds // 3600}h{seconds % 3600 // 60:02d}m"

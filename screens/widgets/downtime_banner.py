@@ -10,7 +10,7 @@ from screens.format import clock, duration
 
 class DowntimeBanner(Static):
     DEFAULT_CSS = """
-    DowntimeBanner { dock: top; height: 1; background: $error; color: $text; text-style: bold;
+    DowntimeBanner { height: 1; background: $error; color: $text; text-style: bold;
                      display: none; content-align: center middle; }
     DowntimeBanner.down { display: block; }
     """

@@ -43,4 +43,18 @@ class EventLog(RichLog):
         self.can_focus = True
 
     def add(self, entry: JournalEntry) -> None:
-        self.write(journal_line(entry))
+        self._write(entry)
+
+    def _write(self, entry: JournalEntry) -> None:
+        # The width given, not measured: measuring is capped by the app console's width, which is
+        # not the terminal's everywhere (80 columns headless).
+        width = self.scrollable_content_region.width
+        self.write(journal_line(entry), width=width if width > 0 else None)
+
+    def on_resize(self, event) -> None:
+        """Lines are wrapped when written: wrap them again at the new width."""
+        if event.size.width != getattr(self, "_wrapped_at", None):
+            self._wrapped_at = event.size.width
+            self.clear()
+            for entry in self.app.state.journal:
+                self._write(entry)

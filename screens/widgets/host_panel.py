@@ -47,7 +47,7 @@ class GpuRow(Horizontal):
     GpuRow { height: 1; }
     GpuRow > .gpu-name { width: 5; }
     GpuRow > .gpu-bar { width: 17; }
-    GpuRow > .gpu-mem { width: 12; }
+    GpuRow > .gpu-mem { width: 13; }
     GpuRow > Sparkline { width: 1fr; min-width: 8; margin: 0 1 0 0; }
     GpuRow > .gpu-readings { width: 17; }
     """
@@ -75,7 +75,7 @@ class GpuRow(Horizontal):
             self._pending = (gpu, history)
             return
         self.query_one(".gpu-bar", Static).update(memory_bar(gpu))
-        self.query_one(".gpu-mem", Static).update(f"{gib(gpu.mem_used_mib):>5}/{gib(gpu.mem_total_mib)}G")
+        self.query_one(".gpu-mem", Static).update(f" {gib(gpu.mem_used_mib):>5}/{gib(gpu.mem_total_mib)}G")
         values = [v or 0.0 for v in history]
         self.query_one(Sparkline).data = values or [0.0]
         self.query_one(".gpu-readings", Static).update(readings_text(gpu))

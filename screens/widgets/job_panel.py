@@ -13,32 +13,38 @@ from screens.format import size
 from screens.state import JobView
 
 
-def counter_text(progress: Any) -> str:
-    """'weights 120/480 tensors, 12.3 GB', 'prompts 3/10: linked_list_reverse', '12.4 GB'."""
-    key = str(getattr(progress, "key", None) or getattr(progress, "unit", ""))
+def counter_text(progress: Any, in_bytes: Any = None) -> tuple[str, str]:
+    """(head, detail): ('weights 480/480 tensors', '27.8 GB / 27.8 GB, 2.1 GB/s'),
+    ('prompts 4/10', 'async_rate_limiter: 1536 tokens, 0.4 prompts/s')."""
+    key = str(getattr(progress, "key", None) or getattr(progress, "unit", "")).replace("_", " ")
     unit = str(getattr(progress, "unit", "") or "")
     done, total = getattr(progress, "done", None), getattr(progress, "total", None)
+    details: list[str] = []
     if unit == "bytes":
-        text = f"{key} {size(done)}" + (f" / {size(total)}" if total else "")
+        head = f"{key} {size(done)}" + (f" / {size(total)}" if total else "")
     else:
         shown_total = f"/{total:g}" if isinstance(total, int | float) else ""
         shown_done = f"{done:g}" if isinstance(done, int | float) else "?"
-        text = f"{key} {shown_done}{shown_total}" + (f" {unit}" if unit and unit != key else "")
-    label = getattr(progress, "message", None)
-    if label:
-        text += f", {label}"
+        head = f"{key} {shown_done}{shown_total}" + (f" {unit}" if unit and unit != key else "")
+        label = getattr(progress, "message", None)
+        if label and in_bytes is None:
+            details.append(str(label))
     rate = getattr(progress, "rate", None)
+    if in_bytes is not None:
+        details.append(f"{size(in_bytes.done)}" + (f" / {size(in_bytes.total)}" if in_bytes.total else ""))
+        rate, unit = in_bytes.rate, "bytes"
     if isinstance(rate, int | float) and rate > 0:
-        text += f", {size(rate)}/s" if unit == "bytes" else f", {rate:.1f} {unit or key}/s"
-    return text
+        details.append(f"{size(rate)}/s" if unit == "bytes" else f"{rate:.1f} {unit or key}/s")
+    return head, ", ".join(details)
 
 
 class Counter(Horizontal):
     DEFAULT_CSS = """
-    Counter { height: 1; }
-    Counter > ProgressBar { width: 22; }
-    Counter > ProgressBar > Bar { width: 14; }
-    Counter > Static { width: 1fr; }
+    Counter { height: auto; layout: grid; grid-size: 2; grid-columns: 19 1fr; grid-rows: auto; }
+    Counter > ProgressBar { width: 19; }
+    Counter > ProgressBar > Bar { width: 12; }
+    Counter > Static { width: 1fr; height: auto; }
+    Counter > .detail { column-span: 2; color: $text-muted; padding-left: 2; }
     """
 
     def __init__(self, key: str) -> None:
@@ -52,22 +58,27 @@ class Counter(Horizontal):
         # (an indeterminate bar animates forever).
         yield ProgressBar(show_eta=False, classes="bar")
         yield Static(classes="text")
+        yield Static(classes="detail")
 
     def on_mount(self) -> None:
         self._ready = True
         if self._pending is not None:
-            self.show(self._pending)
+            self.show(*self._pending)
 
-    def show(self, progress: Any) -> None:
+    def show(self, progress: Any, in_bytes: Any = None) -> None:
         if not self._ready:
-            self._pending = progress
+            self._pending = (progress, in_bytes)
             return
         total, done = getattr(progress, "total", None), getattr(progress, "done", None)
         bar = self.query_one(ProgressBar)
         bar.display = bool(total)
         if total:
             bar.update(total=float(total), progress=float(done or 0))
-        self.query_one(".text", Static).update(counter_text(progress))
+        head, detail = counter_text(progress, in_bytes)
+        self.query_one(".text", Static).update(head)
+        shown = self.query_one(".detail", Static)
+        shown.update(detail)
+        shown.display = bool(detail)
 
 
 class JobPanel(Vertical):
@@ -91,6 +102,7 @@ class JobPanel(Vertical):
     def show(self, job: JobView | None) -> None:
         note = self.query_one(".job-note", Static)
         box = self.query_one(".counters", Vertical)
+        self.set_class(job is None or job.finished, "idle")
         if job is None:
             self.border_title = "Job"
             note.update("no job running")
@@ -101,11 +113,13 @@ class JobPanel(Vertical):
             self._job = job.job_id
         self.border_title = f"Job {job.label}" + (" (finished)" if job.finished else "")
         for key, progress in job.bars.items():
+            if key.endswith("_bytes") and key[: -len("_bytes")] in job.bars:
+                continue  # drawn on its counter's line: "weights 480/480 tensors, 27.8 / 27.8 GB, 2.1 GB/s"
             counter = self._counters.get(key)
             if counter is None:
                 counter = self._counters[key] = Counter(key)
                 box.mount(counter)
-            counter.show(progress)
+            counter.show(progress, job.bars.get(f"{key}_bytes"))
         self.set_class(job.stalled is not None, "stalled")
         text = job.stalled or job.last_log or (f"phase {job.phase}" if job.phase else "")
         note.update(text)

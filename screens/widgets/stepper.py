@@ -10,7 +10,7 @@ from rich.table import Table
 from rich.text import Text
 from textual.widgets import Static
 
-from screens.format import duration
+from screens.format import short_duration
 from screens.state import StepView
 
 MARKS = {"pending": ("·", "dim"), "running": ("▶", "bold yellow"), "done": ("✓", "green"),
@@ -21,7 +21,7 @@ MARKS = {"pending": ("·", "dim"), "running": ("▶", "bold yellow"), "done": ("
 def stepper_renderable(steps: Mapping[str, StepView], planned: bool, now: float) -> Group:
     table = Table(box=None, show_header=False, padding=(0, 1), pad_edge=False, expand=True)
     table.add_column("", width=1, no_wrap=True)
-    table.add_column("step", no_wrap=True, ratio=1)
+    table.add_column("step", no_wrap=True, min_width=9, ratio=1)
     table.add_column("status", no_wrap=True)
     table.add_column("took", justify="right", no_wrap=True)
     table.add_column("est.", justify="right", no_wrap=True, style="dim")
@@ -29,12 +29,12 @@ def stepper_renderable(steps: Mapping[str, StepView], planned: bool, now: float)
     for step in steps.values():
         mark, style = MARKS.get(step.status, ("?", ""))
         if step.status == "running" and step.started_at is not None:
-            took = duration(now - step.started_at)
+            took = short_duration(now - step.started_at)
         elif step.started_at is not None and step.ended_at is not None:
-            took = duration(step.ended_at - step.started_at)
+            took = short_duration(step.ended_at - step.started_at)
         else:
             took = ""
-        estimate = f"~{duration(step.estimate_s)}" if step.estimate_s is not None else ""
+        estimate = f"~{short_duration(step.estimate_s)}" if step.estimate_s is not None else ""
         table.add_row(Text(mark, style=style), Text(step.name, style="bold" if step.status == "running" else ""),
                       Text(step.status, style=style), took, estimate)
         why = step.detail or (step.why if step.status in ("skipped", "left-out") else None)
@@ -47,6 +47,19 @@ def stepper_renderable(steps: Mapping[str, StepView], planned: bool, now: float)
     return Group(*parts)
 
 
+def stepper_chips(steps: Mapping[str, StepView], now: float) -> Text:
+    """The steps on a line or two, for narrow terminals: '✓ preflight  ✓ stage  ▶ extract 1m45s  · restart'."""
+    text = Text()
+    for step in steps.values():
+        mark, style = MARKS.get(step.status, ("?", ""))
+        if text:
+            text.append("  ")
+        text.append(f"{mark}{step.name}", style=style if step.status != "pending" else "dim")
+        if step.status == "running" and step.started_at is not None:
+            text.append(f"\u00a0{short_duration(now - step.started_at)}", style="bold")
+    return text
+
+
 class Stepper(Static):
     DEFAULT_CSS = """
     Stepper { height: auto; border: round $primary-darken-1; padding: 0 1; }
@@ -57,7 +70,7 @@ class Stepper(Static):
         self.border_title = "Steps"
 
     def show(self, steps: Mapping[str, StepView], planned: bool, run_id: str | None, route: str | None,
-             now: float) -> None:
+             now: float, compact: bool = False) -> None:
         self.border_title = f"Steps  {run_id}" + (f" ({route})" if route and route != "window" else "") \
             if run_id else "Steps"
-        self.update(stepper_renderable(steps, planned, now))
+        self.update(stepper_chips(steps, now) if compact else stepper_renderable(steps, planned, now))

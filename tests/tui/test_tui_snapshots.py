@@ -1,0 +1,105 @@
+"""Snapshots of the console (pytest-textual-snapshot): fixed terminal sizes, fixed telemetry
+published as real message objects on a real bus, a fixed clock, no blinking cursor, no ETA, no
+indeterminate bar. Update the baselines with `--snapshot-update` after looking at them."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+
+from screens.app import ConsoleApp
+from screens.modals.confirm import ConfirmModal
+from screens.modals.holders import HoldersModal
+from screens.results import ResultsScreen
+from tests.tui.standin import (
+    StandinOperator,
+    fixed_clock,
+    holders_confirmation,
+    holders_found,
+    mid_window,
+    stop_confirmation,
+    stuck_telemetry,
+)
+
+WIDE, NARROW = (120, 40), (80, 24)
+
+
+def serving(runs_dir: Path | None = None) -> StandinOperator:
+    op = StandinOperator(runs_dir=runs_dir)
+    op.seed(history=600)
+    return op
+
+
+async def settle(pilot, condition=lambda: True) -> None:
+    for _ in range(100):
+        await pilot.pause(0.02)
+        if condition():
+            break
+    await pilot.wait_for_scheduled_animations()
+    await pilot.pause()
+
+
+def test_dashboard_mid_window(snap_compare):
+    op = serving()
+
+    async def window(pilot) -> None:
+        await pilot.pause()
+        mid_window(op)  # published to the running console, as the engine would
+        await settle(pilot)
+
+    assert snap_compare(ConsoleApp(op, clock=fixed_clock), terminal_size=WIDE, run_before=window)
+
+
+def test_dashboard_serving_narrow(snap_compare):
+    op = serving()
+    assert snap_compare(ConsoleApp(op, clock=fixed_clock), terminal_size=NARROW, run_before=settle)
+
+
+def test_confirm_stop_modal(snap_compare):
+    op = serving()
+    app = ConsoleApp(op, clock=fixed_clock)
+
+    async def ask(pilot) -> None:
+        await op.plan()
+        asyncio.ensure_future(app.decider.decide(stop_confirmation()))
+        await settle(pilot, lambda: isinstance(app.screen, ConfirmModal))
+
+    assert snap_compare(app, terminal_size=WIDE, run_before=ask)
+
+
+def test_holders_modal(snap_compare):
+    op = serving()
+    app = ConsoleApp(op, clock=fixed_clock)
+
+    async def ask(pilot) -> None:
+        await pilot.pause()
+        mid_window(op)
+        op.publish(stuck_telemetry())
+        op.publish(holders_found())
+        await settle(pilot)
+        asyncio.ensure_future(app.decider.decide(holders_confirmation()))
+        await settle(pilot, lambda: isinstance(app.screen, HoldersModal))
+
+    assert snap_compare(app, terminal_size=WIDE, run_before=ask)
+
+
+def test_results_summary(snap_compare, runs_root: Path):
+    app = ConsoleApp(serving(runs_root), clock=fixed_clock)
+
+    async def open_results(pilot) -> None:
+        await pilot.press("o")
+        await settle(pilot, lambda: isinstance(app.screen, ResultsScreen))
+
+    assert snap_compare(app, terminal_size=WIDE, run_before=open_results)
+
+
+def test_results_window_timeline(snap_compare, runs_root: Path):
+    app = ConsoleApp(serving(runs_root), clock=fixed_clock)
+
+    async def open_window(pilot) -> None:
+        await pilot.press("o")
+        await settle(pilot, lambda: isinstance(app.screen, ResultsScreen))
+        await pilot.press("6")
+        await settle(pilot)
+
+    assert snap_compare(app, terminal_size=WIDE, run_before=open_window)
