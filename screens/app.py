@@ -62,7 +62,7 @@ class CoreMessage(Message):
 
 
 class ProcedureStarted(Message):
-    def __init__(self, resume: str | None) -> None:
+    def __init__(self, resume: str | bool | None) -> None:
         super().__init__()
         self.resume = resume
 
@@ -96,10 +96,11 @@ class ConsoleApp(App[int]):
     ]
     ACTING = {"run_procedure", "plan", "cancel_run", "restart_service"}
 
-    def __init__(self, operator: Any, *, autostart: bool = False, clock: Callable[[], float] = time.time,
-                 tick_s: float = 1.0, start_operator: bool = True) -> None:
+    def __init__(self, operator: Any, *, autostart: bool = False, resume: str | bool | None = None,
+                 clock: Callable[[], float] = time.time, tick_s: float = 1.0, start_operator: bool = True) -> None:
         super().__init__()
         self.operator = operator
+        self.resume = resume
         self.read_only = bool(getattr(operator, "read_only", False))
         self.autostart = autostart
         self.now = clock
@@ -129,7 +130,7 @@ class ConsoleApp(App[int]):
             self.operator.start()
         self.set_interval(self.tick_s, self._tick)
         if self.autostart and not self.read_only:
-            self.action_run_procedure()
+            self.run_procedure(resume=self.resume)
         elif not self.read_only:
             self._offer_resume()
 
@@ -227,6 +228,8 @@ class ConsoleApp(App[int]):
             stderr = getattr(payload, "stderr_tail", None) or getattr(payload, "stderr", None)
             text = str(getattr(payload, "msg", None) or getattr(payload, "message", None) or "failed")
             self.show_error(ErrorReport(title, text, tail(stderr)))
+        elif isinstance(payload, m.RunFinished) and payload.status == "done":
+            self.notify(f"run {payload.run_id} done: o opens the results", title="done", timeout=15)
         elif isinstance(payload, m.RunFinished) and payload.status == "failed":
             down = "" if payload.service_up else "  The service is DOWN: r restarts it."
             self.show_error(ErrorReport(f"run {payload.run_id} failed", payload.message + down))
@@ -235,6 +238,10 @@ class ConsoleApp(App[int]):
         screen = self.screen
         if isinstance(screen, DashboardScreen):
             screen.tick()
+        else:  # under a modal: the service's DOWN timer still counts, like the banner
+            for dashboard in self.screen_stack:
+                if isinstance(dashboard, DashboardScreen):
+                    dashboard.refresh_part("service")
         self._banner()
 
     def _banner(self) -> None:
@@ -290,7 +297,7 @@ class ConsoleApp(App[int]):
         return any(w.group == "service" and not w.is_finished for w in self.workers)
 
     @work(exclusive=True, exit_on_error=False, group="procedure", description="the procedure")
-    async def run_procedure(self, resume: str | None = None) -> m.RunFinished:
+    async def run_procedure(self, resume: str | bool | None = None) -> m.RunFinished:
         self.state.running = True
         self.refresh_bindings()
         self.post_message(ProcedureStarted(resume))
@@ -439,9 +446,11 @@ class ConsoleApp(App[int]):
         yield from super().get_system_commands(screen)
 
 
-def run_app(operator: Any, *, autostart: bool = False) -> int:
-    """Open the console on `operator` (started and stopped by the app); returns the exit status:
-    0, or the finished run's (1 failed with the service up, 3 failed with it down)."""
-    app = ConsoleApp(operator, autostart=autostart)
+def run_app(operator: Any, *, autostart: bool = False, resume: str | bool | None = None) -> int:
+    """Open the console on `operator` (started and stopped by the app); with `autostart`, run the
+    procedure at once (resuming `resume`: a run id, or True for the newest unfinished run).
+    Returns the exit status: 0, or the finished run's (1 failed with the service up, 3 failed
+    with it still down)."""
+    app = ConsoleApp(operator, autostart=autostart, resume=resume)
     result = app.run()
     return int(result if result is not None else (app.return_code or 0))

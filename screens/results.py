@@ -62,9 +62,10 @@ def read_run_dir(run_dir: Path) -> RunData:
 
 # --- the window timeline ------------------------------------------------------------------------
 
-def vram_series(records: list[dict[str, Any]]) -> tuple[float | None, dict[str, tuple[list[float], list[float]]]]:
-    """Per host (minutes since the first sample, % of all its GPUs' memory in use): hosts of
-    different sizes share one axis."""
+def vram_series(records: list[dict[str, Any]], scale: float = 60.0
+                ) -> tuple[float | None, dict[str, tuple[list[float], list[float]]]]:
+    """Per host (time since the first sample in units of `scale` seconds, % of all its GPUs'
+    memory in use): hosts of different sizes share one axis."""
     t0 = min((r["t"] for r in records if "sample" in r), default=None)
     series: dict[str, tuple[list[float], list[float]]] = {}
     for r in records:
@@ -77,7 +78,7 @@ def vram_series(records: list[dict[str, Any]]) -> tuple[float | None, dict[str, 
         if not total:
             continue
         xs, ys = series.setdefault(r["host"], ([], []))
-        xs.append((r["t"] - t0) / 60)
+        xs.append((r["t"] - t0) / scale)
         ys.append(100 * used / total)
     return t0, series
 
@@ -104,7 +105,9 @@ def steps_table(state: dict[str, Any], t0: float | None) -> Table:
     table = Table(title="Steps", title_justify="left", box=None, header_style="bold", padding=(0, 2, 0, 0))
     for name in ("step", "status", "began", "took", "detail"):
         table.add_column(name, no_wrap=name != "detail", justify="right" if name in ("began", "took") else "left")
-    for name, step in (state.get("steps") or {}).items():
+    steps = sorted((state.get("steps") or {}).items(),
+                   key=lambda item: (item[1].get("started_at") is None, item[1].get("started_at") or 0))
+    for name, step in steps:
         began, ended = step.get("started_at"), step.get("ended_at")
         offset = f"+{duration(began - t0)}" if began is not None and t0 is not None else ""
         took = duration(ended - began) if began is not None and ended is not None else ""
@@ -122,17 +125,20 @@ class TimelinePlot(PlotextPlot):
 
     def on_mount(self) -> None:
         plt = self.plt
-        t0, series = vram_series(self.data.telemetry)
+        times = [r["t"] for r in self.data.telemetry if "sample" in r]
+        span = (max(times) - min(times)) if times else 0.0
+        scale, unit = (1.0, "seconds") if span < 180 else (60.0, "minutes")
+        t0, series = vram_series(self.data.telemetry, scale)
         for (host, (xs, ys)), colour in zip(series.items(), COLOURS, strict=False):
             plt.plot(xs, ys, label=host, color=colour, marker="braille")
         service = self.data.state.get("service") or {}
         if t0 is not None:
             for key, colour in (("stopped_at", "red"), ("ready_at", "green")):
                 if service.get(key):
-                    plt.vline((service[key] - t0) / 60, colour)
+                    plt.vline((service[key] - t0) / scale, colour)
         plt.ylim(0, 100)
         plt.title("VRAM in use per host (% of its GPUs' memory); red line: the stop, green: ready again")
-        plt.xlabel("minutes since the run began")
+        plt.xlabel(f"{unit} since the run began")
 
 
 class AcceptancePlot(PlotextPlot):

@@ -34,6 +34,8 @@ def memory_bar(gpu: GpuReading, width: int = 16) -> Bar | Text:
 
 
 def readings_text(gpu: GpuReading) -> str:
+    if gpu.util_pct is None and gpu.temp_c is None and gpu.power_w is None:
+        return ""  # a simulated GPU reports memory only
     util = f"{gpu.util_pct:3.0f}%" if gpu.util_pct is not None else "   ?"
     temp = f"{gpu.temp_c:3.0f}°C" if gpu.temp_c is not None else "  ?°C"
     power = f"{gpu.power_w:4.0f} W" if gpu.power_w is not None else "   ? W"
@@ -86,21 +88,27 @@ def holders_renderable(update: TelemetryUpdate | None) -> Table | Text:
     sample = update.sample if update is not None else None
     if sample is None:
         return Text("")
-    procs = sorted(sample.processes, key=lambda p: -(p.mib or 0))
+    by_pid: dict[int, list] = {}
+    for proc in sample.processes:  # one row per process: a server holds every GPU it serves on
+        by_pid.setdefault(proc.pid, []).append(proc)
+    procs = sorted(by_pid.values(), key=lambda group: -sum(p.mib or 0 for p in group))
     if not procs:
         return Text("no process holds GPU memory", style="dim")
     table = Table(box=None, show_header=True, header_style="dim", padding=(0, 1), expand=True, pad_edge=False)
     table.add_column("pid", justify="right", no_wrap=True)
-    table.add_column("GPU", justify="right", no_wrap=True)
+    table.add_column("GPUs", justify="right", no_wrap=True, max_width=8, overflow="ellipsis")
     table.add_column("MiB", justify="right", no_wrap=True)
     table.add_column("user", no_wrap=True, max_width=10)
     table.add_column("command", no_wrap=True, overflow="ellipsis", ratio=1)
-    for proc in procs[:HOLDERS_SHOWN]:
+    for group in procs[:HOLDERS_SHOWN]:
+        proc = group[0]
         command = Text(short_command(proc.command, 200))
         if proc.pid in update.service_pids:
             command.append(" [service]", style="cyan")
-        table.add_row(str(proc.pid), "-" if proc.gpu is None else str(proc.gpu),
-                      "?" if proc.mib is None else str(proc.mib), proc.user or "?", command)
+        gpus = ",".join(str(p.gpu) for p in group if p.gpu is not None) or "-"
+        mib = sum(p.mib or 0 for p in group)
+        table.add_row(str(proc.pid), gpus, str(mib) if any(p.mib is not None for p in group) else "?",
+                      proc.user or "?", command)
     if len(procs) > HOLDERS_SHOWN:
         return Group(table, Text(f"+{len(procs) - HOLDERS_SHOWN} more", style="dim"))
     return table

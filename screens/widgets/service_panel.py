@@ -34,7 +34,7 @@ def service_renderable(view: ServiceView | None, downtime: Downtime | None, star
             lines.append(Text(f"up {duration(now - status.since)}", style="dim"))
     else:
         lines.append(Text(f"NOT RUNNING ({status.state})", style="bold red"))
-        if status.detail:
+        if status.detail and status.detail.splitlines()[0].strip() != status.state:
             lines.append(Text(status.detail.splitlines()[0], style="red"))
     if view.error:
         lines.append(Text(view.error, style="yellow"))

@@ -42,7 +42,7 @@ def stepper_renderable(steps: Mapping[str, StepView], planned: bool, now: float)
             notes.append(Text(f"{step.name}: {why}", style="red" if step.status == "failed" else "dim"))
     parts: list = [table]
     if not planned:
-        parts.append(Text("no plan yet: p plans (touches nothing), g runs", style="dim"))
+        parts.append(Text("no plan yet: p plans, g runs", style="dim"))
     parts.extend(notes[-3:])
     return Group(*parts)
 

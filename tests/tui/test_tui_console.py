@@ -98,7 +98,8 @@ async def test_dashboard_shows_every_host_its_gpus_holders_and_the_service(op: S
         assert len(panels["ct129"].query(GpuRow)) == 2 and len(panels["ct200"].query(GpuRow)) == 8
         assert "connected, 1.2 ms" in str(panels["ct129"].border_title)
         holders = text_of(panels["ct129"].query_one(".holders", Static))
-        assert "4242" in holders and "44100" in holders and "root" in holders and "sglang.launch_server" in holders
+        row = next(line for line in holders.splitlines() if "4242" in line)  # one row per process
+        assert "0,1" in row and "88200" in row and "root" in row and "sglang.launch_server" in row
         assert panels["ct129"].query(Sparkline).first().data[-1] > 0  # the history reached the sparkline
         service = text_of(app.screen.query_one(ServicePanel))
         assert "active (running)" in service and "model Qwen3.6-27B" in service
