@@ -75,7 +75,7 @@ class DashboardScreen(Screen):
             self.query_one(Stepper).show(state.steps, state.planned, state.run_id, state.route, now,
                                          compact=self.app.has_class("narrow"))
         elif kind == "job":
-            self.query_one(JobPanel).show(state.current_job())
+            self.query_one(JobPanel).show(state.current_jobs())
         elif kind == "journal" and payload is not None:
             self.query_one(EventLog).add(payload)
 

@@ -159,9 +159,9 @@ class ConsoleState:
             job.finished = True
         return "job"
 
-    def current_job(self) -> JobView | None:
-        """The newest job still going, else the newest one."""
+    def current_jobs(self) -> list[JobView]:
+        """The jobs still going, oldest first; when none, the newest one (finished)."""
         going = [j for j in self.jobs.values() if not j.finished]
         if going:
-            return going[-1]
-        return next(reversed(self.jobs.values()), None) if self.jobs else None
+            return going
+        return [next(reversed(self.jobs.values()))] if self.jobs else []

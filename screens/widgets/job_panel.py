@@ -69,8 +69,12 @@ class Counter(Horizontal):
         if not self._ready:
             self._pending = (progress, in_bytes)
             return
+        bars = self.query(ProgressBar)
+        if not bars:  # being removed (the job changed) or not composed yet
+            self._pending = (progress, in_bytes)
+            return
         total, done = getattr(progress, "total", None), getattr(progress, "done", None)
-        bar = self.query_one(ProgressBar)
+        bar = bars.first()
         bar.display = bool(total)
         if total:
             bar.update(total=float(total), progress=float(done or 0))
@@ -81,40 +85,45 @@ class Counter(Horizontal):
         shown.display = bool(detail)
 
 
-class JobPanel(Vertical):
+class JobSection(Vertical):
+    """One job: its name, a counter per key it reports, and its last log line (or why it stalled)."""
+
     DEFAULT_CSS = """
-    JobPanel { height: auto; border: round $primary-darken-1; padding: 0 1; }
-    JobPanel > .job-note { color: $text-muted; height: auto; }
-    JobPanel > .counters { height: auto; }
-    JobPanel.stalled > .job-note { color: $warning; }
+    JobSection { height: auto; }
+    JobSection > .job-title { text-style: bold; }
+    JobSection > .counters { height: auto; }
+    JobSection > .job-note { color: $text-muted; height: auto; }
+    JobSection.stalled > .job-note { color: $warning; }
     """
 
-    def __init__(self) -> None:
-        super().__init__(id="job")
-        self.border_title = "Job"
-        self._job: str | None = None
+    def __init__(self, job_id: str) -> None:
+        super().__init__(classes="job-section")
+        self.job_id = job_id
         self._counters: dict[str, Counter] = {}
+        self._ready = False  # is_mounted turns True only after on_mount
+        self._pending: tuple[JobView, bool] | None = None
+
+    def on_mount(self) -> None:
+        self._ready = True
+        if self._pending is not None:
+            self.show(*self._pending)
 
     def compose(self) -> ComposeResult:
+        yield Static(classes="job-title")
         yield Vertical(classes="counters")
-        yield Static("no job running", classes="job-note")
+        yield Static(classes="job-note")
 
-    def show(self, job: JobView | None) -> None:
-        note = self.query_one(".job-note", Static)
-        box = self.query_one(".counters", Vertical)
-        self.set_class(job is None or job.finished, "idle")
-        if job is None:
-            self.border_title = "Job"
-            note.update("no job running")
+    def show(self, job: JobView, titled: bool) -> None:
+        if not self._ready:
+            self._pending = (job, titled)
             return
-        if job.job_id != self._job:
-            box.remove_children()
-            self._counters = {}
-            self._job = job.job_id
-        self.border_title = f"Job {job.label}" + (" (finished)" if job.finished else "")
+        title = self.query_one(".job-title", Static)
+        title.update(job.label + (" (finished)" if job.finished else ""))
+        title.display = titled
+        box = self.query_one(".counters", Vertical)
         for key, progress in job.bars.items():
             if key.endswith("_bytes") and key[: -len("_bytes")] in job.bars:
-                continue  # drawn on its counter's line: "weights 480/480 tensors, 27.8 / 27.8 GB, 2.1 GB/s"
+                continue  # drawn on its counter's line: "weights 480/480 tensors" + "27.8 / 27.8 GB, 2.1 GB/s"
             counter = self._counters.get(key)
             if counter is None:
                 counter = self._counters[key] = Counter(key)
@@ -122,5 +131,40 @@ class JobPanel(Vertical):
             counter.show(progress, job.bars.get(f"{key}_bytes"))
         self.set_class(job.stalled is not None, "stalled")
         text = job.stalled or job.last_log or (f"phase {job.phase}" if job.phase else "")
+        note = self.query_one(".job-note", Static)
         note.update(text)
         note.display = bool(text)
+
+
+class JobPanel(Vertical):
+    """The jobs going now (stage and cache run side by side), else the last one that ran."""
+
+    DEFAULT_CSS = """
+    JobPanel { height: auto; border: round $primary-darken-1; padding: 0 1; }
+    JobPanel > .job-idle { color: $text-muted; height: auto; }
+    """
+
+    def __init__(self) -> None:
+        super().__init__(id="job")
+        self.border_title = "Job"
+        self._sections: dict[str, JobSection] = {}
+
+    def compose(self) -> ComposeResult:
+        yield Static("no job running", classes="job-idle")
+
+    def show(self, jobs: list[JobView]) -> None:
+        self.query_one(".job-idle", Static).display = not jobs
+        self.set_class(not jobs or all(j.finished for j in jobs), "idle")
+        wanted = {j.job_id for j in jobs}
+        for job_id in [k for k in self._sections if k not in wanted]:
+            self._sections.pop(job_id).remove()
+        if len(jobs) == 1:
+            self.border_title = f"Job {jobs[0].label}" + (" (finished)" if jobs[0].finished else "")
+        else:
+            self.border_title = f"Jobs ({len(jobs)})" if jobs else "Job"
+        for job in jobs:
+            section = self._sections.get(job.job_id)
+            if section is None:
+                section = self._sections[job.job_id] = JobSection(job.job_id)
+                self.mount(section)
+            section.show(job, titled=len(jobs) > 1)
