@@ -73,7 +73,7 @@ class GpuRow(Horizontal):
             self.show(*self._pending)
 
     def show(self, gpu: GpuReading, history: Sequence[float | None]) -> None:
-        if not self._ready:
+        if not self._ready or not self.children:  # not composed yet, or removed before it was mounted
             self._pending = (gpu, history)
             return
         self.query_one(".gpu-bar", Static).update(memory_bar(gpu))

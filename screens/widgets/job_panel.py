@@ -114,10 +114,11 @@ class JobSection(Vertical):
         yield Static(classes="job-note")
 
     def show(self, job: JobView, titled: bool) -> None:
-        if not self._ready:
+        titles = self.query(".job-title")
+        if not self._ready or not titles:  # not composed yet, or removed before it was mounted
             self._pending = (job, titled)
             return
-        title = self.query_one(".job-title", Static)
+        title = titles.first(Static)
         title.update(job.label + (" (finished)" if job.finished else ""))
         title.display = titled
         box = self.query_one(".counters", Vertical)
