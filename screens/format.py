@@ -48,3 +48,15 @@ def short_duration(seconds: float | None) -> str:
     if seconds < 3600:
         return f"{seconds // 60}m{seconds % 60:02d}s"
     return f"{seconds // 3600}h{seconds % 3600 // 60:02d}m"
+
+
+def update_static(widget, renderable, key: object, lines: int | None = None) -> bool:
+    """`widget.update(renderable)` only when `key` (what it shows) changed since the last call, and
+    with a layout pass only when its height may have changed (`lines` differs, or is unknown):
+    a repaint at 1 Hz stays a repaint, not a reflow of the whole screen."""
+    if getattr(widget, "_shown_key", None) == key:
+        return False
+    layout = lines is None or getattr(widget, "_shown_lines", None) != lines
+    widget._shown_key, widget._shown_lines = key, lines
+    widget.update(renderable, layout=layout)
+    return True

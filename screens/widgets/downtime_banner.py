@@ -5,7 +5,7 @@ from __future__ import annotations
 from rich.text import Text
 from textual.widgets import Static
 
-from screens.format import clock, duration
+from screens.format import clock, duration, update_static
 
 
 class DowntimeBanner(Static):
@@ -25,4 +25,4 @@ class DowntimeBanner(Static):
         text = Text(f"SERVICE DOWN {duration(now - down_since)} (stopped {clock(down_since)} by this run)")
         if can_restart:
             text.append("   r restarts it")
-        self.update(text)
+        update_static(self, text, text.markup, 1)

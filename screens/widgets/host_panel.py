@@ -6,7 +6,6 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 
-from rich.bar import Bar
 from rich.console import Group
 from rich.table import Table
 from rich.text import Text
@@ -16,7 +15,7 @@ from textual.widgets import Sparkline, Static
 
 from console.messages import GpuReading, HostState, TelemetryUpdate
 from console.views.status import ago, connection_text, short_command
-from screens.format import gib
+from screens.format import gib, update_static
 
 HOLDERS_SHOWN = 3
 HISTORY_S = 600.0  # the sparkline's ten minutes
@@ -24,13 +23,19 @@ HISTORY_S = 600.0  # the sparkline's ten minutes
 History = Callable[[str, int], Sequence[float | None]]
 
 
-def memory_bar(gpu: GpuReading, width: int = 16) -> Bar | Text:
+BAR_WIDTH = 16
+_EIGHTHS = " ▏▎▍▌▋▊▉"
+
+
+def memory_bar(gpu: GpuReading, width: int = BAR_WIDTH) -> Text:
+    """Used memory as a bar of eighth blocks on a dark track: green, yellow over 60%, red over 90%."""
     if gpu.mem_used_mib is None or not gpu.mem_total_mib:
         return Text("?".center(width), style="dim")
-    share = gpu.mem_used_mib / gpu.mem_total_mib
+    share = min(max(gpu.mem_used_mib / gpu.mem_total_mib, 0.0), 1.0)
     colour = "red" if share > 0.9 else "yellow" if share > 0.6 else "green"
-    return Bar(size=gpu.mem_total_mib, begin=0, end=gpu.mem_used_mib, width=width, color=colour,
-               bgcolor="grey23")
+    full, rest = divmod(int(round(share * width * 8)), 8)
+    filled = "█" * full + (_EIGHTHS[rest] if rest else "")
+    return Text.assemble((filled, f"{colour} on grey23"), (" " * (width - len(filled)), "on grey23"))
 
 
 def readings_text(gpu: GpuReading) -> str:
@@ -42,16 +47,23 @@ def readings_text(gpu: GpuReading) -> str:
     return f"{util} {temp} {power}"
 
 
+def gpu_line(gpu: GpuReading) -> Text:
+    """'GPU0 ██████████▌      43.9/48.0G  62%  61°C  231 W' (the sparkline follows, its own widget)."""
+    line = Text(f"GPU{gpu.index:<2}")
+    line.append_text(memory_bar(gpu))
+    line.append(f" {gib(gpu.mem_used_mib):>5}/{gib(gpu.mem_total_mib)}G ")
+    line.append(f"{readings_text(gpu):<17}")
+    return line
+
+
 class GpuRow(Horizontal):
-    """GPU index, memory bar, used/total GiB, sparkline, util / temperature / power."""
+    """One GPU on one line: memory bar, used/total GiB, util / temperature / power, then the
+    sparkline of its memory. Two widgets, not five: a sample repaints each of them once."""
 
     DEFAULT_CSS = """
     GpuRow { height: 1; }
-    GpuRow > .gpu-name { width: 5; }
-    GpuRow > .gpu-bar { width: 17; }
-    GpuRow > .gpu-mem { width: 13; }
-    GpuRow > Sparkline { width: 1fr; min-width: 8; margin: 0 1 0 0; }
-    GpuRow > .gpu-readings { width: 17; }
+    GpuRow > .gpu-line { width: 52; }
+    GpuRow > Sparkline { width: 1fr; min-width: 8; }
     """
 
     def __init__(self, index: int) -> None:
@@ -61,11 +73,8 @@ class GpuRow(Horizontal):
         self._pending: tuple[GpuReading, Sequence[float | None]] | None = None
 
     def compose(self) -> ComposeResult:
-        yield Static(f"GPU{self.index}", classes="gpu-name")
-        yield Static(classes="gpu-bar")
-        yield Static(classes="gpu-mem")
+        yield Static(f"GPU{self.index}", classes="gpu-line")
         yield Sparkline([], classes="gpu-spark")
-        yield Static(classes="gpu-readings")
 
     def on_mount(self) -> None:
         self._ready = True
@@ -76,11 +85,13 @@ class GpuRow(Horizontal):
         if not self._ready or not self.children:  # not composed yet, or removed before it was mounted
             self._pending = (gpu, history)
             return
-        self.query_one(".gpu-bar", Static).update(memory_bar(gpu))
-        self.query_one(".gpu-mem", Static).update(f" {gib(gpu.mem_used_mib):>5}/{gib(gpu.mem_total_mib)}G")
-        values = [v or 0.0 for v in history]
-        self.query_one(Sparkline).data = values or [0.0]
-        self.query_one(".gpu-readings", Static).update(readings_text(gpu))
+        # A fixed size: a repaint, never a layout pass.
+        key = (gpu.mem_used_mib, gpu.mem_total_mib, gpu.util_pct, gpu.temp_c, gpu.power_w)
+        update_static(self.query_one(".gpu-line", Static), gpu_line(gpu), key, 1)
+        values = [v or 0.0 for v in history] or [0.0]
+        spark = self.query_one(Sparkline)
+        if spark.data != values:
+            spark.data = values
 
 
 def holders_renderable(update: TelemetryUpdate | None) -> Table | Text:
@@ -112,6 +123,14 @@ def holders_renderable(update: TelemetryUpdate | None) -> Table | Text:
     if len(procs) > HOLDERS_SHOWN:
         return Group(table, Text(f"+{len(procs) - HOLDERS_SHOWN} more", style="dim"))
     return table
+
+
+def holders_key(update: TelemetryUpdate | None) -> object:
+    """What the holders table shows, to redraw it only when that changed."""
+    sample = update.sample if update is not None else None
+    if sample is None:
+        return None
+    return (tuple((p.pid, p.gpu, p.mib, p.user, p.command) for p in sample.processes), update.service_pids)
 
 
 class HostPanel(Vertical):
@@ -164,11 +183,11 @@ class HostPanel(Vertical):
             problems.append("waiting for the first telemetry sample")
         elif sample is not None and not sample.gpus:
             problems.append(f"no GPU readings: {sample.reason or 'the agent found none'}")
-        note.update("\n".join(problems))
+        update_static(note, "\n".join(problems), tuple(problems))
         note.display = bool(problems)
         if sample is not None:
             self._show_gpus(sample.gpus)
-        self.query_one(".holders", Static).update(holders_renderable(update))
+        update_static(self.query_one(".holders", Static), holders_renderable(update), holders_key(update))
 
     def _show_gpus(self, gpus: Sequence[GpuReading]) -> None:
         box = self.query_one(".gpus", Vertical)

@@ -8,7 +8,7 @@ from rich.text import Text
 from textual.widgets import Static
 
 from console.messages import Downtime, ServiceView, StartupProgress
-from screens.format import clock, duration
+from screens.format import clock, duration, update_static
 
 
 def service_renderable(view: ServiceView | None, downtime: Downtime | None, startup: StartupProgress | None,
@@ -72,4 +72,5 @@ class ServicePanel(Static):
     def show(self, view: ServiceView | None, downtime: Downtime | None, startup: StartupProgress | None,
              now: float) -> None:
         self.set_class(downtime is not None and downtime.down_since is not None, "down")
-        self.update(service_renderable(view, downtime, startup, now))
+        shown = service_renderable(view, downtime, startup, now)
+        update_static(self, shown, tuple(t.markup for t in shown.renderables), len(shown.renderables))

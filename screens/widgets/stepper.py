@@ -10,7 +10,7 @@ from rich.table import Table
 from rich.text import Text
 from textual.widgets import Static
 
-from screens.format import short_duration
+from screens.format import short_duration, update_static
 from screens.state import StepView
 
 MARKS = {"pending": ("·", "dim"), "running": ("▶", "bold yellow"), "done": ("✓", "green"),
@@ -73,4 +73,7 @@ class Stepper(Static):
              now: float, compact: bool = False) -> None:
         self.border_title = f"Steps  {run_id}" + (f" ({route})" if route and route != "window" else "") \
             if run_id else "Steps"
-        self.update(stepper_chips(steps, now) if compact else stepper_renderable(steps, planned, now))
+        key = (compact, planned, tuple((s.name, s.status, s.estimate_s, s.started_at, s.ended_at, s.detail,
+                                        int(now - s.started_at) if s.status == "running" and s.started_at else None)
+                                       for s in steps.values()))
+        update_static(self, stepper_chips(steps, now) if compact else stepper_renderable(steps, planned, now), key)
