@@ -29,7 +29,7 @@ if TYPE_CHECKING:
     from screens.app import ConsoleApp
 
 RESULTS = "results"
-COLOURS = ("cyan", "magenta", "green", "yellow", "blue", "red")
+COLOURS = ("cyan", "yellow", "blue", "white", "magenta", "green")  # red and green mark the stop and the ready
 
 
 @dataclass

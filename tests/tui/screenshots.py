@@ -1,0 +1,84 @@
+"""The user guide's screenshots (SVG, `App.save_screenshot`), taken by driving the console by keys:
+
+    .venv/bin/python -m tests.tui.screenshots docs/
+
+- tui-dashboard.svg: the dashboard mid-window over two real-sized hosts (2 and 8 GPUs; the
+  stand-in operator's fixed telemetry, as in the snapshot tests);
+- tui-holders.svg, tui-results.svg, tui-window.svg: the drill (real SSH, the real engine and
+  workers): the holders modal after the stop, the results of that run, and its window timeline.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import sys
+import tempfile
+from pathlib import Path
+
+from console.config import load_config
+from console.drill.hosts import down, up
+from console.operator import Operator
+from screens.app import ConsoleApp, ProcedureEnded
+from screens.modals.confirm import ConfirmModal
+from screens.modals.holders import HoldersModal
+from screens.results import ResultsScreen
+from tests.tui.standin import StandinOperator, fixed_clock, mid_window
+
+SIZE = (120, 40)
+
+
+async def dashboard(out: Path) -> None:
+    operator = StandinOperator()
+    operator.seed(history=600)
+    app = ConsoleApp(operator, clock=fixed_clock)
+    async with app.run_test(size=SIZE) as pilot:
+        await pilot.pause()
+        mid_window(operator)
+        await pilot.pause(0.5)
+        app.save_screenshot("tui-dashboard.svg", str(out))
+
+
+async def drill(out: Path) -> None:
+    with tempfile.TemporaryDirectory() as tmp:
+        config = Path(up(Path(tmp) / "drill", fresh=True))
+        try:
+            app = ConsoleApp(Operator(load_config(config), runs_dir=Path(tmp) / "runs"))
+            ended: list = []
+            async with app.run_test(size=SIZE, message_hook=lambda m: ended.append(m)
+                                    if isinstance(m, ProcedureEnded) else None) as pilot:
+                await pilot.pause(3)
+                await pilot.press("g")
+                while not ended:
+                    await pilot.pause(0.1)
+                    screen = app.screen
+                    if isinstance(screen, HoldersModal):
+                        await pilot.pause(0.5)
+                        app.save_screenshot("tui-holders.svg", str(out))
+                    if isinstance(screen, ConfirmModal | HoldersModal):
+                        await pilot.press("y")
+                        while app.screen is screen:
+                            await pilot.pause(0.05)
+                await pilot.pause(1)
+                await pilot.press("o")
+                while not isinstance(app.screen, ResultsScreen):
+                    await pilot.pause(0.05)
+                await pilot.pause(0.5)
+                app.save_screenshot("tui-results.svg", str(out))
+                await pilot.press("6")
+                await pilot.pause(0.5)
+                app.save_screenshot("tui-window.svg", str(out))
+                await pilot.press("escape", "q")
+        finally:
+            down(Path(tmp) / "drill")
+
+
+def main(argv: list[str]) -> int:
+    out = Path(argv[0] if argv else "docs")
+    asyncio.run(dashboard(out))
+    asyncio.run(drill(out))
+    print(f"wrote {', '.join(str(out / n) for n in ('tui-dashboard.svg', 'tui-holders.svg', 'tui-results.svg', 'tui-window.svg'))}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
