@@ -22,7 +22,7 @@ KEYS = [
     ("q", "quit (asks first while the service is down)"),
 ]
 RESULT_KEYS = [
-    ("1..7", "summary, per prompt, acceptance chart, parity, kernels, window timeline, compare"),
+    ("1..6", "summary, per prompt, acceptance chart, parity, kernels, the window's timeline"),
     ("e", "export report.md and report.json into the run's results directory"),
     ("escape", "back to the dashboard"),
 ]

@@ -422,3 +422,29 @@ def test_state_keeps_step_progress_across_a_replanned_run():
     state.apply(plan)  # read back on resume: the done step stays done
     assert state.steps["preflight"].status == "done" and state.steps["preflight"].ended_at == 3.0
     assert state.apply(m.Downtime("r1", 5.0)) == "downtime" and state.down_since == 5.0
+
+
+# --- small parts -------------------------------------------------------------------------------
+
+
+def test_console_command_needs_a_terminal(capsys: pytest.CaptureFixture[str]):
+    from console.cli.main import main
+
+    assert main(["console", "--config", "nowhere.toml"]) == 2  # pytest's stdin is no terminal
+    assert "needs a terminal" in capsys.readouterr().err
+
+
+def test_holders_modal_reads_the_pids_from_the_command():
+    from screens.modals.holders import targeted_pids
+
+    assert targeted_pids(holders_confirmation().argv) == {4301, 4302}
+    assert targeted_pids(("systemctl", "stop", "x:y", "12:")) == set()
+
+
+def test_counter_text_joins_tensors_and_bytes():
+    from screens.widgets.job_panel import counter_text
+    from tests.tui.standin import extract_progress
+
+    weights, weights_bytes, prompts = extract_progress()
+    assert counter_text(weights, weights_bytes) == ("weights 480/480 tensors", "27.8 GB / 27.8 GB, 2.1 GB/s")
+    assert counter_text(prompts) == ("prompts 4/10", "async_rate_limiter: 1536 tokens, 0.4 prompts/s")
