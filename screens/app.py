@@ -196,7 +196,7 @@ class ConsoleApp(App[int]):
         if message.key is not None:
             self._queued.pop(message.key, None)
         payload = message.payload
-        kind = self.state.apply(payload)
+        kind = self.state.apply(payload, self.now())
         self._errors_in(payload)
         if kind == "downtime":
             self.refresh_bindings()

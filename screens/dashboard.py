@@ -67,7 +67,8 @@ class DashboardScreen(Screen):
             hosts = [payload.host] if payload is not None and hasattr(payload, "host") else None
             for panel in self.query(HostPanel):
                 if hosts is None or panel.host in hosts:
-                    panel.show(state.hosts.get(panel.host), state.telemetry.get(panel.host), now)
+                    panel.show(state.hosts.get(panel.host), state.telemetry.get(panel.host), now,
+                               state.received.get(panel.host))
         elif kind in ("service", "downtime"):
             self.query_one(ServicePanel).show(state.service, state.downtime, state.startup, now)
             self.query_one(DowntimeBanner).show(state.down_since, now, self.app.can_restart())
@@ -84,7 +85,8 @@ class DashboardScreen(Screen):
         self.refresh_part("service")
         self.refresh_part("steps")
         state, now = self.app.state, self.app.now()
-        for panel in self.query(HostPanel):  # a connected host repaints with its next sample anyway
-            host = state.hosts.get(panel.host)
-            if host is not None and host.status != "connected":
-                panel.show(host, state.telemetry.get(panel.host), now)
+        for panel in self.query(HostPanel):  # a host whose samples flow repaints with the next one anyway
+            host, received = state.hosts.get(panel.host), state.received.get(panel.host)
+            late = received is not None and now - received > 2.5
+            if (host is not None and host.status != "connected") or late:
+                panel.show(host, state.telemetry.get(panel.host), now, received)

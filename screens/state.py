@@ -51,6 +51,7 @@ class ConsoleState:
 
     hosts: dict[str, m.HostState] = field(default_factory=dict)
     telemetry: dict[str, m.TelemetryUpdate] = field(default_factory=dict)
+    received: dict[str, float] = field(default_factory=dict)  # host -> when its last update came (console clock)
     service: m.ServiceView | None = None
     startup: m.StartupProgress | None = None
     run_id: str | None = None
@@ -69,7 +70,7 @@ class ConsoleState:
     def down_since(self) -> float | None:
         return self.downtime.down_since if self.downtime is not None else None
 
-    def apply(self, message: Any) -> str | None:
+    def apply(self, message: Any, now: float | None = None) -> str | None:
         """Fold one message in; returns which panel it concerns ("host", "service", "steps", "job",
         "journal", "downtime", "run") or None when nothing shown changed."""
         if isinstance(message, m.HostState):
@@ -77,6 +78,8 @@ class ConsoleState:
             return "host"
         if isinstance(message, m.TelemetryUpdate):
             self.telemetry[message.host] = message
+            if now is not None:
+                self.received[message.host] = now
             return "host"
         if isinstance(message, m.ServiceView):
             self.service = message

@@ -18,6 +18,7 @@ from console.views.status import ago, connection_text, short_command
 from screens.format import gib, update_static
 
 HOLDERS_SHOWN = 3
+STALE_INTERVALS = 3  # no sample for this many intervals: the readings are old (the core's rule too)
 HISTORY_S = 600.0  # the sparkline's ten minutes
 
 History = Callable[[str, int], Sequence[float | None]]
@@ -157,7 +158,9 @@ class HostPanel(Vertical):
         yield Vertical(classes="gpus")
         yield Static(classes="holders")
 
-    def show(self, state: HostState | None, update: TelemetryUpdate | None, now: float) -> None:
+    def show(self, state: HostState | None, update: TelemetryUpdate | None, now: float,
+             received_at: float | None = None) -> None:
+        """Redraw; `received_at` (console clock) lets the sample's age move on between messages."""
         title = Text(self.host, style="bold")
         if state is not None:
             title.append("  ")
@@ -167,12 +170,18 @@ class HostPanel(Vertical):
             title.append("  ")
             title.append(" SIMULATED ", style="bold white on dark_magenta")
         self.border_title = title
-        self.set_class(bool(update is not None and update.stale), "stale")
+        age_s = update.age_s if update is not None else None
+        if age_s is not None and received_at is not None:
+            age_s += max(0.0, now - received_at)
+        stale = bool(update is not None and (update.stale or (
+            sample is not None and age_s is not None and age_s > STALE_INTERVALS * max(sample.interval, 0.1))))
+        self.set_class(stale, "stale")
         subtitle = ""
         if sample is not None:
-            age = ago(update.age_s) if update.age_s is not None else "?"
-            subtitle = f"STALE: last sample {age} ago" if update.stale else f"{sample.source}, {age} ago"
-        self.border_subtitle = subtitle
+            age = ago(age_s) if age_s is not None else "?"
+            subtitle = f"STALE: last sample {age} ago" if stale else f"{sample.source}, {age} ago"
+        if subtitle != self.border_subtitle:
+            self.border_subtitle = subtitle
         note = self.query_one(".host-note", Static)
         problems = []
         if state is not None and state.status in ("down", "reconnecting") and state.last_error:
