@@ -163,8 +163,19 @@ class AcceptancePlot(PlotextPlot):
         plt.xlabel("slot j")
 
 
-def _scroll(renderable: Any, id: str) -> VerticalScroll:
-    return VerticalScroll(Static(renderable, classes="table"), id=id, classes="result-scroll")
+def _wrappable(renderable: Any) -> Any:
+    """A table's label column may wrap: on a narrow terminal the labels fold, the figures stay whole."""
+    if isinstance(renderable, Table) and renderable.columns:
+        renderable.columns[0].no_wrap = False
+        renderable.columns[0].overflow = "fold"
+    return renderable
+
+
+def _scroll(renderable: Any, id: str, fit: bool = False) -> VerticalScroll:
+    """A table in a scroll: at its natural width (scrolling sideways when wider than the screen), or,
+    with `fit`, folded into the screen's width (the summary: long labels, few columns)."""
+    shown = Static(_wrappable(renderable) if fit else renderable, classes="table fit" if fit else "table")
+    return VerticalScroll(shown, id=id, classes="result-scroll")
 
 
 class ResultsScreen(Screen):
@@ -175,6 +186,7 @@ class ResultsScreen(Screen):
     ResultsScreen TabbedContent { height: 1fr; }
     ResultsScreen .result-scroll { height: 1fr; overflow-x: auto; }
     ResultsScreen .table { width: auto; }
+    ResultsScreen .table.fit { max-width: 100%; }
     ResultsScreen #window-pane PlotextPlot { height: 1fr; min-height: 12; }
     ResultsScreen #window-pane .strip { height: auto; }
     ResultsScreen #window-pane VerticalScroll { height: auto; max-height: 12; }
@@ -200,7 +212,7 @@ class ResultsScreen(Screen):
         yield DowntimeBanner()
         with TabbedContent(initial="summary"):
             with TabPane("1 Summary", id="summary"):
-                yield _scroll(summary_table(data.results), "summary-table")
+                yield _scroll(summary_table(data.results), "summary-table", fit=True)
             with TabPane("2 Per prompt", id="per-prompt"):
                 yield _scroll(per_prompt_table(data.results), "per-prompt-table")
             with TabPane("3 Acceptance", id="acceptance"):
@@ -211,7 +223,7 @@ class ResultsScreen(Screen):
                               "parity-table")
             with TabPane("5 Kernels", id="kernels"):
                 yield _scroll(probe_table(data.probes, "Kernels and environment of every host") if data.probes else
-                              Text("no probes.json in this run", style="dim"), "kernel-table")
+                              Text("no probes.json in this run", style="dim"), "kernel-table", fit=True)
             with TabPane("6 Window", id="window-pane"):
                 t0, _ = vram_series(data.telemetry)
                 t1 = max((r["t"] for r in data.telemetry if "t" in r), default=None)
