@@ -7,9 +7,10 @@ from __future__ import annotations
 import shlex
 
 from rich.text import Text
+from textual import events
 from textual.app import ComposeResult
 from textual.binding import Binding
-from textual.containers import Horizontal, Vertical
+from textual.containers import Horizontal, Vertical, VerticalScroll
 from textual.screen import ModalScreen
 from textual.widgets import Button, Static
 
@@ -22,8 +23,10 @@ class QuestionModal(ModalScreen[bool]):
 
     DEFAULT_CSS = """
     QuestionModal { align: center middle; }
-    QuestionModal > Vertical { width: 90; max-width: 95%; height: auto; max-height: 90%;
+    QuestionModal > Vertical { width: 90; max-width: 95%; height: auto; max-height: 100%;
                                border: thick $primary; background: $surface; padding: 1 2; }
+    QuestionModal.short > Vertical { padding: 0 1; }
+    QuestionModal .body { height: auto; }
     QuestionModal.destructive > Vertical { border: thick $error; }
     QuestionModal .title { text-style: bold; margin-bottom: 1; }
     QuestionModal .label { color: $text-muted; }
@@ -47,13 +50,24 @@ class QuestionModal(ModalScreen[bool]):
     def compose(self) -> ComposeResult:
         with Vertical():
             yield Static(Text(self.title_text), classes="title")
-            yield from self.body()
+            with VerticalScroll(classes="body"):  # scrolls on a short terminal; the buttons stay
+                yield from self.body()
             with Horizontal(classes="buttons"):
                 yield Button(f"{self.yes_label} (y)", id="yes", variant="error" if self.destructive else "primary")
                 yield Button(f"{self.no_label} (n)", id="no")
 
     def on_mount(self) -> None:
         self.query_one("#no" if self.destructive else "#yes", Button).focus()
+        self._fit(self.app.size.height)
+
+    def on_resize(self, event: events.Resize) -> None:
+        self._fit(event.size.height)
+
+    def _fit(self, height: int) -> None:
+        short = height < 32
+        self.set_class(short, "short")
+        # title and its margin, the buttons, the border and padding: the body gets the rest
+        self.query_one(".body").styles.max_height = max(3, height - (10 if short else 12))
 
     def on_button_pressed(self, event: Button.Pressed) -> None:
         event.stop()

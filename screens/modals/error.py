@@ -45,7 +45,7 @@ class ErrorModal(ModalScreen[None]):
     ErrorModal { align: center middle; }
     ErrorModal > Vertical { width: 100; max-width: 95%; height: auto; max-height: 90%;
                             border: thick $error; background: $surface; padding: 1 2; }
-    ErrorModal VerticalScroll { height: auto; max-height: 30; }
+    ErrorModal VerticalScroll { height: auto; max-height: 60vh; }
     ErrorModal .error-title { text-style: bold; color: $error; }
     ErrorModal .error-detail { background: $boost; padding: 0 1; margin-bottom: 1; color: $text-muted; }
     ErrorModal .buttons { height: auto; align-horizontal: right; }

@@ -7,6 +7,8 @@ from __future__ import annotations
 import asyncio
 from pathlib import Path
 
+import pytest
+
 from screens.app import ConsoleApp
 from screens.modals.confirm import ConfirmModal
 from screens.modals.holders import HoldersModal
@@ -67,7 +69,9 @@ def test_confirm_stop_modal(snap_compare):
     assert snap_compare(app, terminal_size=WIDE, run_before=ask)
 
 
-def test_holders_modal(snap_compare):
+@pytest.mark.parametrize("size", [WIDE, NARROW], ids=["120x40", "80x24"])
+def test_holders_modal(snap_compare, size):
+    """At 80 x 24 the body scrolls and the buttons stay on screen."""
     op = serving()
     app = ConsoleApp(op, clock=fixed_clock)
 
@@ -80,7 +84,7 @@ def test_holders_modal(snap_compare):
         asyncio.ensure_future(app.decider.decide(holders_confirmation()))
         await settle(pilot, lambda: isinstance(app.screen, HoldersModal))
 
-    assert snap_compare(app, terminal_size=WIDE, run_before=ask)
+    assert snap_compare(app, terminal_size=size, run_before=ask)
 
 
 def test_results_summary(snap_compare, runs_root: Path):
