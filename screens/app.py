@@ -8,6 +8,7 @@ redrawn whole when it comes back), runs the operator's coroutines in async worke
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import threading
 import time
@@ -160,16 +161,14 @@ class ConsoleApp(App[int]):
     async def _stop_console(self) -> None:
         if self._stopped:
             return
-        self._stopped = True
+        self._stopped = True  # from here the decider refuses: nobody is left to answer
         if self._unsubscribe is not None:
             self._unsubscribe()
         self.workers.cancel_all()
         with contextlib.suppress(Exception):
-            await self.workers.wait_for_complete()
+            await asyncio.wait_for(self.workers.wait_for_complete(), STOP_TIMEOUT_S)
         if self.start_operator:
             with contextlib.suppress(Exception):
-                import asyncio
-
                 await asyncio.wait_for(self.operator.stop(), STOP_TIMEOUT_S)
 
     async def on_unmount(self) -> None:
@@ -273,6 +272,10 @@ class ConsoleApp(App[int]):
             self.refresh_bindings()
 
     # --- actions --------------------------------------------------------------------------------
+
+    @property
+    def quitting(self) -> bool:
+        return self._stopped
 
     def can_restart(self) -> bool:
         """The restart key: while the service is down because of a run and no procedure is going
@@ -397,6 +400,20 @@ class ConsoleApp(App[int]):
 
             self.push_screen(QuitWhileDownModal(self.state.down_since, self.now(), self.can_restart()),
                              callback=answered)
+            return
+        if self.state.running and not self.read_only:
+            if any(s.id == "quit-while-running" for s in self.screen_stack):
+                return
+            step = next((s.name for s in self.state.steps.values() if s.status == "running"), None)
+
+            def confirmed(quit_anyway: bool | None) -> None:
+                if quit_anyway:
+                    self.call_later(self._quit_now)
+
+            self.push_screen(QuestionModal(
+                f"A run is in progress{f' ({step})' if step else ''}. Quit and cancel it? The service is up; "
+                "nothing is stopped by quitting, and the run can be resumed later.",
+                yes="Quit", no="Stay", id="quit-while-running"), callback=confirmed)
             return
         await self._quit_now()
 

@@ -42,7 +42,9 @@ class ModalDecider:
         self.app = app
 
     async def decide(self, confirmation: Confirmation) -> bool:
-        if self.app.read_only:  # nothing that acts is offered; a question that comes anyway is refused
+        if self.app.read_only or self.app.quitting:
+            # read-only: nothing that acts is offered, so a question that comes anyway is refused;
+            # quitting: nobody is left to answer (the operator chose to leave, and was asked first)
             return False
         if confirmation.step == "free-vram":
             found = self.app.operator.bus.last.get(HoldersFound) or self.app.state.holders

@@ -448,3 +448,36 @@ def test_counter_text_joins_tensors_and_bytes():
     weights, weights_bytes, prompts = extract_progress()
     assert counter_text(weights, weights_bytes) == ("weights 480/480 tensors", "27.8 GB / 27.8 GB, 2.1 GB/s")
     assert counter_text(prompts) == ("prompts 4/10", "async_rate_limiter: 1536 tokens, 0.4 prompts/s")
+
+
+async def test_quit_during_a_run_asks_first(op: StandinOperator):
+    app = app_for(op)
+    async with app.run_test(size=SIZE) as pilot:
+        await pilot.press("g")
+        await wait_for(pilot, lambda: isinstance(app.screen, ConfirmModal))  # the run waits on the stop
+        app.pop_screen()  # the question stays open in the engine; the dashboard comes back on top
+        await pilot.pause()
+        await pilot.press("q")
+        await wait_for(pilot, lambda: app.screen.id == "quit-while-running")
+        assert "A run is in progress (stop)" in app.screen.title_text
+        await pilot.press("n")
+        await pilot.pause()
+        assert app.is_running
+        await pilot.press("q")
+        await wait_for(pilot, lambda: app.screen.id == "quit-while-running")
+        await pilot.press("y")
+        await wait_for(pilot, lambda: not app.is_running)
+    assert op.stopped
+
+
+async def test_help_lists_the_keys(op: StandinOperator):
+    app = app_for(op)
+    async with app.run_test(size=SIZE) as pilot:
+        await pilot.press("question_mark")
+        await wait_for(pilot, lambda: app.screen.id == "help")
+        shown = "\n".join(text_of(w) for w in app.screen.query(Static))
+        for key in ("g", "p", "c", "r", "o", "h", "ctrl+p", "q", "1..6", "e"):
+            assert f"\n{key} " in f"\n{shown}" or f" {key} " in shown
+        await pilot.press("escape")
+        await pilot.pause()
+        assert app.screen.id == "dashboard"
