@@ -287,7 +287,8 @@ class ConsoleApp(App[int]):
             return False  # read-only: no key that acts is offered
         if isinstance(self.screen, ModalScreen) and action in self.ACTING | {"open_results", "runs"}:
             return False
-        if action in ("open_results", "runs") and type(self.screen).__name__ in ("ResultsScreen", "RunsScreen"):
+        here = type(self.screen).__name__
+        if (action == "open_results" and here == "ResultsScreen") or (action == "runs" and here == "RunsScreen"):
             return False  # already there: escape goes back
         busy = self.state.running
         if action in ("run_procedure", "plan"):
