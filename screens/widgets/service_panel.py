@@ -8,6 +8,7 @@ from rich.text import Text
 from textual.widgets import Static
 
 from console.messages import Downtime, ServiceView, StartupProgress
+from console.views.tables import bar
 from screens.format import clock, duration, update_static
 
 
@@ -39,8 +40,12 @@ def service_renderable(view: ServiceView | None, downtime: Downtime | None, star
     if view.error:
         lines.append(Text(view.error, style="yellow"))
     if startup is not None:
-        done = f" {startup.done}/{startup.total}" if startup.done is not None and startup.total else ""
-        lines.append(Text(f"starting: {startup.stage}{done}", style="yellow"))
+        line = Text(f"starting: {startup.stage.replace('_', ' ')}", style="yellow")
+        if startup.done is not None and startup.total:
+            line.append(" ")
+            line.append(bar(startup.done / startup.total, 12), style="yellow on grey23")
+            line.append(f" {startup.done}/{startup.total}")
+        lines.append(line)
     health = view.health
     if health is not None:
         if health.health_status is None:
