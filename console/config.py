@@ -77,6 +77,7 @@ class HostConfig:
     workdir: str = "~/dflash-ops"
     identity_file: str | None = None
     known_hosts: str | None = None
+    ssh_config: str | None = None  # an ssh_config file to read instead of ~/.ssh/config (drill hosts: an empty one)
     connect_timeout: float = 10
     keepalive_interval: float = 15
 
@@ -394,6 +395,7 @@ def _hosts(c: _Checker, data: Mapping[str, Any]) -> dict[str, HostConfig]:
             workdir=c.get(raw, "workdir", path, _text, "a directory path", "~/dflash-ops"),
             identity_file=c.get(raw, "identity_file", path, _text, "a key file path"),
             known_hosts=c.get(raw, "known_hosts", path, _text, "a known_hosts file path"),
+            ssh_config=c.get(raw, "ssh_config", path, _text, "an ssh_config file path"),
             connect_timeout=c.get(raw, "connect_timeout", path, _positive_number, "a positive number of seconds", 10),
             keepalive_interval=c.get(
                 raw, "keepalive_interval", path, _positive_number, "a positive number of seconds", 15

@@ -8,4 +8,4 @@ try:
 except ImportError:
     pass
 else:
-    pytest_plugins.append("tests.ssh_fixtures")
+    pytest_plugins += ["tests.ssh_fixtures", "tests.window_fixtures"]

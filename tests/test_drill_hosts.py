@@ -146,8 +146,6 @@ async def test_hosts_take_ssh_with_their_own_keys_and_serve_health_through_it(dr
             await Host(wrong).connect()
 
 
-@pytest.mark.xfail(strict=True, reason="[hosts.*] has no ssh_config key and host_spec() passes none, so asyncssh "
-                                       "reads ~/.ssh/config for the drill's hosts too (console/config.py, host_specs.py)")
 def test_console_ignores_the_users_ssh_config_for_drill_hosts(drill: DrillLayout, tmp_path: Path,
                                                               monkeypatch: pytest.MonkeyPatch):
     from console.cli.main import main

@@ -4,11 +4,10 @@ tiny target, the drill's prompts, the two drafters and a CPU evaluation. It must
 
 from __future__ import annotations
 
-from dataclasses import fields
 from pathlib import Path
 from typing import Any
 
-from console.config import Config, HostConfig, dump_toml, load_config
+from console.config import Config, dump_toml, load_config
 from console.drill.layout import INFERENCE_HOST, TRAINING_HOST, DrillLayout
 from remote.artifacts import atomic_path
 from remote.drill.drafters import SERVING_DTYPE
@@ -38,10 +37,8 @@ def host_table(layout: DrillLayout, name: str, port: int, user: str, python: str
     table = {"address": "127.0.0.1", "port": port, "user": user, "python": python, "workdir": str(layout.workdir(name)),
              "identity_file": str(ssh / "client_key"), "known_hosts": str(ssh / "known_hosts"),
              "connect_timeout": 5, "keepalive_interval": 5}
-    # The server's own empty ssh_config keeps the user's ~/.ssh/config (a `Host *` ProxyJump, say) out,
-    # once the config has the key to say so.
-    if "ssh_config" in {f.name for f in fields(HostConfig)}:
-        table["ssh_config"] = str(ssh / "ssh_config")
+    # The server's own empty ssh_config keeps the user's ~/.ssh/config (a `Host *` ProxyJump, say) out.
+    table["ssh_config"] = str(ssh / "ssh_config")
     return table
 
 

@@ -30,6 +30,7 @@ from console.messages import (
     DecisionMade,
     Downtime,
     HoldersFound,
+    JobProgress,
     PlanReady,
     ResultsReady,
     RunFinished,
@@ -42,13 +43,21 @@ from console.procedure.store import Run, RunStore
 from console.service.control import ReadyTimeout, ServiceError, start_and_wait
 from console.service.vram import VramError, describe_outcomes, end_holders, endpids_argv, wait_vram_free
 from console.session import Session, service_name
-from console.ssh.hosts import HostError
-from console.ssh.jobs import JobDead, JobHandle, JobRunner, follow_with_reconnect
+from console.ssh.hosts import HostDisconnected, HostError
+from console.ssh.jobs import (
+    JobDead,
+    JobHandle,
+    JobRunner,
+    JobStalledError,
+    follow_with_reconnect,
+    job_message,
+)
 from remote.prompts import DEFAULT_PROMPTS, load_prompts
 
 EXIT_DONE, EXIT_FAILED, EXIT_USAGE, EXIT_DOWN = 0, 1, 2, 3
 CONNECT_TIMEOUT_S = 30.0
 PROBE_TIMEOUT_S = 300.0
+LINK_RETRIES = 3  # a step whose link drops is run again this many times
 
 
 class StepFailed(Exception):
@@ -163,7 +172,7 @@ class Engine:
             self._publish_downtime()
         status, message = "done", "the procedure finished"
         try:
-            await self._preflight()
+            await self._do("preflight", self._preflight)
             if self.plan_only:
                 return self._finish("done", "plan only: nothing was changed")
             await self._steps()
@@ -204,8 +213,29 @@ class Engine:
         self.run.close()
         return finished
 
+    async def _end_own_jobs(self) -> None:
+        """A run that ends without finishing leaves no worker of its own behind: the staged extractor
+        would wait for its go forever holding the weights in RAM, and an extraction still on the
+        GPUs would fight the restarting server for them. Ended before the restart."""
+        for key, record in self.state["jobs"].items():
+            if "handle" not in record or key.startswith("probe-"):
+                continue
+            handle = JobHandle.from_json(record["handle"])
+            try:
+                runner = await self.session.runner(handle.host, CONNECT_TIMEOUT_S)
+                if await runner.is_alive(handle):
+                    status = await runner.cancel(handle, grace=5.0)
+                    self.journal(None, f"ended our {handle.worker} job on {handle.host} (pid {handle.pid}): "
+                                       f"{status.state}" + (f", {status.note}" if status.note else ""),
+                                 host=handle.host, level="warning")
+            except (HostError, TimeoutError) as exc:
+                self.journal(None, f"could not end our {handle.worker} job on {handle.host} (pid {handle.pid}): {exc}",
+                             host=handle.host, level="error")
+
     async def _compensate(self, why: str) -> None:
-        """After a failure, refusal or cancel with the service down because of us: offer the restart."""
+        """After a failure, refusal or cancel: end our jobs, and with the service down because of us,
+        offer the restart."""
+        await self._end_own_jobs()
         if self._restart_task is not None:
             with contextlib.suppress(Exception):
                 await self._restart_task
@@ -231,11 +261,24 @@ class Engine:
             await self._do(name, getattr(self, "_" + name.replace("-", "_")))
 
     async def _do(self, name: str, work: Callable[[], Awaitable[str | None]]) -> None:
-        """Run one step with its status published; its function returns a detail or raises."""
-        # Every step runs its own check, on resume too: a host's real state is trusted, not the saved one.
+        """Run one step with its status published; its function returns a detail or raises.
+
+        Every step runs its own check, on resume too (a host's real state is trusted, not the saved
+        one), which makes a step safe to run again: a link that drops mid-step (outside a job's
+        events, which are followed through drops) runs the step again once the host is back.
+        """
         self._step(name, "running")
         try:
-            detail = await work()
+            for attempt in range(LINK_RETRIES + 1):
+                try:
+                    detail = await work()
+                    break
+                except HostDisconnected as exc:
+                    if attempt == LINK_RETRIES:
+                        raise
+                    self.journal(name, f"the link dropped ({exc.msg}); running the step again once "
+                                       f"{exc.host} is back", host=exc.host, level="warning")
+                    await asyncio.sleep(0.5)  # the supervisor notices the drop and reconnects
         except Refused:
             self._step(name, "refused")
             raise
@@ -246,8 +289,8 @@ class Engine:
             self._step(name, "failed", exc.msg)
             raise
         except Exception as exc:
-            self._step(name, "failed", str(exc))
-            raise StepFailed(name, str(exc)) from exc
+            self._step(name, "failed", str(exc) or type(exc).__name__)
+            raise StepFailed(name, str(exc) or type(exc).__name__) from exc
         if isinstance(detail, LeftOut):
             self._step(name, "left-out", detail.why)
         elif isinstance(detail, Skip):
@@ -257,17 +300,9 @@ class Engine:
 
     # --- preflight ----------------------------------------------------------------------------
 
-    async def _preflight(self) -> None:
-        self._step("preflight", "running")
-        try:
-            await self._preflight_checks()
-        except StepFailed as exc:
-            self._step("preflight", "failed", exc.msg)
-            raise
-        except (HostError, OSError, TimeoutError) as exc:
-            self._step("preflight", "failed", str(exc) or type(exc).__name__)
-            raise StepFailed("preflight", str(exc) or type(exc).__name__) from exc
-        self._step("preflight", "done", f"{len(self.config.hosts)} hosts, layers {self.facts.layers}")
+    async def _preflight(self) -> str:
+        await self._preflight_checks()
+        return f"{len(self.config.hosts)} hosts, layers {self.facts.layers}"
 
     async def _connected(self, name: str, step: str):
         try:
@@ -481,7 +516,7 @@ class Engine:
                 if until is not None and kind == until:
                     outcome["until"] = event
                     return outcome
-        except JobDead as exc:
+        except (JobDead, JobStalledError) as exc:
             raise StepFailed(step, str(exc)) from None
         except TimeoutError:
             raise StepFailed(step, f"{handle.host} did not reconnect within {CONNECT_TIMEOUT_S:.0f} s while "
@@ -721,7 +756,8 @@ class Engine:
 
     async def _restart(self) -> str | Skip:
         if self._restart_task is not None:
-            await self._restart_task
+            task, self._restart_task = self._restart_task, None
+            await task  # begun at gpu_released; if it failed, running this step again restarts anew
             return f"ready {self.state['service'].get('ready_at', 0) - self.state['service'].get('stopped_at', 0):.1f} s after the stop"
         if not self.service_down_by_us:
             return Skip("the service was not stopped by this run (or is already back)")
@@ -829,9 +865,7 @@ class Engine:
 
     def _relay_progress(self, step: str) -> Callable[[int, int], None]:
         def progress(done: int, total: int) -> None:
-            message = relay_message(self.run.run_id, step, done, total)
-            if message is not None:
-                self.bus.publish(message)
+            self.bus.publish(relay_message(self.run.run_id, step, done, total))
         return progress
 
     # --- telemetry ----------------------------------------------------------------------------
@@ -868,21 +902,7 @@ async def _find_job(runner: JobRunner, job_id: str) -> JobHandle | None:
         return None
 
 
-def job_message(handle: JobHandle, event: dict[str, Any]) -> Any:
-    from console.ssh import jobs
-
-    convert = getattr(jobs, "job_message", None)
-    return convert(handle, event) if convert is not None else None
-
-
-def relay_message(run_id: str, step: str, done: int, total: int) -> Any:
-    from console import messages
-
-    progress = getattr(messages, "JobProgress", None)
-    if progress is None:
-        return None
-    try:
-        return progress(job_id=f"{run_id}-relay", worker="relay", host="console", done=done, total=total,
-                        unit="bytes", rate=None, phase=step, message="copying between hosts")
-    except TypeError:
-        return None
+def relay_message(run_id: str, step: str, done: int, total: int) -> JobProgress:
+    """Progress of a copy between hosts through the console, shown like a job's."""
+    return JobProgress(job_id=f"{run_id}-relay-{step}", worker="relay", host="console", done=done, total=total,
+                       unit="bytes", phase=step, message="copying between hosts", key="relay")

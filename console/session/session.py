@@ -199,9 +199,11 @@ class Session:
         while True:  # the next check is armed when the last one finished: never piled up
             view = await self.check_service()
             self._service_wake.clear()
+            # asyncio.timeout, not wait_for: on 3.11 wait_for swallows a cancel that arrives as the
+            # wake-up does (a poke right before stop()), and this loop would then never end.
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._service_wake.wait(),
-                                       self.service_interval if view.status is not None else 1.0)
+                async with asyncio.timeout(self.service_interval if view.status is not None else 1.0):
+                    await self._service_wake.wait()
 
     # --- snapshots for views ------------------------------------------------------------------
 

@@ -29,6 +29,7 @@ def host_spec(config: Config, name: str, python: str | None = None) -> HostSpec:
         workdir=host.workdir,
         identity_file=_local_path(host.identity_file, base),
         known_hosts=_local_path(host.known_hosts, base),
+        ssh_config=_local_path(host.ssh_config, base),
         connect_timeout=float(host.connect_timeout),
         keepalive_interval=float(host.keepalive_interval),
     )

@@ -140,8 +140,9 @@ class HostSupervisor:
 
     async def _sleep(self, seconds: float) -> None:
         self._wake.clear()
-        with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(self._wake.wait(), seconds)
+        with contextlib.suppress(TimeoutError):  # not wait_for: on 3.11 it can swallow a cancel (retry_now + stop)
+            async with asyncio.timeout(seconds):
+                await self._wake.wait()
 
     async def _watch(self, host: Host) -> str:
         """Ping the host until the link drops; return why it dropped."""

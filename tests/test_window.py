@@ -1,0 +1,196 @@
+"""The downtime window end to end on the drill: real SSH hosts in their own process, the rehearsal
+server as the service, simulated GPUs with a stuck-VRAM episode, the real workers.
+
+Interlocks and refusals run the engine in-process (its messages are observed on the bus); crashes
+kill the real console process with SIGKILL and resume it with `run --resume`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from console import messages as m
+from console.messages import Confirmation
+from console.operator import Operator
+from console.procedure.engine import EXIT_DONE, EXIT_FAILED
+from tests.window_fixtures import ENTRY_POINT, Drill, cli_env, kill, read_json
+
+pytestmark = pytest.mark.timeout(600)
+
+
+class Scripted:
+    """A decider that approves everything except the steps named in `refuse`, recording each question."""
+
+    name = "test"
+
+    def __init__(self, refuse: tuple[str, ...] = ()):
+        self.refuse = refuse
+        self.asked: list[Confirmation] = []
+
+    async def decide(self, confirmation: Confirmation) -> bool:
+        self.asked.append(confirmation)
+        return confirmation.step not in self.refuse
+
+
+async def run_in_process(drill: Drill, decider: Scripted, **kwargs) -> tuple[m.RunFinished, list[object]]:
+    operator = Operator(drill.config, runs_dir=drill.runs)
+    seen: list[object] = []
+    operator.bus.subscribe(seen.append)
+    operator.start()
+    try:
+        finished = await operator.run(decider, **kwargs)
+    finally:
+        await asyncio.wait_for(operator.stop(), 30)  # a stop that hangs is a failure, not a stuck suite
+    return finished, seen
+
+
+def steps_seen(seen: list[object]) -> dict[str, str]:
+    """Each step's last status, from the StepUpdate messages published."""
+    return {u.step: u.status for u in seen if isinstance(u, m.StepUpdate)}
+
+
+def test_headless_run_end_to_end(drill: Drill) -> None:
+    before = drill.service_pid()
+    done = drill.run_cli("run", "--headless", "--yes")
+    assert done.returncode == EXIT_DONE, done.stdout + done.stderr
+    run_id, state = drill.only_run()
+    assert state["status"] == "done" and state["exit_code"] == 0
+    assert [state["steps"][s]["status"] for s in ("preflight", "stage", "cache", "stop", "free-vram", "extract",
+                                                  "restart", "evaluate", "report")] == ["done"] * 9
+    # The first stop of a drill leaves VRAM held: the holder was shown and ended (approved by --yes).
+    journal = drill.journal()
+    assert any("approved: end 1 process holding VRAM" in e["message"] for e in journal)
+    assert any(e.get("argv", [None])[0:1] and "remote.endpids" in " ".join(e.get("argv", [])) for e in journal)
+    # The restart began at gpu_released, before the extraction's files were flushed and verified.
+    service = state["service"]
+    assert service["start_issued_at"] >= state["facts"]["gpu_released_at"]
+    assert service["start_issued_at"] < state["steps"]["extract"]["ended_at"]
+    assert drill.service_pid() not in (None, before)  # up again: a new server process
+    results = read_json(drill.runs / run_id / "results" / "results.json")
+    taus = {name: d["tau"]["vanilla"]["macro"] for name, d in results["drafters"].items()}
+    assert taus["reference"] > taus["candidate"] + 2  # the story's off-by-one candidate is visibly worse
+    assert (drill.runs / run_id / "report.md").read_text().count("reference") >= 1
+    assert "Drafter evaluation" in done.stdout  # the tables end the headless output
+    telemetry = (drill.runs / run_id / "telemetry.jsonl").read_text().splitlines()
+    assert any('"service_down": true' in line for line in telemetry)  # the window's chart has the downtime
+    listed = subprocess.run([ENTRY_POINT, "runs", "--runs", str(drill.runs)], capture_output=True, text=True,
+                            env=cli_env(), timeout=60)
+    assert run_id in listed.stdout and "done" in listed.stdout and "reference" in listed.stdout
+
+
+def test_plan_prints_every_step_and_changes_nothing(drill: Drill) -> None:
+    pid = drill.service_pid()
+    done = drill.run_cli("run", "--plan")
+    assert done.returncode == 0, done.stdout + done.stderr
+    for step in ("preflight", "stage", "cache", "stop", "free-vram", "extract", "restart", "evaluate", "report"):
+        assert step in done.stdout
+    assert "remote.drill.service stop" in done.stdout  # the literal stop command
+    assert drill.service_pid() == pid  # the server's uptime continues
+    assert not drill.job_dirs("ct129", "extract") and not drill.job_dirs("ct129", "cache")
+    assert not drill.runs.exists() or not list(drill.runs.iterdir())  # no run kept
+
+
+async def test_refusing_the_stop_changes_nothing(drill: Drill) -> None:
+    pid = drill.service_pid()
+    decider = Scripted(refuse=("stop",))
+    finished, seen = await run_in_process(drill, decider)
+    assert finished.status == "refused" and finished.exit_code == EXIT_FAILED and finished.service_up
+    assert [c.step for c in decider.asked] == ["stop"]  # asked once, before anything changed a host
+    stop = decider.asked[0]
+    assert stop.destructive and "remote.drill.service" in " ".join(stop.argv) and stop.host == "ct129"
+    assert drill.service_pid() == pid
+    assert steps_seen(seen)["stop"] == "refused" and "extract" not in steps_seen(seen)
+    assert not any(isinstance(x, m.Downtime) and x.down_since for x in seen)
+    assert any(e.get("decision", "").startswith("no") for e in drill.journal())
+
+
+async def test_extract_never_starts_while_vram_is_held(drill: Drill) -> None:
+    # The drill's first stop leaves a holder; refusing to end it must not let the extraction start,
+    # and the service is restarted (the compensation), so the run ends failed with the service up.
+    decider = Scripted(refuse=("free-vram",))
+    finished, seen = await run_in_process(drill, decider)
+    assert finished.status == "refused" and finished.service_up and finished.exit_code == EXIT_FAILED
+    holders = [x for x in seen if isinstance(x, m.HoldersFound)]
+    assert holders and holders[0].holders[0].was_service and holders[0].holders[0].mib == 80000
+    _, state = drill.only_run()
+    assert "go_sent" not in state["facts"] and "gpu_released_at" not in state["facts"]
+    assert [c.step for c in decider.asked] == ["stop", "free-vram", "restart"]
+    assert drill.service_pid() is not None
+    downtimes = [x for x in seen if isinstance(x, m.Downtime)]
+    assert downtimes[0].down_since is not None and downtimes[-1].down_since is None
+
+
+async def test_stop_refused_without_verified_completions(drill: Drill, tmp_path: Path) -> None:
+    # A prompt set whose cache cannot be verified (the server answers, but the prompts file names a
+    # prompt id twice) fails before the stop: the server is never touched.
+    prompts = tmp_path / "prompts.jsonl"
+    line = Path(drill.config.prompts.file).read_text().splitlines()[0]
+    prompts.write_text(line + "\n" + line + "\n")
+    text = drill.config_path.read_text().replace(f'file = "{drill.config.prompts.file}"', f'file = "{prompts}"')
+    drill.config_path.write_text(text)
+    pid = drill.service_pid()
+    decider = Scripted()
+    finished, seen = await run_in_process(drill, decider)
+    assert finished.status == "failed" and finished.service_up
+    assert decider.asked == [] and drill.service_pid() == pid
+    assert "stop" not in steps_seen(seen) or steps_seen(seen)["stop"] != "done"
+
+
+@pytest.mark.parametrize("moment", ["started extract", "stop: done", "go: the staged extractor"])
+def test_console_killed_then_resumed_runs_each_job_once(drill: Drill, moment: str) -> None:
+    console = drill.start_cli("run", "--headless", "--yes")
+    drill.wait_journal(lambda e: e["message"].startswith(moment), proc=console)
+    kill(console)
+    done = drill.run_cli("run", "--headless", "--yes", "--resume")
+    assert done.returncode == EXIT_DONE, done.stdout + done.stderr
+    _, state = drill.only_run()
+    assert state["status"] == "done"
+    assert len(drill.job_dirs("ct129", "extract")) == 1  # started once, found again after the crash
+    assert len(drill.job_dirs("ct129", "cache")) == 1
+    assert len(drill.job_dirs("ct129", "evaluate")) == 1
+    assert drill.service_pid() is not None
+    assert any(e["message"].startswith("resumed run") for e in drill.journal())
+
+
+def test_extract_failing_after_the_stop_restarts_the_service(drill: Drill) -> None:
+    console = drill.start_cli("run", "--headless", "--yes")
+    drill.wait_journal(lambda e: e["message"].startswith("free-vram: done"), proc=console)
+    _, state = drill.only_run()
+    pid = state["jobs"]["extract"]["handle"]["pid"]
+    os.kill(pid, signal.SIGKILL)  # the staged extractor dies before its go is handled: a real crash
+    out, _ = console.communicate(timeout=240)
+    assert console.returncode == EXIT_FAILED, out
+    _, state = drill.only_run()
+    assert state["status"] == "failed" and state["steps"]["extract"]["status"] == "failed"
+    assert state["service"]["down"] is False and drill.service_pid() is not None
+    assert "dead" in state["steps"]["extract"]["detail"]
+
+
+async def test_link_dropped_mid_extraction_is_followed_through(drill: Drill) -> None:
+    operator = Operator(drill.config, runs_dir=drill.runs)
+    dropped = asyncio.Event()
+
+    def on_message(message: object) -> None:
+        if isinstance(message, m.JournalEntry) and message.message.startswith("go:") and not dropped.is_set():
+            dropped.set()
+            os.kill(drill_hosts_pid(drill), signal.SIGUSR1)  # the hosts drop every SSH connection
+
+    operator.bus.subscribe(on_message)
+    operator.start()
+    try:
+        finished = await operator.run(Scripted())
+    finally:
+        await operator.stop()
+    assert dropped.is_set()
+    assert finished.status == "done", finished.message
+    assert len(drill.job_dirs("ct129", "extract")) == 1
+
+
+def drill_hosts_pid(drill: Drill) -> int:
+    return int((drill.dir / "drill.pid").read_text().split()[0])

@@ -1,0 +1,106 @@
+"""The drill's rehearsal hosts for the window tests: real SSH servers in their own process, the
+rehearsal server as a command-managed service, simulated GPUs with the stuck-VRAM episode.
+
+Each test gets a fresh drill (`up(fresh=True)`: the first stop leaves VRAM held again); the assets
+are built once per machine (the user cache dir) and reused.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from console.config import Config, load_config
+from console.drill.hosts import down, up
+from console.procedure.store import RunStore
+
+ENTRY_POINT = str(Path(sys.executable).parent / "dflash-ops")
+
+
+@dataclass
+class Drill:
+    dir: Path
+    config_path: Path
+    runs: Path
+
+    @property
+    def config(self) -> Config:
+        return load_config(self.config_path)
+
+    def service_pid(self) -> int | None:
+        """The rehearsal server's pid as its status command reports it (None: not running)."""
+        argv = self.config.service.status
+        done = subprocess.run(["sh", "-c", argv] if isinstance(argv, str) else list(argv), capture_output=True, text=True)
+        words = done.stdout.split()
+        return int(words[0]) if done.returncode == 0 and words and words[0].isdigit() else None
+
+    def run_cli(self, *args: str, timeout: float = 240, **kwargs: Any) -> subprocess.CompletedProcess:
+        return subprocess.run([ENTRY_POINT, *args, "--config", str(self.config_path), "--runs", str(self.runs)],
+                              capture_output=True, text=True, timeout=timeout, env=cli_env(), **kwargs)
+
+    def start_cli(self, *args: str) -> subprocess.Popen:
+        return subprocess.Popen([ENTRY_POINT, *args, "--config", str(self.config_path), "--runs", str(self.runs)],
+                                stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=cli_env(),
+                                stdin=subprocess.DEVNULL)
+
+    def only_run(self) -> tuple[str, dict[str, Any]]:
+        store = RunStore(self.runs)
+        (run_id,) = store.run_ids()
+        return run_id, store.open(run_id).state
+
+    def journal(self) -> list[dict[str, Any]]:
+        store = RunStore(self.runs)
+        ids = store.run_ids()
+        return store.open(ids[-1]).read_journal() if ids else []
+
+    def job_dirs(self, host: str, worker: str) -> list[Path]:
+        """The run directories of the jobs of step `worker` on `host` (how many times it was started)."""
+        runs = Path(self.config.hosts[host].workdir) / "runs"
+        return sorted(p for p in runs.glob(f"*-{worker}*") if p.is_dir()) if runs.is_dir() else []
+
+    def wait_journal(self, predicate: Callable[[dict[str, Any]], bool], timeout: float = 180,
+                     proc: subprocess.Popen | None = None) -> dict[str, Any]:
+        """Until a journal entry satisfies `predicate` (the console writes and fsyncs each one)."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            for entry in self.journal():
+                if predicate(entry):
+                    return entry
+            if proc is not None and proc.poll() is not None:
+                raise AssertionError(f"the console exited ({proc.returncode}) first:\n{proc.stdout.read()}")
+            time.sleep(0.05)
+        raise TimeoutError("no such journal entry")
+
+
+def cli_env() -> dict[str, str]:
+    return {**os.environ, "COLUMNS": "200", "PYTHONUNBUFFERED": "1"}
+
+
+def kill(proc: subprocess.Popen) -> None:
+    """SIGKILL the console: no handler, no cleanup, as a crash or an OOM kill."""
+    os.kill(proc.pid, signal.SIGKILL)
+    proc.wait(10)
+
+
+def read_json(path: Path) -> Any:
+    return json.loads(path.read_text())
+
+
+@pytest.fixture
+def drill(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Drill]:
+    root = tmp_path_factory.mktemp("drill")
+    config = up(root / "drill", fresh=True, say=lambda _: None)
+    try:
+        yield Drill(root / "drill", config, root / "runs")
+    finally:
+        down(root / "drill", say=lambda _: None)
