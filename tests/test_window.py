@@ -55,9 +55,11 @@ def steps_seen(seen: list[object]) -> dict[str, str]:
     return {u.step: u.status for u in seen if isinstance(u, m.StepUpdate)}
 
 
-def test_headless_run_end_to_end(drill: Drill) -> None:
+def test_headless_drill_end_to_end(drill: Drill) -> None:
     before = drill.service_pid()
-    done = drill.run_cli("run", "--headless", "--yes")
+    # README line 1's command, headless: the drill (already up: `drill` finds it) runs to its tables.
+    done = subprocess.run([ENTRY_POINT, "drill", "--headless", "--yes", "--dir", str(drill.dir), "--runs",
+                           str(drill.runs)], capture_output=True, text=True, timeout=300, env=cli_env())
     assert done.returncode == EXIT_DONE, done.stdout + done.stderr
     run_id, state = drill.only_run()
     assert state["status"] == "done" and state["exit_code"] == 0

@@ -1,7 +1,9 @@
-"""`dflash-ops drill up|down|status`: the rehearsal hosts of the drill (`console.drill.hosts`).
+"""`dflash-ops drill [--headless] [--yes]` and `drill up|down|status`: the window rehearsed here.
 
-`up` prints progress on stderr and the config's path alone on stdout, as its last line, so that
-`dflash-ops run --config "$(dflash-ops drill up | tail -n1)"` works.
+`drill` alone brings the rehearsal hosts up (building the assets once) and runs the real procedure
+against them: in the console (TUI), or with `--headless` on the terminal (prompts, or none with
+`--yes`). `up` prints progress on stderr and the config's path alone on stdout, as its last line, so
+that `dflash-ops run --config "$(dflash-ops drill up | tail -n1)"` works.
 """
 
 from __future__ import annotations
@@ -21,6 +23,23 @@ def cmd_up(args: argparse.Namespace) -> int:
         return 1
     print(path, flush=True)
     return 0
+
+
+def cmd_drill(args: argparse.Namespace) -> int:
+    """Bring the drill up and run the procedure on it (the TUI unless --headless)."""
+    from console.cli import run as cmd_run
+    from console.drill.assets import AssetsError
+    from console.drill.hosts import DrillError, up
+
+    try:
+        config = up(args.dir, fresh=args.fresh)
+    except (DrillError, AssetsError) as exc:
+        print(f"dflash-ops drill: {exc}", file=sys.stderr)
+        return 1
+    print(f"drill hosts up; config {config} (`dflash-ops drill down` ends them)", file=sys.stderr)
+    args.config = str(config)
+    args.plan, args.step, args.no_restart, args.route = False, False, False, None
+    return cmd_run.run(args)
 
 
 def cmd_down(args: argparse.Namespace) -> int:
@@ -45,11 +64,21 @@ def cmd_status(args: argparse.Namespace) -> int:
 def add_parser(sub: argparse._SubParsersAction) -> None:
     """Register `drill` and its actions on the top-level subparsers."""
     parser = sub.add_parser(
-        "drill", help="rehearsal hosts on this machine: up, down, status",
+        "drill", help="rehearse the window on this machine (the console; --headless for the terminal); up, down, status",
         description="Rehearsal hosts on this machine (two embedded SSH servers, the rehearsal server as a "
                     "command-managed service, simulated GPUs, a tiny target and two drafters) for a first run "
                     "of the window and for the end-to-end test.")
-    actions = parser.add_subparsers(dest="action", metavar="ACTION", required=True, parser_class=type(parser))
+    parser.add_argument("--headless", action="store_true", help="no TUI: the procedure on the terminal")
+    parser.add_argument("--yes", action="store_true", help="approve every confirmation (scripts, CI)")
+    parser.add_argument("--resume", nargs="?", const=True, default=None, metavar="RUN",
+                        help="continue the latest unfinished drill run (or RUN)")
+    parser.add_argument("--dir", default=None, metavar="DIR",
+                        help="the drill's directory (default: $DFLASH_OPS_DRILL_DIR or the user state dir's drill)")
+    parser.add_argument("--fresh", action="store_true", help="start new rehearsal hosts (re-arms the stuck-VRAM episode)")
+    parser.add_argument("--runs", metavar="DIR", default=None,
+                        help="the run store (default: the user data dir's runs/, or $DFLASH_OPS_RUNS)")
+    parser.set_defaults(run=cmd_drill, action=None)
+    actions = parser.add_subparsers(dest="action", metavar="ACTION", required=False, parser_class=type(parser))
     for name, run, text in (
         ("up", cmd_up, "start the rehearsal hosts (building the assets once); print the config's path last"),
         ("down", cmd_down, "stop the hosts, the service and every process the drill started"),
