@@ -8,6 +8,7 @@ kill the real console process with SIGKILL and resume it with `run --resume`.
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import signal
 import subprocess
@@ -196,3 +197,22 @@ async def test_link_dropped_mid_extraction_is_followed_through(drill: Drill) -> 
 
 def drill_hosts_pid(drill: Drill) -> int:
     return int((drill.dir / "drill.pid").read_text().split()[0])
+
+
+def test_a_drafter_without_target_layer_ids_is_refused_before_anything_changes(drill: Drill) -> None:
+    candidate = next(d for d in drill.config.drafters if d.name == "candidate")
+    config_json = Path(candidate.path) / "config.json"
+    data = read_json(config_json)
+    del data["dflash_config"]["target_layer_ids"]
+    config_json.write_text(json.dumps(data))
+    pid = drill.service_pid()
+    done = drill.run_cli("run", "--headless", "--yes")
+    assert done.returncode == EXIT_FAILED
+    assert "target_layer_ids" in done.stderr and str(config_json.parent) in done.stderr
+    assert drill.service_pid() == pid and not drill.job_dirs("ct129", "cache")
+    # The config's explicit override is taken, and shown as one.
+    text = drill.config_path.read_text().replace('name = "candidate"', 'name = "candidate"\nlayers = [1, 2, 3]')
+    drill.config_path.write_text(text)
+    planned = drill.run_cli("run", "--plan")
+    assert planned.returncode == 0, planned.stdout + planned.stderr
+    assert "drafter candidate on ct200: target layers [1, 2, 3] from the config's override" in planned.stderr

@@ -60,6 +60,7 @@ def show_results(operator: Operator, run_id: str, console: Console) -> None:
 
 
 async def print_plan(operator: Operator, route: str | None, console: Console) -> int:
+    view = HeadlessView(operator.bus, console, show_progress=False, warnings_only=True)
     operator.start()
     try:
         plan = await operator.plan(route)
@@ -67,6 +68,7 @@ async def print_plan(operator: Operator, route: str | None, console: Console) ->
         console.print(Text(f"no plan: {exc}", style="bold red"), soft_wrap=True)
         return 1
     finally:
+        view.close()
         await operator.stop()
     Console().print(plan_table(plan))
     return 0

@@ -336,6 +336,14 @@ class Engine:
             raise StepFailed("preflight", f"kernels = \"fast\" but {config.target.host} binds "
                                           f"{', '.join(f'{k}={v}' for k, v in kernels.get('bound', {}).items()) or 'nothing'}")
         self.facts.layers = self._layers(drafters)
+        for name, facts in drafters.items():
+            overridden = facts.get("layers_source") == "override"
+            self.journal("preflight", f"drafter {name} on {facts.get('host')}: target layers {facts.get('target_layer_ids')}"
+                         + (f" from the config's override (the checkpoint says {facts.get('config_target_layer_ids')})"
+                            if overridden else " from its config.json")
+                         + f", fc width {facts.get('fc_width')}, block size {facts.get('block_size')}, "
+                           f"mask token {facts.get('mask_token_id')}, hidden {facts.get('hidden_size')}",
+                         level="warning" if overridden else "info")
         # The service must be up and serving the target before anything is cached from it (a resumed
         # run that stopped it already is the exception).
         if not self.service_down_by_us:
@@ -386,36 +394,32 @@ class Engine:
         return dict(await asyncio.gather(*(probe(name) for name in self.config.hosts)))
 
     async def _read_drafters(self) -> dict[str, dict[str, Any]]:
-        """Each drafter's config.json, read over SSH where it lives."""
-        async def read(drafter) -> tuple[str, dict[str, Any]]:
-            host = await self._connected(drafter.host, "preflight")
-            path = f"{await host.expand(drafter.path)}/config.json"
-            text = await remote_files.read_text(host, path)
-            try:
-                data = json.loads(text)
-            except json.JSONDecodeError as exc:
-                raise StepFailed("preflight", f"{drafter.host}:{path}: not JSON ({exc})") from None
-            flash = data.get("dflash_config") if isinstance(data, dict) else None
-            ids = flash.get("target_layer_ids") if isinstance(flash, dict) else None
-            override = getattr(drafter, "layers", None)
-            if override:
-                ids, source = list(override), "override ([[drafters]] layers)"
-            elif isinstance(ids, list) and all(isinstance(i, int) for i in ids):
-                source = "config.json"
-            else:
-                raise StepFailed("preflight", f"{drafter.host}:{path}: `dflash_config.target_layer_ids`: expected a "
-                                              f"list of layer ids (required since z-lab/dflash PR #157), found "
-                                              f"{json.dumps(ids)}; set `layers = [...]` in its [[drafters]] table "
-                                              f"to override")
-            return drafter.name, {"host": drafter.host, "path": drafter.path, "target_layer_ids": ids,
-                                  "layers_from": source, "block_size": data.get("block_size"),
-                                  "hidden_size": data.get("hidden_size")}
-        return dict(await asyncio.gather(*(read(d) for d in self.config.drafters)))
+        """Each drafter's provenance, checked where it lives (`remote.drafter --provenance`): every
+        config field the forward uses, `target_layer_ids` (required, or the config's explicit
+        override), the fc width from the weights, finite weights. One job per drafter host."""
+        by_host: dict[str, list[Any]] = {}
+        for drafter in self.config.drafters:
+            by_host.setdefault(drafter.host, []).append(drafter)
+
+        async def check(host_name: str, drafters: list[Any]) -> dict[str, dict[str, Any]]:
+            args = [arg for d in drafters for arg in ("--provenance", f"{d.name}={d.path}")]
+            args += [arg for d in drafters if d.layers for arg in ("--layers-override", layer_override(d))]
+            outcome = await self._job(host_name, "drafter", f"provenance-{host_name}", args, step="preflight",
+                                      fresh=True)
+            found = (outcome.get("result") or {}).get("drafters")
+            if not isinstance(found, dict):
+                raise StepFailed("preflight", f"the drafter check on {host_name} gave no provenance")
+            for drafter in drafters:
+                found[drafter.name] = {**found[drafter.name], "host": host_name}
+            return found
+
+        results = await asyncio.gather(*(check(h, ds) for h, ds in by_host.items()))
+        return {name: facts for found in results for name, facts in found.items()}
 
     def _layers(self, drafters: dict[str, dict[str, Any]]) -> list[int]:
         if self.config.target.layers != "auto":
             return sorted(set(self.config.target.layers))
-        layers = sorted({i for d in drafters.values() for i in d["target_layer_ids"]})
+        layers = sorted({int(i) for d in drafters.values() for i in d["target_layer_ids"]})
         if not layers:
             raise StepFailed("preflight", "layers = \"auto\" but no drafter is configured to take them from")
         return layers
@@ -589,7 +593,19 @@ class Engine:
             target_window = await self._window_dir(self.config.target.host)
             await self._relay_file(service_host, completions, self.config.target.host,
                                    f"{target_window}/completions.json", "cache")
-        return f"{len(self.state['facts']['prompt_ids'])} completions cached and verified"
+        checked = await self._check_against_target()
+        return (f"{len(self.state['facts']['prompt_ids'])} completions cached and verified; {checked}")
+
+    async def _check_against_target(self) -> str:
+        """The extractor's own check phase, run now while the server serves (no GPU): token ids inside
+        the target's vocabulary, lengths within its context, finish reasons, the layers."""
+        window = await self._window_dir(self.config.target.host)
+        args = ["--check-only", "--model", self.config.target.model_path, "--completions",
+                f"{window}/completions.json", "--layers", ",".join(map(str, self.facts.layers))]
+        outcome = await self._job(self.config.target.host, "extract", "check", args, step="cache", fresh=True)
+        result = outcome.get("result") or {}
+        return (f"checked against the target: {result.get('prompts', '?')} prompts, {result.get('tokens', '?')} "
+                f"tokens within vocab {result.get('vocab_size', '?')} and context {result.get('max_position_embeddings', '?')}")
 
     async def _verify_completions(self, host: Any, path: str) -> str | None:
         """None when there is no cache; else raises unless it matches the prompts and the target."""
@@ -811,6 +827,8 @@ class Engine:
             if drafter.host != ev.host:
                 path = await self._relay_tree(drafter.host, path, ev.host, "evaluate")
             args += ["--drafter", f"{drafter.name}={path}"]
+            if drafter.layers:
+                args += ["--layers-override", layer_override(drafter)]
         if self.config.reference:
             args += ["--reference", self.config.reference.name]
         await self._job(ev.host, "evaluate", "evaluate", args, step="evaluate")
@@ -888,6 +906,11 @@ class Skip(str):
 
 class LeftOut(Skip):
     """The plan leaves the step out (e.g. no staging without the RAM for it)."""
+
+
+def layer_override(drafter: Any) -> str:
+    """`NAME=1,2,3`: the config's explicit layers for a drafter (`[[drafters]] layers`)."""
+    return f"{drafter.name}={','.join(map(str, drafter.layers))}"
 
 
 def _same_model(a: str, b: str) -> bool:

@@ -44,8 +44,10 @@ def plan_table(plan: m.PlanReady) -> Table:
 class HeadlessView:
     """Prints a run as it happens."""
 
-    def __init__(self, bus: MessageBus, console: Console | None = None, show_progress: bool = True):
+    def __init__(self, bus: MessageBus, console: Console | None = None, show_progress: bool = True,
+                 warnings_only: bool = False):
         self.console = console or Console(stderr=True)
+        self.warnings_only = warnings_only  # `--plan`: the journal's warnings and errors, nothing else
         self.progress = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
                                  TextColumn("{task.fields[extra]}"), TimeElapsedColumn(),
                                  console=self.console, transient=False) if show_progress else None
@@ -63,6 +65,8 @@ class HeadlessView:
         self.console.print(renderable, soft_wrap=True)
 
     def on_message(self, message: Any) -> None:
+        if self.warnings_only and not isinstance(message, m.JournalEntry):
+            return
         if isinstance(message, m.StepUpdate):
             style = STATUS_STYLE.get(message.status, "")
             took = f" ({message.duration_s:.1f} s)" if message.duration_s is not None and message.status != "running" else ""
