@@ -43,6 +43,7 @@ class QuestionModal(ModalScreen[bool]):
         self.title_text = title
         self.yes_label, self.no_label = yes, no
         self.destructive = destructive
+        self.AUTO_FOCUS = "#no" if destructive else "#yes"  # the screen's own focus pass agrees
 
     def body(self) -> ComposeResult:
         yield from ()
@@ -50,7 +51,9 @@ class QuestionModal(ModalScreen[bool]):
     def compose(self) -> ComposeResult:
         with Vertical():
             yield Static(Text(self.title_text), classes="title")
-            with VerticalScroll(classes="body"):  # scrolls on a short terminal; the buttons stay
+            body = VerticalScroll(classes="body")  # scrolls on a short terminal; the buttons stay
+            body.can_focus = False  # the focus belongs to the safe button, never to the text
+            with body:
                 yield from self.body()
             with Horizontal(classes="buttons"):
                 yield Button(f"{self.yes_label} (y)", id="yes", variant="error" if self.destructive else "primary")

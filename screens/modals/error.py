@@ -51,6 +51,7 @@ class ErrorModal(ModalScreen[None]):
     ErrorModal .buttons { height: auto; align-horizontal: right; }
     """
     BINDINGS = [Binding("escape,enter,q", "close", "Close")]
+    AUTO_FOCUS = "#close"
 
     def __init__(self, report: ErrorReport) -> None:
         super().__init__(id="error")
@@ -58,7 +59,9 @@ class ErrorModal(ModalScreen[None]):
 
     def compose(self) -> ComposeResult:
         with Vertical():
-            with VerticalScroll(classes="reports"):
+            reports = VerticalScroll(classes="reports")
+            reports.can_focus = False
+            with reports:
                 for report in self.reports:
                     yield from self._widgets(report)
             with Vertical(classes="buttons"):

@@ -31,6 +31,7 @@ class QuitWhileDownModal(ModalScreen[str]):
     def __init__(self, down_since: float, now: float, can_restart: bool = True) -> None:
         super().__init__(id="quit-while-down")
         self.down_since, self.now, self.can_restart = down_since, now, can_restart
+        self.AUTO_FOCUS = "#restart" if can_restart else "#stay"  # never "quit" by a stray Enter
 
     def compose(self) -> ComposeResult:
         with Vertical():

@@ -11,11 +11,12 @@ from rich.table import Table
 from rich.text import Text
 from textual.app import ComposeResult
 from textual.containers import Horizontal, Vertical
-from textual.widgets import Sparkline, Static
+from textual.widgets import Static
 
 from console.messages import GpuReading, HostState, TelemetryUpdate
 from console.views.status import ago, connection_text, short_command
 from screens.format import gib, update_static
+from screens.widgets.memory_sparkline import MemorySparkline
 
 HOLDERS_SHOWN = 3
 STALE_INTERVALS = 3  # no sample for this many intervals: the readings are old (the core's rule too)
@@ -64,7 +65,7 @@ class GpuRow(Horizontal):
     DEFAULT_CSS = """
     GpuRow { height: 1; }
     GpuRow > .gpu-line { width: 52; }
-    GpuRow > Sparkline { width: 1fr; min-width: 8; }
+    GpuRow > MemorySparkline { width: 1fr; min-width: 8; }
     """
 
     def __init__(self, index: int) -> None:
@@ -75,7 +76,7 @@ class GpuRow(Horizontal):
 
     def compose(self) -> ComposeResult:
         yield Static(f"GPU{self.index}", classes="gpu-line")
-        yield Sparkline([], classes="gpu-spark")
+        yield MemorySparkline([], classes="gpu-spark")
 
     def on_mount(self) -> None:
         self._ready = True
@@ -90,7 +91,9 @@ class GpuRow(Horizontal):
         key = (gpu.mem_used_mib, gpu.mem_total_mib, gpu.util_pct, gpu.temp_c, gpu.power_w)
         update_static(self.query_one(".gpu-line", Static), gpu_line(gpu), key, 1)
         values = [v or 0.0 for v in history] or [0.0]
-        spark = self.query_one(Sparkline)
+        spark = self.query_one(MemorySparkline)
+        if gpu.mem_total_mib and spark.high != gpu.mem_total_mib:
+            spark.high = float(gpu.mem_total_mib)
         if spark.data != values:
             spark.data = values
 

@@ -77,6 +77,11 @@ async def wait_for(pilot, condition, timeout: float = 5.0) -> None:
         await pilot.pause(0.02)
 
 
+def modal_up(app: ConsoleApp, kind: type) -> bool:
+    """The modal is on top, composed and focused (its on_mount ran)."""
+    return isinstance(app.screen, kind) and app.focused is not None and app.focused.screen is app.screen
+
+
 @pytest.fixture
 def op() -> StandinOperator:
     operator = StandinOperator()
@@ -149,7 +154,7 @@ async def test_window_by_keys_banner_while_down_and_gone_after_ready(op: Standin
     app = app_for(op)
     async with app.run_test(size=SIZE, message_hook=seen) as pilot:
         await pilot.press("g")
-        await wait_for(pilot, lambda: isinstance(app.screen, ConfirmModal))
+        await wait_for(pilot, lambda: modal_up(app, ConfirmModal))
         modal = app.screen
         assert modal.confirmation.step == "stop"
         assert app.focused.id == "no"  # destructive: Cancel has the focus
@@ -157,7 +162,7 @@ async def test_window_by_keys_banner_while_down_and_gone_after_ready(op: Standin
         banner = app.screen_stack[1].query_one(DowntimeBanner)
         assert not banner.has_class("down")
         await pilot.press("y")
-        await wait_for(pilot, lambda: isinstance(app.screen, HoldersModal))
+        await wait_for(pilot, lambda: modal_up(app, HoldersModal))
         assert banner.has_class("down")  # the stop happened: red banner
         holders = app.screen
         table = text_of(holders.query_one(".holders-table", Static))
@@ -182,7 +187,7 @@ async def test_refusing_the_stop_changes_nothing(op: StandinOperator, key: str):
     app = app_for(op)
     async with app.run_test(size=SIZE, message_hook=seen) as pilot:
         await pilot.press("g")
-        await wait_for(pilot, lambda: isinstance(app.screen, ConfirmModal))
+        await wait_for(pilot, lambda: modal_up(app, ConfirmModal))
         await pilot.press(key)
         await wait_for(pilot, lambda: seen.of(ProcedureEnded))
         assert seen.of(ProcedureEnded)[0].finished.status == "refused"
@@ -197,9 +202,9 @@ async def test_quit_while_down_asks_and_restart_key_ends_the_downtime(op: Standi
     app = app_for(op)
     async with app.run_test(size=SIZE, message_hook=seen) as pilot:
         await pilot.press("g")
-        await wait_for(pilot, lambda: isinstance(app.screen, ConfirmModal))
+        await wait_for(pilot, lambda: modal_up(app, ConfirmModal))
         await pilot.press("y")
-        await wait_for(pilot, lambda: isinstance(app.screen, HoldersModal))
+        await wait_for(pilot, lambda: modal_up(app, HoldersModal))
         await pilot.press("n")  # leave the holders: the run ends with the service down
         await wait_for(pilot, lambda: seen.of(ProcedureEnded))
         assert seen.of(ProcedureEnded)[0].finished.exit_code == 3
@@ -208,13 +213,13 @@ async def test_quit_while_down_asks_and_restart_key_ends_the_downtime(op: Standi
         while isinstance(app.screen, ErrorModal | QuestionModal):
             await pilot.press("escape")
         await pilot.press("q")
-        await wait_for(pilot, lambda: isinstance(app.screen, QuitWhileDownModal))
+        await wait_for(pilot, lambda: modal_up(app, QuitWhileDownModal))
         await pilot.press("escape")  # stay
         await pilot.pause()
         assert app.is_running and not isinstance(app.screen, QuitWhileDownModal)
         assert app.check_action("restart_service", ()) is True
         await pilot.press("r")
-        await wait_for(pilot, lambda: isinstance(app.screen, ConfirmModal))
+        await wait_for(pilot, lambda: modal_up(app, ConfirmModal))
         assert app.screen.confirmation.step == "restart" and app.focused.id == "yes"  # not destructive
         await pilot.press("y")
         await wait_for(pilot, lambda: app.state.down_since is None)
@@ -231,9 +236,9 @@ async def test_quit_while_down_restart_first_then_quits(op: StandinOperator):
         op.publish(m.Downtime(op.run_id, T0))
         await pilot.pause()
         await pilot.press("q")
-        await wait_for(pilot, lambda: isinstance(app.screen, QuitWhileDownModal))
+        await wait_for(pilot, lambda: modal_up(app, QuitWhileDownModal))
         await pilot.press("r")
-        await wait_for(pilot, lambda: isinstance(app.screen, ConfirmModal))
+        await wait_for(pilot, lambda: modal_up(app, ConfirmModal))
         await pilot.press("y")
         await wait_for(pilot, lambda: not app.is_running)
     assert op.decisions == [("restart", True)] and op.stopped
@@ -311,7 +316,7 @@ async def test_unfinished_run_is_offered_for_resume(op: StandinOperator):
         await wait_for(pilot, lambda: isinstance(app.screen, QuestionModal) and app.screen.id == "resume")
         assert "20251130-170000-cd34" in app.screen.title_text
         await pilot.press("y")
-        await wait_for(pilot, lambda: isinstance(app.screen, ConfirmModal))
+        await wait_for(pilot, lambda: modal_up(app, ConfirmModal))
         await pilot.press("n")
     assert calls == ["20251130-170000-cd34"]
 
@@ -326,7 +331,7 @@ async def test_holders_modal_marks_exactly_the_pids_the_command_names(op: Standi
         op.publish(m.HoldersFound(found.host, (*found.holders, extra), found.used, found.threshold_mib))
         await pilot.pause()
         asked = asyncio.ensure_future(app.decider.decide(holders_confirmation()))
-        await wait_for(pilot, lambda: isinstance(app.screen, HoldersModal))
+        await wait_for(pilot, lambda: modal_up(app, HoldersModal))
         table = text_of(app.screen.query_one(".holders-table", Static))
         row = next(line for line in table.splitlines() if "7777" in line)
         assert row.split()[0] == "no" and "alice" in row
@@ -454,7 +459,7 @@ async def test_quit_during_a_run_asks_first(op: StandinOperator):
     app = app_for(op)
     async with app.run_test(size=SIZE) as pilot:
         await pilot.press("g")
-        await wait_for(pilot, lambda: isinstance(app.screen, ConfirmModal))  # the run waits on the stop
+        await wait_for(pilot, lambda: modal_up(app, ConfirmModal))  # the run waits on the stop
         app.pop_screen()  # the question stays open in the engine; the dashboard comes back on top
         await pilot.pause()
         await pilot.press("q")

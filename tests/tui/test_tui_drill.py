@@ -84,7 +84,8 @@ async def test_refusing_the_stop_changes_nothing(drill_config: Path, tmp_path: P
         await until(pilot, lambda: app.state.service is not None and app.state.service.health is not None
                     and app.state.service.health.ready, what="the service ready")
         await pilot.press("g")
-        await until(pilot, lambda: isinstance(app.screen, ConfirmModal), what="the stop's confirmation")
+        await until(pilot, lambda: isinstance(app.screen, ConfirmModal) and app.focused is not None
+                    and app.focused.screen is app.screen, what="the stop's confirmation")
         assert app.screen.confirmation.step == "stop" and app.focused.id == "no"
         await pilot.press("n")
         await until(pilot, lambda: any(isinstance(x, ProcedureEnded) for x in seen), what="the run's end")
