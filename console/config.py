@@ -111,6 +111,13 @@ class TargetConfig:
     kernels: KernelPolicy = "fast"
     layers: tuple[int, ...] | Literal["auto"] = "auto"
     python: str | None = None
+    # Where other hosts hold a copy of the target's weights ({host = path}): such a host, with a free
+    # GPU, can extract without stopping the server (the zero-downtime route).
+    paths: dict[str, str] = field(default_factory=dict)
+
+    def path_on(self, host: str) -> str | None:
+        """The target's directory on `host`, or None when that host has no copy."""
+        return self.model_path if host == self.host else self.paths.get(host)
 
 
 @dataclass(frozen=True)
@@ -462,7 +469,21 @@ def _target(c: _Checker, data: Mapping[str, Any], hosts: Mapping[str, HostConfig
         kernels=c.get(raw, "kernels", p, lambda v: v in KERNEL_POLICIES, '"fast", "torch" or "any"', "fast"),
         layers=layers,
         python=c.get(raw, "python", p, _text, "a Python interpreter (name or path)"),
+        paths=_target_paths(c, raw, hosts),
     )
+
+
+def _target_paths(c: _Checker, raw: Mapping[str, Any], hosts: Mapping[str, HostConfig]) -> dict[str, str]:
+    value = raw.get("paths", {})
+    if not isinstance(value, dict):
+        raise c.wrong("target.paths", "a table of host = model directory", value)
+    paths = {}
+    for host, path in value.items():
+        name = c.host_ref(host, f"target.paths.{host}", hosts)
+        if not _text(path):
+            raise c.wrong(f"target.paths.{host}", "the target's model directory on that host", path)
+        paths[name] = path
+    return paths
 
 
 def _prompts(c: _Checker, data: Mapping[str, Any]) -> PromptsConfig:
@@ -627,7 +648,7 @@ def _table_dict(obj: Any, skip: tuple[str, ...] = ()) -> dict[str, Any]:
     out = {}
     for f in fields(obj):
         value = getattr(obj, f.name)
-        if f.name in skip or value is None or value == ():
+        if f.name in skip or value is None or value == () or value == {}:
             continue
         out[f.name] = list(value) if isinstance(value, tuple) else value
     return out

@@ -200,12 +200,27 @@ class PlannedStep:
 
 
 @dataclass(frozen=True)
+class HostFit:
+    """Whether a host can extract without the serving GPUs (the zero-downtime route), and why."""
+
+    host: str
+    proposed: bool
+    why: str
+    gpu: int | None = None
+    free_mib: int | None = None
+    need_mib: int | None = None
+    model_path: str | None = None
+
+
+@dataclass(frozen=True)
 class PlanReady:
-    """The plan chosen at preflight (or read back on resume)."""
+    """The plan chosen at preflight (or read back on resume), with where the target fits elsewhere."""
 
     run_id: str
     route: str  # "window" | "zero-downtime"
     steps: tuple[PlannedStep, ...]
+    fits: tuple[HostFit, ...] = ()
+    proposal: str | None = None  # the route the plan proposes, with its reason
 
 
 @dataclass(frozen=True)

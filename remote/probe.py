@@ -94,6 +94,7 @@ def model_facts(model_dir: str | None) -> dict[str, Any]:
         tcfg = text_config(config)
         facts.update(model_type=config.get("model_type"), architectures=config.get("architectures"),
                      num_layers=tcfg.get("num_hidden_layers"), hidden_size=tcfg.get("hidden_size"),
+                     vocab_size=tcfg.get("vocab_size"),
                      layer_types=_layer_type_counts(tcfg.get("layer_types")))
         facts.update(checkpoint_facts(model_dir))
     except Exception as exc:  # noqa: BLE001 - the probe reports, it does not fail

@@ -20,7 +20,7 @@ from console.config import load_config
 from console.operator import Operator
 from console.procedure.decider import ApproveAll, Decider, TerminalDecider
 from console.procedure.store import RunStore, RunStoreError
-from console.views.headless import HeadlessView, plan_table
+from console.views.headless import HeadlessView, plan_view
 
 
 def choose_decider(args: argparse.Namespace) -> Decider:
@@ -70,7 +70,7 @@ async def print_plan(operator: Operator, route: str | None, console: Console) ->
     finally:
         view.close()
         await operator.stop()
-    Console().print(plan_table(plan))
+    Console().print(plan_view(plan))
     return 0
 
 

@@ -50,7 +50,8 @@ def drill_config_data(layout: DrillLayout, ports: dict[str, int], service_port: 
         "hosts": {name: host_table(layout, name, ports[name], user, python) for name in (INFERENCE_HOST, TRAINING_HOST)},
         "service": {"host": INFERENCE_HOST, "manager": "command", **commands, "url": f"http://127.0.0.1:{service_port}",
                     "ready_timeout_s": 60, "vram_free_mib": 1024, "stop_grace_s": 2, "vram_wait_s": 5},
-        "target": {"host": INFERENCE_HOST, "model_path": str(layout.target), "kernels": "any", "layers": "auto"},
+        "target": {"host": INFERENCE_HOST, "model_path": str(layout.target), "kernels": "any", "layers": "auto",
+                   "paths": {TRAINING_HOST: str(layout.target_copy)}},
         "prompts": {"file": str(layout.prompts), "max_new_tokens": MAX_NEW_TOKENS},
         "drafters": [
             {"name": "reference", "host": TRAINING_HOST, "path": str(layout.reference), "reference": True},

@@ -323,6 +323,7 @@ def prepare_hosts(layout: DrillLayout, assets: DrillAssets) -> None:
         layout.workdir(name).mkdir(parents=True, exist_ok=True, mode=0o700)
         layout.ssh_dir(name).mkdir(parents=True, exist_ok=True, mode=0o700)
     _install(assets.target, layout.target)
+    _install(assets.target, layout.target_copy)
     _install(assets.reference, layout.reference)
     _install(assets.candidate, layout.candidate)
     shutil.copyfile(assets.prompts, layout.prompts)

@@ -83,6 +83,11 @@ class DrillLayout:
         return self.home(INFERENCE_HOST) / "models" / "tiny-qwen3.5-hybrid"
 
     @property
+    def target_copy(self) -> Path:
+        """The training host's copy of the target (its free GPU can extract without downtime)."""
+        return self.home(TRAINING_HOST) / "models" / "tiny-qwen3.5-hybrid"
+
+    @property
     def reference(self) -> Path:
         return self.home(TRAINING_HOST) / "dflash" / "reference" / "z-lab-tiny-DFlash"
 

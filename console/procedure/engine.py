@@ -30,6 +30,7 @@ from console.messages import (
     DecisionMade,
     Downtime,
     HoldersFound,
+    HostFit,
     JobProgress,
     PlanReady,
     ResultsReady,
@@ -38,6 +39,7 @@ from console.messages import (
 )
 from console.procedure import remote_files
 from console.procedure.decider import Decider
+from console.procedure.fit import longest_tokens, where_it_fits
 from console.procedure.steps import ROUTES, Preflight, estimates, planned, size_text, stage_decision
 from console.procedure.store import Run, RunStore
 from console.service.control import ReadyTimeout, ServiceError, start_and_wait
@@ -96,6 +98,7 @@ class Engine:
         if self.route not in ROUTES:
             raise ValueError(f"unknown route {self.route!r}: expected one of {', '.join(ROUTES)}")
         self.facts = Preflight()
+        self.fits: list[HostFit] = []
         self.plan: PlanReady | None = None
         self.earlier = estimates(s.state for s in self._earlier_runs())
         self._gpu_released = asyncio.Event()
@@ -358,11 +361,38 @@ class Engine:
             if view.health.model_path and not _same_model(view.health.model_path, config.target.model_path):
                 raise StepFailed("preflight", f"the server serves {view.health.model_path}, the target is "
                                               f"{config.target.model_path}: completions would come from another model")
+        await self._where_it_fits(prompts)
         self.state["facts"]["preflight"] = self.facts.to_json()
         self.state["facts"]["layers"] = self.facts.layers
         self.run.save()
         (self.run.dir / "probes.json").write_text(json.dumps({"format": "dflash-ops.probes/1", "hosts": probes}))
         await self._choose_plan()
+
+    async def _where_it_fits(self, prompts: list[dict[str, Any]]) -> None:
+        """Which hosts could extract without the serving GPUs; the zero-downtime route needs one."""
+        await self.session.wait_first_samples(15.0)
+        samples = {name: stream.telemetry.latest for name, stream in self.session.streams.items()}
+        self.fits = where_it_fits(self.config, self.facts.probes, samples, longest_tokens(prompts),
+                                  len(self.facts.layers))
+        for fit in self.fits:
+            self.journal("preflight", f"zero-downtime on {fit.host}: {'fits' if fit.proposed else 'no'}: {fit.why}")
+        chosen = self.state["facts"].get("extract_on")
+        if self.route == "zero-downtime" and chosen is None:
+            fit = next((f for f in self.fits if f.proposed), None)
+            if fit is None:
+                raise StepFailed("preflight", "the zero-downtime route needs a host with room, the weights and "
+                                              "the same kernels; none has: " + "; ".join(f"{f.host}: {f.why}" for f in self.fits))
+            self.state["facts"]["extract_on"] = {"host": fit.host, "gpu": fit.gpu, "model_path": fit.model_path,
+                                                 "need_mib": fit.need_mib}
+            self.journal("preflight", f"route zero-downtime: extracting on {fit.host} GPU{fit.gpu}; the server is "
+                                      f"never touched")
+
+    def _extract_host(self) -> tuple[str, str]:
+        """(host, model path) of the extraction: the target host, or the zero-downtime route's choice."""
+        chosen = self.state["facts"].get("extract_on")
+        if self.route == "zero-downtime" and chosen:
+            return chosen["host"], chosen["model_path"]
+        return self.config.target.host, self.config.target.model_path
 
     def _prompt_records(self) -> list[dict[str, Any]]:
         """The prompts as the workers will read them (the config's max_new_tokens applied)."""
@@ -385,8 +415,9 @@ class Engine:
     async def _probe_all(self) -> dict[str, dict[str, Any]]:
         async def probe(name: str) -> tuple[str, dict[str, Any]]:
             args = ["--workdir", await (await self.session.runner(name)).workdir()]
-            if name == self.config.target.host:
-                args += ["--model", self.config.target.model_path]
+            path = self.config.target.path_on(name)
+            if path is not None:
+                args += ["--model", path]
             outcome = await self._job(name, "probe", f"probe-{name}", args, step="preflight", fresh=True)
             if not isinstance(outcome.get("result"), dict):
                 raise StepFailed("preflight", f"the probe on {name} gave no facts: {outcome.get('error')}")
@@ -442,8 +473,20 @@ class Engine:
                  "free-vram": self.config.service.host, "extract": self.config.target.host,
                  "restart": self.config.service.host, "evaluate": self.config.eval.host}
         argvs = {"stop": manager.stop_argv(), "restart": manager.start_argv()}
+        extract_host, _ = self._extract_host()
+        hosts["extract"] = extract_host
+        if self.route == "zero-downtime":
+            hosts["evaluate"] = self.config.eval.host
         steps = planned(self.route, acts, hosts, argvs, self.earlier)
-        self.plan = PlanReady(self.run.run_id, self.route, steps)
+        fit = next((f for f in self.fits if f.proposed), None)
+        proposal = None
+        if fit is not None:
+            downtime = self.earlier.get("downtime")
+            proposal = (f"zero-downtime: extract on {fit.host} GPU{fit.gpu} ({fit.why}); the window route would "
+                        f"stop the server" + (f" for ~{downtime:.0f} s (earlier windows)" if downtime else ""))
+            self.journal("preflight", f"proposed route: {proposal}; chosen: {self.route}"
+                         + (" (--route zero-downtime to take it)" if self.route == "window" else ""))
+        self.plan = PlanReady(self.run.run_id, self.route, steps, tuple(self.fits), proposal)
         self.state["plan"] = [{"name": s.name, "acts": s.acts, "why": s.why, "host": s.host, "argv": list(s.argv),
                                "estimate_s": s.estimate_s} for s in steps]
         self.run.save()
@@ -469,7 +512,8 @@ class Engine:
 
     async def _job(self, host_name: str, worker: str, key: str, args: list[str], step: str,
                    fresh: bool = False, until: str | None = None,
-                   on_event: Callable[[dict[str, Any]], Any] | None = None) -> dict[str, Any]:
+                   on_event: Callable[[dict[str, Any]], Any] | None = None,
+                   env: dict[str, str] | None = None) -> dict[str, Any]:
         """Start (or find again) job `key` on `host_name` and follow it until it exits (or until an
         event of type `until` arrives; then the job keeps running). Returns its outcome.
 
@@ -487,7 +531,7 @@ class Engine:
             job_id = f"{self.run.run_id}-{key}" + ("" if not fresh else f"-{int(time.time() * 1000) % 100000}")
             jobs[key] = {"job_id": job_id, "host": host_name, "worker": worker, "args": args}
             self.run.save()  # before the start: found again by id after a crash
-            handle = await runner.start(worker, args, job_id=job_id)
+            handle = await runner.start(worker, args, env=env, job_id=job_id)
             self.journal(step, f"started {worker} on {host_name} (pid {handle.pid})", host=host_name,
                          argv=["python", "-m", f"remote.{worker}", *args])
         else:
@@ -723,9 +767,10 @@ class Engine:
             return True
         if "extract" not in self.state["jobs"]:
             return False
-        window = await self._window_dir(self.config.target.host)
-        host = await self._connected(self.config.target.host, "extract")
-        code = await self.session.code_dir(self.config.target.host)
+        host_name, _ = self._extract_host()
+        window = await self._window_dir(host_name)
+        host = await self._connected(host_name, "extract")
+        code = await self.session.code_dir(host_name)
         if await remote_files.manifest_complete(host, code, f"{window}/states"):
             self.state["facts"]["extraction_complete"] = True
             self.run.save()
@@ -733,6 +778,8 @@ class Engine:
         return False
 
     async def _extract(self) -> str | Skip:
+        if self.route == "zero-downtime":
+            return await self._extract_elsewhere()
         target = self.config.target.host
         window = await self._window_dir(target)
         if await self._extraction_complete():
@@ -765,6 +812,27 @@ class Engine:
         window_facts = result.get("window", {})
         return (f"{result.get('prompts', '?')} prompts, {result.get('tokens', '?')} tokens, layers "
                 f"{result.get('layers')}; window {window_facts.get('window_s', '?')} s")
+
+    async def _extract_elsewhere(self) -> str | Skip:
+        """The zero-downtime route: extract on the host with room while the server keeps serving."""
+        host_name, model_path = self._extract_host()
+        chosen = self.state["facts"]["extract_on"]
+        window = await self._window_dir(host_name)
+        if await self._extraction_complete():
+            return Skip(f"already extracted (manifest complete, sha256 verified): {host_name}:{window}/states")
+        if host_name != self.config.service.host:
+            service_window = await self._window_dir(self.config.service.host)
+            await self._relay_file(self.config.service.host, f"{service_window}/completions.json", host_name,
+                                   f"{window}/completions.json", "extract")
+        args = self._extract_args(window, False)
+        args[args.index("--model") + 1] = model_path
+        env = {} if self.session.simulated.get(host_name) else {"CUDA_VISIBLE_DEVICES": str(chosen["gpu"])}
+        outcome = await self._job(host_name, "extract", "extract", args, step="extract", env=env)
+        self.state["facts"]["extraction_complete"] = True
+        self.run.save()
+        result = outcome.get("result") or {}
+        return (f"on {host_name} GPU{chosen['gpu']} with the server serving: {result.get('prompts', '?')} prompts, "
+                f"{result.get('tokens', '?')} tokens, layers {result.get('layers')}")
 
     async def _restart_now(self) -> None:
         """The restart started at `gpu_released` (its result is the restart step's)."""
@@ -815,11 +883,13 @@ class Engine:
             return Skip(f"already evaluated (manifest complete): {ev.host}:{out}")
         if not self.config.drafters:
             return Skip("no drafters configured")
-        states = f"{await self._window_dir(self.config.target.host)}/states"
-        target_model = self.config.target.model_path
-        if ev.host != self.config.target.host:
-            states = await self._relay_tree(self.config.target.host, states, ev.host, "evaluate")
-            target_model = await self._relay_heads(ev.host)
+        extract_host, extract_model = self._extract_host()
+        states = f"{await self._window_dir(extract_host)}/states"
+        target_model = self.config.target.path_on(ev.host)
+        if ev.host != extract_host:
+            states = await self._relay_tree(extract_host, states, ev.host, "evaluate")
+        if target_model is None:  # the eval host has no copy: the heads alone, exported where one is
+            target_model = await self._relay_heads(extract_host, extract_model, ev.host)
         args = ["--states", states, "--target", target_model, "--out", out, "--device", ev.device,
                 "--budgets", ",".join(map(str, ev.budgets)), "--topk", str(ev.topk)]
         for drafter in self.config.drafters:
@@ -871,15 +941,13 @@ class Engine:
         self.journal(step, f"{src}:{src_path} -> {dst}:{path} ({'sent ' + str(sent) + ' bytes' if sent else 'already there'})")
         return path
 
-    async def _relay_heads(self, dst: str) -> str:
-        """The target's embed_tokens/lm_head on the eval host (exported once on the target host)."""
-        target = self.config.target.host
-        host = await self._connected(target, "evaluate")
-        code = await self.session.code_dir(target)
-        window = await self._window_dir(target)
-        heads = f"{window}/target-heads"
-        await remote_files.export_heads(host, code, self.config.target.model_path, heads)
-        return await self._relay_tree(target, heads, dst, "evaluate")
+    async def _relay_heads(self, source: str, model_path: str, dst: str) -> str:
+        """The target's embed_tokens/lm_head on the eval host (exported once where the weights are)."""
+        host = await self._connected(source, "evaluate")
+        code = await self.session.code_dir(source)
+        heads = f"{await self._window_dir(source)}/target-heads"
+        await remote_files.export_heads(host, code, model_path, heads)
+        return await self._relay_tree(source, heads, dst, "evaluate")
 
     def _relay_progress(self, step: str) -> Callable[[int, int], None]:
         def progress(done: int, total: int) -> None:

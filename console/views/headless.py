@@ -11,7 +11,7 @@ import shlex
 import time
 from typing import Any
 
-from rich.console import Console
+from rich.console import Console, Group
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TaskID, TextColumn, TimeElapsedColumn
 from rich.table import Table
 from rich.text import Text
@@ -21,6 +21,24 @@ from console.session import MessageBus
 
 STATUS_STYLE = {"done": "green", "skipped": "cyan", "left-out": "dim", "running": "bold", "failed": "bold red",
                 "refused": "yellow", "cancelled": "yellow", "pending": "dim"}
+
+
+def plan_view(plan: m.PlanReady) -> Group:
+    """The plan's steps, where the target fits without the serving GPUs, and the route proposed."""
+    parts: list[Any] = [plan_table(plan)]
+    if plan.fits:
+        fits = Table(title="where the target fits without stopping the server", title_justify="left")
+        for column in ("host", "fits", "GPU", "free MiB", "needs MiB", "why"):
+            fits.add_column(column, overflow="fold")
+        for fit in plan.fits:
+            fits.add_row(fit.host, Text("yes", style="green") if fit.proposed else Text("no", style="dim"),
+                         "-" if fit.gpu is None else str(fit.gpu), "-" if fit.free_mib is None else str(fit.free_mib),
+                         "-" if fit.need_mib is None else str(fit.need_mib), fit.why)
+        parts.append(fits)
+    if plan.proposal:
+        parts.append(Text(f"proposed: {plan.proposal}" + ("" if plan.route == "zero-downtime" else
+                                                          " (take it with --route zero-downtime)"), style="bold cyan"))
+    return Group(*parts)
 
 
 def plan_table(plan: m.PlanReady) -> Table:
@@ -76,7 +94,7 @@ class HeadlessView:
                 line.append(f": {message.detail}")
             self._print(line)
         elif isinstance(message, m.PlanReady):
-            self._print(plan_table(message))
+            self._print(plan_view(message))
         elif isinstance(message, m.JournalEntry) and message.level in ("warning", "error"):
             self._print(Text(f"  {message.level}: {message.message}", style="yellow" if message.level == "warning" else "red"))
         elif isinstance(message, m.HoldersFound):

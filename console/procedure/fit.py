@@ -1,0 +1,91 @@
+"""Where the target fits without the serving GPUs: the zero-downtime route's preflight.
+
+For every host with GPU readings, compare what is free now (telemetry, per GPU; the service's own
+GPUs on its host are never counted) with what the extraction needs (the weights, from the probe,
+plus an estimate of the activations of the longest prompt + completion, stated as an estimate),
+whether the host holds a copy of the target's weights (`[target] paths`, checked by the probe), and
+whether it binds the same kernels as the host the drafters were trained on: a host with
+causal-conv1d missing computes other states (the story's lesson), so it is never proposed.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from console.config import Config
+from console.messages import HostFit, TelemetrySample
+
+MIB = 1 << 20
+CUDA_CONTEXT_MIB = 600  # the CUDA context, cuBLAS workspace and allocator slack of one process
+CHARS_PER_TOKEN = 3  # a prompt's tokens before it is tokenised: an over-estimate for code and English
+
+
+def longest_tokens(prompts: list[dict[str, Any]]) -> int:
+    """An estimate of the longest prompt + completion in tokens, before anything is tokenised."""
+    def chars(record: dict[str, Any]) -> int:
+        if record.get("text"):
+            return len(record["text"])
+        return sum(len(msg.get("content", "")) for msg in record.get("messages", [])) + 64  # the chat template
+    return max(chars(r) // CHARS_PER_TOKEN + int(r["max_new_tokens"]) for r in prompts)
+
+
+def need_mib(weights_bytes: int, tokens: int, hidden: int, layers_saved: int, vocab: int) -> int:
+    """GPU memory the extraction needs: weights, the forward's activations (bf16 hidden states of
+    a few live layers plus those saved), the logits (bf16) for the top-k, and the CUDA context."""
+    activations = tokens * hidden * 2 * (layers_saved + 4) + tokens * vocab * 2
+    return int((weights_bytes + activations) / MIB) + CUDA_CONTEXT_MIB
+
+
+def _kernels(probe: Mapping[str, Any]) -> dict[str, str]:
+    return {k: str(v) for k, v in (probe.get("kernels") or {}).get("bound", {}).items()}
+
+
+def where_it_fits(config: Config, probes: Mapping[str, Mapping[str, Any]],
+                  samples: Mapping[str, TelemetrySample | None], tokens: int, layers_saved: int) -> list[HostFit]:
+    """Every host's fit, in config order. A host is proposed only when all four checks pass."""
+    trained_on = sorted({d.host for d in config.drafters})
+    reference_kernels = {h: _kernels(probes.get(h, {})) for h in trained_on if probes.get(h)}
+    fits = []
+    for host in config.hosts:
+        sample = samples.get(host)
+        path = config.target.path_on(host)
+        if sample is None or not sample.gpus:
+            fits.append(HostFit(host, False, sample.reason if sample is not None and sample.reason else "no GPU readings"))
+            continue
+        if path is None:
+            fits.append(HostFit(host, False, f"the target's weights are not on {host} (no [target] paths.{host})"))
+            continue
+        model = probes.get(host, {}).get("model", {})
+        if not model.get("exists") or not model.get("tensor_bytes"):
+            fits.append(HostFit(host, False, f"{host}:{path} is not a readable checkpoint "
+                                             f"({model.get('error') or 'missing'})", model_path=path))
+            continue
+        kernels = _kernels(probes.get(host, {}))
+        differs = [h for h, k in reference_kernels.items() if h != host and k and k != kernels]
+        if differs:
+            changed = sorted(f for f in kernels if kernels.get(f) != reference_kernels[differs[0]].get(f))
+            fits.append(HostFit(host, False, f"binds other kernels than {differs[0]}, where the drafters were "
+                                             f"trained ({', '.join(changed)}): its states would differ",
+                                model_path=path))
+            continue
+        hidden, vocab = int(model.get("hidden_size") or 0), int(model.get("vocab_size") or 0)
+        need = need_mib(int(model["tensor_bytes"]), tokens, hidden, layers_saved, vocab)
+        serving = set(config.service.gpus) if host == config.service.host else set()
+        if host == config.service.host and not serving:
+            serving = {g.index for g in sample.gpus}  # the service uses every GPU of its host
+        free = {g.index: (g.mem_total_mib or 0) - (g.mem_used_mib or 0) for g in sample.gpus
+                if g.index not in serving and g.mem_used_mib is not None and g.mem_total_mib}
+        if not free:
+            fits.append(HostFit(host, False, "every GPU there serves the model", need_mib=need, model_path=path))
+            continue
+        gpu = max(free, key=lambda i: free[i])
+        if free[gpu] < need:
+            fits.append(HostFit(host, False, f"the freest GPU (GPU{gpu}) has {free[gpu]} MiB free, the extraction "
+                                             f"needs ~{need} MiB (weights + activations of ~{tokens} tokens, estimated)",
+                                gpu, free[gpu], need, path))
+            continue
+        fits.append(HostFit(host, True, f"GPU{gpu} has {free[gpu]} MiB free for ~{need} MiB (weights + activations "
+                                        f"of ~{tokens} tokens, estimated); weights at {path}; same kernels as "
+                                        f"{', '.join(trained_on) or 'the target host'}", gpu, free[gpu], need, path))
+    return fits

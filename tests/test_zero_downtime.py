@@ -1,0 +1,119 @@
+"""The zero-downtime route: extract on a host with room and never stop the server (the drill's
+training host has one free simulated GPU and a copy of the target)."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from console.config import load_config
+from console.messages import GpuReading, TelemetrySample
+from console.procedure.engine import EXIT_DONE, EXIT_FAILED
+from console.procedure.fit import where_it_fits
+from remote import probe
+from remote.drill import simgpu
+from tests.window_fixtures import Drill, read_json
+
+pytestmark = pytest.mark.timeout(600)
+
+
+def test_plan_shows_both_routes_with_their_reasons(drill: Drill) -> None:
+    done = drill.run_cli("run", "--plan")
+    assert done.returncode == 0, done.stdout + done.stderr
+    out = " ".join(done.stdout.split())
+    assert "where the target fits without stopping the server" in out
+    assert "every GPU there serves the model" in out  # ct129: its GPUs are the server's
+    assert "GPU7 has 97887 MiB free" in out  # ct200's free GPU
+    assert "proposed: zero-downtime: extract on ct200 GPU7" in out and "--route zero-downtime" in out
+
+
+def test_zero_downtime_never_touches_the_server_and_matches_the_window(drill: Drill) -> None:
+    pid = drill.service_pid()
+    done = drill.run_cli("run", "--headless", "--yes", "--route", "zero-downtime")
+    assert done.returncode == EXIT_DONE, done.stdout + done.stderr
+    assert drill.service_pid() == pid  # the same server process: its uptime continued
+    run_id, state = drill.only_run()
+    assert state["route"] == "zero-downtime" and "stopped_at" not in state["service"]
+    assert state["facts"]["extract_on"]["host"] == "ct200" and state["facts"]["extract_on"]["gpu"] == 7
+    journal = drill.journal()
+    assert not any("remote.drill.service" in " ".join(e.get("argv") or []) and "stop" in (e.get("argv") or [])
+                   for e in journal)
+    assert not any(e.get("decision") for e in journal)  # nothing changed a host, so nothing was asked
+    assert len(drill.job_dirs("ct200", "extract")) == 1 and not drill.job_dirs("ct129", "extract")
+    zero = read_json(drill.runs / run_id / "results" / "results.json")
+    # The window route on the same drill: same states on the same kernels, so the same numbers.
+    window = drill.run_cli("run", "--headless", "--yes", "--route", "window")
+    assert window.returncode == EXIT_DONE, window.stdout + window.stderr
+    store_ids = sorted(p.name for p in drill.runs.iterdir())
+    windowed = read_json(drill.runs / store_ids[-1] / "results" / "results.json")
+    for name in ("reference", "candidate"):
+        assert zero["drafters"][name]["tau"] == windowed["drafters"][name]["tau"]
+        assert zero["drafters"][name]["pos1_acc"] == windowed["drafters"][name]["pos1_acc"]
+
+
+def test_a_host_without_room_is_not_proposed_and_the_route_refused(drill: Drill) -> None:
+    gpu_file = Path(drill.config.hosts["ct200"].workdir) / "simulated-gpu.json"
+    holder = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"])
+    other = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"])
+    try:
+        # Someone else's job takes the free GPU and what the training run left on the others.
+        simgpu.hold(gpu_file, holder.pid, 97500, gpus=[7])
+        simgpu.hold(gpu_file, other.pid, 6600, gpus=[0, 1, 2, 3, 4, 5, 6])
+        time.sleep(1.5)
+        pid = drill.service_pid()
+        done = drill.run_cli("run", "--headless", "--yes", "--route", "zero-downtime")
+        assert done.returncode == EXIT_FAILED
+        text = " ".join(done.stderr.split())
+        assert "the zero-downtime route needs a host with room" in text
+        assert "the freest GPU (GPU7) has 387 MiB free" in text
+        assert drill.service_pid() == pid
+    finally:
+        for proc in (holder, other):
+            proc.kill()
+            proc.wait()
+
+
+def _sample(host: str, used: list[int], total: int = 49140) -> TelemetrySample:
+    gpus = tuple(GpuReading(i, "GPU", None, u, total, 0.0, 30.0, 50.0) for i, u in enumerate(used))
+    return TelemetrySample(host, 1, time.time(), 1.0, "nvml", False, None, gpus, ())
+
+
+def test_no_weights_or_other_kernels_are_not_proposed(tiny_target: Path, tmp_path: Path) -> None:
+    # Probes from the real producer, on the tiny target; the training host's kernels then differ
+    # in one function (the story's causal-conv1d missing on one host).
+    facts = probe.probe(str(tiny_target))
+    other = {**facts, "kernels": {**facts["kernels"], "bound": {**facts["kernels"]["bound"],
+                                                                "causal_conv1d_fn": "causal_conv1d.cpp_functions"}}}
+    toml = tmp_path / "ops.toml"
+    toml.write_text(f'''
+[hosts.ct129]
+address = "ct129"
+[hosts.ct200]
+address = "ct200"
+[hosts.ct300]
+address = "ct300"
+[service]
+host = "ct129"
+unit = "sglang"
+[target]
+model_path = "{tiny_target}"
+paths = {{ ct300 = "{tiny_target}" }}
+[[drafters]]
+name = "ref"
+host = "ct200"
+path = "/d"
+''')
+    config = load_config(toml)
+    samples = {"ct129": _sample("ct129", [47000, 47000]), "ct200": _sample("ct200", [0]),
+               "ct300": _sample("ct300", [0])}
+    fits = {f.host: f for f in where_it_fits(config, {"ct129": facts, "ct200": facts, "ct300": other}, samples, 500, 3)}
+    assert not fits["ct129"].proposed and "serves the model" in fits["ct129"].why
+    assert not fits["ct200"].proposed and "the target's weights are not on ct200" in fits["ct200"].why
+    assert not fits["ct300"].proposed and "binds other kernels than ct200" in fits["ct300"].why
+    assert "causal_conv1d_fn" in fits["ct300"].why
+    same = where_it_fits(config, {"ct129": facts, "ct200": facts, "ct300": facts}, samples, 500, 3)
+    assert [f.host for f in same if f.proposed] == ["ct300"]
