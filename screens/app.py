@@ -199,7 +199,6 @@ class ConsoleApp(App[int]):
         self._errors_in(payload)
         if kind == "downtime":
             self.refresh_bindings()
-        if kind == "downtime":
             self._banner()  # on every screen, under a modal too: the banner shows through
         if kind is None:
             return

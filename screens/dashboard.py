@@ -48,16 +48,13 @@ class DashboardScreen(Screen):
             return []
 
     def on_mount(self) -> None:
-        log = self.query_one(EventLog)
-        for entry in self.app.state.journal:
-            log.add(entry)
         self.refresh_all()
 
     def on_screen_resume(self) -> None:
         self.refresh_all()
 
     def refresh_all(self) -> None:
-        for kind in ("host", "service", "steps", "job", "downtime"):
+        for kind in ("host", "service", "steps", "job", "downtime", "journal"):
             self.refresh_part(kind)
 
     def refresh_part(self, kind: str, payload: object = None) -> None:
@@ -77,8 +74,8 @@ class DashboardScreen(Screen):
                                          compact=self.app.has_class("narrow"))
         elif kind == "job":
             self.query_one(JobPanel).show(state.current_jobs())
-        elif kind == "journal" and payload is not None:
-            self.query_one(EventLog).add(payload)
+        elif kind == "journal":
+            self.query_one(EventLog).catch_up(state.journal, state.journal_count)
 
     def tick(self) -> None:
         """Once a second: the clocks that move without a message (ages, timers, durations)."""

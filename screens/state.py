@@ -61,6 +61,7 @@ class ConsoleState:
     downtime: m.Downtime | None = None
     holders: m.HoldersFound | None = None
     journal: deque = field(default_factory=lambda: deque(maxlen=JOURNAL_KEPT))
+    journal_count: int = 0  # entries seen in all (the deque keeps the newest JOURNAL_KEPT)
     jobs: dict[str, JobView] = field(default_factory=dict)
     finished: m.RunFinished | None = None
     results: m.ResultsReady | None = None
@@ -103,6 +104,7 @@ class ConsoleState:
             return None
         if isinstance(message, m.JournalEntry):
             self.journal.append(message)
+            self.journal_count += 1
             return "journal"
         if isinstance(message, m.RunFinished):
             self.finished = message

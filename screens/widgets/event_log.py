@@ -42,8 +42,13 @@ class EventLog(RichLog):
         self.border_title = "Events"
         self.can_focus = True
 
-    def add(self, entry: JournalEntry) -> None:
-        self._write(entry)
+    def catch_up(self, journal, count: int) -> None:
+        """Write the entries not shown yet (those that came while a modal or another screen was on
+        top included): `count` is how many the state has seen in all, `journal` the newest of them."""
+        new = min(count - getattr(self, "_written", 0), len(journal))
+        for entry in list(journal)[len(journal) - new:] if new > 0 else []:
+            self._write(entry)
+        self._written = count
 
     def _write(self, entry: JournalEntry) -> None:
         # The width given, not measured: measuring is capped by the app console's width, which is
@@ -58,3 +63,4 @@ class EventLog(RichLog):
             self.clear()
             for entry in self.app.state.journal:
                 self._write(entry)
+            self._written = self.app.state.journal_count

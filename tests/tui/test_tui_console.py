@@ -163,15 +163,14 @@ async def test_window_by_keys_banner_while_down_and_gone_after_ready(op: Standin
         assert not banner.has_class("down")
         await pilot.press("y")
         await wait_for(pilot, lambda: modal_up(app, HoldersModal))
-        assert banner.has_class("down")  # the stop happened: red banner
+        await wait_for(pilot, lambda: banner.has_class("down"))  # the stop happened: red banner
         holders = app.screen
         table = text_of(holders.query_one(".holders-table", Static))
         assert "4301" in table and "4302" in table and "40000" in table
         assert "remote.endpids --grace 10 4301:88231 4302:88232" in text_of(holders.query(".command").last())
         await pilot.press("y")
         await wait_for(pilot, lambda: seen.of(ProcedureEnded))
-        await pilot.pause()
-        assert not banner.has_class("down")  # ready again: the banner has gone
+        await wait_for(pilot, lambda: not banner.has_class("down"))  # ready again: the banner has gone
     assert op.decisions == [("stop", True), ("free-vram", True)]
     assert [d.confirmation.step for d in seen.of(DecisionAsked)] == ["stop", "free-vram"]
     assert [d.approved for d in seen.of(DecisionAnswered)] == [True, True]
@@ -486,3 +485,20 @@ async def test_help_lists_the_keys(op: StandinOperator):
         await pilot.press("escape")
         await pilot.pause()
         assert app.screen.id == "dashboard"
+
+
+async def test_events_that_came_under_a_modal_reach_the_log(op: StandinOperator):
+    from screens.widgets.event_log import EventLog
+
+    app = app_for(op)
+    async with app.run_test(size=SIZE) as pilot:
+        await pilot.press("question_mark")
+        await wait_for(pilot, lambda: app.screen.id == "help")
+        for i in range(3):
+            op.publish(m.JournalEntry(T0 + i, op.run_id, "cache", f"completion {i} cached", host="ct129"))
+        await pilot.pause()
+        await pilot.press("escape")
+        await pilot.pause()
+        lines = [strip.text for strip in app.screen.query_one(EventLog).lines]
+        assert [line.split("ct129: ")[1] for line in lines if "cached" in line] == [
+            "completion 0 cached", "completion 1 cached", "completion 2 cached"]
