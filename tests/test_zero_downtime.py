@@ -117,3 +117,30 @@ path = "/d"
     assert "causal_conv1d_fn" in fits["ct300"].why
     same = where_it_fits(config, {"ct129": facts, "ct200": facts, "ct300": facts}, samples, 500, 3)
     assert [f.host for f in same if f.proposed] == ["ct300"]
+
+
+def test_a_gpu_taken_during_the_route_stops_the_extraction_and_offers_the_window(drill: Drill) -> None:
+    gpu_file = Path(drill.config.hosts["ct200"].workdir) / "simulated-gpu.json"
+    pid = drill.service_pid()
+    console = drill.start_cli("run", "--headless", "--yes", "--route", "zero-downtime")
+    thief = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"])
+    try:
+        # Taken after preflight chose GPU 7, while the completions are being cached.
+        drill.wait_journal(lambda e: e["message"].startswith("started completions"), proc=console)
+        simgpu.hold(gpu_file, thief.pid, 97500, gpus=[7])
+        out, _ = console.communicate(timeout=240)
+    finally:
+        thief.kill()
+        thief.wait()
+    assert console.returncode == EXIT_FAILED, out
+    flat = " ".join(out.split())
+    assert f"GPU7 on ct200 was taken by pid {thief.pid} (97500 MiB)" in flat
+    assert "The window route remains: dflash-ops run --route window" in flat
+    _, state = drill.only_run()
+    assert state["steps"]["extract"]["status"] == "failed" and "manifest" not in str(state["facts"].get("window"))
+    handle = state["jobs"]["extract"].get("handle")
+    if handle:  # started before it was stopped: it is gone now (or a zombie), never left running
+        stat = Path(f"/proc/{handle['pid']}/stat")
+        assert not stat.exists() or stat.read_text().rsplit(")", 1)[1].split()[0] in ("Z", "X"), \
+            [e["message"] for e in drill.journal()][-8:]
+    assert drill.service_pid() == pid  # the server was never touched

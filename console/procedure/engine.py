@@ -36,6 +36,7 @@ from console.messages import (
     ResultsReady,
     RunFinished,
     StepUpdate,
+    TelemetrySample,
 )
 from console.procedure import remote_files
 from console.procedure.decider import Decider
@@ -43,7 +44,14 @@ from console.procedure.fit import longest_tokens, where_it_fits
 from console.procedure.steps import ROUTES, Preflight, estimates, planned, size_text, stage_decision
 from console.procedure.store import Run, RunStore
 from console.service.control import ReadyTimeout, ServiceError, start_and_wait
-from console.service.vram import VramError, describe_outcomes, end_holders, endpids_argv, wait_vram_free
+from console.service.vram import (
+    VramError,
+    describe_outcomes,
+    end_holders,
+    endpids_argv,
+    others_used,
+    wait_vram_free,
+)
 from console.session import Session, service_name
 from console.ssh.hosts import HostDisconnected, HostError
 from console.ssh.jobs import (
@@ -827,12 +835,43 @@ class Engine:
         args = self._extract_args(window, False)
         args[args.index("--model") + 1] = model_path
         env = {} if self.session.simulated.get(host_name) else {"CUDA_VISIBLE_DEVICES": str(chosen["gpu"])}
-        outcome = await self._job(host_name, "extract", "extract", args, step="extract", env=env)
+        job = asyncio.create_task(self._job(host_name, "extract", "extract", args, step="extract", env=env))
+        taken = asyncio.create_task(self._gpu_taken(host_name, chosen["gpu"], chosen["need_mib"]))
+        done, _ = await asyncio.wait({job, taken}, return_when=asyncio.FIRST_COMPLETED)
+        if taken in done and not job.done():
+            job.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await job
+            await self._end_own_jobs()  # stopped cleanly, before the other process meets an OOM
+            raise StepFailed("extract", f"{taken.result()} during the extraction: it was stopped before an OOM. "
+                                        f"The window route remains: dflash-ops run --route window")
+        taken.cancel()
+        outcome = await job
         self.state["facts"]["extraction_complete"] = True
         self.run.save()
         result = outcome.get("result") or {}
         return (f"on {host_name} GPU{chosen['gpu']} with the server serving: {result.get('prompts', '?')} prompts, "
                 f"{result.get('tokens', '?')} tokens, layers {result.get('layers')}")
+
+    async def _gpu_taken(self, host: str, gpu: int, need_mib: int) -> str:
+        """Returns (says why) once another process leaves the chosen GPU less room than the extraction
+        needs; our own job's memory is not counted. Watches every telemetry sample of `host`."""
+        stream = self.session.streams[host]
+        ours = self.state["jobs"].get("extract", {}).get("handle", {}).get("pid")
+
+        def short(sample: TelemetrySample) -> bool:
+            reading = next((g for g in sample.gpus if g.index == gpu), None)
+            if reading is None or reading.mem_total_mib is None:
+                return False
+            used = others_used(sample, [gpu], [ours] if ours else []).get(gpu)
+            return used is not None and reading.mem_total_mib - used < need_mib
+
+        sample = await stream.wait_for(short, timeout=1e9) if stream.telemetry.latest is None or not short(
+            stream.telemetry.latest) else stream.telemetry.latest
+        reading = next(g for g in sample.gpus if g.index == gpu)
+        others = [f"pid {p.pid} ({p.mib} MiB)" for p in sample.processes if p.gpu == gpu and p.pid != ours]
+        return (f"GPU{gpu} on {host} was taken by {', '.join(others) or 'another process'}: "
+                f"{reading.mem_used_mib} of {reading.mem_total_mib} MiB used, ~{need_mib} MiB needed")
 
     async def _restart_now(self) -> None:
         """The restart started at `gpu_released` (its result is the restart step's)."""
