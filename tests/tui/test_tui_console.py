@@ -69,7 +69,7 @@ def app_for(op: StandinOperator, **kw) -> ConsoleApp:
     return ConsoleApp(op, clock=fixed_clock, **kw)
 
 
-async def wait_for(pilot, condition, timeout: float = 5.0) -> None:
+async def wait_for(pilot, condition, timeout: float = 20.0) -> None:  # a loaded CI machine is slow
     deadline = asyncio.get_running_loop().time() + timeout
     while not condition():
         if asyncio.get_running_loop().time() > deadline:
