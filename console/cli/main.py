@@ -130,6 +130,7 @@ def _add_status(sub: argparse._SubParsersAction) -> None:
                     "status 0 when every host is connected and the service is ready, else 1.")
     _add_config_option(parser)
     parser.add_argument("--watch", action="store_true", help="redraw every second until Ctrl-C")
+    _add_runs_option(parser)
     parser.set_defaults(run=_cmd_status)
 
 

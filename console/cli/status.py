@@ -15,11 +15,14 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import time
 
-from rich.console import Console, RenderableType
+from rich.console import Console, Group, RenderableType
 from rich.live import Live
+from rich.text import Text
 
 from console.config import Config, load_config
+from console.procedure.store import RunStore, RunStoreError
 from console.session import Session, service_name
 from console.views.status import status_view
 
@@ -27,40 +30,57 @@ FIRST_SAMPLE_WAIT_S = 15.0  # the first agent start may ship the worker code fir
 REFRESH_S = 1.0
 
 
-def render(session: Session) -> RenderableType:
+def render(session: Session, runs: RunStore | None = None) -> RenderableType:
     config = session.config
-    return status_view(session.states(), session.telemetry(), service_name(config), config.service.host,
+    view = status_view(session.states(), session.telemetry(), service_name(config), config.service.host,
                        session.service.last)
+    down = downtime_line(runs) if runs is not None else None
+    return Group(down, view) if down is not None else view
 
 
-async def snapshot(config: Config, console: Console) -> int:
+def downtime_line(runs: RunStore) -> Text | None:
+    """While a run of ours has the service down, every view says so, and since when."""
+    try:
+        run = runs.latest_unfinished()
+    except RunStoreError:
+        return None
+    if run is None or not run.state.get("service", {}).get("down"):
+        return None
+    since = run.state["service"]["stopped_at"]
+    return Text(f"SERVICE DOWN since {time.strftime('%H:%M:%S', time.localtime(since))} "
+                f"({time.time() - since:.0f} s): stopped by run {run.run_id}, which has not finished; "
+                f"`dflash-ops run --resume` continues it (and restarts the service)", style="bold white on red")
+
+
+async def snapshot(config: Config, console: Console, runs: RunStore | None = None) -> int:
     """Print one status view; 0 when every host is connected and the service ready, else 1."""
     session = Session(config)
     session.start(watch_service=False)
     try:
         await session.wait_first_states()
         await asyncio.gather(session.check_service(), session.wait_first_samples(FIRST_SAMPLE_WAIT_S))
-        console.print(render(session), soft_wrap=True)  # an error line stays one line
+        console.print(render(session, runs), soft_wrap=True)  # an error line stays one line
         return 0 if session.all_well() else 1
     finally:
         await session.stop()
 
 
-async def watch(config: Config, console: Console) -> None:
+async def watch(config: Config, console: Console, runs: RunStore | None = None) -> None:
     """Redraw every second until cancelled (Ctrl-C); the session checks the service every few seconds."""
     async with Session(config) as session:
-        with Live(render(session), console=console, refresh_per_second=4) as live:
+        with Live(render(session, runs), console=console, refresh_per_second=4) as live:
             while True:
                 await asyncio.sleep(REFRESH_S)
-                live.update(render(session))
+                live.update(render(session, runs))
 
 
 def run(args: argparse.Namespace) -> int:
     """`dflash-ops status [--watch]`."""
     config = load_config(args.config)
     console = Console()
+    runs = RunStore(getattr(args, "runs", None))
     if not args.watch:
-        return asyncio.run(snapshot(config, console))
+        return asyncio.run(snapshot(config, console, runs))
     with contextlib.suppress(KeyboardInterrupt):  # Ctrl-C is how a watch ends
-        asyncio.run(watch(config, console))
+        asyncio.run(watch(config, console, runs))
     return 0

@@ -56,6 +56,7 @@ from console.session import Session, service_name
 from console.ssh.hosts import HostDisconnected, HostError
 from console.ssh.jobs import (
     JobDead,
+    JobExists,
     JobHandle,
     JobRunner,
     JobStalledError,
@@ -68,6 +69,7 @@ EXIT_DONE, EXIT_FAILED, EXIT_USAGE, EXIT_DOWN = 0, 1, 2, 3
 CONNECT_TIMEOUT_S = 30.0
 PROBE_TIMEOUT_S = 300.0
 LINK_RETRIES = 3  # a step whose link drops is run again this many times
+START_SETTLE_S = 90.0  # a start cut off by a crash settles on the host within about a minute
 
 
 class StepFailed(Exception):
@@ -539,7 +541,7 @@ class Engine:
             job_id = f"{self.run.run_id}-{key}" + ("" if not fresh else f"-{int(time.time() * 1000) % 100000}")
             jobs[key] = {"job_id": job_id, "host": host_name, "worker": worker, "args": args}
             self.run.save()  # before the start: found again by id after a crash
-            handle = await runner.start(worker, args, env=env, job_id=job_id)
+            handle = await self._start_once(runner, worker, args, env, job_id)
             self.journal(step, f"started {worker} on {host_name} (pid {handle.pid})", host=host_name,
                          argv=["python", "-m", f"remote.{worker}", *args])
         else:
@@ -548,6 +550,23 @@ class Engine:
         jobs[key]["handle"] = json.loads(handle.to_json())
         self.run.save()
         return await self._follow(handle, step, until=until, on_event=on_event)
+
+    async def _start_once(self, runner: JobRunner, worker: str, args: list[str], env: dict[str, str] | None,
+                          job_id: str) -> JobHandle:
+        """Start job `job_id`, or find it: a console killed during a start leaves the start half done
+        on the host; the job then either appears under its id or is given up there (JobRunner's
+        start protocol), and is found or started again, never twice."""
+        deadline = time.monotonic() + START_SETTLE_S
+        while True:
+            try:
+                return await runner.start(worker, args, env=env, job_id=job_id)
+            except JobExists:
+                found = await _find_job(runner, job_id)
+                if found is not None:
+                    return found
+                if time.monotonic() > deadline:
+                    raise
+                await asyncio.sleep(1.0)
 
     async def _follow(self, handle: JobHandle, step: str, until: str | None = None,
                       on_event: Callable[[dict[str, Any]], Any] | None = None) -> dict[str, Any]:
