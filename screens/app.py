@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import threading
 import time
 from collections.abc import Callable, Iterable
@@ -27,6 +28,7 @@ from console import messages as m
 from console.session.bus import replace_key
 from screens.dashboard import DashboardScreen
 from screens.decider import ModalDecider
+from screens.format import clock
 from screens.modals.confirm import QuestionModal
 from screens.modals.error import ErrorModal, ErrorReport, report_of, tail
 from screens.modals.help import HelpModal
@@ -52,9 +54,10 @@ class CoreMessage(Message):
     only updates its payload: a burst costs one repaint, and the newest state is the one drawn.
     `published` is when the first of them arrived (the repaint delay is measured from there)."""
 
-    def __init__(self, payload: Any) -> None:
+    def __init__(self, payload: Any, local: bool = False) -> None:
         super().__init__()
         self.payload = payload
+        self.local = local  # made by the console itself (from a run's stored state), not the core
         self.key = coalesce_key(payload)
         self.published = time.perf_counter()
 
@@ -115,6 +118,7 @@ class ConsoleApp(App[int]):
         self._stopped = False
         self._host_errors: dict[str, str] = {}
         self._queued: dict[Any, CoreMessage] = {}  # replace key -> its message still in the queue
+        self._down_from_store: str | None = None  # the downtime was read from an unfinished run's state
         config = operator.config
         service = config.service
         self.service_name = service.unit if service.manager == "systemd" else "server"
@@ -150,13 +154,28 @@ class ConsoleApp(App[int]):
             return
         if not run_id:
             return
+        question = f"Run {run_id} did not finish. Resume it from its first unsatisfied step?"
+        down_since = self._left_down(run_id)
+        if down_since is not None:  # the banner says so from now on, and r restarts it
+            self._down_from_store = run_id
+            self.post_message(CoreMessage(m.Downtime(run_id, down_since), local=True))
+            question = (f"Run {run_id} did not finish and left the service DOWN since {clock(down_since)}. "
+                        "Resume it from its first unsatisfied step? (Not now: r restarts the service.)")
 
         def answered(resume: bool | None) -> None:
             if resume:
                 self.run_procedure(resume=run_id)
 
-        self.push_screen(QuestionModal(f"Run {run_id} did not finish. Resume it from its first unsatisfied step?",
-                                       yes="Resume", no="Not now", id="resume"), callback=answered)
+        self.push_screen(QuestionModal(question, yes="Resume", no="Not now", id="resume"), callback=answered)
+
+    def _left_down(self, run_id: str) -> float | None:
+        """When the unfinished run stopped the service and never saw it ready again: its stop time."""
+        try:
+            state = json.loads((Path(self.operator.run_dir(run_id)) / "state.json").read_text(encoding="utf-8"))
+        except (OSError, ValueError):
+            return None
+        service = state.get("service") or {}
+        return service.get("stopped_at") if service.get("down") else None
 
     async def _stop_console(self) -> None:
         if self._stopped:
@@ -195,6 +214,12 @@ class ConsoleApp(App[int]):
         if message.key is not None:
             self._queued.pop(message.key, None)
         payload = message.payload
+        if self._down_from_store and isinstance(payload, m.ServiceView) and payload.health and payload.health.ready:
+            # Someone started it since: what the run's state said is out of date.
+            self.post_message(CoreMessage(m.Downtime(self._down_from_store, None), local=True))
+            self._down_from_store = None
+        elif self._down_from_store and isinstance(payload, m.Downtime) and not message.local:
+            self._down_from_store = None  # the engine speaks for itself now
         kind = self.state.apply(payload, self.now())
         self._errors_in(payload)
         if kind == "downtime":

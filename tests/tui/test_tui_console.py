@@ -502,3 +502,25 @@ async def test_events_that_came_under_a_modal_reach_the_log(op: StandinOperator)
         lines = [strip.text for strip in app.screen.query_one(EventLog).lines]
         assert [line.split("ct129: ")[1] for line in lines if "cached" in line] == [
             "completion 0 cached", "completion 1 cached", "completion 2 cached"]
+
+
+async def test_an_unfinished_run_that_left_the_service_down_shows_the_banner_at_start(tmp_path: Path):
+    run_id = "20251130-170000-cd34"
+    (tmp_path / run_id).mkdir()
+    (tmp_path / run_id / "state.json").write_text(json.dumps(
+        {"run_id": run_id, "status": "running", "service": {"down": True, "stopped_at": T0 - 600}}))
+    op = StandinOperator(runs_dir=tmp_path)
+    op.unfinished = run_id
+    app = app_for(op)
+    async with app.run_test(size=SIZE) as pilot:
+        await wait_for(pilot, lambda: modal_up(app, QuestionModal) and app.screen.id == "resume")
+        assert "left the service DOWN since 09:25:00" in app.screen.title_text
+        await pilot.press("n")
+        await wait_for(pilot, lambda: app.screen.query(DowntimeBanner) and
+                       app.screen.query_one(DowntimeBanner).has_class("down"))
+        assert "SERVICE DOWN 10 min 30 s" in text_of(app.screen.query_one(DowntimeBanner))
+        op.publish(m.ServiceView(None, None, T0))  # not known yet: stays down
+        await pilot.pause()
+        assert app.state.down_since is not None
+        op.seed()  # someone started it by hand: ready
+        await wait_for(pilot, lambda: app.state.down_since is None)
