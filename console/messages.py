@@ -68,6 +68,10 @@ class GpuProcess:
     ancestors: tuple[int, ...] = ()
     start_time: int | None = None  # clock ticks since boot: with pid, names exactly one process
     cgroup: str | None = None
+    # False when the pid NVML gave names no GPU process in the agent's pid namespace (a container):
+    # shown, never signalled. `visible_reason` says why.
+    visible: bool = True
+    visible_reason: str | None = None
 
 
 @dataclass(frozen=True)
@@ -170,6 +174,8 @@ class VramHolder:
     user: str | None
     start_time: int | None
     was_service: bool  # seen in the service's process tree or cgroup before the stop
+    visible: bool = True  # False: not visible from the host's namespace here; never offered to end
+    visible_reason: str | None = None
 
 
 @dataclass(frozen=True)

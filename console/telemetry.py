@@ -95,6 +95,8 @@ def parse_sample(line: str) -> TelemetrySample:
             ancestors=tuple(int(a) for a in ancestors if isinstance(a, int)),
             start_time=_opt_int(p.get("start_time"), f"processes[{i}].start_time"),
             cgroup=_opt_str(p.get("cgroup")),
+            visible=p.get("visible") is not False,  # older agents say nothing: their pids were checked by /proc
+            visible_reason=_opt_str(p.get("visible_reason")),
         ))
     ram = raw.get("ram") or {}
     return TelemetrySample(

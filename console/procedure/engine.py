@@ -759,8 +759,15 @@ class Engine:
         self.bus.publish(HoldersFound(service.host, holders, result.used, service.vram_free_mib))
         self.journal("free-vram", f"VRAM still held after {result.waited_s:.0f} s ({result.used}): "
                      + "; ".join(f"pid {h.pid} {h.mib} MiB {h.command or '?'}" for h in holders), level="warning")
+        hidden = [h for h in holders if not h.visible]
+        holders = tuple(h for h in holders if h.visible)  # a pid that names no GPU process here is never signalled
+        for h in hidden:
+            self.journal("free-vram", f"pid {h.pid} ({h.mib} MiB) is not visible from this namespace "
+                                      f"({h.visible_reason or 'no /dev/nvidia* file open'}): left alone", level="warning")
         if not holders:
-            raise StepFailed("free-vram", f"VRAM still held ({result.used}) and no process is listed as holding it")
+            raise StepFailed("free-vram", f"VRAM still held ({result.used}) and no process that holds it can be "
+                                          f"ended from here" + (f" ({len(hidden)} not visible from this namespace: "
+                                                                f"end them on the host itself)" if hidden else ""))
         code_dir = await self.session.code_dir(service.host)
         host = await self._connected(service.host, "free-vram")
         python = await host.resolve_python()

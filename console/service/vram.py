@@ -86,7 +86,8 @@ def find_holders(sample: TelemetrySample, gpus: Sequence[int],
             entry["gpus"].append(proc.gpu)
     holders = [
         VramHolder(pid=pid, mib=e["mib"], gpus=tuple(sorted(e["gpus"])), command=e["proc"].command,
-                   user=e["proc"].user, start_time=e["proc"].start_time, was_service=pid in service)
+                   user=e["proc"].user, start_time=e["proc"].start_time, was_service=pid in service,
+                   visible=e["proc"].visible, visible_reason=e["proc"].visible_reason)
         for pid, e in by_pid.items()
     ]
     return sorted(holders, key=lambda h: (-h.mib, h.pid))
