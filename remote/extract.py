@@ -159,8 +159,18 @@ def prepare_out(out: str | Path) -> Path:
         for partial in final.glob(".*.partial"):  # left in place by a killed run of an older version
             partial.unlink(missing_ok=True)
     attempt = final.parent / ATTEMPT.format(name=final.name, pid=os.getpid())
-    shutil.rmtree(attempt, ignore_errors=True)
-    attempt.mkdir()
+    # An earlier failed attempt of this process (main called twice) may have its writer thread still
+    # renaming a file into the old directory for a moment: clear it until it is gone.
+    deadline = time.monotonic() + 10.0
+    while True:
+        shutil.rmtree(attempt, ignore_errors=True)
+        try:
+            attempt.mkdir()
+            break
+        except FileExistsError:
+            if time.monotonic() > deadline:
+                raise WorkerError(f"cannot clear the earlier attempt {attempt}", "--out") from None
+            time.sleep(0.05)
     import atexit
 
     # A run that fails leaves no attempt behind (after `publish` there is nothing left to remove);
