@@ -59,13 +59,14 @@ class Operator:
         return self.store.create(str(self.config.source) if self.config.source else None, self._config_sha())
 
     async def run(self, decider: Decider, resume: str | bool | None = None, route: str | None = None,
-                  no_restart: bool = False, stage: bool | None = None) -> RunFinished:
-        """Run the whole procedure (or resume one); publishes its messages on `bus`."""
+                  no_restart: bool = False, stage: bool | None = None, one_step: bool = False) -> RunFinished:
+        """Run the whole procedure (or resume one); publishes its messages on `bus`. `one_step`: run
+        the next unsatisfied step (of the resumed run, or of a new one) and pause, resumable."""
         if self.read_only:
             raise ReadOnly("read-only console: the procedure cannot be run")
         run = self.open_run(resume)
         self.engine = Engine(self.session, run, decider, self.store, restart_on_failure=not no_restart, route=route,
-                             stage=stage)
+                             stage=stage, one_step=one_step)
         self._task = asyncio.current_task()
         try:
             return await self.engine.execute()

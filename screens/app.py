@@ -90,6 +90,7 @@ class ConsoleApp(App[int]):
     TITLE = "dflash-ops"
     BINDINGS = [
         Binding("g", "run_procedure", "Run"),
+        Binding("n", "next_step", "Next step", show=False),
         Binding("p", "plan", "Plan"),
         Binding("c", "cancel_run", "Cancel run"),
         Binding("r", "restart_service", "Restart service", priority=True),
@@ -98,7 +99,7 @@ class ConsoleApp(App[int]):
         Binding("question_mark", "help", "Help"),
         Binding("q", "quit", "Quit"),
     ]
-    ACTING = {"run_procedure", "plan", "cancel_run", "restart_service"}
+    ACTING = {"run_procedure", "plan", "cancel_run", "restart_service", "next_step", "zero_downtime"}
 
     def __init__(self, operator: Any, *, autostart: bool = False, resume: str | bool | None = None,
                  clock: Callable[[], float] = time.time, tick_s: float = 1.0, start_operator: bool = True) -> None:
@@ -315,7 +316,7 @@ class ConsoleApp(App[int]):
         if (action == "open_results" and here == "ResultsScreen") or (action == "runs" and here == "RunsScreen"):
             return False  # already there: escape goes back
         busy = self.state.running
-        if action in ("run_procedure", "plan"):
+        if action in ("run_procedure", "plan", "next_step", "zero_downtime"):
             return not busy
         if action == "cancel_run":
             return busy
@@ -327,13 +328,14 @@ class ConsoleApp(App[int]):
         return any(w.group == "service" and not w.is_finished for w in self.workers)
 
     @work(exclusive=True, exit_on_error=False, group="procedure", description="the procedure")
-    async def run_procedure(self, resume: str | bool | None = None) -> m.RunFinished:
+    async def run_procedure(self, resume: str | bool | None = None, one_step: bool = False,
+                            route: str | None = None) -> m.RunFinished:
         self.state.running = True
         self.refresh_bindings()
         self.post_message(ProcedureStarted(resume))
         finished = None
         try:
-            finished = await self.operator.run(self.decider, resume=resume)
+            finished = await self.operator.run(self.decider, resume=resume, one_step=one_step, route=route)
             return finished
         finally:
             self.state.running = False
@@ -344,6 +346,17 @@ class ConsoleApp(App[int]):
         if self.read_only or self.state.running:
             return
         self.run_procedure()
+
+    def action_next_step(self) -> None:
+        """The next step only (of the unfinished run, or of a new one), then pause: resumable."""
+        if self.read_only or self.state.running:
+            return
+        self.run_procedure(resume=self.operator.unfinished_run(), one_step=True)
+
+    def action_zero_downtime(self) -> None:
+        if self.read_only or self.state.running:
+            return
+        self.run_procedure(route="zero-downtime")
 
     @work(exclusive=True, exit_on_error=False, group="procedure", description="the plan")
     async def plan_procedure(self) -> m.PlanReady:
@@ -472,6 +485,10 @@ class ConsoleApp(App[int]):
         if acting and not self.state.running:
             yield SystemCommand("Run the procedure", "preflight, stage, cache, stop, free VRAM, extract, "
                                 "restart, evaluate, report (asks before each change)", self.action_run_procedure)
+            yield SystemCommand("Run the next step", "only the next unsatisfied step (stage and cache together), "
+                                "then pause; run again to go on", self.action_next_step)
+            yield SystemCommand("Run the zero-downtime route", "extract on a host with a free GPU and the weights "
+                                "(the plan says which); the server is never stopped", self.action_zero_downtime)
             yield SystemCommand("Plan", "preflight only: what each step would do; touches nothing",
                                 self.action_plan)
         if acting and self.state.running:

@@ -220,3 +220,19 @@ def test_a_drafter_without_target_layer_ids_is_refused_before_anything_changes(d
     planned = drill.run_cli("run", "--plan")
     assert planned.returncode == 0, planned.stdout + planned.stderr
     assert "drafter candidate on ct200: target layers [1, 2, 3] from the config's override" in planned.stderr
+
+
+async def test_one_step_at_a_time_then_the_rest(drill: Drill) -> None:
+    pid = drill.service_pid()
+    first, _ = await run_in_process(drill, Scripted(), one_step=True)
+    assert first.status == "paused" and first.exit_code == EXIT_DONE and first.service_up
+    run_id, state = drill.only_run()
+    assert state["steps"]["stage"]["status"] == "done" and state["steps"]["cache"]["status"] == "done"
+    assert "stop" not in state["steps"] and drill.service_pid() == pid  # nothing past the unit asked for
+    second, seen = await run_in_process(drill, Scripted(), resume=run_id, one_step=True)
+    assert second.status == "paused" and not second.service_up  # paused after the stop, by choice: said so
+    assert "THE SERVICE IS STILL DOWN" in second.message
+    assert steps_seen(seen)["stop"] == "done" and "free-vram" not in steps_seen(seen)
+    last, _ = await run_in_process(drill, Scripted(), resume=run_id)
+    assert last.status == "done" and last.service_up
+    assert len(drill.job_dirs("ct129", "extract")) == 1

@@ -69,6 +69,7 @@ EXIT_DONE, EXIT_FAILED, EXIT_USAGE, EXIT_DOWN = 0, 1, 2, 3
 CONNECT_TIMEOUT_S = 30.0
 PROBE_TIMEOUT_S = 300.0
 LINK_RETRIES = 3  # a step whose link drops is run again this many times
+SETTLED = ("done", "skipped", "left-out")
 START_SETTLE_S = 90.0  # a start cut off by a crash settles on the host within about a minute
 
 
@@ -79,6 +80,14 @@ class StepFailed(Exception):
         super().__init__(f"{step}: {msg}")
         self.step = step
         self.msg = msg
+
+
+class Paused(Exception):
+    """One step was asked for and it is done: the run waits, resumable, for the next."""
+
+    def __init__(self, step: str):
+        super().__init__(f"paused after {step}")
+        self.step = step
 
 
 class Refused(Exception):
@@ -94,7 +103,7 @@ class Engine:
 
     def __init__(self, session: Session, run: Run, decider: Decider, store: RunStore | None = None,
                  restart_on_failure: bool = True, route: str | None = None, plan_only: bool = False,
-                 stage: bool | None = None):
+                 stage: bool | None = None, one_step: bool = False):
         self.session = session
         self.config: Config = session.config
         self.bus = session.bus
@@ -104,6 +113,7 @@ class Engine:
         self.restart_on_failure = restart_on_failure
         self.plan_only = plan_only
         self.stage_override = stage  # None: the plan decides from the target host's RAM
+        self.one_step = one_step  # run the next unsatisfied step (stage + cache together), then pause
         self.route = route or run.state.get("route") or "window"
         if self.route not in ROUTES:
             raise ValueError(f"unknown route {self.route!r}: expected one of {', '.join(ROUTES)}")
@@ -189,6 +199,8 @@ class Engine:
             if self.plan_only:
                 return self._finish("done", "plan only: nothing was changed")
             await self._steps()
+        except Paused as exc:
+            status, message = "paused", f"paused after {exc.step}: the next step runs on resume (run --resume)"
         except Refused as exc:
             status, message = "refused", str(exc)
         except asyncio.CancelledError:
@@ -203,7 +215,7 @@ class Engine:
         finally:
             if self._unsubscribe_telemetry:
                 self._unsubscribe_telemetry()
-        if status != "done":
+        if status not in ("done", "paused"):
             if status != "failed":  # a failed step journalled its own error
                 self.journal(None, message, level="warning")
             await self._compensate(status)
@@ -211,7 +223,7 @@ class Engine:
 
     def _finish(self, status: str, message: str) -> RunFinished:
         down = self.service_down_by_us
-        code = EXIT_DONE if status == "done" else (EXIT_DOWN if down else EXIT_FAILED)
+        code = EXIT_DONE if status in ("done", "paused") else (EXIT_DOWN if down else EXIT_FAILED)
         if not self.plan_only:
             self.state["status"] = status
             self.state["exit_code"] = code
@@ -266,12 +278,14 @@ class Engine:
         steps = ROUTES[self.route]
         if self.route == "window" and "stage" in steps:
             # Stage and cache run side by side while the server still serves.
-            await asyncio.gather(self._do("stage", self._stage), self._do("cache", self._cache))
-            rest = steps[steps.index("cache") + 1:]
+            units = [("stage", "cache"), *((name,) for name in steps[steps.index("cache") + 1:])]
         else:
-            rest = steps[1:]
-        for name in rest:
-            await self._do(name, getattr(self, "_" + name.replace("-", "_")))
+            units = [(name,) for name in steps[1:]]
+        for unit in units:
+            settled = all(self.run.step(n).get("status") in SETTLED for n in unit)
+            await asyncio.gather(*(self._do(n, getattr(self, "_" + n.replace("-", "_"))) for n in unit))
+            if self.one_step and not settled and unit[-1] != steps[-1]:
+                raise Paused(unit[-1])
 
     async def _do(self, name: str, work: Callable[[], Awaitable[str | None]]) -> None:
         """Run one step with its status published; its function returns a detail or raises.

@@ -12,6 +12,7 @@ from textual.widgets import Static
 
 KEYS = [
     ("g", "run the procedure: preflight, stage, cache, stop, free VRAM, extract, restart, evaluate, report"),
+    ("n", "the next step only, then pause (run again, or g, to go on)"),
     ("p", "plan only: preflight, touches nothing"),
     ("c", "cancel the running procedure (it then offers the restart)"),
     ("r", "restart the service (while this run holds it down)"),

@@ -195,7 +195,7 @@ class StandinOperator:
         return approved
 
     async def run(self, decider: Any, resume: str | bool | None = None, route: str | None = None,
-                  no_restart: bool = True) -> m.RunFinished:
+                  no_restart: bool = True, one_step: bool = False) -> m.RunFinished:
         await self.plan()
         for name in ("preflight", "stage", "cache"):
             start = self.now

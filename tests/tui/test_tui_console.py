@@ -305,7 +305,7 @@ async def test_unfinished_run_is_offered_for_resume(op: StandinOperator):
     calls: list = []
     original = op.run
 
-    async def run(decider, resume=None, route=None, no_restart=False):
+    async def run(decider, resume=None, route=None, no_restart=False, one_step=False):
         calls.append(resume)
         return await original(decider, resume=resume)
 
