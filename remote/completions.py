@@ -19,15 +19,12 @@ overwritten (unless --force): the extraction must match the completions it reads
 from __future__ import annotations
 
 import argparse
-import contextlib
 import http.client
 import json
-import socket
-import threading
 from pathlib import Path
 from typing import Any
-from urllib.parse import urlsplit
 
+from remote import http_deadline
 from remote.artifacts import write_json_atomic
 from remote.events import EventWriter, WorkerError, run_worker
 from remote.prompts import Prompt, PromptSet, load_prompts, prompt_token_ids
@@ -42,33 +39,21 @@ class ServerError(WorkerError):
 def http_request(url: str, data: bytes | None, timeout: float) -> tuple[int, bytes]:
     """GET (or POST `data` as JSON) with a total deadline of `timeout` seconds: (status, body).
 
-    The deadline covers connecting, the headers and the whole body (a watchdog shuts the socket
-    down when it passes), so a server that trickles its answer cannot hold the worker. A body cut
-    short, an answer that is not HTTP, or none at all raise ServerError with the URL and what came.
+    The deadline covers connecting, the headers and the whole body (`remote.http_deadline`: a
+    watchdog shuts the socket down when it passes), so a server that trickles its answer cannot hold
+    the worker. A body cut short, an answer that is not HTTP, or none at all raise ServerError with
+    the URL and what came.
     """
-    parts = urlsplit(url)
-    if parts.scheme not in ("http", "https") or not parts.hostname:
-        raise ServerError(f"{url} is not an http(s) URL", url)
-    connection_class = http.client.HTTPSConnection if parts.scheme == "https" else http.client.HTTPConnection
-    conn = connection_class(parts.hostname, parts.port, timeout=timeout)
-    expired = threading.Event()
-
-    def expire() -> None:
-        expired.set()
-        if conn.sock is not None:
-            with contextlib.suppress(OSError):
-                conn.sock.shutdown(socket.SHUT_RDWR)
-
-    watchdog = threading.Timer(timeout, expire)
-    watchdog.daemon = True
-    watchdog.start()
     try:
-        try:
-            conn.request("POST" if data is not None else "GET", (parts.path or "/") + (f"?{parts.query}" if parts.query else ""),
-                         body=data, headers={"Content-Type": "application/json"} if data is not None else {})
-            response = conn.getresponse()
-        except (OSError, http.client.HTTPException) as exc:
-            if expired.is_set():
+        answer = http_deadline.request(url, data, timeout)
+    except http_deadline.HttpDeadlineError as err:
+        exc = err.cause
+        if err.kind == "bad_url":
+            if exc is not None:
+                raise exc from None  # a bad port: as http.client raises it
+            raise ServerError(f"{url} is not an http(s) URL", url) from None
+        if err.kind == "no_answer":
+            if err.expired:
                 raise ServerError(f"cannot reach the server at {url}: no answer within {timeout:g} s", url) from None
             if isinstance(exc, http.client.RemoteDisconnected):
                 raise ServerError(f"cannot reach the server at {url}: it closed the connection without answering",
@@ -77,27 +62,9 @@ def http_request(url: str, data: bytes | None, timeout: float) -> tuple[int, byt
                 line = str(exc.args[0] if exc.args else "")[:120]
                 raise ServerError(f"{url} gave not an HTTP answer: {line!r}", url) from None
             raise ServerError(f"cannot reach the server at {url}: {exc}", url) from None
-        expected, raw, failure = response.length, bytearray(), None
-        try:
-            while chunk := response.read(65536):
-                raw += chunk
-        except http.client.IncompleteRead as exc:
-            raw += exc.partial
-            failure = "cut short"
-        except (OSError, http.client.HTTPException) as exc:
-            failure = f"cut short ({type(exc).__name__})"
-        watchdog.cancel()
-        if (expected is not None and len(raw) < expected) or (expected is None and expired.is_set()):
-            failure = failure or "cut short"
-        if failure is not None:
-            failure = f"not complete within {timeout:g} s" if expired.is_set() else failure
-            of = f" of {expected}" if expected is not None else ""
-            raise ServerError(f"{url} answered HTTP {response.status}, {failure} after {len(raw)}{of} bytes: "
-                              f"{bytes(raw[:200])!r}", url)
-        return response.status, bytes(raw)
-    finally:
-        watchdog.cancel()
-        conn.close()
+        raise ServerError(f"{url} answered HTTP {err.status}, {err.cut_short(exc_message=False)} after "
+                          f"{err.received()}: {err.body[:200]!r}", url) from None
+    return answer.status, answer.body
 
 
 def http_json(url: str, body: dict[str, Any] | None = None, timeout: float = 600.0) -> tuple[int, Any]:

@@ -15,8 +15,6 @@ Cache: `platformdirs.user_cache_dir("dflash-ops")/drill`, or `$DFLASH_OPS_DRILL_
 
 from __future__ import annotations
 
-import contextlib
-import fcntl
 import hashlib
 import json
 import os
@@ -24,7 +22,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass
 from importlib import metadata
 from pathlib import Path
@@ -33,6 +31,7 @@ from typing import Any
 import platformdirs
 
 import remote
+from remote.drill.locks import locked
 
 CACHE_ENV = "DFLASH_OPS_DRILL_CACHE"
 ASSETS_FILE = "assets.json"
@@ -108,17 +107,6 @@ def find_assets(root: Path | None = None, key: str | None = None) -> DrillAssets
     return DrillAssets(entry, facts)
 
 
-@contextlib.contextmanager
-def _build_lock(path: Path) -> Iterator[None]:
-    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX)
-        yield
-    finally:
-        fcntl.flock(fd, fcntl.LOCK_UN)
-        os.close(fd)
-
-
 def _say(msg: str) -> None:
     print(msg, file=sys.stderr, flush=True)
 
@@ -132,7 +120,7 @@ def ensure_assets(python: str = sys.executable, root: Path | None = None,
     if found is not None:
         return found
     root.mkdir(parents=True, exist_ok=True)
-    with _build_lock(root / f".{key}.lock"):
+    with locked(root / f".{key}.lock"):
         found = find_assets(root, key)  # built by another console while we waited for the lock
         if found is not None:
             return found

@@ -27,7 +27,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
-import fcntl
 import getpass
 import json
 import os
@@ -52,6 +51,7 @@ from console.ssh.embedded_server import EmbeddedSSHServer
 from remote.artifacts import write_json_atomic
 from remote.drill import service as drill_service
 from remote.drill import simgpu
+from remote.drill.locks import locked
 from remote.procstat import pid_alive
 
 READY_TIMEOUT_S = 120.0
@@ -153,13 +153,8 @@ def _running_state(layout: DrillLayout) -> dict[str, Any] | None:
 def _drill_lock(layout: DrillLayout) -> Iterator[None]:
     """One `up` / `down` of a drill at a time."""
     layout.dir.mkdir(parents=True, exist_ok=True, mode=0o700)
-    fd = os.open(layout.dir / ".lock", os.O_RDWR | os.O_CREAT, 0o600)
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX)
+    with locked(layout.dir / ".lock"):
         yield
-    finally:
-        fcntl.flock(fd, fcntl.LOCK_UN)
-        os.close(fd)
 
 
 def _log_tail(layout: DrillLayout, chars: int = 3000) -> str:

@@ -15,17 +15,15 @@ cut short, or did not complete in time).
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import http.client
 import json
 import math
 import re
-import socket
-import threading
 import time
 from dataclasses import dataclass
 from typing import Any
-from urllib.parse import urlsplit
+
+from remote import http_deadline
 
 DEFAULT_TIMEOUT_S = 10.0
 MAX_BODY_BYTES = 64 << 20  # no SGLang answer the console asks for comes near this
@@ -55,76 +53,31 @@ def _excerpt(body: bytes) -> str:
 def _request(url: str, data: bytes | None, timeout: float) -> HttpAnswer:
     """GET (or POST `data`) with a total deadline of `timeout` seconds; any HTTP status is returned.
 
-    A watchdog timer shuts the socket down at the deadline, which ends a blocked read at once
-    whatever the server does; a short body (fewer bytes than Content-Length, or a cut chunk) is
-    an error, never taken for the whole answer.
+    The request is `remote.http_deadline.request` (a watchdog ends a blocked read at the deadline;
+    a short body is an error, never taken for the whole answer); its failures become this module's
+    two errors.
     """
-    parts = urlsplit(url)
-    if parts.scheme not in ("http", "https") or not parts.hostname:
-        raise ServerUnreachable(f"{url}: not an http(s) URL")
-    target = (parts.path or "/") + (f"?{parts.query}" if parts.query else "")
-    connection_class = http.client.HTTPSConnection if parts.scheme == "https" else http.client.HTTPConnection
     try:
-        conn = connection_class(parts.hostname, parts.port, timeout=timeout)
-    except ValueError as exc:  # e.g. a port that is not a number
-        raise ServerUnreachable(f"{url}: {exc}") from None
-    expired = threading.Event()
-
-    def expire() -> None:
-        expired.set()
-        if conn.sock is not None:
-            with contextlib.suppress(OSError):
-                conn.sock.shutdown(socket.SHUT_RDWR)
-
-    watchdog = threading.Timer(timeout, expire)
-    watchdog.daemon = True
-    watchdog.start()
-    try:
-        headers = {"Content-Type": "application/json"} if data is not None else {}
-        try:
-            conn.request("POST" if data is not None else "GET", target, body=data, headers=headers)
-            response = conn.getresponse()
-        except http.client.RemoteDisconnected:  # also a BadStatusLine: nothing came back at all
-            raise ServerUnreachable(f"{url}: no answer (the server closed the connection without answering)") from None
-        except http.client.BadStatusLine as exc:
-            if expired.is_set():
-                raise ServerUnreachable(f"{url}: no answer within {timeout:g} s") from None
-            raise ServerAnswerError(f"{url}: not an HTTP answer: {_excerpt(str(exc.args[0] if exc.args else '').encode())}") from None
-        except http.client.HTTPException as exc:  # a header line too long, too many headers, ...
-            raise ServerAnswerError(f"{url}: malformed HTTP answer ({type(exc).__name__}: {exc})") from None
-        except OSError as exc:  # refused, reset, timed out, name not found
-            if expired.is_set():
+        answer = http_deadline.request(url, data, timeout, max_body=MAX_BODY_BYTES)
+    except http_deadline.HttpDeadlineError as err:
+        exc = err.cause
+        if err.kind == "bad_url":
+            raise ServerUnreachable(f"{url}: {exc}" if exc is not None else f"{url}: not an http(s) URL") from None
+        if err.kind == "no_answer":
+            if isinstance(exc, http.client.RemoteDisconnected):  # also a BadStatusLine: nothing came back at all
+                raise ServerUnreachable(f"{url}: no answer (the server closed the connection without answering)") from None
+            if isinstance(exc, http.client.BadStatusLine) and not err.expired:
+                raise ServerAnswerError(f"{url}: not an HTTP answer: {_excerpt(str(exc.args[0] if exc.args else '').encode())}") from None
+            if isinstance(exc, http.client.HTTPException) and not isinstance(exc, http.client.BadStatusLine):
+                raise ServerAnswerError(f"{url}: malformed HTTP answer ({type(exc).__name__}: {exc})") from None
+            if err.expired:
                 raise ServerUnreachable(f"{url}: no answer within {timeout:g} s") from None
             raise ServerUnreachable(f"{url}: no answer ({exc})") from None
-        status, content_type = response.status, response.getheader("Content-Type", "") or ""
-        expected = response.length  # None: chunked, or read until the server closes
-        body = bytearray()
-        failure = None
-        try:
-            while chunk := response.read(65536):
-                body += chunk
-                if len(body) > MAX_BODY_BYTES:
-                    raise ServerAnswerError(f"{url}: HTTP {status} answer larger than {MAX_BODY_BYTES >> 20} MiB")
-        except http.client.IncompleteRead as exc:
-            body += exc.partial
-            failure = "cut short"
-        except (OSError, http.client.HTTPException) as exc:
-            failure = f"cut short ({type(exc).__name__}: {exc})"
-        watchdog.cancel()
-        if expected is not None and len(body) < expected:
-            failure = failure or "cut short"
-        elif failure is None and expired.is_set() and expected is None:
-            failure = "cut short"  # read until close: the deadline's shutdown may have ended it
-        if failure is not None:
-            if expired.is_set():
-                failure = f"not complete within {timeout:g} s"
-            of = f" of {expected}" if expected is not None else ""
-            raise ServerAnswerError(f"{url}: HTTP {status} answer {failure} after {len(body)}{of} bytes: "
-                                    f"{_excerpt(bytes(body))}")
-        return HttpAnswer(status, bytes(body), content_type)
-    finally:
-        watchdog.cancel()
-        conn.close()
+        if err.kind == "too_large":
+            raise ServerAnswerError(f"{url}: HTTP {err.status} answer larger than {MAX_BODY_BYTES >> 20} MiB") from None
+        raise ServerAnswerError(f"{url}: HTTP {err.status} answer {err.cut_short(exc_message=True)} after "
+                                f"{err.received()}: {_excerpt(err.body)}") from None
+    return HttpAnswer(answer.status, answer.body, answer.content_type)
 
 
 class SglangClient:

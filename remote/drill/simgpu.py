@@ -16,7 +16,6 @@ clobber each other and a reader never sees half a file.
 from __future__ import annotations
 
 import contextlib
-import fcntl
 import json
 import os
 from collections.abc import Callable, Iterator
@@ -24,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from remote.artifacts import write_json_atomic
+from remote.drill.locks import locked
 from remote.procstat import pid_alive
 
 DEFAULT_GPU_NAME = "SIMULATED NVIDIA L40S"
@@ -41,13 +41,8 @@ def default_layout(count: int = 2, total_mib: int = DEFAULT_TOTAL_MIB, name: str
 @contextlib.contextmanager
 def _locked(path: Path) -> Iterator[None]:
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd = os.open(f"{path}.lock", os.O_RDWR | os.O_CREAT, 0o600)
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX)
+    with locked(f"{path}.lock"):
         yield
-    finally:
-        fcntl.flock(fd, fcntl.LOCK_UN)
-        os.close(fd)
 
 
 def read(path: str | os.PathLike) -> dict:
