@@ -216,6 +216,7 @@ class HostFit:
     free_mib: int | None = None
     need_mib: int | None = None
     model_path: str | None = None
+    gpus: tuple[int, ...] = ()  # every GPU the extraction uses (more than one: a device_map split)
 
 
 @dataclass(frozen=True)

@@ -144,3 +144,37 @@ def test_a_gpu_taken_during_the_route_stops_the_extraction_and_offers_the_window
         assert not stat.exists() or stat.read_text().rsplit(")", 1)[1].split()[0] in ("Z", "X"), \
             [e["message"] for e in drill.journal()][-8:]
     assert drill.service_pid() == pid  # the server was never touched
+
+
+def test_a_target_too_big_for_one_free_gpu_is_split_over_several(tiny_target: Path, tmp_path: Path) -> None:
+    facts = probe.probe(str(tiny_target))
+    gib = 1 << 30
+    big = {**facts, "model": {**facts["model"], "tensor_bytes": 52 * gib}}  # the story's 52 GB target
+    toml = tmp_path / "ops.toml"
+    toml.write_text(f'''
+[hosts.ct129]
+address = "ct129"
+[hosts.ct200]
+address = "ct200"
+[service]
+host = "ct129"
+unit = "sglang"
+[target]
+model_path = "{tiny_target}"
+paths = {{ ct200 = "{tiny_target}" }}
+[[drafters]]
+name = "ref"
+host = "ct200"
+path = "/d"
+''')
+    config = load_config(toml)
+    # ct200: eight 95 GiB GPUs, six busy training, two with ~30 GiB free each: no one GPU has 52 GB.
+    used = [97000] * 6 + [62000, 63000]
+    samples = {"ct129": _sample("ct129", [47000, 47000]), "ct200": _sample("ct200", used, total=97887)}
+    fits = {f.host: f for f in where_it_fits(config, {"ct129": big, "ct200": big}, samples, 2048, 5)}
+    split = fits["ct200"]
+    assert split.proposed and split.gpus == (6, 7) and "split across GPU6+GPU7" in split.why
+    assert split.free_mib >= split.need_mib > 52 * 1024
+    samples["ct200"] = _sample("ct200", [97000] * 6 + [80000, 80000], total=97887)
+    (short,) = [f for f in where_it_fits(config, {"ct129": big, "ct200": big}, samples, 2048, 5) if f.host == "ct200"]
+    assert not short.proposed and "all of them together" in short.why

@@ -40,7 +40,7 @@ from console.messages import (
 )
 from console.procedure import remote_files
 from console.procedure.decider import Decider
-from console.procedure.fit import longest_tokens, where_it_fits
+from console.procedure.fit import SPLIT_FILL, longest_tokens, where_it_fits
 from console.procedure.steps import ROUTES, Preflight, estimates, planned, size_text, stage_decision
 from console.procedure.store import Run, RunStore
 from console.service.control import ReadyTimeout, ServiceError, start_and_wait
@@ -406,8 +406,12 @@ class Engine:
             if fit is None:
                 raise StepFailed("preflight", "the zero-downtime route needs a host with room, the weights and "
                                               "the same kernels; none has: " + "; ".join(f"{f.host}: {f.why}" for f in self.fits))
-            self.state["facts"]["extract_on"] = {"host": fit.host, "gpu": fit.gpu, "model_path": fit.model_path,
-                                                 "need_mib": fit.need_mib}
+            gpus = list(fit.gpus or (fit.gpu,))
+            sample = samples[fit.host]
+            free = {g.index: (g.mem_total_mib or 0) - (g.mem_used_mib or 0) for g in sample.gpus}
+            self.state["facts"]["extract_on"] = {"host": fit.host, "gpu": fit.gpu, "gpus": gpus,
+                                                 "model_path": fit.model_path, "need_mib": fit.need_mib,
+                                                 "free_mib": {str(i): free.get(i, 0) for i in gpus}}
             self.journal("preflight", f"route zero-downtime: extracting on {fit.host} GPU{fit.gpu}; the server is "
                                       f"never touched")
 
@@ -874,9 +878,13 @@ class Engine:
                                    f"{window}/completions.json", "extract")
         args = self._extract_args(window, False)
         args[args.index("--model") + 1] = model_path
-        env = {} if self.session.simulated.get(host_name) else {"CUDA_VISIBLE_DEVICES": str(chosen["gpu"])}
+        gpus = chosen.get("gpus") or [chosen["gpu"]]
+        if len(gpus) > 1:  # a device_map split, each GPU capped at what it had free (renumbered from 0)
+            caps = ",".join(f"{n}={int(chosen['free_mib'][str(g)] * SPLIT_FILL)}MiB" for n, g in enumerate(gpus))
+            args += ["--device-map", "auto", "--max-memory", caps]
+        env = {} if self.session.simulated.get(host_name) else {"CUDA_VISIBLE_DEVICES": ",".join(map(str, gpus))}
         job = asyncio.create_task(self._job(host_name, "extract", "extract", args, step="extract", env=env))
-        taken = asyncio.create_task(self._gpu_taken(host_name, chosen["gpu"], chosen["need_mib"]))
+        taken = asyncio.create_task(self._gpu_taken(host_name, gpus, chosen["need_mib"]))
         done, _ = await asyncio.wait({job, taken}, return_when=asyncio.FIRST_COMPLETED)
         if taken in done and not job.done():
             job.cancel()
@@ -893,25 +901,32 @@ class Engine:
         return (f"on {host_name} GPU{chosen['gpu']} with the server serving: {result.get('prompts', '?')} prompts, "
                 f"{result.get('tokens', '?')} tokens, layers {result.get('layers')}")
 
-    async def _gpu_taken(self, host: str, gpu: int, need_mib: int) -> str:
-        """Returns (says why) once another process leaves the chosen GPU less room than the extraction
+    async def _gpu_taken(self, host: str, gpus: list[int], need_mib: int) -> str:
+        """Returns (says why) once other processes leave the chosen GPUs less room than the extraction
         needs; our own job's memory is not counted. Watches every telemetry sample of `host`."""
         stream = self.session.streams[host]
         ours = self.state["jobs"].get("extract", {}).get("handle", {}).get("pid")
+        fill = 1.0 if len(gpus) == 1 else SPLIT_FILL
+
+        def room(sample: TelemetrySample) -> int | None:
+            readings = [g for g in sample.gpus if g.index in gpus and g.mem_total_mib is not None]
+            if len(readings) != len(gpus):
+                return None
+            used = others_used(sample, gpus, [ours] if ours else [])
+            if any(used.get(g.index) is None for g in readings):
+                return None
+            return sum(int((g.mem_total_mib - used[g.index]) * fill) for g in readings)
 
         def short(sample: TelemetrySample) -> bool:
-            reading = next((g for g in sample.gpus if g.index == gpu), None)
-            if reading is None or reading.mem_total_mib is None:
-                return False
-            used = others_used(sample, [gpu], [ours] if ours else []).get(gpu)
-            return used is not None and reading.mem_total_mib - used < need_mib
+            left = room(sample)
+            return left is not None and left < need_mib
 
-        sample = await stream.wait_for(short, timeout=1e9) if stream.telemetry.latest is None or not short(
-            stream.telemetry.latest) else stream.telemetry.latest
-        reading = next(g for g in sample.gpus if g.index == gpu)
-        others = [f"pid {p.pid} ({p.mib} MiB)" for p in sample.processes if p.gpu == gpu and p.pid != ours]
-        return (f"GPU{gpu} on {host} was taken by {', '.join(others) or 'another process'}: "
-                f"{reading.mem_used_mib} of {reading.mem_total_mib} MiB used, ~{need_mib} MiB needed")
+        latest = stream.telemetry.latest
+        sample = latest if latest is not None and short(latest) else await stream.wait_for(short, timeout=1e9)
+        names = "+".join(f"GPU{g}" for g in gpus)
+        others = [f"pid {p.pid} ({p.mib} MiB)" for p in sample.processes if p.gpu in gpus and p.pid != ours]
+        return (f"{names} on {host} was taken by {', '.join(others) or 'another process'}: "
+                f"{room(sample)} MiB left, ~{need_mib} MiB needed")
 
     async def _restart_now(self) -> None:
         """The restart started at `gpu_released` (its result is the restart step's)."""

@@ -18,6 +18,7 @@ from console.messages import HostFit, TelemetrySample
 
 MIB = 1 << 20
 CUDA_CONTEXT_MIB = 600  # the CUDA context, cuBLAS workspace and allocator slack of one process
+SPLIT_FILL = 0.9  # of each GPU's free memory, when the target is split over several
 CHARS_PER_TOKEN = 3  # a prompt's tokens before it is tokenised: an over-estimate for code and English
 
 
@@ -80,12 +81,27 @@ def where_it_fits(config: Config, probes: Mapping[str, Mapping[str, Any]],
             fits.append(HostFit(host, False, "every GPU there serves the model", need_mib=need, model_path=path))
             continue
         gpu = max(free, key=lambda i: free[i])
-        if free[gpu] < need:
-            fits.append(HostFit(host, False, f"the freest GPU (GPU{gpu}) has {free[gpu]} MiB free, the extraction "
-                                             f"needs ~{need} MiB (weights + activations of ~{tokens} tokens, estimated)",
-                                gpu, free[gpu], need, path))
+        kernels_note = f"weights at {path}; same kernels as {', '.join(trained_on) or 'the target host'}"
+        estimate = f"~{need} MiB (weights + activations of ~{tokens} tokens, estimated)"
+        if free[gpu] >= need:
+            fits.append(HostFit(host, True, f"GPU{gpu} has {free[gpu]} MiB free for {estimate}; {kernels_note}",
+                                gpu, free[gpu], need, path, (gpu,)))
             continue
-        fits.append(HostFit(host, True, f"GPU{gpu} has {free[gpu]} MiB free for ~{need} MiB (weights + activations "
-                                        f"of ~{tokens} tokens, estimated); weights at {path}; same kernels as "
-                                        f"{', '.join(trained_on) or 'the target host'}", gpu, free[gpu], need, path))
+        # No one GPU has the room: a device_map split over the freest GPUs, each filled to SPLIT_FILL
+        # of its free memory (every split adds a copy of the activations crossing it).
+        chosen, room = [], 0
+        for index in sorted(free, key=lambda i: -free[i]):
+            chosen.append(index)
+            room += int(free[index] * SPLIT_FILL)
+            if room >= need:
+                break
+        if room >= need and len(chosen) > 1:
+            names = "+".join(f"GPU{i}" for i in sorted(chosen))
+            fits.append(HostFit(host, True, f"split across {names} ({room} MiB usable of "
+                                            f"{sum(free[i] for i in chosen)} MiB free) for {estimate}; {kernels_note}",
+                                chosen[0], room, need, path, tuple(sorted(chosen))))
+            continue
+        fits.append(HostFit(host, False, f"the freest GPU (GPU{gpu}) has {free[gpu]} MiB free and all of them together "
+                                         f"{room} MiB usable, the extraction needs {estimate}",
+                            gpu, free[gpu], need, path))
     return fits
