@@ -28,10 +28,11 @@ ROOT = Path(__file__).resolve().parents[2]
 RESULTS = ROOT / "docs" / "gpu-results" / "extract.json"
 DIMS = {**BIG, "num_hidden_layers": 4, "vocab_size": 32000}
 LAYERS = "0,1,2"
-# Two fast runs whose fla autotuners chose other configs (an empty vs a warm Triton cache) differ by
-# bf16 rounding that grows with depth: cosine 1 - 2e-8 at layer 0 to 1 - 6e-6 at layer 3 (max |d|
-# 0.0625) was seen. The bound, per layer of this 4-layer slice, is ~8x that and ~5x tighter than the
-# fast-vs-torch gap (1 - 2.4e-4 at layer 3). With the same configs the runs are identical (max |d| 0).
+# Two fast runs whose fla autotuners chose other configs (an empty vs a warm Triton cache) can differ
+# by bf16 rounding that grows with depth: cosine 1 - 2e-8 at layer 0 to 1 - 6e-6 at layer 3 (max |d|
+# 0.0625) was seen; run 6 traced it to l2norm_fwd_kernel at BT 8 with 8 or 16 warps (a row's sum of
+# squares split across warps). The bound, per layer of this 4-layer slice, is ~9x that and ~5x tighter
+# than the fast-vs-torch gap (1 - 2.4e-4 at layer 3). With the same configs the runs are identical.
 AUTOTUNE_COSINE_BOUND = 5e-5
 
 
