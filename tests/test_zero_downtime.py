@@ -61,15 +61,15 @@ def test_a_host_without_room_is_not_proposed_and_the_route_refused(drill: Drill)
     other = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"])
     try:
         # Someone else's job takes the free GPU and what the training run left on the others.
-        simgpu.hold(gpu_file, holder.pid, 97500, gpus=[7])
-        simgpu.hold(gpu_file, other.pid, 6600, gpus=[0, 1, 2, 3, 4, 5, 6])
+        simgpu.hold(gpu_file, holder.pid, 97800, gpus=[7])
+        simgpu.hold(gpu_file, other.pid, 6850, gpus=[0, 1, 2, 3, 4, 5, 6])  # not even a split has room
         time.sleep(1.5)
         pid = drill.service_pid()
         done = drill.run_cli("run", "--headless", "--yes", "--route", "zero-downtime")
         assert done.returncode == EXIT_FAILED
         text = " ".join(done.stderr.split())
         assert "the zero-downtime route needs a host with room" in text
-        assert "the freest GPU (GPU7) has 387 MiB free" in text
+        assert "the freest GPU (GPU7) has 87 MiB free and all of them together 309 MiB usable" in text
         assert drill.service_pid() == pid
     finally:
         for proc in (holder, other):
