@@ -847,6 +847,8 @@ class Engine:
                 self._gpu_released.set()
                 if self.route == "window" and self.service_down_by_us and self._restart_task is None:
                     # The restart begins now, not after the files are flushed.
+                    self.state["service"]["restart_begun_at"] = time.time()
+                    self.run.save()
                     self._restart_task = asyncio.create_task(self._restart_now(), name="restart-at-gpu-released")
 
         if staged:
