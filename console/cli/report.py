@@ -22,36 +22,12 @@ from rich.text import Text
 
 from console.cli.main import UsageError
 from console.cli.probe import PROBES_FILE
-from console.views.tables import (
-    MISMATCH_THRESHOLD,
-    acceptance_chart,
-    export_json,
-    export_markdown,
-    histogram_chart,
-    kernel_rows,
-    kernel_table,
-    parity_rows,
-    parity_soundness_rows,
-    parity_soundness_table,
-    parity_table,
-    per_prompt_rows,
-    per_prompt_table,
-    provenance_rows,
-    provenance_table,
-    soundness_rows,
-    soundness_table,
-    summary_rows,
-    summary_table,
-    warning_lines,
-    warnings_block,
-)
+from console.views.report import report_renderables, write_report
+from console.views.tables import MISMATCH_THRESHOLD
 from remote.artifacts import read_manifest
 
-REPORT_FORMAT = "dflash-ops.report/1"
 RESULTS_FILE = "results.json"
 PARITY_FILE = "parity.json"
-MARKDOWN_FILE = "report.md"
-JSON_FILE = "report.json"
 
 
 def _read_json(path: Path, what: str) -> dict[str, Any]:
@@ -98,51 +74,15 @@ def read_run(run_dir: Path) -> tuple[dict[str, Any], dict[str, Any] | None, dict
     return results, parity, probes
 
 
-def _table_json(rows: tuple[list[str], list[list[str]], list[str]]) -> dict[str, Any]:
-    headers, body, styles = rows
-    return {"headers": headers, "rows": body, "flagged": [bool(s and ("red" in s or "yellow" in s)) for s in styles]}
-
-
 def run(args: argparse.Namespace) -> int:
     """`dflash-ops report RUN_DIR`: print the tables, write report.md and report.json beside them."""
     given = Path(args.run_dir)
     run_dir = given.parent if given.name == RESULTS_FILE and given.is_file() else given
-    results, parity, probes = read_run(run_dir)
-    two_hosts = None
-    if probes and len(probes) >= 2:
-        (host_a, probe_a), (host_b, probe_b) = list(probes.items())[:2]
-        two_hosts = (host_a, probe_a, host_b, probe_b)
-
+    loaded = read_run(run_dir)
     threshold = float(getattr(args, "mismatch_threshold", None) or MISMATCH_THRESHOLD)
     console = Console()
-    if warning_lines(results, threshold):
-        console.print(warnings_block(results, threshold))
-    console.print(summary_table(results))
-    console.print(provenance_table(results))
-    console.print(per_prompt_table(results))
-    console.print(acceptance_chart(results))
-    console.print(histogram_chart(results))
-    if results.get("soundness"):
-        console.print(soundness_table(results["soundness"]))
-    if parity:
-        console.print(parity_table(parity))
-        if parity.get("soundness"):
-            console.print(parity_soundness_table(parity))
-    if two_hosts:
-        console.print(kernel_table(*two_hosts))
-
-    markdown = export_markdown(results, run_dir / MARKDOWN_FILE, parity=parity, probes=two_hosts)
-    tables = {"summary": _table_json(summary_rows(results, threshold)),
-              "provenance": _table_json(provenance_rows(results)),
-              "per_prompt": _table_json(per_prompt_rows(results)),
-              "soundness": _table_json(soundness_rows(results.get("soundness")))}
-    if parity:
-        tables["parity"] = _table_json(parity_rows(parity))
-        tables["parity_soundness"] = _table_json(parity_soundness_rows(parity))
-    if two_hosts:
-        tables["kernels"] = _table_json(kernel_rows(*two_hosts))
-    report = {"format": REPORT_FORMAT, "run_dir": str(run_dir.resolve()), "results": results,
-              "parity": parity, "probes": probes, "tables": tables, "warnings": warning_lines(results, threshold)}
-    exported = export_json(report, run_dir / JSON_FILE)
+    for part in report_renderables(*loaded, threshold=threshold):
+        console.print(part)
+    _, (markdown, exported) = write_report(run_dir, threshold=threshold, loaded=loaded)
     console.print(Text(f"wrote {markdown} and {exported}"))
     return 0

@@ -45,17 +45,15 @@ async def run_procedure(operator: Operator, decider: Decider, resume: str | bool
 
 
 def show_results(operator: Operator, run_id: str, console: Console) -> None:
-    """The result tables of a finished run."""
+    """The result tables of a finished run (the same as `dflash-ops report` shows)."""
     from console.cli.report import read_run
-    from console.views.tables import acceptance_chart, per_prompt_table, summary_table
+    from console.views.report import report_renderables
 
     results_dir = operator.run_dir(run_id) / "results"
     if not (results_dir / "results.json").exists():
         return
-    results, _parity, _probes = read_run(results_dir)
-    console.print(summary_table(results))
-    console.print(per_prompt_table(results))
-    console.print(acceptance_chart(results))
+    for part in report_renderables(*read_run(results_dir)):
+        console.print(part)
     console.print(Text(f"report: {operator.run_dir(run_id) / 'report.md'}"))
 
 

@@ -1,7 +1,7 @@
-"""The report of an evaluation: read a complete results directory, write report.md and report.json.
+"""The report of an evaluation: its tables to print, and report.md / report.json to keep.
 
-Shared by `dflash-ops report`, the engine's report step and the TUI's export keys, so the three
-never disagree about what a report holds.
+Shared by `dflash-ops report`, the engine's report step, `run --headless` and the console's export
+key, so they never disagree about what a report holds.
 """
 
 from __future__ import annotations
@@ -9,13 +9,30 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from rich.console import RenderableType
+
 from console.views.tables import (
+    MISMATCH_THRESHOLD,
+    acceptance_chart,
     export_json,
     export_markdown,
+    histogram_chart,
     kernel_rows,
+    kernel_table,
     parity_rows,
+    parity_soundness_rows,
+    parity_soundness_table,
+    parity_table,
     per_prompt_rows,
+    per_prompt_table,
+    provenance_rows,
+    provenance_table,
+    soundness_rows,
+    soundness_table,
     summary_rows,
+    summary_table,
+    warning_lines,
+    warnings_block,
 )
 
 REPORT_FORMAT = "dflash-ops.report/1"
@@ -35,20 +52,47 @@ def two_hosts(probes: dict[str, dict] | None) -> tuple[str, dict, str, dict] | N
     return host_a, probe_a, host_b, probe_b
 
 
-def write_report(results_dir: Path, out_dir: Path | None = None) -> tuple[dict[str, Any], tuple[Path, Path]]:
-    """Read the complete evaluation in `results_dir` and write report.md / report.json into `out_dir`
-    (default: beside the results). Returns the results and the two paths."""
+def report_renderables(results: dict[str, Any], parity: dict[str, Any] | None, probes: dict[str, dict] | None,
+                       threshold: float = MISMATCH_THRESHOLD) -> list[RenderableType]:
+    """Everything the terminal shows of a report, warnings first."""
+    parts: list[RenderableType] = []
+    if warning_lines(results, threshold):
+        parts.append(warnings_block(results, threshold))
+    parts += [summary_table(results), provenance_table(results), per_prompt_table(results),
+              acceptance_chart(results), histogram_chart(results)]
+    if results.get("soundness"):
+        parts.append(soundness_table(results["soundness"]))
+    if parity:
+        parts.append(parity_table(parity))
+        if parity.get("soundness"):
+            parts.append(parity_soundness_table(parity))
+    hosts = two_hosts(probes)
+    if hosts:
+        parts.append(kernel_table(*hosts))
+    return parts
+
+
+def write_report(results_dir: Path, out_dir: Path | None = None, threshold: float = MISMATCH_THRESHOLD,
+                 loaded: tuple[dict[str, Any], dict[str, Any] | None, dict[str, dict] | None] | None = None,
+                 ) -> tuple[dict[str, Any], tuple[Path, Path]]:
+    """Write report.md / report.json of the complete evaluation in `results_dir` into `out_dir`
+    (default: beside the results). `loaded`: what `read_run` already read. Returns the results and
+    the two paths."""
     from console.cli.report import read_run
 
     out_dir = out_dir or results_dir
-    results, parity, probes = read_run(results_dir)
+    results, parity, probes = loaded or read_run(results_dir)
     hosts = two_hosts(probes)
     markdown = export_markdown(results, out_dir / MARKDOWN_FILE, parity=parity, probes=hosts)
-    tables = {"summary": table_json(summary_rows(results)), "per_prompt": table_json(per_prompt_rows(results))}
+    tables = {"summary": table_json(summary_rows(results, threshold)),
+              "provenance": table_json(provenance_rows(results)),
+              "per_prompt": table_json(per_prompt_rows(results)),
+              "soundness": table_json(soundness_rows(results.get("soundness")))}
     if parity:
         tables["parity"] = table_json(parity_rows(parity))
+        tables["parity_soundness"] = table_json(parity_soundness_rows(parity))
     if hosts:
         tables["kernels"] = table_json(kernel_rows(*hosts))
     report = {"format": REPORT_FORMAT, "run_dir": str(results_dir.resolve()), "results": results,
-              "parity": parity, "probes": probes, "tables": tables}
+              "parity": parity, "probes": probes, "tables": tables, "warnings": warning_lines(results, threshold)}
     return results, (markdown, export_json(report, out_dir / JSON_FILE))
