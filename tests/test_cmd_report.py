@@ -7,47 +7,22 @@ import json
 from pathlib import Path
 
 import pytest
-import torch
 
 from console.cli.main import main
 from console.views.tables import ratio_text
-from remote.drafter import save_random_drafter
-from remote.drill.synthetic import build_copying_setup, random_sequences, write_extraction
-from remote.evaluate import main as evaluate_main
-from remote.events import EventWriter
-from remote.parity import compare_dirs
+from tests.tui.rundir import evaluation, parity
 
 
 @pytest.fixture(scope="module")
 def run_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """An evaluation output directory written by the real evaluator (in-process, on CPU)."""
-    root = tmp_path_factory.mktemp("report")
-    setup = build_copying_setup(root / "copying", block_size=16)
-    random = save_random_drafter(root / "random", 34, 32, [1, 2], 4, block_size=16, mask_token_id=31, seed=3)
-    out = root / "eval"
-    evaluate_main(EventWriter(path=str(root / "events.jsonl")), [
-        "--states", str(setup["states"]), "--target", str(setup["target"]), "--drafter", f"copy={setup['drafter']}",
-        "--drafter", f"random={random}", "--reference", "copy", "--out", str(out), "--device", "cpu",
-        "--budgets", "8,16"])
-    return out
+    return evaluation(tmp_path_factory.mktemp("report"))
 
 
 def report_warnings(run_dir: Path) -> list[str]:
     warnings = json.loads((run_dir / "report.json").read_text())["warnings"]
     assert any("off-policy" in w for w in warnings)
     return warnings
-
-
-def _parity(root: Path) -> dict:
-    """A real remote.parity comparison of two extractions that differ on one layer."""
-    seqs = random_sequences(2, 8, 20, 32, seed=1)
-    hidden = [torch.randn(20, 2, 16, generator=torch.Generator().manual_seed(i)) for i in range(2)]
-    a = write_extraction(root / "a", [{**s, "hidden": h} for s, h in zip(seqs, hidden, strict=True)], [1, 2], 16)
-    noisy = [h.clone() for h in hidden]
-    for h in noisy:
-        h[:, 1] = -h[:, 1]  # layer 2 flipped: cosine -1, flagged
-    b = write_extraction(root / "b", [{**s, "hidden": h} for s, h in zip(seqs, noisy, strict=True)], [1, 2], 16)
-    return compare_dirs(a, b)
 
 
 @pytest.fixture(autouse=True)
@@ -58,7 +33,7 @@ def wide_terminal(monkeypatch: pytest.MonkeyPatch) -> None:
 def test_report_prints_tables_and_writes_exports(run_dir: Path, tmp_path: Path, fake_probes: dict,
                                                  capsys: pytest.CaptureFixture[str]):
     results = json.loads((run_dir / "results.json").read_text())
-    (run_dir / "parity.json").write_text(json.dumps(_parity(tmp_path)))
+    (run_dir / "parity.json").write_text(json.dumps(parity(tmp_path)))
     (run_dir / "probes.json").write_text(json.dumps({"format": "dflash-ops.probes/1", "hosts": fake_probes,
                                                      "failed": {}}))
 

@@ -77,6 +77,29 @@ def test_a_host_without_room_is_not_proposed_and_the_route_refused(drill: Drill)
             proc.wait()
 
 
+def two_host_config(tmp_path: Path, target: Path, copy_on: str = "ct300", extra_host: str | None = None):
+    """A real config file: the service on ct129, the drafters on ct200, a copy of the target on `copy_on`."""
+    extra = f'[hosts.{extra_host}]\naddress = "{extra_host}"\n' if extra_host else ""
+    path = tmp_path / "ops.toml"
+    path.write_text(f'''
+[hosts.ct129]
+address = "ct129"
+[hosts.ct200]
+address = "ct200"
+{extra}[service]
+host = "ct129"
+unit = "sglang"
+[target]
+model_path = "{target}"
+paths = {{ {copy_on} = "{target}" }}
+[[drafters]]
+name = "ref"
+host = "ct200"
+path = "/d"
+''')
+    return load_config(path)
+
+
 def _sample(host: str, used: list[int], total: int = 49140) -> TelemetrySample:
     gpus = tuple(GpuReading(i, "GPU", None, u, total, 0.0, 30.0, 50.0) for i, u in enumerate(used))
     return TelemetrySample(host, 1, time.time(), 1.0, "nvml", False, None, gpus, ())
@@ -88,26 +111,7 @@ def test_no_weights_or_other_kernels_are_not_proposed(tiny_target: Path, tmp_pat
     facts = probe.probe(str(tiny_target))
     other = {**facts, "kernels": {**facts["kernels"], "bound": {**facts["kernels"]["bound"],
                                                                 "causal_conv1d_fn": "causal_conv1d.cpp_functions"}}}
-    toml = tmp_path / "ops.toml"
-    toml.write_text(f'''
-[hosts.ct129]
-address = "ct129"
-[hosts.ct200]
-address = "ct200"
-[hosts.ct300]
-address = "ct300"
-[service]
-host = "ct129"
-unit = "sglang"
-[target]
-model_path = "{tiny_target}"
-paths = {{ ct300 = "{tiny_target}" }}
-[[drafters]]
-name = "ref"
-host = "ct200"
-path = "/d"
-''')
-    config = load_config(toml)
+    config = two_host_config(tmp_path, tiny_target, extra_host="ct300")
     samples = {"ct129": _sample("ct129", [47000, 47000]), "ct200": _sample("ct200", [0]),
                "ct300": _sample("ct300", [0])}
     fits = {f.host: f for f in where_it_fits(config, {"ct129": facts, "ct200": facts, "ct300": other}, samples, 500, 3)}
@@ -150,24 +154,7 @@ def test_a_target_too_big_for_one_free_gpu_is_split_over_several(tiny_target: Pa
     facts = probe.probe(str(tiny_target))
     gib = 1 << 30
     big = {**facts, "model": {**facts["model"], "tensor_bytes": 52 * gib}}  # the story's 52 GB target
-    toml = tmp_path / "ops.toml"
-    toml.write_text(f'''
-[hosts.ct129]
-address = "ct129"
-[hosts.ct200]
-address = "ct200"
-[service]
-host = "ct129"
-unit = "sglang"
-[target]
-model_path = "{tiny_target}"
-paths = {{ ct200 = "{tiny_target}" }}
-[[drafters]]
-name = "ref"
-host = "ct200"
-path = "/d"
-''')
-    config = load_config(toml)
+    config = two_host_config(tmp_path, tiny_target, copy_on="ct200")
     # ct200: eight 95 GiB GPUs, six busy training, two with ~30 GiB free each: no one GPU has 52 GB.
     used = [97000] * 6 + [62000, 63000]
     samples = {"ct129": _sample("ct129", [47000, 47000]), "ct200": _sample("ct200", used, total=97887)}
