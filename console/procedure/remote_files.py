@@ -21,12 +21,14 @@ from console.ssh.hosts import Host, HostError
 
 Progress = Callable[[int, int], None]
 
-# Prints {relative path: [size, sha256]} for every file under argv[1] (sorted, no dot-files).
+# Prints {relative path: [size, sha256]} for every file under argv[1] (sorted, no dot-files); for a
+# file, {its name: [size, sha256]} alone.
 _HASH_TREE = r"""
 import hashlib, json, os, sys
 root = sys.argv[1]
 out = {}
-for dirpath, dirs, files in os.walk(root):
+walk = [(os.path.dirname(root), [], [os.path.basename(root)])] if os.path.isfile(root) else os.walk(root)
+for dirpath, dirs, files in walk:
     dirs[:] = sorted(d for d in dirs if not d.startswith("."))
     for name in sorted(files):
         if name.startswith("."):
@@ -36,7 +38,7 @@ for dirpath, dirs, files in os.walk(root):
         with open(path, "rb") as f:
             for block in iter(lambda: f.read(1 << 20), b""):
                 h.update(block)
-        out[os.path.relpath(path, root)] = [os.path.getsize(path), h.hexdigest()]
+        out[os.path.relpath(path, root) if path != root else name] = [os.path.getsize(path), h.hexdigest()]
 print(json.dumps(out, sort_keys=True))
 """
 
@@ -141,9 +143,9 @@ async def relay_file(src: Host, src_path: str, dst: Host, dst_path: str, progres
 
 
 async def hash_tree_file(host: Host, path: str) -> tuple[int, str]:
-    """(size, sha256) of one file on the host."""
-    parent, name = path.rsplit("/", 1)
-    files = await hash_tree(host, parent)
+    """(size, sha256) of one file on the host (that file alone is read)."""
+    name = path.rsplit("/", 1)[1]
+    files = await hash_tree(host, path)
     if name not in files:
         raise FileNotFoundError(f"{host.name}:{path}")
     return files[name]
