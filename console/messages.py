@@ -420,3 +420,40 @@ class JobStalled:
     silent_s: float
     last_event: dict[str, object] | None
     stderr_tail: str
+
+
+@dataclass(frozen=True)
+class ForecastPhase:
+    """One phase of the window's forecast downtime, with what it is based on."""
+
+    name: str  # "stop" | "free-vram" | "extract" | "start"
+    seconds: float
+    basis: str  # in the operator's words: "median of 3 earlier runs on ct129", "54 GiB at 3.1 GB/s (probe)"
+    spread_s: float | None = None  # (max - min) of the earlier runs it is based on, when there are several
+    estimated: bool = False  # True when no measurement of this host backs it (labelled "estimate")
+
+
+@dataclass(frozen=True)
+class Forecast:
+    """The window's downtime before the stop, by phase; `budget_s` from `[window] max_downtime_s`."""
+
+    run_id: str
+    downtime_s: float
+    phases: tuple[ForecastPhase, ...]
+    budget_s: float | None = None
+    over_budget: bool = False
+
+
+@dataclass(frozen=True)
+class WindowProjection:
+    """During the window: when the service is expected back, re-projected as the extraction goes.
+
+    Times are epoch seconds on the console's clock; `extract_eta_s` is the extraction's time left
+    (tokens left / measured rate), None before a rate is known."""
+
+    run_id: str
+    down_since: float
+    expected_ready_at: float
+    extract_eta_s: float | None = None
+    budget_ends_at: float | None = None
+    basis: str = ""
