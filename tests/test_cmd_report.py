@@ -95,3 +95,32 @@ def test_incomplete_or_missing_runs_are_refused_in_one_line(run_dir: Path, tmp_p
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "no manifest.json: the output is incomplete" in err
     assert not (partial / "report.md").exists()
+
+
+def test_a_runs_own_directory_is_reported_from_its_results(run_dir: Path, tmp_path: Path,
+                                                           capsys: pytest.CaptureFixture[str]):
+    """`report RUNS/<id>` (what `runs` lists) reads the run's results/ and refreshes its report beside
+    state.json, as the engine's report step writes it; a bare id is looked up in --runs."""
+    from tests.tui.rundir import RUN_ID, build_run
+
+    runs = tmp_path / "runs"
+    directory = build_run(runs, run_dir)
+    assert main(["report", str(directory)]) == 0
+    out = capsys.readouterr().out
+    assert "copy (reference)" in out and "tau vanilla (macro" in out
+    assert f"wrote {directory / 'report.md'}" in out
+    report = json.loads((directory / "report.json").read_text())
+    assert report["run_dir"] == str((directory / "results").resolve())
+    assert "## Summary" in (directory / "report.md").read_text()
+
+    assert main(["report", RUN_ID, "--runs", str(runs)]) == 0
+    assert "copy (reference)" in capsys.readouterr().out
+
+
+def test_a_run_without_results_is_refused_saying_why(tmp_path: Path, capsys: pytest.CaptureFixture[str]):
+    from console.procedure.store import RunStore
+
+    run = RunStore(tmp_path / "runs").create(None, None)
+    assert main(["report", str(run.dir)]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and str(run.dir) in err and "no results yet" in err and "running" in err

@@ -138,8 +138,12 @@ def _add_report(sub: argparse._SubParsersAction) -> None:
     parser = sub.add_parser(
         "report", help="print an evaluation's result tables and export them as Markdown and JSON",
         description="Print the result tables of an evaluation output directory (results.json, with "
-                    "parity.json and probes.json when beside it) and write report.md and report.json there.")
-    parser.add_argument("run_dir", metavar="RUN_DIR", help="the evaluation's output directory (or its results.json)")
+                    "parity.json and probes.json when beside it) and write report.md and report.json there; "
+                    "or of a run (RUNS/<id>, or its id, as `dflash-ops runs` lists it): its results/, the "
+                    "report written in the run's directory.")
+    parser.add_argument("run_dir", metavar="RUN_DIR",
+                        help="the evaluation's output directory (or its results.json), or a run's directory or id")
+    _add_runs_option(parser)
     parser.set_defaults(run=_cmd_report)
 
 

@@ -1,6 +1,8 @@
 """`dflash-ops report RUN_DIR`: an evaluation's result tables in the terminal, and exported beside it.
 
-RUN_DIR is the output directory of `remote.evaluate` (or its `results.json`). It is read only when
+RUN_DIR is the output directory of `remote.evaluate` (or its `results.json`), or a run's own directory
+in the run store (`RUNS/<id>`, what `dflash-ops runs` lists, or the bare id): its `results/` are read
+and its report is written beside its `state.json`, where the engine's report step keeps it. It is read only when
 complete (its `manifest.json`, written last, lists every file); `parity.json` (from `remote.parity`)
 and `probes.json` (from `dflash-ops probe --out`) are added to the report when they lie beside it.
 Shown too: warnings first (g-vs-x above 2% and what it means, unsound layers evaluated anyway,
@@ -22,6 +24,7 @@ from rich.text import Text
 
 from console.cli.main import UsageError
 from console.cli.probe import PROBES_FILE
+from console.procedure.store import STATE, RunStore, RunStoreError
 from console.views.report import report_renderables, write_report
 from console.views.tables import MISMATCH_THRESHOLD
 from remote.artifacts import read_manifest
@@ -74,15 +77,37 @@ def read_run(run_dir: Path) -> tuple[dict[str, Any], dict[str, Any] | None, dict
     return results, parity, probes
 
 
+def evaluation_dirs(given: Path, runs: str | None = None) -> tuple[Path, Path]:
+    """(the evaluation's directory, where its report goes) for what `report` was given: the evaluation
+    directory or its results.json (the report beside them), or a run of the store (its results/, the
+    report in the run's directory)."""
+    if given.name == RESULTS_FILE and given.is_file():
+        return given.parent, given.parent
+    store = RunStore(runs)
+    if not given.exists() and len(given.parts) == 1 and (store.root / given / STATE).is_file():
+        given = store.root / given  # a bare run id, as `runs` lists it
+    if not (given / STATE).is_file():
+        return given, given
+    results = given / "results"
+    if not (results / RESULTS_FILE).is_file():
+        try:
+            status = store.open(str(given)).state.status
+        except RunStoreError as exc:
+            status = f"unreadable: {exc}"
+        raise UsageError(f"{given}: this run has no results yet (status {status}): its evaluation has not "
+                         f"been fetched; `dflash-ops run --resume {given.name}` continues it")
+    return results, given
+
+
 def run(args: argparse.Namespace) -> int:
-    """`dflash-ops report RUN_DIR`: print the tables, write report.md and report.json beside them."""
-    given = Path(args.run_dir)
-    run_dir = given.parent if given.name == RESULTS_FILE and given.is_file() else given
+    """`dflash-ops report RUN_DIR`: print the tables, write report.md and report.json beside them
+    (a run's: in its directory)."""
+    run_dir, out_dir = evaluation_dirs(Path(args.run_dir), getattr(args, "runs", None))
     loaded = read_run(run_dir)
     threshold = float(getattr(args, "mismatch_threshold", None) or MISMATCH_THRESHOLD)
     console = Console()
     for part in report_renderables(*loaded, threshold=threshold):
         console.print(part)
-    _, (markdown, exported) = write_report(run_dir, threshold=threshold, loaded=loaded)
+    _, (markdown, exported) = write_report(run_dir, out_dir, threshold=threshold, loaded=loaded)
     console.print(Text(f"wrote {markdown} and {exported}"))
     return 0
