@@ -120,6 +120,7 @@ class ConsoleApp(App[int]):
         self._host_errors: dict[str, str] = {}
         self._queued: dict[Any, CoreMessage] = {}  # replace key -> its message still in the queue
         self._down_from_store: str | None = None  # the downtime was read from an unfinished run's state
+        self._quit_when_up = False  # "wait until ready, then quit" was chosen
         config = operator.config
         service = config.service
         self.service_name = service.unit if service.manager == "systemd" else "server"
@@ -225,7 +226,9 @@ class ConsoleApp(App[int]):
         self._errors_in(payload)
         if kind == "downtime":
             self.refresh_bindings()
-            self._banner()  # on every screen, under a modal too: the banner shows through
+            self.refresh_banners()  # on every screen, under a modal too: the banner shows through
+            if self._quit_when_up and self.state.down_since is None:
+                self.call_later(self._quit_now)
         if kind is None:
             return
         screen = self.screen
@@ -266,15 +269,16 @@ class ConsoleApp(App[int]):
             for dashboard in self.screen_stack:
                 if isinstance(dashboard, DashboardScreen):
                     dashboard.refresh_part("service")
-        self._banner()
+        self.refresh_banners()
 
-    def _banner(self) -> None:
+    def refresh_banners(self) -> None:
+        """The DOWN banner of every screen and modal, with the time that moved on."""
         for screen in self.screen_stack:
             for banner in screen.query(DowntimeBanner):
-                banner.show(self.state.down_since, self.now(), self.can_restart())
+                banner.show(self.state, self.now(), self.can_restart())
 
     def on_screen_resume(self) -> None:
-        self._banner()
+        self.refresh_banners()
 
     # --- errors ---------------------------------------------------------------------------------
 
@@ -295,6 +299,10 @@ class ConsoleApp(App[int]):
                 WorkerState.SUCCESS, WorkerState.ERROR, WorkerState.CANCELLED):
             self.state.running = bool([w for w in self.workers if w.group == "procedure" and not w.is_finished])
             self.refresh_bindings()
+            if self._quit_when_up and self.state.down_since is not None and not self.restarting():
+                self._quit_when_up = False  # the restart ended without the service back: say so, stay
+                self.show_error(ErrorReport("not quitting: the service is still down",
+                                            "The restart ended without the service ready. r restarts it."))
 
     # --- actions --------------------------------------------------------------------------------
 
@@ -310,13 +318,17 @@ class ConsoleApp(App[int]):
     def check_action(self, action: str, parameters: tuple[object, ...]) -> bool | None:
         if action in self.ACTING and self.read_only:
             return False  # read-only: no key that acts is offered
-        if isinstance(self.screen, ModalScreen) and action in self.ACTING | {"open_results", "runs"}:
-            return False
+        if isinstance(self.screen, ModalScreen) and action in self.ACTING | {"open_results", "runs", "help", "quit"}:
+            return False  # a modal's footer names its own keys; these do nothing there
         here = type(self.screen).__name__
+        if here == "PlanScreen" and action in self.ACTING:
+            return False  # the plan is read there; escape goes back
         if (action == "open_results" and here == "ResultsScreen") or (action == "runs" and here == "RunsScreen"):
             return False  # already there: escape goes back
         busy = self.state.running
-        if action in ("run_procedure", "plan", "next_step", "zero_downtime"):
+        if action == "plan":
+            return not busy or self.state.plan is not None  # during a run: the run's plan, to read
+        if action in ("run_procedure", "next_step", "zero_downtime"):
             return not busy
         if action == "cancel_run":
             return busy
@@ -360,11 +372,27 @@ class ConsoleApp(App[int]):
 
     @work(exclusive=True, exit_on_error=False, group="procedure", description="the plan")
     async def plan_procedure(self) -> m.PlanReady:
-        return await self.operator.plan()
+        plan = await self.operator.plan()
+        self.show_plan(plan)
+        return plan
+
+    def show_plan(self, plan: m.PlanReady) -> None:
+        from screens.plan import PlanScreen
+
+        if isinstance(self.screen, PlanScreen):
+            self.pop_screen()
+        if not isinstance(self.screen, ModalScreen):  # a question came up meanwhile: it goes first
+            self.push_screen(PlanScreen(plan))
 
     def action_plan(self) -> None:
-        if not self.read_only and not self.state.running:
-            self.plan_procedure()
+        """Plan (preflight only) and show it; during a run, the run's plan as it stands."""
+        if self.read_only:
+            return
+        if self.state.running:
+            if self.state.plan is not None:
+                self.show_plan(self.state.plan)
+            return
+        self.plan_procedure()
 
     def action_cancel_run(self) -> None:
         if not self.read_only and self.state.running:
@@ -378,6 +406,22 @@ class ConsoleApp(App[int]):
     def action_restart_service(self) -> None:
         if self.can_restart() and not self._service_busy():
             self.restart()
+
+    def why_no_restart(self) -> str:
+        """What `r` says when it cannot act."""
+        if self.read_only:
+            return "read-only: this console restarts nothing"
+        if self.state.down_since is None:
+            return "the service is not down because of this run: nothing to restart"
+        if self.state.running:
+            return "the run restarts the service itself once the extraction is done (c cancels it, then offers the restart)"
+        return "a restart is already under way"
+
+    def on_key(self, event: events.Key) -> None:
+        """A key whose binding cannot act here reaches the app: `r` says why rather than nothing."""
+        if event.key == "r" and not isinstance(self.screen, ModalScreen):
+            event.stop()
+            self.notify(self.why_no_restart(), title="r: no restart", severity="warning", timeout=6)
 
     def action_help(self) -> None:
         if not isinstance(self.screen, HelpModal):
@@ -422,8 +466,13 @@ class ConsoleApp(App[int]):
         self.read_only = True
         self.sub_title = "read-only  " + ", ".join(self.operator.config.hosts)
         self.refresh_bindings()
-        self._banner()
+        self.refresh_banners()
         self.notify("read-only: no key acts now")
+
+    def restarting(self) -> bool:
+        """A restart is under way: the restart key's, or the procedure's restart step."""
+        step = self.state.steps.get("restart")
+        return self._service_busy() or (self.state.running and step is not None and step.status == "running")
 
     async def action_quit(self) -> None:
         if self.state.down_since is not None:
@@ -431,12 +480,17 @@ class ConsoleApp(App[int]):
                 return
 
             def answered(answer: str | None) -> None:
-                if answer == "quit":
+                if answer == "leave":
                     self.call_later(self._quit_now)
                 elif answer == "restart":
                     self._restart_then_quit()
+                elif answer == "wait":
+                    self._quit_when_up = True
+                    self.notify("quitting once the service is ready", timeout=10)
 
-            self.push_screen(QuitWhileDownModal(self.state.down_since, self.now(), self.can_restart()),
+            restarting = self.restarting()
+            self.push_screen(QuitWhileDownModal(self.state.down_since, self.now(),
+                                                self.can_restart() and not restarting, restarting=restarting),
                              callback=answered)
             return
         if self.state.running and not self.read_only:
@@ -504,7 +558,8 @@ class ConsoleApp(App[int]):
             yield SystemCommand("Read-only", "stop offering anything that acts, for the rest of this session",
                                 self.action_read_only)
         yield SystemCommand("Help", "the keys", self.action_help)
-        yield from super().get_system_commands(screen)
+        # Textual's own "Keys" panel says the same as Help, less well: one of them is enough.
+        yield from (c for c in super().get_system_commands(screen) if c.title != "Keys")
 
 
 def run_app(operator: Any, *, autostart: bool = False, resume: str | bool | None = None) -> int:

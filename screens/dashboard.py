@@ -68,12 +68,12 @@ class DashboardScreen(Screen):
                                state.received.get(panel.host))
         elif kind in ("service", "downtime"):
             self.query_one(ServicePanel).show(state.service, state.downtime, state.startup, now)
-            self.query_one(DowntimeBanner).show(state.down_since, now, self.app.can_restart())
+            self.query_one(DowntimeBanner).show(state, now, self.app.can_restart())
         elif kind == "steps":
             self.query_one(Stepper).show(state.steps, state.planned, state.run_id, state.route, now,
-                                         compact=self.app.has_class("narrow"))
+                                         compact=self.app.has_class("narrow"), running=state.running)
         elif kind == "job":
-            self.query_one(JobPanel).show(state.current_jobs())
+            self.query_one(JobPanel).show(state.current_jobs(), now)
         elif kind == "journal":
             self.query_one(EventLog).catch_up(state.journal, state.journal_count)
 
@@ -81,6 +81,8 @@ class DashboardScreen(Screen):
         """Once a second: the clocks that move without a message (ages, timers, durations)."""
         self.refresh_part("service")
         self.refresh_part("steps")
+        if self.app.state.extraction() is not None:  # its time left counts down between reports
+            self.refresh_part("job")
         state, now = self.app.state, self.app.now()
         for panel in self.query(HostPanel):  # a host whose samples flow repaints with the next one anyway
             host, received = state.hosts.get(panel.host), state.received.get(panel.host)

@@ -22,7 +22,8 @@ from textual_plotext import PlotextPlot
 from console.procedure.store import JOURNAL, STATE, TELEMETRY, read_jsonl
 from console.views.probe_table import probe_table
 from console.views.tables import drafter_order, parity_table, per_prompt_table, summary_table
-from screens.format import clock, duration
+from console.views.units import duration
+from screens.format import clock
 from screens.widgets.downtime_banner import DowntimeBanner
 
 if TYPE_CHECKING:

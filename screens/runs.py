@@ -17,7 +17,7 @@ from textual.screen import Screen
 from textual.widgets import DataTable, Footer, Header, Static
 
 from console.procedure.store import RunSummary
-from screens.format import duration
+from console.views.units import duration
 from screens.widgets.downtime_banner import DowntimeBanner
 
 if TYPE_CHECKING:

@@ -15,6 +15,15 @@ from console import messages as m
 
 STEP_NAMES = ("preflight", "stage", "cache", "stop", "free-vram", "extract", "restart", "evaluate", "report")
 JOURNAL_KEPT = 500
+DOWN_STEPS = ("stop", "free-vram", "extract", "restart")  # the service is down from the stop to the restart's ready
+
+
+def event_words(kind: str) -> str:
+    """An event type the console has no message for (`staged`, `gpu_released`), in the operator's
+    words: never its raw fields."""
+    return {"staged": "staged: weights in host RAM, waiting for the stop",
+            "gpu_released": "GPUs released: the restart begins",
+            "invalid": "an unreadable event line (see the journal)"}.get(kind, kind.replace("_", " "))
 
 
 @dataclass
@@ -43,6 +52,18 @@ class JobView:
     last_log: str | None = None
     finished: bool = False
     stalled: str | None = None
+    worker: str | None = None
+    received: dict[str, float] = field(default_factory=dict)  # unit -> when its newest progress came (console clock)
+
+    def eta_s(self, now: float) -> float | None:
+        """Seconds left by the counter that measures the work (tokens, else prompts): what is left
+        over the measured rate, less the time since that rate was reported; None before a rate."""
+        for key in ("tokens", "prompts"):
+            progress = self.bars.get(key)
+            if progress is not None and progress.total and progress.rate:
+                left = max(0.0, progress.total - progress.done) / progress.rate
+                return max(0.0, left - max(0.0, now - self.received.get(key, now)))
+        return None
 
 
 @dataclass
@@ -66,6 +87,10 @@ class ConsoleState:
     finished: m.RunFinished | None = None
     results: m.ResultsReady | None = None
     running: bool = False  # a procedure (or a restart) is in progress in this console
+    projection: m.WindowProjection | None = None  # the engine's, when it publishes one
+    forecast: m.Forecast | None = None
+    downtime_estimate_s: float | None = None  # the stop's confirmation: earlier windows' downtime
+    plan: m.PlanReady | None = None
 
     @property
     def down_since(self) -> float | None:
@@ -93,11 +118,22 @@ class ConsoleState:
         if isinstance(message, m.PlanReady):
             self._plan(message)
             return "steps"
+        if isinstance(message, m.WindowProjection):
+            self.projection = message
+            return "downtime"
+        if isinstance(message, m.Forecast):
+            self.forecast = message
+            return "downtime"
+        if isinstance(message, m.DecisionMade):
+            self.confirmation_seen(message.confirmation)
+            return None
         if isinstance(message, m.StepUpdate):
             self._step(message)
             return "steps"
         if isinstance(message, m.Downtime):
             self.downtime = message
+            if message.down_since is None:
+                self.projection = None
             return "downtime"
         if isinstance(message, m.HoldersFound):
             self.holders = message
@@ -112,12 +148,52 @@ class ConsoleState:
         if isinstance(message, m.ResultsReady):
             self.results = message
             return "run"
-        return self._job(message)
+        return self._job(message, now)
+
+    def confirmation_seen(self, confirmation: m.Confirmation) -> None:
+        """The stop's question carries the downtime earlier windows took: the fallback projection."""
+        if confirmation.step == "stop" and confirmation.estimate_s is not None:
+            self.downtime_estimate_s = confirmation.estimate_s
+
+    def extraction(self) -> JobView | None:
+        """The extraction job still going, if any."""
+        return next((j for j in self.jobs.values() if j.worker == "extract" and not j.finished), None)
+
+    def expected_back(self, now: float) -> tuple[float, str] | None:
+        """When the service is expected ready again, and on what that rests: the engine's projection;
+        else now + the extraction's time left + the restart's estimate; else the stop plus the
+        forecast's downtime, or earlier windows' (the stop's question), or the plan's step estimates."""
+        down = self.down_since
+        if down is None:
+            return None
+        if self.projection is not None and self.projection.down_since == down:
+            return self.projection.expected_ready_at, self.projection.basis or "projected"
+        restart = self.steps.get("restart")
+        job = self.extraction()
+        eta = job.eta_s(now) if job is not None else None
+        if eta is not None and restart is not None and restart.estimate_s is not None:
+            return now + eta + restart.estimate_s, "extraction's rate + the restart's estimate"
+        if self.forecast is not None:
+            return down + self.forecast.downtime_s, "forecast"
+        if self.downtime_estimate_s is not None:
+            return down + self.downtime_estimate_s, "earlier windows"
+        window = [self.steps[n].estimate_s for n in DOWN_STEPS if n in self.steps]
+        if window and all(e is not None for e in window):
+            return down + sum(window), "the plan's step estimates"
+        return None
+
+    def window_ends(self) -> float | None:
+        """When the window's downtime budget runs out (`[window] max_downtime_s`), when there is one."""
+        if self.projection is not None and self.projection.budget_ends_at is not None:
+            return self.projection.budget_ends_at
+        if self.forecast is not None and self.forecast.budget_s is not None and self.down_since is not None:
+            return self.down_since + self.forecast.budget_s
+        return None
 
     def _plan(self, plan: m.PlanReady) -> None:
         if plan.run_id != self.run_id:
             self.jobs.clear()
-        self.run_id, self.route, self.planned, self.finished = plan.run_id, plan.route, True, None
+        self.run_id, self.route, self.planned, self.finished, self.plan = plan.run_id, plan.route, True, None, plan
         old = self.steps
         self.steps = {}
         for step in plan.steps:
@@ -138,7 +214,7 @@ class ConsoleState:
         view.ended_at = update.ended_at
         view.detail = update.detail
 
-    def _job(self, message: Any) -> str | None:
+    def _job(self, message: Any, now: float | None = None) -> str | None:
         """Job messages (console/messages.py: JobProgress, JobLog, JobStalled, JobResult, JobError, JobExit)."""
         kind = type(message).__name__
         if not kind.startswith("Job") or not hasattr(message, "job_id"):
@@ -147,16 +223,19 @@ class ConsoleState:
         if job is None:
             worker, host = getattr(message, "worker", None), getattr(message, "host", None)
             label = f"{worker} on {host}" if worker and host else str(worker or message.job_id)
-            job = self.jobs[message.job_id] = JobView(message.job_id, label)
+            job = self.jobs[message.job_id] = JobView(message.job_id, label, worker=worker)
         if kind == "JobProgress":
-            job.bars[message.key or message.unit or "progress"] = message
+            key = message.key or message.unit or "progress"
+            job.bars[key] = message
+            if now is not None:
+                job.received[key] = now
             job.phase = message.phase or job.phase
             job.stalled = None
         elif kind == "JobLog":
             if message.kind == "phase":
                 job.phase = message.message
             else:
-                job.last_log = message.message if message.kind == "log" else f"{message.kind}: {message.message}"
+                job.last_log = message.message if message.kind == "log" else event_words(message.kind)
             job.stalled = None
         elif kind == "JobStalled":
             job.stalled = f"no event for {message.silent_s:.0f} s (the process is alive)"

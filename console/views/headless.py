@@ -18,6 +18,7 @@ from rich.text import Text
 
 from console import messages as m
 from console.session import MessageBus
+from console.views.units import duration, mib
 
 STATUS_STYLE = {"done": "green", "skipped": "cyan", "left-out": "dim", "running": "bold", "failed": "bold red",
                 "refused": "yellow", "cancelled": "yellow", "pending": "dim"}
@@ -28,12 +29,13 @@ def plan_view(plan: m.PlanReady) -> Group:
     parts: list[Any] = [plan_table(plan)]
     if plan.fits:
         fits = Table(title="where the target fits without stopping the server", title_justify="left")
-        for column in ("host", "fits", "GPU", "free MiB", "needs MiB", "why"):
-            fits.add_column(column, overflow="fold")
+        for column in ("host", "fits", "GPU", "free", "needs", "why"):
+            fits.add_column(column, overflow="fold", no_wrap=column in ("free", "needs"))
         for fit in plan.fits:
+            gpus = ",".join(map(str, fit.gpus)) if fit.gpus else ("-" if fit.gpu is None else str(fit.gpu))
             fits.add_row(fit.host, Text("yes", style="green") if fit.proposed else Text("no", style="dim"),
-                         "-" if fit.gpu is None else str(fit.gpu), "-" if fit.free_mib is None else str(fit.free_mib),
-                         "-" if fit.need_mib is None else str(fit.need_mib), fit.why)
+                         gpus, "-" if fit.free_mib is None else mib(fit.free_mib),
+                         "-" if fit.need_mib is None else mib(fit.need_mib), fit.why)
         parts.append(fits)
     if plan.proposal:
         parts.append(Text(f"proposed: {plan.proposal}" + ("" if plan.route == "zero-downtime" else
@@ -55,7 +57,7 @@ def plan_table(plan: m.PlanReady) -> Table:
         if step.argv:
             why.append("\n$ " + shlex.join(step.argv), style="cyan")
         table.add_row(str(number), step.name, Text("yes", style="green") if step.acts else Text("no", style="dim"),
-                      step.host or "-", why, f"{step.estimate_s:.0f} s" if step.estimate_s else "-")
+                      step.host or "-", why, duration(step.estimate_s))
     return table
 
 

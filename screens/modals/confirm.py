@@ -1,9 +1,10 @@
-"""Confirm a step before it changes a host: the host, the literal command, the impact and the
-estimate. y approves; n or escape refuses; for a destructive step Cancel has the focus, so a
-stray Enter refuses."""
+"""Confirm a step before it changes a host: first the host and the literal command (wrapped, never
+cut), then the impact and the estimate. y approves; n or escape refuses; for a destructive step
+Cancel has the focus, so a stray Enter refuses. The body scrolls with the arrows and PageUp/Down."""
 
 from __future__ import annotations
 
+import re
 import shlex
 
 from rich.text import Text
@@ -11,14 +12,16 @@ from textual import events
 from textual.app import ComposeResult
 from textual.binding import Binding
 from textual.containers import Horizontal, Vertical, VerticalScroll
-from textual.screen import ModalScreen
 from textual.widgets import Button, Static
 
 from console.messages import Confirmation
-from screens.format import duration
+from console.views.units import duration
+from screens.modals.base import ConsoleModal
+
+SO_FAR = re.compile(r"down \d+(?:\.\d+)? s so far")  # the engine's frozen count in a restart's impact
 
 
-class QuestionModal(ModalScreen[bool]):
+class QuestionModal(ConsoleModal[bool]):
     """A yes/no question with its own buttons; the base of the confirm and holders modals."""
 
     DEFAULT_CSS = """
@@ -26,6 +29,7 @@ class QuestionModal(ModalScreen[bool]):
     QuestionModal > Vertical { width: 90; max-width: 95%; height: auto; max-height: 100%;
                                border: thick $primary; background: $surface; padding: 1 2; }
     QuestionModal.short > Vertical { padding: 0 1; }
+    QuestionModal.short .title { margin-bottom: 0; }
     QuestionModal .body { height: auto; }
     QuestionModal.destructive > Vertical { border: thick $error; }
     QuestionModal .title { text-style: bold; margin-bottom: 1; }
@@ -35,7 +39,7 @@ class QuestionModal(ModalScreen[bool]):
     QuestionModal Button { margin-left: 2; }
     """
     BINDINGS = [Binding("y", "answer(True)", "Yes"), Binding("n", "answer(False)", "No"),
-                Binding("escape", "answer(False)", "Cancel", show=False)]
+                Binding("escape", "answer(False)", "Cancel")]
 
     def __init__(self, title: str, yes: str = "Yes", no: str = "Cancel", destructive: bool = False,
                  id: str | None = None) -> None:
@@ -48,7 +52,7 @@ class QuestionModal(ModalScreen[bool]):
     def body(self) -> ComposeResult:
         yield from ()
 
-    def compose(self) -> ComposeResult:
+    def dialog(self) -> ComposeResult:
         with Vertical():
             yield Static(Text(self.title_text), classes="title")
             body = VerticalScroll(classes="body")  # scrolls on a short terminal; the buttons stay
@@ -69,8 +73,9 @@ class QuestionModal(ModalScreen[bool]):
     def _fit(self, height: int) -> None:
         short = height < 32
         self.set_class(short, "short")
-        # title and its margin, the buttons, the border and padding: the body gets the rest
-        self.query_one(".body").styles.max_height = max(3, height - (10 if short else 12))
+        # The banner and the footer; the border, the title, the buttons and their margin (and, when
+        # tall, the padding and the title's margin): the body gets the rest.
+        self.query_one(".body").styles.max_height = max(3, height - (9 if short else 12))
 
     def on_button_pressed(self, event: Button.Pressed) -> None:
         event.stop()
@@ -96,14 +101,27 @@ class ConfirmModal(QuestionModal):
 
     def body(self) -> ComposeResult:
         c = self.confirmation
-        yield Static("host", classes="label")
-        yield Static(Text(c.host), classes="command")
-        yield Static("command", classes="label")
+        yield Static(Text(f"on {c.host}, runs:"), classes="label")
         yield Static(command_text(c.argv), classes="command")
-        yield Static("impact", classes="label")
-        yield Static(Text(c.impact))
+        yield Static(self.impact_text(), classes="impact")
         if c.estimate_s is not None:
             what = "estimated downtime" if c.destructive else "estimate"
             yield Static(Text(f"{what}: {duration(c.estimate_s)} (earlier runs)"), classes="estimate")
         if c.destructive:
             yield Static(Text("Destructive: Cancel has the focus.", style="bold red"))
+
+    def on_mount(self) -> None:
+        super().on_mount()
+        if SO_FAR.search(self.confirmation.impact):
+            self.set_interval(1.0, self._tick)
+
+    def impact_text(self) -> Text:
+        """The impact; a 'down N s so far' in it counts on while the question waits."""
+        impact = self.confirmation.impact
+        down_since = getattr(getattr(self.app, "state", None), "down_since", None)
+        if down_since is not None:
+            impact = SO_FAR.sub(f"down {duration(self.app.now() - down_since)} so far", impact)
+        return Text(f"impact: {impact}")
+
+    def _tick(self) -> None:
+        self.query_one(".impact", Static).update(self.impact_text())

@@ -9,8 +9,9 @@ from rich.text import Text
 from textual.app import ComposeResult
 from textual.binding import Binding
 from textual.containers import Vertical, VerticalScroll
-from textual.screen import ModalScreen
 from textual.widgets import Button, Static
+
+from screens.modals.base import ConsoleModal
 
 TAIL_LINES = 20
 
@@ -40,7 +41,7 @@ def report_of(title: str, error: BaseException) -> ErrorReport:
     return ErrorReport(title, first, detail)
 
 
-class ErrorModal(ModalScreen[None]):
+class ErrorModal(ConsoleModal[None]):
     DEFAULT_CSS = """
     ErrorModal { align: center middle; }
     ErrorModal > Vertical { width: 100; max-width: 95%; height: auto; max-height: 90%;
@@ -57,7 +58,7 @@ class ErrorModal(ModalScreen[None]):
         super().__init__(id="error")
         self.reports: list[ErrorReport] = [report]
 
-    def compose(self) -> ComposeResult:
+    def dialog(self) -> ComposeResult:
         with Vertical():
             reports = VerticalScroll(classes="reports")
             reports.can_focus = False

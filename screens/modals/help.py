@@ -7,8 +7,9 @@ from rich.text import Text
 from textual.app import ComposeResult
 from textual.binding import Binding
 from textual.containers import Vertical, VerticalScroll
-from textual.screen import ModalScreen
 from textual.widgets import Static
+
+from screens.modals.base import ConsoleModal
 
 KEYS = [
     ("g", "run the procedure: preflight, stage, cache, stop, free VRAM, extract, restart, evaluate, report"),
@@ -18,12 +19,17 @@ KEYS = [
     ("r", "restart the service (while this run holds it down)"),
     ("o", "open the results of the newest run (or of the finished one)"),
     ("h", "earlier runs: pick two to compare, or open one's results"),
+    ("tab", "move the focus between the hosts and the events; arrows / PageUp / PageDown scroll the focused one"),
+    ("/", "filter the events by a word; enter on an event shows it whole"),
     ("ctrl+p", "command palette: every command by name"),
     ("?", "this help"),
-    ("q", "quit (asks first while the service is down)"),
+    ("q", "quit (asks first while the service is down; leaving it down has its own key, l)"),
 ]
+ACTING_KEYS = {"g", "n", "p", "c", "r"}  # what read-only does not offer
 RESULT_KEYS = [
     ("1..6", "summary, per prompt, acceptance chart, parity, kernels, the window's timeline"),
+    ("d", "per prompt: the next drafter's columns (the prompt column stays)"),
+    ("arrows", "scroll the table of the tab shown"),
     ("e", "export report.md and report.json into the run's results directory"),
     ("escape", "back to the dashboard"),
 ]
@@ -38,12 +44,12 @@ def keys_table(title: str, rows: list[tuple[str, str]]) -> Table:
     return table
 
 
-class HelpModal(ModalScreen[None]):
+class HelpModal(ConsoleModal[None]):
     DEFAULT_CSS = """
     HelpModal { align: center middle; }
     HelpModal > Vertical { width: 96; max-width: 95%; height: auto; max-height: 90%; border: thick $primary;
                            background: $surface; padding: 1 2; }
-    HelpModal VerticalScroll { height: auto; }
+    HelpModal VerticalScroll { height: auto; max-height: 1fr; }
     """
     BINDINGS = [Binding("escape,q,question_mark", "dismiss_help", "Close")]
 
@@ -51,12 +57,13 @@ class HelpModal(ModalScreen[None]):
         super().__init__(id="help")
         self.read_only = read_only
 
-    def compose(self) -> ComposeResult:
+    def dialog(self) -> ComposeResult:
         with Vertical(), VerticalScroll():
             if self.read_only:
                 yield Static(Text("Read-only: this console watches; no key stops, starts or ends anything.",
                                   style="bold yellow"))
-            yield Static(keys_table("Dashboard", KEYS))
+            yield Static(keys_table("Dashboard", [(k, t) for k, t in KEYS
+                                                  if not (self.read_only and k in ACTING_KEYS)]))
             yield Static(keys_table("Results", RESULT_KEYS))
             yield Static(Text("\nBefore anything changes a host you are asked, with the literal command. "
                               "Refusing changes nothing. While the service is down because of this run a red "

@@ -9,7 +9,7 @@ from textual.app import ComposeResult
 from textual.widgets import Static
 
 from console.messages import Confirmation, HoldersFound, VramHolder
-from screens.format import duration
+from console.views.units import duration
 from screens.modals.confirm import QuestionModal, command_text
 
 
@@ -24,16 +24,21 @@ def targeted_pids(argv: tuple[str, ...]) -> set[int]:
 
 
 def holders_table(holders: tuple[VramHolder, ...], targets: set[int]) -> Table:
+    """One row per holder: whether the command ends it, pid, MiB, GPUs, user, and its command tagged
+    [service] when it was the service's (its process tree or cgroup before the stop)."""
     table = Table(box=None, header_style="bold", padding=(0, 1), pad_edge=False, expand=True)
     for name, justify in (("end", "left"), ("pid", "right"), ("MiB", "right"), ("GPUs", "left"),
-                          ("user", "left"), ("service", "left"), ("command", "left")):
+                          ("user", "left"), ("command", "left")):
         table.add_column(name, justify=justify, no_wrap=name != "command", ratio=1 if name == "command" else None)
     for h in sorted(holders, key=lambda h: -h.mib):
         chosen = h.pid in targets if targets else True
+        command = Text(h.command or "?", overflow="fold")
+        command.append(" [service]" if h.was_service else " [not the service's]",
+                       style="cyan" if h.was_service else "yellow")
+        if not h.visible:
+            command.append(f" [not visible here: {h.visible_reason or 'another pid namespace'}]", style="dim")
         table.add_row(Text("yes", style="bold red") if chosen else Text("no", style="dim"), str(h.pid), str(h.mib),
-                      ",".join(map(str, h.gpus)), h.user or "?",
-                      Text("yes", style="cyan") if h.was_service else Text("no", style="yellow"),
-                      Text(h.command or "?", overflow="fold"))
+                      ",".join(map(str, h.gpus)), h.user or "?", command)
     return table
 
 
@@ -50,11 +55,12 @@ class HoldersModal(QuestionModal):
 
     def body(self) -> ComposeResult:
         c, found = self.confirmation, self.found
+        yield Static(Text(f"on {c.host}, runs (exactly these PIDs: TERM, then KILL after the grace period):"),
+                     classes="label")
+        yield Static(command_text(c.argv), classes="command")
+        yield Static(Text(f"impact: {c.impact}"), classes="impact")
+        if c.estimate_s is not None:
+            yield Static(Text(f"estimate: {duration(c.estimate_s)}"))
         if found is not None:
             yield Static(Text(f"still used: {found.used} (free means under {found.threshold_mib} MiB per GPU)"))
             yield Static(holders_table(found.holders, targeted_pids(c.argv)), classes="holders-table")
-        yield Static("command (exactly these PIDs: TERM, then KILL after the grace period)", classes="label")
-        yield Static(command_text(c.argv), classes="command")
-        yield Static(Text(c.impact))
-        if c.estimate_s is not None:
-            yield Static(Text(f"estimate: {duration(c.estimate_s)}"))

@@ -1,4 +1,8 @@
-"""Quitting while this console holds the service down asks first: restart it, leave it down, or stay."""
+"""Quitting while this console holds the service down asks first: restart it, leave it down, or stay.
+
+A second `q` never leaves the service down (it is the htop / k9s reflex, and here it means "stay"):
+leaving it down has its own key, `l`. While a restart is under way the modal says so and offers to
+wait until the service is ready, then quit; it never starts a second restart."""
 
 from __future__ import annotations
 
@@ -8,15 +12,16 @@ from rich.text import Text
 from textual.app import ComposeResult
 from textual.binding import Binding
 from textual.containers import Horizontal, Vertical
-from textual.screen import ModalScreen
 from textual.widgets import Button, Static
 
-from screens.format import clock, duration
+from console.views.units import duration
+from screens.format import clock
+from screens.modals.base import ConsoleModal
 
-QuitAnswer = Literal["restart", "quit", "stay"]
+QuitAnswer = Literal["restart", "wait", "leave", "stay"]
 
 
-class QuitWhileDownModal(ModalScreen[str]):
+class QuitWhileDownModal(ConsoleModal[str]):
     DEFAULT_CSS = """
     QuitWhileDownModal { align: center middle; }
     QuitWhileDownModal > Vertical { width: 76; max-width: 95%; height: auto; border: thick $error;
@@ -25,33 +30,50 @@ class QuitWhileDownModal(ModalScreen[str]):
     QuitWhileDownModal .buttons { height: auto; align-horizontal: right; margin-top: 1; }
     QuitWhileDownModal Button { margin-left: 1; }
     """
-    BINDINGS = [Binding("r", "answer('restart')", "Restart first"), Binding("q", "answer('quit')", "Quit anyway"),
-                Binding("escape,n", "answer('stay')", "Stay")]
+    BINDINGS = [Binding("r", "answer('restart')", "Restart, then quit"),
+                Binding("w", "answer('wait')", "Wait until ready, then quit"),
+                Binding("l", "answer('leave')", "Leave it down and quit"),
+                Binding("escape,n,q", "answer('stay')", "Stay", key_display="esc")]
 
-    def __init__(self, down_since: float, now: float, can_restart: bool = True) -> None:
+    def __init__(self, down_since: float, now: float, can_restart: bool = True, restarting: bool = False) -> None:
         super().__init__(id="quit-while-down")
-        self.down_since, self.now, self.can_restart = down_since, now, can_restart
-        self.AUTO_FOCUS = "#restart" if can_restart else "#stay"  # never "quit" by a stray Enter
+        self.down_since, self.now = down_since, now
+        self.restarting = restarting  # a restart is under way: wait for it, never start another
+        self.can_restart = can_restart and not restarting
+        self.AUTO_FOCUS = "#wait" if restarting else "#restart" if self.can_restart else "#stay"  # never "leave"
 
-    def compose(self) -> ComposeResult:
+    def dialog(self) -> ComposeResult:
         with Vertical():
             yield Static(Text(f"The service is down: stopped by this run {duration(self.now - self.down_since)} "
                               f"ago ({clock(self.down_since)})."), classes="title")
-            yield Static(Text("Quitting leaves it down until someone starts it. Restart it first?"))
+            if self.restarting:
+                yield Static(Text("A restart is under way. Quit once the service is ready, or stay?"))
+            else:
+                yield Static(Text("Quitting leaves it down until someone starts it. Restart it first?"))
             with Horizontal(classes="buttons"):
-                if self.can_restart:
+                if self.restarting:
+                    yield Button("Wait until ready, then quit (w)", id="wait", variant="primary")
+                elif self.can_restart:
                     yield Button("Restart, then quit (r)", id="restart", variant="primary")
-                yield Button("Quit, leave it down (q)", id="quit", variant="error")
+                yield Button("Leave it down (l)", id="leave", variant="error")
                 yield Button("Stay (esc)", id="stay")
 
     def on_mount(self) -> None:
-        self.query_one("#restart" if self.can_restart else "#stay", Button).focus()
+        self.query_one(f"#{self.AUTO_FOCUS.lstrip('#')}", Button).focus()
+
+    def check_action(self, action: str, parameters: tuple[object, ...]) -> bool | None:
+        if action == "answer" and parameters:
+            if parameters[0] == "restart":
+                return self.can_restart
+            if parameters[0] == "wait":
+                return self.restarting
+        return True
 
     def on_button_pressed(self, event: Button.Pressed) -> None:
         event.stop()
         self.dismiss(str(event.button.id))
 
     def action_answer(self, answer: str) -> None:
-        if answer == "restart" and not self.can_restart:
+        if answer == "restart" and not self.can_restart or answer == "wait" and not self.restarting:
             return
         self.dismiss(answer)

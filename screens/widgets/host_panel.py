@@ -15,7 +15,8 @@ from textual.widgets import Static
 
 from console.messages import GpuReading, HostState, TelemetryUpdate
 from console.views.status import ago, connection_text, short_command
-from screens.format import gib, update_static
+from console.views.units import memory_pair
+from screens.format import update_static
 from screens.widgets.memory_sparkline import MemorySparkline
 
 HOLDERS_SHOWN = 3
@@ -25,7 +26,7 @@ HISTORY_S = 600.0  # the sparkline's ten minutes
 History = Callable[[str, int], Sequence[float | None]]
 
 
-BAR_WIDTH = 16
+BAR_WIDTH = 13
 _EIGHTHS = " ▏▎▍▌▋▊▉"
 
 
@@ -40,21 +41,23 @@ def memory_bar(gpu: GpuReading, width: int = BAR_WIDTH) -> Text:
     return Text.assemble((filled, f"{colour} on grey23"), (" " * (width - len(filled)), "on grey23"))
 
 
-def readings_text(gpu: GpuReading) -> str:
+def readings_text(gpu: GpuReading) -> Text:
+    """'62%  61°C  231 W'; a reading the host does not report is '?', and a GPU reporting none of
+    them (a simulated one, a driver without the counters) says so rather than leaving a gap."""
     if gpu.util_pct is None and gpu.temp_c is None and gpu.power_w is None:
-        return ""  # a simulated GPU reports memory only
+        return Text("util/temp/power n/a", style="dim")
     util = f"{gpu.util_pct:3.0f}%" if gpu.util_pct is not None else "   ?"
     temp = f"{gpu.temp_c:3.0f}°C" if gpu.temp_c is not None else "  ?°C"
     power = f"{gpu.power_w:4.0f} W" if gpu.power_w is not None else "   ? W"
-    return f"{util} {temp} {power}"
+    return Text(f"{util} {temp} {power}")
 
 
 def gpu_line(gpu: GpuReading) -> Text:
-    """'GPU0 ██████████▌      43.9/48.0G  62%  61°C  231 W' (the sparkline follows, its own widget)."""
+    """'GPU0 ██████████▌   43.9/48.0 GiB  62%  61°C  231 W' (the sparkline follows, its own widget)."""
     line = Text(f"GPU{gpu.index:<2}")
     line.append_text(memory_bar(gpu))
-    line.append(f" {gib(gpu.mem_used_mib):>5}/{gib(gpu.mem_total_mib)}G ")
-    line.append(f"{readings_text(gpu):<17}")
+    line.append(f" {memory_pair(gpu.mem_used_mib, gpu.mem_total_mib):>13} ")
+    line.append_text(readings_text(gpu))
     return line
 
 
@@ -64,7 +67,7 @@ class GpuRow(Horizontal):
 
     DEFAULT_CSS = """
     GpuRow { height: 1; }
-    GpuRow > .gpu-line { width: 52; }
+    GpuRow > .gpu-line { width: 53; }
     GpuRow > MemorySparkline { width: 1fr; min-width: 8; }
     """
 

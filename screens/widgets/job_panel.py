@@ -1,5 +1,7 @@
 """The current remote job: one progress bar per counter it reports (weights in tensors and bytes,
-prompts, anchors) with n/N, and the rate when the core measured one."""
+prompts, anchors) with n/N, the rate when the core measured one, and the extraction's time left.
+Only the job going now says its phase; a finished one says it finished. A value and its unit are
+joined by a no-break space, so a narrow panel never splits `25.9 GiB` over two lines."""
 
 from __future__ import annotations
 
@@ -9,32 +11,50 @@ from textual.app import ComposeResult
 from textual.containers import Horizontal, Vertical
 from textual.widgets import ProgressBar, Static
 
-from screens.format import size
+from console.views.units import duration, size
 from screens.state import JobView
 
+NBSP = "\u00a0"
 
-def counter_text(progress: Any, in_bytes: Any = None) -> tuple[str, str]:
-    """(head, detail): ('weights 480/480 tensors', '27.8 GB / 27.8 GB, 2.1 GB/s'),
-    ('prompts 4/10', 'async_rate_limiter: 1536 tokens, 0.4 prompts/s')."""
+
+def whole(text: str) -> str:
+    """A value and its unit that never wrap apart."""
+    return text.replace(" ", NBSP)
+
+
+def note_of(job: JobView) -> str:
+    """The line under a job's counters: why it stalled, its last log line, or its phase while it runs."""
+    if job.stalled:
+        return job.stalled
+    if job.finished:
+        return "finished"
+    return job.last_log or (f"phase: {job.phase}" if job.phase else "")
+
+
+def counter_text(progress: Any, in_bytes: Any = None, eta_s: float | None = None) -> tuple[str, str]:
+    """(head, detail): ('weights 480/480 tensors', '25.9 GiB / 25.9 GiB, 2.0 GiB/s'),
+    ('prompts 4/10', 'async_rate_limiter: 1536 tokens, 0.4 prompts/s, 15 s left')."""
     key = str(getattr(progress, "key", None) or getattr(progress, "unit", "")).replace("_", " ")
     unit = str(getattr(progress, "unit", "") or "")
     done, total = getattr(progress, "done", None), getattr(progress, "total", None)
     details: list[str] = []
     if unit == "bytes":
-        head = f"{key} {size(done)}" + (f" / {size(total)}" if total else "")
+        head = f"{key} {whole(size(done))}" + (f" / {whole(size(total))}" if total else "")
     else:
         shown_total = f"/{total:g}" if isinstance(total, int | float) else ""
         shown_done = f"{done:g}" if isinstance(done, int | float) else "?"
-        head = f"{key} {shown_done}{shown_total}" + (f" {unit}" if unit and unit != key else "")
+        head = f"{key} {shown_done}{shown_total}" + (f"{NBSP}{unit}" if unit and unit != key else "")
         label = getattr(progress, "message", None)
         if label and in_bytes is None:
             details.append(str(label))
     rate = getattr(progress, "rate", None)
     if in_bytes is not None:
-        details.append(f"{size(in_bytes.done)}" + (f" / {size(in_bytes.total)}" if in_bytes.total else ""))
+        details.append(whole(size(in_bytes.done)) + (f" / {whole(size(in_bytes.total))}" if in_bytes.total else ""))
         rate, unit = in_bytes.rate, "bytes"
     if isinstance(rate, int | float) and rate > 0:
-        details.append(f"{size(rate)}/s" if unit == "bytes" else f"{rate:.1f} {unit or key}/s")
+        details.append(whole(f"{size(rate)}/s" if unit == "bytes" else f"{rate:.1f} {unit or key}/s"))
+    if eta_s is not None:
+        details.append(whole(f"{duration(eta_s)} left"))
     return head, ", ".join(details)
 
 
@@ -65,20 +85,20 @@ class Counter(Horizontal):
         if self._pending is not None:
             self.show(*self._pending)
 
-    def show(self, progress: Any, in_bytes: Any = None) -> None:
+    def show(self, progress: Any, in_bytes: Any = None, eta_s: float | None = None) -> None:
         if not self._ready:
-            self._pending = (progress, in_bytes)
+            self._pending = (progress, in_bytes, eta_s)
             return
         bars = self.query(ProgressBar)
         if not bars:  # being removed (the job changed) or not composed yet
-            self._pending = (progress, in_bytes)
+            self._pending = (progress, in_bytes, eta_s)
             return
         total, done = getattr(progress, "total", None), getattr(progress, "done", None)
         bar = bars.first()
         bar.display = bool(total)
         if total:
             bar.update(total=float(total), progress=float(done or 0))
-        head, detail = counter_text(progress, in_bytes)
+        head, detail = counter_text(progress, in_bytes, eta_s)
         self.query_one(".text", Static).update(head)
         shown = self.query_one(".detail", Static)
         shown.update(detail)
@@ -101,7 +121,7 @@ class JobSection(Vertical):
         self.job_id = job_id
         self._counters: dict[str, Counter] = {}
         self._ready = False  # is_mounted turns True only after on_mount
-        self._pending: tuple[JobView, bool] | None = None
+        self._pending: tuple[JobView, bool, float] | None = None
 
     def on_mount(self) -> None:
         self._ready = True
@@ -113,10 +133,10 @@ class JobSection(Vertical):
         yield Vertical(classes="counters")
         yield Static(classes="job-note")
 
-    def show(self, job: JobView, titled: bool) -> None:
+    def show(self, job: JobView, titled: bool, now: float) -> None:
         titles = self.query(".job-title")
         if not self._ready or not titles:  # not composed yet, or removed before it was mounted
-            self._pending = (job, titled)
+            self._pending = (job, titled, now)
             return
         title = titles.first(Static)
         title.update(job.label + (" (finished)" if job.finished else ""))
@@ -129,9 +149,10 @@ class JobSection(Vertical):
             if counter is None:
                 counter = self._counters[key] = Counter(key)
                 box.mount(counter)
-            counter.show(progress, job.bars.get(f"{key}_bytes"))
+            eta = job.eta_s(now) if key in ("tokens", "prompts") and not job.finished else None
+            counter.show(progress, job.bars.get(f"{key}_bytes"), eta)
         self.set_class(job.stalled is not None, "stalled")
-        text = job.stalled or job.last_log or (f"phase {job.phase}" if job.phase else "")
+        text = note_of(job)
         note = self.query_one(".job-note", Static)
         note.update(text)
         note.display = bool(text)
@@ -141,7 +162,8 @@ class JobPanel(Vertical):
     """The jobs going now (stage and cache run side by side), else the last one that ran."""
 
     DEFAULT_CSS = """
-    JobPanel { height: auto; border: round $primary-darken-1; padding: 0 1; }
+    JobPanel { height: auto; max-height: 1fr; overflow-y: auto; scrollbar-size-vertical: 1;
+               border: round $primary-darken-1; padding: 0 1; }
     JobPanel > .job-idle { color: $text-muted; height: auto; }
     """
 
@@ -153,7 +175,7 @@ class JobPanel(Vertical):
     def compose(self) -> ComposeResult:
         yield Static("no job running", classes="job-idle")
 
-    def show(self, jobs: list[JobView]) -> None:
+    def show(self, jobs: list[JobView], now: float) -> None:
         self.query_one(".job-idle", Static).display = not jobs
         self.set_class(not jobs or all(j.finished for j in jobs), "idle")
         wanted = {j.job_id for j in jobs}
@@ -168,4 +190,4 @@ class JobPanel(Vertical):
             if section is None:
                 section = self._sections[job.job_id] = JobSection(job.job_id)
                 self.mount(section)
-            section.show(job, titled=len(jobs) > 1)
+            section.show(job, titled=len(jobs) > 1, now=now)

@@ -9,7 +9,8 @@ from textual.widgets import Static
 
 from console.messages import Downtime, ServiceView, StartupProgress
 from console.views.tables import bar
-from screens.format import clock, duration, update_static
+from console.views.units import duration
+from screens.format import clock, update_static
 
 
 def service_renderable(view: ServiceView | None, downtime: Downtime | None, startup: StartupProgress | None,

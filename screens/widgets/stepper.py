@@ -10,7 +10,8 @@ from rich.table import Table
 from rich.text import Text
 from textual.widgets import Static
 
-from screens.format import short_duration, update_static
+from console.views.units import duration
+from screens.format import update_static
 from screens.state import StepView
 
 MARKS = {"pending": ("·", "dim"), "running": ("▶", "bold yellow"), "done": ("✓", "green"),
@@ -18,7 +19,7 @@ MARKS = {"pending": ("·", "dim"), "running": ("▶", "bold yellow"), "done": ("
          "left-out": ("–", "dim"), "cancelled": ("⊘", "yellow")}
 
 
-def stepper_renderable(steps: Mapping[str, StepView], planned: bool, now: float) -> Group:
+def stepper_renderable(steps: Mapping[str, StepView], planned: bool, now: float, running: bool = False) -> Group:
     table = Table(box=None, show_header=False, padding=(0, 1), pad_edge=False, expand=True)
     table.add_column("", width=1, no_wrap=True)
     table.add_column("step", no_wrap=True, min_width=9, ratio=1)
@@ -29,12 +30,12 @@ def stepper_renderable(steps: Mapping[str, StepView], planned: bool, now: float)
     for step in steps.values():
         mark, style = MARKS.get(step.status, ("?", ""))
         if step.status == "running" and step.started_at is not None:
-            took = short_duration(now - step.started_at)
+            took = duration(now - step.started_at, compact=True)
         elif step.started_at is not None and step.ended_at is not None:
-            took = short_duration(step.ended_at - step.started_at)
+            took = duration(step.ended_at - step.started_at, compact=True)
         else:
             took = ""
-        estimate = f"~{short_duration(step.estimate_s)}" if step.estimate_s is not None else ""
+        estimate = f"~{duration(step.estimate_s, compact=True)}" if step.estimate_s is not None else ""
         table.add_row(Text(mark, style=style), Text(step.name, style="bold" if step.status == "running" else ""),
                       Text(step.status, style=style), took, estimate)
         why = step.detail or (step.why if step.status in ("skipped", "left-out") else None)
@@ -42,7 +43,8 @@ def stepper_renderable(steps: Mapping[str, StepView], planned: bool, now: float)
             notes.append(Text(f"{step.name}: {why}", style="red" if step.status == "failed" else "dim"))
     parts: list = [table]
     if not planned:
-        parts.append(Text("no plan yet: p plans, g runs", style="dim"))
+        parts.append(Text("planning: preflight is running" if running else "no plan yet: p plans, g runs",
+                          style="dim"))
     parts.extend(notes[-3:])
     return Group(*parts)
 
@@ -56,7 +58,7 @@ def stepper_chips(steps: Mapping[str, StepView], now: float) -> Text:
             text.append("  ")
         text.append(f"{mark}{step.name}", style=style if step.status != "pending" else "dim")
         if step.status == "running" and step.started_at is not None:
-            text.append(f"\u00a0{short_duration(now - step.started_at)}", style="bold")
+            text.append(f"\u00a0{duration(now - step.started_at, compact=True)}", style="bold")
     return text
 
 
@@ -70,10 +72,10 @@ class Stepper(Static):
         self.border_title = "Steps"
 
     def show(self, steps: Mapping[str, StepView], planned: bool, run_id: str | None, route: str | None,
-             now: float, compact: bool = False) -> None:
+             now: float, compact: bool = False, running: bool = False) -> None:
         self.border_title = f"Steps  {run_id}" + (f" ({route})" if route and route != "window" else "") \
             if run_id else "Steps"
-        key = (compact, planned, tuple((s.name, s.status, s.estimate_s, s.started_at, s.ended_at, s.detail,
+        key = (compact, planned, running, tuple((s.name, s.status, s.estimate_s, s.started_at, s.ended_at, s.detail,
                                         int(now - s.started_at) if s.status == "running" and s.started_at else None)
                                        for s in steps.values()))
-        update_static(self, stepper_chips(steps, now) if compact else stepper_renderable(steps, planned, now), key)
+        update_static(self, stepper_chips(steps, now) if compact else stepper_renderable(steps, planned, now, running), key)

@@ -158,13 +158,14 @@ async def test_window_by_keys_banner_while_down_and_gone_after_ready(op: Standin
         modal = app.screen
         assert modal.confirmation.step == "stop"
         assert app.focused.id == "no"  # destructive: Cancel has the focus
-        assert "$ systemctl stop sglang-qwen" in text_of(modal.query(Static)[4])
+        assert "$ systemctl stop sglang-qwen" in text_of(modal.query_one(".command", Static))
         banner = app.screen_stack[1].query_one(DowntimeBanner)
         assert not banner.has_class("down")
         await pilot.press("y")
         await wait_for(pilot, lambda: modal_up(app, HoldersModal))
         await wait_for(pilot, lambda: banner.has_class("down"))  # the stop happened: red banner
         holders = app.screen
+        await wait_for(pilot, lambda: holders.query_one(DowntimeBanner).has_class("down"))  # above the modal too
         table = text_of(holders.query_one(".holders-table", Static))
         assert "4301" in table and "4302" in table and "40000" in table
         assert "remote.endpids --grace 10 4301:88231 4302:88232" in text_of(holders.query(".command").last())
@@ -450,8 +451,11 @@ def test_counter_text_joins_tensors_and_bytes():
     from tests.tui.standin import extract_progress
 
     weights, weights_bytes, prompts = extract_progress()
-    assert counter_text(weights, weights_bytes) == ("weights 480/480 tensors", "27.8 GB / 27.8 GB, 2.1 GB/s")
-    assert counter_text(prompts) == ("prompts 4/10", "async_rate_limiter: 1536 tokens, 0.4 prompts/s")
+    nb = "\u00a0"  # a value and its unit never wrap apart
+    assert counter_text(weights, weights_bytes) == (f"weights 480/480{nb}tensors",
+                                                    f"25.9{nb}GiB / 25.9{nb}GiB, 2.0{nb}GiB/s")
+    assert counter_text(prompts, eta_s=15) == ("prompts 4/10", f"async_rate_limiter: 1536 tokens, 0.4{nb}prompts/s, "
+                                                               f"15{nb}s{nb}left")
 
 
 async def test_quit_during_a_run_asks_first(op: StandinOperator):
