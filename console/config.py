@@ -100,6 +100,9 @@ class ServiceConfig:
     stop_grace_s: float = 10
     vram_wait_s: float = 30  # after a stop: how long VRAM may stay held before its holders are offered to end
     gpus: tuple[int, ...] = ()
+    # Which [[drafters]] NAME the server drafts with (speculative decoding), for the online cross-check;
+    # None: matched by the draft model path /server_info reports.
+    drafter: str | None = None
 
 
 @dataclass(frozen=True)
@@ -153,6 +156,14 @@ class EvalConfig:
 
 
 @dataclass(frozen=True)
+class CrosscheckConfig:
+    """The online cross-check after the restart: at most `prompts` cached prompts, within `budget_s`."""
+
+    prompts: int = 16
+    budget_s: float = 120
+
+
+@dataclass(frozen=True)
 class Config:
     """The whole validated config. `source` is the file it came from (not part of equality)."""
 
@@ -162,6 +173,7 @@ class Config:
     eval: EvalConfig
     prompts: PromptsConfig = field(default_factory=PromptsConfig)
     drafters: tuple[DrafterConfig, ...] = ()
+    crosscheck: CrosscheckConfig = field(default_factory=CrosscheckConfig)
     source: Path | None = field(default=None, compare=False)
 
     @property
@@ -371,13 +383,14 @@ def _http_url(v: Any) -> bool:
     return parts.scheme in ("http", "https") and bool(parts.hostname)
 
 
-TOP_KEYS = ("hosts", "service", "target", "prompts", "drafters", "eval")
+TOP_KEYS = ("hosts", "service", "target", "prompts", "drafters", "eval", "crosscheck")
 HOST_KEYS = tuple(f.name for f in fields(HostConfig) if f.name != "name")
 SERVICE_KEYS = tuple(f.name for f in fields(ServiceConfig))
 TARGET_KEYS = tuple(f.name for f in fields(TargetConfig))
 PROMPTS_KEYS = tuple(f.name for f in fields(PromptsConfig))
 DRAFTER_KEYS = tuple(f.name for f in fields(DrafterConfig))
 EVAL_KEYS = tuple(f.name for f in fields(EvalConfig))
+CROSSCHECK_KEYS = tuple(f.name for f in fields(CrosscheckConfig))
 
 
 def _hosts(c: _Checker, data: Mapping[str, Any]) -> dict[str, HostConfig]:
@@ -447,6 +460,7 @@ def _service(c: _Checker, data: Mapping[str, Any], hosts: Mapping[str, HostConfi
         stop_grace_s=c.get(raw, "stop_grace_s", p, _positive_number, "a positive number of seconds", 10),
         vram_wait_s=c.get(raw, "vram_wait_s", p, _positive_number, "a positive number of seconds", 30),
         gpus=gpus or (),
+        drafter=c.get(raw, "drafter", p, _text, "the name of one of the [[drafters]]"),
     )
 
 
@@ -545,6 +559,15 @@ def _eval(c: _Checker, data: Mapping[str, Any], hosts: Mapping[str, HostConfig],
     )
 
 
+def _crosscheck(c: _Checker, data: Mapping[str, Any]) -> CrosscheckConfig:
+    raw = c.table(data, "crosscheck", "crosscheck", required=False) or {}
+    c.keys(raw, "crosscheck", CROSSCHECK_KEYS)
+    return CrosscheckConfig(
+        prompts=c.get(raw, "prompts", "crosscheck", _positive_int, "a positive integer (prompts replayed)", 16),
+        budget_s=c.get(raw, "budget_s", "crosscheck", _positive_number, "a positive number of seconds", 120),
+    )
+
+
 def validate(data: Mapping[str, Any], file: str = DEFAULT_CONFIG_NAME) -> Config:
     """Check parsed TOML `data` against the schema and build a `Config`; raise `ConfigError`."""
     c = _Checker(file)
@@ -555,9 +578,14 @@ def validate(data: Mapping[str, Any], file: str = DEFAULT_CONFIG_NAME) -> Config
     prompts = _prompts(c, data)
     drafters = _drafters(c, data, hosts)
     evaluation = _eval(c, data, hosts, target.host)
+    names = [d.name for d in drafters]
+    if service.drafter is not None and service.drafter not in names:
+        raise c.fail("service.drafter", f"one of the configured drafters ({', '.join(names) or 'there are none'})",
+                     describe(service.drafter))
     if target.layers == "auto" and not drafters:
         raise c.fail("target.layers", 'a list of layer indices ("auto" reads them from the drafters, and there are none)', '"auto"')
-    return Config(hosts=hosts, service=service, target=target, prompts=prompts, drafters=drafters, eval=evaluation)
+    return Config(hosts=hosts, service=service, target=target, prompts=prompts, drafters=drafters, eval=evaluation,
+                  crosscheck=_crosscheck(c, data))
 
 
 _LINE_RE = re.compile(r"\s*\(at line (\d+), column (\d+)\)\s*$")
@@ -663,6 +691,7 @@ def config_to_dict(config: Config) -> dict[str, Any]:
         "prompts": _table_dict(config.prompts),
         "drafters": [_table_dict(d) for d in config.drafters],
         "eval": _table_dict(config.eval),
+        "crosscheck": _table_dict(config.crosscheck),
     }
 
 
