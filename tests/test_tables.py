@@ -5,6 +5,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from rich.console import Console
 
 from console.views.tables import (
@@ -51,7 +53,11 @@ RESULTS = {
 
 
 def render(renderable) -> str:
-    console = Console(record=True, width=120)
+    return render_at(renderable, 120)
+
+
+def render_at(renderable, width: int) -> str:
+    console = Console(record=True, width=width)
     console.print(renderable)
     return console.export_text()
 
@@ -136,7 +142,7 @@ def test_soundness_provenance_histogram_and_warnings() -> None:
                                        {"layer": 2, "nan": 0, "inf": 0, "zero_share": 1.0, "norm_p1": 0.0,
                                         "norm_p50": 0.0, "norm_p99": 0.0, "zero_rows": 5, "constant_rows": 0,
                                         "flagged": True, "reasons": ["5 of 5 tokens all zero"]}]}
-    text = render(summary_table(results))
+    text = render_at(summary_table(results), 200)  # wide enough for the labels too (narrower, they fold)
     assert "simulated_acc_len (SpecForge: teacher-forced, no bonus; not tau)" in text and "1.23" in text
     assert "5.0% (!)" in text and "1.2%" in text and "1.2% (!)" not in text
     assert "[1, 2] (override; config:" in text
@@ -183,3 +189,36 @@ def test_exports_beside_the_run(tmp_path: Path) -> None:
     js = export_json(RESULTS, tmp_path / "report.json")
     assert json.loads(js.read_text()) == RESULTS
     assert not list(tmp_path.glob("*.partial"))
+
+
+# -- narrow terminals and pipes: labels fold, values never cut ---------------------------------------
+
+drafter_names = st.from_regex(r"[a-z][a-z0-9_.-]{0,27}", fullmatch=True)
+
+
+@settings(max_examples=60, deadline=None)
+@given(names=st.lists(drafter_names, min_size=1, max_size=4, unique=True),
+       taus=st.lists(st.floats(1.0, 16.0), min_size=4, max_size=4), width=st.sampled_from([40, 80, 120]))
+def test_summary_never_cuts_a_drafter_name_or_a_tau(names: list[str], taus: list[float], width: int) -> None:
+    """At 40, 80 and 120 columns every drafter's name and its vanilla tau (macro [95% CI] and the ratio)
+    stand whole on one line: the table folds its labels, or gives way to one block per metric."""
+    results = {"reference": names[0], "methods": ["vanilla", "ddtree-b8", "top8"],
+               "drafters": {n: _drafter(t, 0.5, [0.5]) for n, t in zip(names, taus, strict=False)}}
+    text = render_at(summary_table(results), width)
+    lines = text.splitlines()
+    assert all(len(line.rstrip()) <= width for line in lines)
+    for name in names:
+        assert any(name in line for line in lines), name
+        tau = results["drafters"][name]["tau"]["vanilla"]
+        shown = f"{tau['macro']:.2f} [{tau['ci95'][0]:.2f}, {tau['ci95'][1]:.2f}]"
+        if name != names[0]:
+            shown += f"  {ratio_text(tau['macro'], results['drafters'][names[0]]['tau']['vanilla']['macro'])}"
+        assert any(shown in line for line in lines), (shown, text)
+    assert "…" not in text
+
+
+def test_a_table_that_fits_folds_only_its_labels() -> None:
+    text = render_at(summary_table(RESULTS), 80)
+    assert "┃ metric" in text  # still a table at 80 columns
+    assert "1.50 [1.20, 1.80]  0.24x" in text and "simulated_acc_len" in text
+    assert "(SpecForge: teacher-forced," in text  # the label folded onto a second line, the values whole

@@ -13,7 +13,8 @@ import os
 from pathlib import Path
 from typing import Any
 
-from rich.console import Group
+from rich.cells import cell_len
+from rich.console import Console, ConsoleOptions, Group, RenderResult
 from rich.table import Table
 from rich.text import Text
 
@@ -119,7 +120,7 @@ def summary_table(results: dict[str, Any]) -> Table:
     """The summary as a rich Table."""
     ref = results.get("reference")
     title = f"Drafter evaluation (ratios against {ref})" if ref else "Drafter evaluation"
-    return _rich(summary_rows(results), title)
+    return _rich(summary_rows(results), title, fold_labels=True)
 
 
 # -- per prompt -------------------------------------------------------------------------------------
@@ -391,14 +392,69 @@ def kernel_table(host_a: str, probe_a: dict[str, Any], host_b: str, probe_b: dic
 
 # -- rendering and export ---------------------------------------------------------------------------
 
-def _rich(rows: Rows, title: str) -> Table:
-    headers, body, styles = rows
-    table = Table(title=title, title_justify="left", header_style="bold")
-    for i, h in enumerate(headers):
-        table.add_column(h, justify="left" if i == 0 else "right", no_wrap=i == 0)
-    for row, style in zip(body, styles, strict=True):
-        table.add_row(*row, style=style or None)
-    return table
+LABEL_MIN = 8  # the label column folds down to this width before a table gives way to blocks
+
+
+def _width(cell: str) -> int:
+    return max((cell_len(line) for line in cell.splitlines()), default=0)
+
+
+class FittedTable(Table):
+    """A table of `Rows` that never cuts a value: the first column (the labels) folds, every other
+    column keeps its values whole on one line. Where even that does not fit (a narrow terminal, or
+    80 columns piped), it is drawn as blocks instead: each row's label, then `header: value` lines
+    (the value on a line of its own where both do not fit), wrapped only between words.
+    `fold_labels=False`: the first column is a value too (a run id), never folded either."""
+
+    def __init__(self, rows: Rows, title: str, fold_labels: bool = True, justify: str = "right"):
+        # `justify`: figures right-aligned in the result tables; `runs` keeps its text left.
+        super().__init__(title=title, title_justify="left", header_style="bold")
+        self.rows_shown = rows
+        self.fold_labels = fold_labels
+        headers, body, styles = rows
+        for i, h in enumerate(headers):
+            if i == 0 and fold_labels:
+                self.add_column(h, justify="left", overflow="fold", min_width=LABEL_MIN)
+            else:
+                self.add_column(h, justify="left" if i == 0 else justify, no_wrap=True,
+                                min_width=max([_width(row[i]) for row in body] or [0]))
+        for row, style in zip(body, styles, strict=True):
+            self.add_row(*row, style=style or None)
+
+    def min_table_width(self) -> int:
+        """The narrowest width at which every value stays whole: values, padding and borders, and
+        the label column folded to `LABEL_MIN`."""
+        widths = [max(column.min_width or 0, *(cell_len(w) for w in str(column.header).split()))
+                  for column in self.columns]
+        if self.fold_labels:
+            widths[0] = LABEL_MIN
+        return sum(widths) + 3 * len(widths) + 1  # one space either side of each cell, the rules between
+
+    def blocks(self, width: int) -> list[Text]:
+        """The rows one below the other, for a width the table does not fit."""
+        headers, body, styles = self.rows_shown
+        lines = [Text(str(self.title), style="bold italic")]
+        for row, style in zip(body, styles, strict=True):
+            lines.append(Text(row[0], style=f"bold {style}".strip()))
+            for header, value in zip(headers[1:], row[1:], strict=True):
+                line = f"  {header}: {value}"
+                if cell_len(line) > width:  # the value whole on its own line rather than cut in two
+                    lines += [Text(f"  {header}:", style=style), Text(f"    {value}", style=style)]
+                else:
+                    lines.append(Text(line, style=style))
+        return lines
+
+    def __rich_console__(self, console: Console, options: ConsoleOptions) -> RenderResult:
+        if self.min_table_width() > options.max_width:
+            yield from self.blocks(options.max_width)
+        else:
+            yield from super().__rich_console__(console, options)
+
+
+def _rich(rows: Rows, title: str, fold_labels: bool = False) -> Table:
+    """`fold_labels`: the first column holds labels (the summary's metrics), not values (prompt ids,
+    drafter names, layers, kernel functions), and may fold."""
+    return FittedTable(rows, title, fold_labels=fold_labels)
 
 
 def markdown_table(rows: Rows) -> str:
