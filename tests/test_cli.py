@@ -113,3 +113,105 @@ def test_help_lists_the_commands(capsys: pytest.CaptureFixture[str]) -> None:
     assert info.value.code == 0
     out = capsys.readouterr().out
     assert "init" in out and "check" in out
+
+
+# --- run --headless --step: the questions on the terminal ------------------------------------------
+
+ASK_TWICE = """
+import asyncio, sys
+from console.messages import Confirmation
+from console.procedure.decider import TerminalDecider
+
+stop = Confirmation("stop", "stop the service", "ct129", ("systemctl", "stop", "sglang"), "goes down", True)
+start = Confirmation("restart", "start the service", "ct129", ("systemctl", "start", "sglang"), "comes back", False)
+
+async def main():
+    decider = TerminalDecider()
+    try:
+        await decider.decide(stop)
+    except asyncio.CancelledError:  # Ctrl-C under the question: the run's compensation asks the restart
+        print("cancelled", flush=True)
+        print(f"restart answered {await decider.decide(start)}", flush=True)
+
+asyncio.run(main())
+print("exited", flush=True)
+"""
+
+
+def test_ctrl_c_under_a_question_leaves_the_next_answer_to_the_next_question(tmp_path: Path) -> None:
+    """A real process, a real pipe for stdin, a real SIGINT: the restart question asked after the
+    Ctrl-C gets the operator's answer, and the process exits (no reader left blocking the exit)."""
+    import select
+    import signal
+
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])}
+    child = subprocess.Popen([sys.executable, "-c", ASK_TWICE], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                             stderr=subprocess.PIPE, text=True, env=env)
+    seen = ""
+
+    def until(fragment: str, stream) -> str:
+        nonlocal seen
+        text = ""
+        while fragment not in text:
+            ready, _, _ = select.select([stream], [], [], 60)
+            assert ready, f"no {fragment!r} from the child; so far: {text!r} / {seen!r}"
+            chunk = os.read(stream.fileno(), 4096).decode()
+            assert chunk, f"the child ended before {fragment!r}: {text!r}"
+            text += chunk
+        seen += text
+        return text
+
+    try:
+        assert "systemctl stop sglang" in until("Proceed?", child.stderr)
+        child.send_signal(signal.SIGINT)
+        until("cancelled", child.stdout)
+        assert "systemctl start sglang" in until("Proceed?", child.stderr)
+        child.stdin.write("y\n")
+        child.stdin.flush()
+        assert "restart answered True" in until("restart answered", child.stdout)
+        until("exited", child.stdout)
+        assert child.wait(timeout=60) == 0
+    finally:
+        child.kill()
+        child.wait()
+
+
+def test_a_question_pauses_the_progress_bars_and_stands_on_its_own_lines() -> None:
+    """The headless view's bars stop while the question waits (nothing redraws over it), and start
+    again once it is answered."""
+    import asyncio
+    import io
+
+    from rich.console import Console
+
+    from console.messages import Confirmation, JobProgress
+    from console.procedure.decider import TerminalDecider
+    from console.session import MessageBus
+    from console.views.headless import HeadlessView
+
+    screen = io.StringIO()
+    bus = MessageBus()
+    view = HeadlessView(bus, Console(file=screen, force_terminal=True, width=100))
+    bus.publish(JobProgress("extract-1", "extract", "ct129", 4, 10, "prompts", rate=0.4, key="prompts"))
+    live_while_asked: list[bool] = []
+    printed_before_answer: list[str] = []
+
+    def answer() -> str:
+        live_while_asked.append(view.progress.live.is_started)
+        printed_before_answer.append(screen.getvalue())
+        return "y\n"
+
+    decider = TerminalDecider(read_line=answer, out=screen)
+    question = Confirmation("stop", "stop the service", "ct129", ("systemctl", "stop", "sglang-qwen"),
+                            "SGLang on ct129 goes down", True)
+    try:
+        assert asyncio.run(decider.decide(question)) is True
+        assert view.progress.live.is_started  # the bars are back after the answer
+    finally:
+        view.close()
+    assert live_while_asked == [False]
+    shown = printed_before_answer[0]
+    question_at = shown.rindex("stop: stop the service on ct129")
+    assert shown[question_at - 1] == "\n"  # on a line of its own, not after a bar's frame
+    tail = shown[question_at:]
+    assert "command: systemctl stop sglang-qwen" in tail and tail.rstrip().endswith("[c]ontinue without asking:")

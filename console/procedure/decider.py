@@ -14,9 +14,11 @@ the run there and journals it). Three deciders share the protocol:
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import shlex
 import sys
-from collections.abc import Callable
+import threading
+from collections.abc import Callable, Iterator
 from typing import Protocol, TextIO
 
 from console.messages import Confirmation
@@ -55,26 +57,134 @@ def confirmation_text(c: Confirmation) -> str:
     return "\n".join(lines)
 
 
+class LiveDisplay(Protocol):
+    """What a question pauses: a rich Live or Progress drawing on the same terminal."""
+
+    def start(self) -> None: ...
+    def stop(self) -> None: ...
+
+
+_live_displays: list[LiveDisplay] = []  # one terminal per process: every display drawing on it
+
+
+def register_live_display(display: LiveDisplay) -> Callable[[], None]:
+    """A live display (the headless view's progress bars) that questions pause; returns the undo."""
+    _live_displays.append(display)
+    return lambda: _live_displays.remove(display) if display in _live_displays else None
+
+
+@contextlib.contextmanager
+def live_displays_paused() -> Iterator[None]:
+    """While a question waits, no bar redraws over it: the displays stop (their last frame stays
+    printed) and start again, below the answer, once it is given."""
+    paused = list(_live_displays)
+    for display in paused:
+        display.stop()
+    try:
+        yield
+    finally:
+        for display in paused:
+            if display in _live_displays:
+                display.start()
+
+
+class LineReader:
+    """The one reader of the answers: a daemon thread that reads a line when a question waits for
+    one. A question cancelled under it (Ctrl-C) leaves the line it was reading to the next
+    question, never to a reader nobody awaits; and nothing joins the thread at exit, so a
+    blocked read never holds the process (the executor thread that `run_in_executor` used did both)."""
+
+    def __init__(self, read_line: Callable[[], str]) -> None:
+        self._read_line = read_line
+        self._lock = threading.Lock()
+        self._wanted = threading.Event()
+        self._waiter: asyncio.Future[str] | None = None
+        self._pending: list[str] = []  # read for a question that was cancelled meanwhile
+        self._ended = False  # end of input: every later question reads ""
+        self._thread: threading.Thread | None = None
+
+    async def line(self) -> str:
+        """The next line ('' at the end of input)."""
+        loop = asyncio.get_running_loop()
+        with self._lock:
+            if self._pending:
+                return self._pending.pop(0)
+            if self._ended:
+                return ""
+            waiter = self._waiter = loop.create_future()
+            self._wanted.set()
+            if self._thread is None:
+                self._thread = threading.Thread(target=self._read, name="answers", daemon=True)
+                self._thread.start()
+        try:
+            return await waiter
+        finally:
+            with self._lock:
+                if self._waiter is waiter:
+                    self._waiter = None  # the read goes on; its line waits in _pending
+
+    def _read(self) -> None:
+        while True:
+            self._wanted.wait()
+            try:
+                line = self._read_line()
+            except (OSError, ValueError):  # stdin closed under us: nobody is there to answer
+                line = ""
+            with self._lock:
+                self._wanted.clear()
+                self._ended = line == ""
+                waiter, self._waiter = self._waiter, None
+                if waiter is None or waiter.done():
+                    self._pending.append(line)
+                else:
+                    waiter.get_loop().call_soon_threadsafe(self._deliver, waiter, line)
+            if line == "":
+                return
+
+    def _deliver(self, waiter: asyncio.Future[str], line: str) -> None:
+        if waiter.done():  # cancelled between the read and this call: the next question has it
+            with self._lock:
+                self._pending.append(line)
+        else:
+            waiter.set_result(line)
+
+
+_stdin_reader: LineReader | None = None
+
+
+def stdin_reader() -> LineReader:
+    """The process's one reader of stdin."""
+    global _stdin_reader
+    if _stdin_reader is None:
+        _stdin_reader = LineReader(sys.stdin.readline)
+    return _stdin_reader
+
+
 class TerminalDecider:
-    """Asks on the terminal: y (yes), n (no), c (yes, and continue without asking)."""
+    """Asks on the terminal: y (yes), n (no), c (yes, and continue without asking). The question
+    stands on its own lines, with the command, the live display paused until it is answered."""
 
     name = "terminal"
 
     def __init__(self, read_line: Callable[[], str] | None = None, out: TextIO | None = None):
-        self._read_line = read_line or sys.stdin.readline
-        self._out = out or sys.stderr
+        self._reader = LineReader(read_line) if read_line is not None else stdin_reader()
+        self._out = out
         self.continue_all = False
 
     async def decide(self, confirmation: Confirmation) -> bool:
         if self.continue_all:
             return True
-        self._out.write(confirmation_text(confirmation) + "\n")
+        with live_displays_paused():
+            return await self._ask(confirmation, self._out or sys.stderr)
+
+    async def _ask(self, confirmation: Confirmation, out: TextIO) -> bool:
+        out.write("\n" + confirmation_text(confirmation) + "\n")
         while True:
-            self._out.write("Proceed? [y]es / [n]o / [c]ontinue without asking: ")
-            self._out.flush()
-            line = await asyncio.get_running_loop().run_in_executor(None, self._read_line)
+            out.write("Proceed? [y]es / [n]o / [c]ontinue without asking: ")
+            out.flush()
+            line = await self._reader.line()
             if line == "":  # end of input: nobody is there to say yes
-                self._out.write("\n(no answer: refused)\n")
+                out.write("\n(no answer: refused)\n")
                 return False
             answer = line.strip().lower()
             if answer in ("y", "yes"):

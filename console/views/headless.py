@@ -17,6 +17,7 @@ from rich.table import Table
 from rich.text import Text
 
 from console import messages as m
+from console.procedure.decider import register_live_display
 from console.session import MessageBus
 from console.views.units import duration, mib
 
@@ -73,11 +74,14 @@ class HeadlessView:
                                  console=self.console, transient=False) if show_progress else None
         self._tasks: dict[tuple[str, str], TaskID] = {}
         self._unsubscribe = bus.subscribe(self.on_message)
+        self._unregister = lambda: None
         if self.progress is not None:
             self.progress.start()
+            self._unregister = register_live_display(self.progress)  # a question pauses the bars
 
     def close(self) -> None:
         self._unsubscribe()
+        self._unregister()
         if self.progress is not None:
             self.progress.stop()
 
