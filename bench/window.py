@@ -65,7 +65,7 @@ async def one_run(config_path: Path, runs: Path, stage: bool, route: str = "wind
         await operator.stop()
     if finished.status != "done":
         raise SystemExit(f"bench: the run failed: {finished.message}")
-    return operator.store.open(finished.run_id).state
+    return operator.store.open(finished.run_id).state.to_json()
 
 
 def main() -> int:

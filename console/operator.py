@@ -15,6 +15,7 @@ from console.config import Config
 from console.messages import PlanReady, RunFinished
 from console.procedure.decider import Decider, RefuseAll
 from console.procedure.engine import Engine
+from console.procedure.hosts import SessionHosts
 from console.procedure.store import Run, RunStore, RunSummary
 from console.session import MessageBus, Session
 
@@ -50,7 +51,7 @@ class Operator:
     def open_run(self, resume: str | bool | None) -> Run:
         """A new run, or the one to resume (`True`: the latest unfinished one)."""
         if resume is True:
-            run = self.store.latest_unfinished()
+            run = self.store.to_resume()
             if run is None:
                 raise LookupError(f"no unfinished run to resume in {self.store.root}")
             return run
@@ -65,8 +66,8 @@ class Operator:
         if self.read_only:
             raise ReadOnly("read-only console: the procedure cannot be run")
         run = self.open_run(resume)
-        self.engine = Engine(self.session, run, decider, self.store, restart_on_failure=not no_restart, route=route,
-                             stage=stage, one_step=one_step)
+        self.engine = Engine(SessionHosts(self.session), self.config, run, decider, self.store,
+                             restart_on_failure=not no_restart, route=route, stage=stage, one_step=one_step)
         self._task = asyncio.current_task()
         try:
             return await self.engine.execute()
@@ -77,8 +78,8 @@ class Operator:
         """Preflight only: connect, probe, read the drafters, choose the plan. Changes nothing on the
         hosts (beyond shipping the worker code) and keeps no run."""
         run = self.store.create(str(self.config.source) if self.config.source else None, self._config_sha())
-        engine = Engine(self.session, run, RefuseAll(), self.store, restart_on_failure=False, route=route,
-                        plan_only=True)
+        engine = Engine(SessionHosts(self.session), self.config, run, RefuseAll(), self.store,
+                        restart_on_failure=False, route=route, plan_only=True)
         try:
             finished = await engine.execute()
             if engine.plan is None:
@@ -92,25 +93,35 @@ class Operator:
         if self.read_only:
             raise ReadOnly("read-only console: the service cannot be started from here")
         engine = self.engine
-        if engine is None:
-            run = self.store.latest_unfinished()
+        if engine is None or not engine.service_down_by_us:
+            run = self.store.left_down()
             if run is None:
-                raise LookupError("no run of this console stopped the service")
-            engine = Engine(self.session, run, decider, self.store)
+                raise LookupError("no run left the service down")
+            engine = Engine(SessionHosts(self.session), self.config, run, decider, self.store)
         engine.decider = decider
         await engine.restart_service(reason="the operator asked for it")
 
-    def cancel(self) -> None:
-        """Cancel the procedure in progress (it then offers the restart if the service is down)."""
+    def cancel(self, leave_down: bool = False) -> None:
+        """Cancel the procedure in progress: it then offers the restart if the service is down,
+        unless the operator chose to leave it down (`leave_down`, its own key in the quit modal)."""
+        if leave_down and self.engine is not None:
+            self.engine.restart_on_failure = False
         if self._task is not None:
             self._task.cancel()
 
     def unfinished_run(self) -> str | None:
-        run = self.store.latest_unfinished()
+        """The run a new console offers to continue: the one that left the service down, else the
+        newest unfinished one (one store query, whatever the run's status)."""
+        run = self.store.to_resume()
         return run.run_id if run else None
 
+    def left_down(self) -> Run | None:
+        """The run that left the service down (whatever its status), or None."""
+        return self.store.left_down()
+
     def runs(self) -> list[RunSummary]:
-        return self.store.summaries()
+        """Earlier runs that can be read (`store.summaries()` also lists the unreadable ones)."""
+        return [s for s in self.store.summaries() if isinstance(s, RunSummary)]
 
     def run_dir(self, run_id: str) -> Path:
         return self.store.root / run_id

@@ -11,19 +11,20 @@ import pytest
 from console.messages import Confirmation
 from console.procedure.decider import TerminalDecider
 from console.procedure.steps import Preflight, estimates, stage_decision
-from console.procedure.store import RunStore, RunStoreError
+from console.procedure.store import RunStore, RunStoreError, RunSummary, StoreWriteError, UnreadableRun
+from tests.small_fs import fill, small_filesystem
 
 
 def test_state_journal_and_summary(tmp_path) -> None:
     store = RunStore(tmp_path)
     run = store.create("/etc/dflash-ops.toml", "abc")
-    run.step("stop")["status"] = "done"
-    run.state["service"].update(stopped_at=100.0, ready_at=130.5)
-    run.state["headline"] = {"reference": 3.2}
+    run.state.step("stop").status = "done"
+    run.state.service.stopped_at, run.state.service.ready_at = 100.0, 130.5
+    run.state.headline = {"reference": 3.2}
     run.save()
     run.journal("stop", "approved: stop the service", host="ct129", argv=["systemctl", "stop", "sglang"])
     again = store.open(run.run_id)
-    assert again.state["steps"]["stop"]["status"] == "done"
+    assert again.state == run.state  # typed state round-trips through state.json
     entry = again.read_journal()[0]
     assert entry["argv"] == ["systemctl", "stop", "sglang"] and entry["host"] == "ct129" and entry["user"]
     (summary,) = store.summaries()
@@ -31,19 +32,92 @@ def test_state_journal_and_summary(tmp_path) -> None:
     assert store.latest_unfinished().run_id == run.run_id  # status "running"
 
 
-def test_a_torn_journal_line_is_left_out_and_a_foreign_state_refused(tmp_path) -> None:
+def test_a_torn_journal_line_is_left_out_and_the_next_entry_starts_a_line_of_its_own(tmp_path) -> None:
     store = RunStore(tmp_path)
     run = store.create(None, None)
     run.journal(None, "first")
     with open(run.dir / "journal.jsonl", "a") as f:
         f.write('{"t": 1, "message": "tor')  # a crash mid-write
     assert [e["message"] for e in run.read_journal()] == ["first"]
-    (tmp_path / "other").mkdir()
-    (tmp_path / "other" / "state.json").write_text(json.dumps({"format": "something/else"}))
-    with pytest.raises(RunStoreError, match="not a dflash-ops run state"):
-        store.open("other")
-    with pytest.raises(RunStoreError, match="no run 'missing'"):
-        store.open("missing")
+    again = store.open(run.run_id)  # a resumed console appends next
+    again.journal(None, "second")
+    messages = [e["message"] for e in again.read_journal()]
+    assert messages[0] == "first" and messages[-1] == "second"
+    assert "cut mid-write" in messages[1]  # said so in the journal
+    assert (run.dir / "journal.jsonl").read_text().count('{"t": 1, "message": "tor\n') == 1
+
+
+@pytest.mark.parametrize("content, why", [
+    (b"[]", "not a run state (a JSON list"),
+    (b"null", "not a run state (a JSON NoneType"),
+    (bytes(range(256)), "not JSON"),
+    (b'{"format": "something/else"}', "unknown run state version 'something/else'"),
+    (b'{"format": "dflash-ops.run/9"}', "unknown run state version"),
+    (b'{"format": "dflash-ops.run/2", "steps": []}', "damaged run state"),
+])
+def test_an_unreadable_state_names_its_path_and_never_hides_the_other_runs(tmp_path, content, why) -> None:
+    store = RunStore(tmp_path)
+    good = store.create(None, None)
+    bad = tmp_path / "20260101-000000-dead"
+    bad.mkdir()
+    (bad / "state.json").write_bytes(content)
+    with pytest.raises(RunStoreError) as caught:
+        store.open(bad.name)
+    assert why in str(caught.value) and str(bad / "state.json") in str(caught.value)
+    listing = store.summaries()
+    unreadable = [s for s in listing if isinstance(s, UnreadableRun)]
+    assert [u.run_id for u in unreadable] == [bad.name] and why in unreadable[0].why
+    assert [s.run_id for s in listing if isinstance(s, RunSummary)] == [good.run_id]
+    assert store.latest_unfinished().run_id == good.run_id
+
+
+def test_version_1_states_are_read(tmp_path) -> None:
+    """A run written before the typed state (format 1) still opens, its milestones moved."""
+    d = tmp_path / "20261130-120000-abcd"
+    d.mkdir()
+    (d / "state.json").write_text(json.dumps({
+        "format": "dflash-ops.run/1", "run_id": d.name, "created_at": 1.0, "status": "done",
+        "steps": {"stop": {"status": "done", "started_at": 1.0, "ended_at": 2.0}},
+        "jobs": {"extract": {"job_id": f"{d.name}-extract", "host": "ct129", "worker": "extract", "args": []}},
+        "facts": {"go_sent": 5.0, "gpu_released_at": 6.0, "extraction_complete": True, "layers": [1, 2]},
+        "service": {"stopped_at": 3.0, "stop_returned_at": 4.0, "ready_at": 9.0, "down": False}}))
+    state = RunStore(tmp_path).open(d.name).state
+    assert state.extraction.go_sent_at == 5.0 and state.extraction.complete and state.facts == {"layers": [1, 2]}
+    assert state.service.stops == 1 and state.jobs["extract"].host == "ct129"
+
+
+def test_left_down_is_one_query_whatever_the_status(tmp_path) -> None:
+    """A failed (or refused, cancelled) run that left the service down is the one the banner, `r`,
+    status and resume name, before any newer paused run."""
+    store = RunStore(tmp_path)
+    failed = store.create(None, None)
+    failed.state.status, failed.state.service.down, failed.state.service.stopped_at = "failed", True, 5.0
+    failed.save()
+    paused = store.create(None, None)
+    paused.state.status = "paused"
+    paused.save()
+    assert store.left_down().run_id == failed.run_id
+    assert store.to_resume().run_id == failed.run_id
+    failed.state.service.down = False
+    failed.save()
+    assert store.left_down() is None and store.to_resume().run_id == paused.run_id
+
+
+def test_a_full_disk_after_the_stop_is_said_and_kept_in_memory(tmp_path, capsys) -> None:
+    with small_filesystem(tmp_path / "runs") as root:
+        store = RunStore(root)
+        run = store.create(None, None)
+        fill(root)
+        with pytest.raises(StoreWriteError, match=str(run.dir / "state.json")):
+            run.save()  # before the stop: a failed write fails the run (nothing has changed yet)
+        run.keep_going_on_write_errors = True  # once the service is down, the run must go on
+        run.state.service.down = True
+        run.save()
+        run.journal("stop", "stop command ran")
+        err = capsys.readouterr().err
+        assert f"cannot write {run.dir / 'state.json'}" in err and "No space left on device" in err
+        assert run.read_journal()[-1]["message"] == "stop command ran"  # kept in memory
+        assert run.write_errors and run.state.service.down
 
 
 def test_terminal_decider_y_n_c() -> None:

@@ -56,7 +56,7 @@ class Drill:
     def only_run(self) -> tuple[str, dict[str, Any]]:
         store = RunStore(self.runs)
         (run_id,) = store.run_ids()
-        return run_id, store.open(run_id).state
+        return run_id, store.open(run_id).state.to_json()
 
     def journal(self) -> list[dict[str, Any]]:
         store = RunStore(self.runs)

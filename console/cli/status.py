@@ -22,7 +22,7 @@ from rich.live import Live
 from rich.text import Text
 
 from console.config import Config, load_config
-from console.procedure.store import RunStore, RunStoreError
+from console.procedure.store import RunStore
 from console.session import Session, service_name
 from console.views.status import status_view
 
@@ -39,17 +39,22 @@ def render(session: Session, runs: RunStore | None = None) -> RenderableType:
 
 
 def downtime_line(runs: RunStore) -> Text | None:
-    """While a run of ours has the service down, every view says so, and since when."""
-    try:
-        run = runs.latest_unfinished()
-    except RunStoreError:
+    """While a run of ours has the service down, every view says so, since when and by which run
+    (the store's one question, whatever the run's status), and who drives that run."""
+    run = runs.left_down()
+    if run is None:
         return None
-    if run is None or not run.state.get("service", {}).get("down"):
-        return None
-    since = run.state["service"]["stopped_at"]
+    state = run.state
+    since = state.service.stopped_at or time.time()
+    owner = state.owner
+    driver = ""
+    if not state.finished and owner is not None:
+        driver = ("; its console is gone" if owner.alive() is False else f"; driven by {owner.describe()}")
+    how = ("`dflash-ops run --resume` restarts it" if state.finished else
+           "`dflash-ops run --resume` continues it (and restarts the service)")
     return Text(f"SERVICE DOWN since {time.strftime('%H:%M:%S', time.localtime(since))} "
-                f"({time.time() - since:.0f} s): stopped by run {run.run_id}, which has not finished; "
-                f"`dflash-ops run --resume` continues it (and restarts the service)", style="bold white on red")
+                f"({time.time() - since:.0f} s): stopped by run {run.run_id}, which {'ended ' + state.status if state.finished else 'has not finished'}"
+                f"{driver}; {how}", style="bold white on red")
 
 
 async def snapshot(config: Config, console: Console, runs: RunStore | None = None) -> int:

@@ -1,16 +1,24 @@
-"""The window engine: runs the procedure's steps against the session's hosts, asking before it acts.
+"""The window engine: a loop over the step table (`steps.STEPS`), asking before it acts.
 
-Each step has a check (already satisfied? skip and say why), a run and a verify; the state is saved
-after every transition and every decision, command and exit is journalled, so a console killed at
-any moment resumes from the first unsatisfied step. Jobs get deterministic ids (`<run>-<step>`)
-recorded before they start, so a resumed run finds a job it started instead of starting it again,
-and never extracts twice.
+For each step the engine asks its `check` (is the work already on the hosts? a resumed run trusts
+the hosts, never its saved state), else runs it and `verify`s the result. The typed state
+(`state.RunState`) is saved after every transition and every decision, command and exit is
+journalled, so a console killed at any moment resumes from the first unsatisfied step. Jobs get
+deterministic ids (`<run>-<step>`) recorded before they start and are followed from a persisted
+offset, so a resumed run finds a job it started instead of starting it again, never takes an old
+event for a live process, and never extracts twice.
 
-Interlocks: the stop waits for verified completions and (when staging) the `staged` worker; the
+Interlocks: the stop waits for verified completions and (when staging) a live `staged` worker; the
 extraction waits until the service's GPUs are free (our staged worker's memory excluded); the
-restart begins at `gpu_released`, not after the files are flushed. Any failure, cancel or Ctrl-C
-after the stop offers the restart (`restart_on_failure`), and the exit code says whether the
-service is still down.
+restart begins at `gpu_released`. One start per down period: before any start the manager is asked,
+and a service already active or activating is waited for, never started again. Any failure, cancel
+or signal after the stop ends our own jobs and offers the restart (`restart_on_failure`), in a
+compensation that a second interruption does not abandon; the exit code says whether the service
+is still down. One run per inference host at a time: a lock in the service host's workdir names
+its owner.
+
+All host access goes through `WindowHosts` (`console/procedure/hosts.py`), so the whole engine
+runs over small fakes in the crash-point sweep (`tests/test_engine_sweep.py`).
 """
 
 from __future__ import annotations
@@ -20,7 +28,7 @@ import contextlib
 import json
 import shlex
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -38,39 +46,39 @@ from console.messages import (
     StepUpdate,
     TelemetrySample,
 )
-from console.procedure import remote_files
 from console.procedure.decider import Decider
 from console.procedure.fit import SPLIT_FILL, longest_tokens, where_it_fits
-from console.procedure.steps import ROUTES, Preflight, estimates, planned, size_text, stage_decision
+from console.procedure.hosts import WindowHosts
+from console.procedure.state import STEP_ENDED, JobRecord, Owner
+from console.procedure.steps import (
+    BY_NAME,
+    ROUTES,
+    Preflight,
+    Step,
+    estimates,
+    planned,
+    route_steps,
+    size_text,
+    stage_decision,
+    units,
+)
 from console.procedure.store import Run, RunStore
-from console.service.control import ReadyTimeout, ServiceError, start_and_wait
-from console.service.vram import (
-    VramError,
-    describe_outcomes,
-    end_holders,
-    endpids_argv,
-    others_used,
-    wait_vram_free,
-)
-from console.session import Session, service_name
+from console.service.control import ReadyTimeout, ServiceError
+from console.service.vram import VramError, describe_outcomes, others_used, wait_vram_free
+from console.session import service_name
 from console.ssh.hosts import HostDisconnected, HostError
-from console.ssh.jobs import (
-    JobDead,
-    JobExists,
-    JobHandle,
-    JobRunner,
-    JobStalledError,
-    follow_with_reconnect,
-    job_message,
-)
+from console.ssh.jobs import JobDead, JobExists, JobHandle, JobStalledError, job_message
 from remote.prompts import DEFAULT_PROMPTS, load_prompts
 
 EXIT_DONE, EXIT_FAILED, EXIT_USAGE, EXIT_DOWN = 0, 1, 2, 3
 CONNECT_TIMEOUT_S = 30.0
-PROBE_TIMEOUT_S = 300.0
 LINK_RETRIES = 3  # a step whose link drops is run again this many times
 SETTLED = ("done", "skipped", "left-out")
 START_SETTLE_S = 90.0  # a start cut off by a crash settles on the host within about a minute
+LOCK_FILE = "dflash-ops.lock"  # in the service host's workdir: the run driving that host
+QUIET_EVENTS = ("progress", "heartbeat")  # not worth a state write each (replaying them is harmless)
+CRASH_POINTS = ("staged", "cached", "stop-asked", "stop-ran", "holders", "go", "gpu-released", "start-issued",
+                "ready", "evaluated", "reported")
 
 
 class StepFailed(Exception):
@@ -98,15 +106,41 @@ class Refused(Exception):
         self.step = step
 
 
-class Engine:
-    """Drives one run (new or resumed) of the procedure."""
+class ResumeRefused(Exception):
+    """A resume that would be wrong (another route than the run was made for); the message says why."""
 
-    def __init__(self, session: Session, run: Run, decider: Decider, store: RunStore | None = None,
+
+class SimulatedCrash(BaseException):
+    """Raised by a crash-point hook in the crash-point sweep: the console "dies" right there. Nothing
+    after it runs in this engine, no compensation and no finish, as after a SIGKILL."""
+
+
+class Skip(str):
+    """Nothing to do for the step (say why): it is recorded `skipped`."""
+
+    @property
+    def why(self) -> str:
+        return str(self)
+
+
+class LeftOut(Skip):
+    """The plan leaves the step out (e.g. no staging without the RAM for it)."""
+
+
+class Found(Skip):
+    """The step's work is already on the hosts (verified there): it is recorded `done`."""
+
+
+class Engine:
+    """Drives one run (new or resumed) of the procedure over `hosts`."""
+
+    def __init__(self, hosts: WindowHosts, config: Config, run: Run, decider: Decider, store: RunStore | None = None,
                  restart_on_failure: bool = True, route: str | None = None, plan_only: bool = False,
-                 stage: bool | None = None, one_step: bool = False):
-        self.session = session
-        self.config: Config = session.config
-        self.bus = session.bus
+                 stage: bool | None = None, one_step: bool = False,
+                 crash_at: Callable[[str], None] | None = None):
+        self.hosts = hosts
+        self.config = config
+        self.bus = hosts.bus
         self.run = run
         self.decider = decider
         self.store = store
@@ -114,56 +148,76 @@ class Engine:
         self.plan_only = plan_only
         self.stage_override = stage  # None: the plan decides from the target host's RAM
         self.one_step = one_step  # run the next unsatisfied step (stage + cache together), then pause
-        self.route = route or run.state.get("route") or "window"
-        if self.route not in ROUTES:
-            raise ValueError(f"unknown route {self.route!r}: expected one of {', '.join(ROUTES)}")
+        self.crash_at = crash_at  # the crash-point sweep's hook (raises SimulatedCrash at a named point)
+        if route is not None and route not in ROUTES:
+            raise ValueError(f"unknown route {route!r}: expected one of {', '.join(ROUTES)}")
+        if route is not None and run.state.started and run.state.route not in (None, route):
+            raise ResumeRefused(f"run {run.run_id} was made for the {run.state.route} route: a resume keeps "
+                                f"its route (asked for {route})")
+        self.route = route or run.state.route or "window"
         self.facts = Preflight()
         self.fits: list[HostFit] = []
         self.plan: PlanReady | None = None
-        self.earlier = estimates(s.state for s in self._earlier_runs())
+        self.earlier = estimates(s.state.to_json() for s in self._earlier_runs())
         self._gpu_released = asyncio.Event()
         self._restart_task: asyncio.Task | None = None
+        self._restart_lock = asyncio.Lock()
         self._unsubscribe_telemetry: Callable[[], None] | None = None
+        self._decision_s: dict[str, float] = {}
+        self._irreversible: dict[str, str] = {}  # step -> detail, once its change on the host is made
+        self._stopped_mono: float | None = None
+        self._ran: set[str] = set()  # steps this engine ran (not found satisfied)
+        self._resumed = False
 
     # --- bookkeeping --------------------------------------------------------------------------
 
     @property
-    def state(self) -> dict[str, Any]:
+    def state(self):
         return self.run.state
 
     def _earlier_runs(self) -> list[Run]:
         if self.store is None:
             return []
-        runs = []
-        for run_id in self.store.run_ids():
-            if run_id != self.run.run_id:
-                with contextlib.suppress(Exception):
-                    runs.append(self.store.open(run_id))
-        return runs
+        return [r for r in self.store.readable() if r.run_id != self.run.run_id]
+
+    def _crash(self, point: str) -> None:
+        if self.crash_at is not None:
+            self.crash_at(point)
 
     def journal(self, step: str | None, message: str, **fields: Any) -> None:
         self.bus.publish(self.run.journal(step, message, **fields))
 
-    def _step(self, name: str, status: str, detail: str | None = None) -> None:
-        step = self.run.step(name)
+    def _publish_step(self, name: str, attempt_started: float | None = None) -> None:
+        if self.plan_only:  # a preview keeps no run: the stepper shows the plan, not its ticks
+            return
+        rec = self.state.step(name)
+        started = attempt_started if rec.status == "running" and attempt_started else rec.started_at
+        self.bus.publish(StepUpdate(self.run.run_id, name, rec.status, started, rec.ended_at, rec.detail,
+                                    work_s=rec.work_s, decision_s=rec.decision_s, found_on_resume=rec.found_on_resume))
+
+    def _set(self, name: str, status: str, detail: str | None = None, attempt_started: float | None = None,
+             found: bool = False) -> None:
+        rec = self.state.step(name)
         now = time.time()
         if status == "running":
-            step["started_at"] = step.get("started_at") or now
-            step.pop("ended_at", None)
-        elif status in ("done", "skipped", "failed", "refused", "cancelled", "left-out"):
-            step["ended_at"] = now
-        step["status"] = status
+            rec.started_at = rec.started_at or now  # the first attempt's start is kept across resumes
+            rec.ended_at = None
+        elif status in STEP_ENDED:
+            rec.ended_at = now
+        rec.status = status
+        rec.found_on_resume = found
         if detail is not None:
-            step["detail"] = detail
+            rec.detail = detail
         self.run.save()
-        self.bus.publish(StepUpdate(self.run.run_id, name, status, step.get("started_at"), step.get("ended_at"),
-                                    detail))
+        self._publish_step(name, attempt_started)
         if status != "running" or detail:
             self.journal(name, f"{name}: {status}" + (f": {detail}" if detail else ""),
                          level="error" if status == "failed" else "info")
 
     async def _ask(self, confirmation: Confirmation) -> bool:
+        asked = time.monotonic()
         approved = await self.decider.decide(confirmation)
+        self._decision_s[confirmation.step] = self._decision_s.get(confirmation.step, 0.0) + time.monotonic() - asked
         self.bus.publish(DecisionMade(confirmation, approved, self.decider.name))
         self.journal(confirmation.step, f"{'approved' if approved else 'refused'}: {confirmation.action}",
                      host=confirmation.host, decision=f"{'yes' if approved else 'no'} ({self.decider.name})",
@@ -171,69 +225,139 @@ class Engine:
         return approved
 
     def _publish_downtime(self) -> None:
-        service = self.state["service"]
-        self.bus.publish(Downtime(self.run.run_id, service.get("stopped_at") if service.get("down") else None,
-                                  service.get("ready_at")))
+        service = self.state.service
+        self.bus.publish(Downtime(self.run.run_id, service.stopped_at if service.down else None, service.ready_at))
 
     @property
     def service_down_by_us(self) -> bool:
-        return bool(self.state["service"].get("down"))
+        return self.state.service.down
+
+    async def _connected(self, name: str, step: str) -> None:
+        try:
+            await self.hosts.connect(name, CONNECT_TIMEOUT_S)
+        except TimeoutError:
+            raise StepFailed(step, f"{name} is not connected after {CONNECT_TIMEOUT_S:.0f} s "
+                                   f"({self.hosts.link_state(name)})") from None
 
     # --- the run ------------------------------------------------------------------------------
 
     async def execute(self) -> RunFinished:
-        """Run (or resume) the procedure to its end; never raises for a failed step."""
-        self.state["route"] = self.route
-        self.state["status"] = "running"
+        """Run (or resume) the procedure to its end; never raises for a failed step (a
+        `SimulatedCrash` from the sweep's hook passes through untouched)."""
+        state = self.state
+        if state.finished and not self.plan_only:
+            return await self._restart_only()
+        state.route = self.route
+        state.status = "running"
+        resumed = self._resumed = state.started
+        state.started = True
+        if not self.plan_only:
+            state.owner = Owner.this_process()
         self.run.save()
-        resumed = bool(self.state.get("started"))
-        self.state["started"] = True
         self.journal(None, ("resumed" if resumed else "started") + f" run {self.run.run_id} "
                      f"({self.route} route, config {self.config.source})")
-        self._unsubscribe_telemetry = self.session.bus.subscribe(self._record_telemetry)
+        for step in route_steps(self.route):  # the views show where a resumed run stands
+            if state.step(step.name).status != "pending":
+                self._publish_step(step.name)
+        self._unsubscribe_telemetry = self.bus.subscribe(self._record_telemetry)
         if self.service_down_by_us:
             self._publish_downtime()
-        status, message = "done", "the procedure finished"
+        status, message = await self._drive()
+        return await self._end(status, message)
+
+    async def _drive(self) -> tuple[str, str]:
         try:
-            await self._do("preflight", self._preflight)
+            await self._do(BY_NAME["preflight"])
             if self.plan_only:
-                return self._finish("done", "plan only: nothing was changed")
+                return "done", "plan only: nothing was changed"
             await self._steps()
+            return "done", "the procedure finished"
         except Paused as exc:
-            status, message = "paused", f"paused after {exc.step}: the next step runs on resume (run --resume)"
+            return "paused", f"paused after {exc.step}: the next step runs on resume (run --resume)"
         except Refused as exc:
-            status, message = "refused", str(exc)
+            return "refused", str(exc)
         except asyncio.CancelledError:
             task = asyncio.current_task()
             if task is not None:
-                task.uncancel()  # the compensation below must still be able to wait
-            status, message = "cancelled", "cancelled by the operator"
+                task.uncancel()  # the compensation must still be able to wait
+            return "cancelled", "cancelled by the operator"
         except StepFailed as exc:
-            status, message = "failed", str(exc)
-        except (HostError, ServiceError, VramError, ReadyTimeout, OSError) as exc:
-            status, message = "failed", str(exc)
-        finally:
-            if self._unsubscribe_telemetry:
-                self._unsubscribe_telemetry()
+            return "failed", str(exc)
+        except Exception as exc:  # anything at all: the run still compensates and finishes
+            message = f"{type(exc).__name__}: {exc}" if not isinstance(exc, HostError | ServiceError | VramError
+                                                                         | ReadyTimeout | OSError) else str(exc)
+            self.journal(None, f"the run failed: {message}", level="error")
+            return "failed", message
+
+    async def _end(self, status: str, message: str) -> RunFinished:
+        if self._unsubscribe_telemetry:
+            self._unsubscribe_telemetry()
         if status not in ("done", "paused"):
-            if status != "failed":  # a failed step journalled its own error
+            if status not in ("failed",):  # a failed step journalled its own error
                 self.journal(None, message, level="warning")
-            await self._compensate(status)
+            await self._compensate_to_the_end(status)
+        if not self.service_down_by_us and not self.plan_only:
+            await self._release_host_lock()
         return self._finish(status, message)
+
+    async def _compensate_to_the_end(self, why: str) -> None:
+        """Compensation in a task of its own: a second Ctrl-C or signal is journalled and waited
+        through, never abandoning a restart half-way."""
+        task = asyncio.ensure_future(self._compensate(why))
+        while True:
+            try:
+                await asyncio.shield(task)
+                return
+            except asyncio.CancelledError:
+                current = asyncio.current_task()
+                if current is not None:
+                    current.uncancel()
+                if task.done():
+                    return
+                self.journal(None, "interrupted again during the compensation: it goes on (the restart is "
+                                   "not abandoned half-way)", level="warning")
+            except Exception as exc:  # journalled: the finish below still runs
+                self.journal(None, f"the compensation failed: {type(exc).__name__}: {exc}", level="error")
+                return
 
     def _finish(self, status: str, message: str) -> RunFinished:
         down = self.service_down_by_us
-        code = EXIT_DONE if status in ("done", "paused") else (EXIT_DOWN if down else EXIT_FAILED)
+        code = EXIT_DOWN if down else (EXIT_DONE if status in ("done", "paused") else EXIT_FAILED)
         if not self.plan_only:
-            self.state["status"] = status
-            self.state["exit_code"] = code
-        self.state["message"] = message
+            self.state.status = status
+            self.state.exit_code = code
+        self.state.message = message
         self.run.save()
         if down:
-            since = self.state["service"].get("stopped_at")
+            since = self.state.service.stopped_at or time.time()
             message += f"; THE SERVICE IS STILL DOWN (since {time.strftime('%H:%M:%S', time.localtime(since))})"
         finished = RunFinished(self.run.run_id, status, code, not down, message, str(self.run.dir))
         self.journal(None, f"run {status} (exit {code}): {message}", exit=code)
+        for line in self.run.write_errors:
+            self.journal(None, f"not recorded on disk: {line}", level="error")
+        self.bus.publish(finished)
+        self.run.close()
+        return finished
+
+    async def _restart_only(self) -> RunFinished:
+        """A finished run is never run again; one that left the service down may still restart it."""
+        state = self.state
+        if not state.service.down:
+            raise ResumeRefused(f"run {self.run.run_id} has finished ({state.status}): a finished run is never "
+                                f"resumed; start a new one (dflash-ops run)")
+        self.journal(None, f"run {self.run.run_id} had finished {state.status} with the service down: only its "
+                           f"restart is done")
+        message = f"run {state.status} earlier; the restart was asked for"
+        try:
+            await self.restart_service(reason=f"run {self.run.run_id} ended {state.status} with the service down")
+        except (Refused, StepFailed, HostError, ServiceError, ReadyTimeout, TimeoutError) as exc:
+            self.journal("restart", f"the restart failed: {exc}", level="error")
+            message = f"run {state.status} earlier; the restart failed: {exc}"
+        down = state.service.down
+        code = EXIT_DOWN if down else EXIT_FAILED if state.status != "done" else EXIT_DONE
+        state.exit_code = code
+        self.run.save()
+        finished = RunFinished(self.run.run_id, state.status, code, not down, message, str(self.run.dir))
         self.bus.publish(finished)
         self.run.close()
         return finished
@@ -242,14 +366,14 @@ class Engine:
         """A run that ends without finishing leaves no worker of its own behind: the staged extractor
         would wait for its go forever holding the weights in RAM, and an extraction still on the
         GPUs would fight the restarting server for them. Ended before the restart."""
-        for key, record in self.state["jobs"].items():
-            if "handle" not in record or key.startswith("probe-"):
+        for key, record in self.state.jobs.items():
+            if record.handle is None or key.startswith(("probe-", "provenance-", "check")):
                 continue
-            handle = JobHandle.from_json(record["handle"])
+            handle = JobHandle.from_json(record.handle)
             try:
-                runner = await self.session.runner(handle.host, CONNECT_TIMEOUT_S)
-                if await runner.is_alive(handle):
-                    status = await runner.cancel(handle, grace=5.0)
+                status = await self.hosts.job_status(handle)
+                if status.state == "running":
+                    status = await self.hosts.cancel_job(handle, grace=5.0)
                     self.journal(None, f"ended our {handle.worker} job on {handle.host} (pid {handle.pid}): "
                                        f"{status.state}" + (f", {status.note}" if status.note else ""),
                                  host=handle.host, level="warning")
@@ -262,8 +386,10 @@ class Engine:
         offer the restart."""
         await self._end_own_jobs()
         if self._restart_task is not None:
-            with contextlib.suppress(Exception):
+            try:
                 await self._restart_task
+            except Exception as exc:
+                self.journal("restart", f"the restart begun at gpu_released failed: {exc}", level="error")
         if not self.service_down_by_us:
             return
         if not self.restart_on_failure:
@@ -271,34 +397,64 @@ class Engine:
             return
         try:
             await self.restart_service(reason=f"the run {why} after the stop")
-        except (Refused, StepFailed, HostError, ServiceError, ReadyTimeout) as exc:
+        except (Refused, StepFailed, HostError, ServiceError, ReadyTimeout, TimeoutError) as exc:
             self.journal("restart", f"the restart failed: {exc}", level="error")
 
     async def _steps(self) -> None:
-        steps = ROUTES[self.route]
-        if self.route == "window" and "stage" in steps:
-            # Stage and cache run side by side while the server still serves.
-            units = [("stage", "cache"), *((name,) for name in steps[steps.index("cache") + 1:])]
-        else:
-            units = [(name,) for name in steps[1:]]
-        for unit in units:
-            settled = all(self.run.step(n).get("status") in SETTLED for n in unit)
-            await asyncio.gather(*(self._do(n, getattr(self, "_" + n.replace("-", "_"))) for n in unit))
-            if self.one_step and not settled and unit[-1] != steps[-1]:
-                raise Paused(unit[-1])
+        for unit in units(self.route)[1:]:
+            ran_before = set(self._ran)
+            if len(unit) == 1:
+                await self._do(unit[0])
+            else:
+                await self._side_by_side(unit)
+            if self.one_step and self._ran - ran_before and unit[-1].name != ROUTES[self.route][-1]:
+                raise Paused(unit[-1].name)
 
-    async def _do(self, name: str, work: Callable[[], Awaitable[str | None]]) -> None:
-        """Run one step with its status published; its function returns a detail or raises.
+    async def _side_by_side(self, unit: tuple[Step, ...]) -> None:
+        """Steps of one group at once: the first to fail cancels the others (their jobs are ended
+        by the compensation)."""
+        try:
+            async with asyncio.TaskGroup() as group:
+                for step in unit:
+                    group.create_task(self._do(step), name=f"step-{step.name}")
+        except BaseExceptionGroup as grouped:
+            crashes = grouped.subgroup(SimulatedCrash)
+            if crashes is not None:
+                raise crashes.exceptions[0] from None
+            first = grouped.exceptions[0]
+            for kind in (Refused, StepFailed):  # the operator's refusal and step failures read first
+                match = grouped.subgroup(kind)
+                if match is not None:
+                    first = match.exceptions[0]
+                    break
+            raise first from None
 
-        Every step runs its own check, on resume too (a host's real state is trusted, not the saved
-        one), which makes a step safe to run again: a link that drops mid-step (outside a job's
-        events, which are followed through drops) runs the step again once the host is back.
-        """
-        self._step(name, "running")
+    async def _do(self, step: Step) -> None:
+        """One step: its check (satisfied? say why), else its run and verify; status published.
+
+        A link that drops mid-step (outside a job's events, which are followed through drops) runs
+        the step again once the host is back: each step is safe to run again by construction."""
+        name = step.name
+        rec = self.state.step(name)
+        before = rec.status
+        attempt_started = time.time()
+        self._decision_s[name] = 0.0
+        detail: str | Skip | None = None
+        running = False
         try:
             for attempt in range(LINK_RETRIES + 1):
                 try:
-                    detail = await work()
+                    verdict = await getattr(self, step.check)() if step.check else None
+                    if verdict is not None:
+                        detail = verdict
+                        break
+                    if not running:
+                        self._set(name, "running", attempt_started=attempt_started)
+                        running = True
+                    self._ran.add(name)
+                    detail = await getattr(self, step.run)()
+                    if step.verify and not isinstance(detail, Skip):
+                        await getattr(self, step.verify)()
                     break
                 except HostDisconnected as exc:
                     if attempt == LINK_RETRIES:
@@ -306,48 +462,65 @@ class Engine:
                     self.journal(name, f"the link dropped ({exc.msg}); running the step again once "
                                        f"{exc.host} is back", host=exc.host, level="warning")
                     await asyncio.sleep(0.5)  # the supervisor notices the drop and reconnects
+        except SimulatedCrash:
+            raise
         except Refused:
-            self._step(name, "refused")
+            self._account(name, attempt_started)
+            self._set(name, "refused")
             raise
         except asyncio.CancelledError:
-            self._step(name, "cancelled")
+            self._account(name, attempt_started)
+            if name in self._irreversible:  # its change was made: cancelled after it, it is done
+                self._set(name, "done", self._irreversible[name])
+            else:
+                self._set(name, "cancelled")
             raise
         except StepFailed as exc:
-            self._step(name, "failed", exc.msg)
+            self._account(name, attempt_started)
+            self._set(name, "failed", exc.msg)
             raise
         except Exception as exc:
-            self._step(name, "failed", str(exc) or type(exc).__name__)
-            raise StepFailed(name, str(exc) or type(exc).__name__) from exc
+            self._account(name, attempt_started)
+            msg = str(exc) or type(exc).__name__
+            self._set(name, "failed", msg)
+            raise StepFailed(name, msg) from exc
         if isinstance(detail, LeftOut):
-            self._step(name, "left-out", detail.why)
+            self._set(name, "left-out", detail.why)
+        elif isinstance(detail, Found):
+            if before in ("done", "skipped") and not running:
+                self._publish_step(name)  # recorded done before: its times and detail stay as they were
+                return
+            self._account(name, attempt_started)
+            self._set(name, "done", detail.why, found=self._resumed and before in ("running", "pending", "cancelled"))
         elif isinstance(detail, Skip):
-            self._step(name, "skipped", detail.why)
+            if before in SETTLED and not running:
+                self._publish_step(name)
+                return
+            self._set(name, "skipped", detail.why)
         else:
-            self._step(name, "done", detail)
+            self._account(name, attempt_started)
+            self._set(name, "done", detail)
+
+    def _account(self, name: str, attempt_started: float) -> None:
+        """Work time and decision time of this attempt, kept apart and added to the step's."""
+        rec = self.state.step(name)
+        decided = self._decision_s.pop(name, 0.0)
+        rec.work_s += max(0.0, time.time() - attempt_started - decided)
+        rec.decision_s += decided
 
     # --- preflight ----------------------------------------------------------------------------
 
-    async def _preflight(self) -> str:
-        await self._preflight_checks()
-        return f"{len(self.config.hosts)} hosts, layers {self.facts.layers}"
-
-    async def _connected(self, name: str, step: str):
-        try:
-            return await self.session.host(name, CONNECT_TIMEOUT_S)
-        except TimeoutError:
-            state = self.session.supervisors[name].state
-            raise StepFailed(step, f"{name} is not connected after {CONNECT_TIMEOUT_S:.0f} s "
-                                   f"({state.last_error or state.status})") from None
-
-    async def _preflight_checks(self) -> None:
+    async def run_preflight(self) -> str:
         config = self.config
         for name in config.hosts:
             await self._connected(name, "preflight")
+        if not self.plan_only:
+            await self._take_host_lock()
         prompts = self._prompt_records()  # bad prompt files fail here, before anything else
-        self.state["facts"]["prompt_ids"] = [p["id"] for p in prompts]
+        self.state.facts["prompt_ids"] = [p["id"] for p in prompts]
         # Facts from every host at once: probes (kernels, RAM, model size), drafter configs, the service.
         probes, drafters, view = await asyncio.gather(self._probe_all(), self._read_drafters(),
-                                                      self.session.check_service())
+                                                      self.hosts.check_service())
         self.facts.probes = probes
         self.facts.drafters = drafters
         target_probe = probes.get(config.target.host, {})
@@ -359,7 +532,7 @@ class Engine:
         self.facts.model_bytes = model.get("tensor_bytes")
         self.facts.ram_available = target_probe.get("ram", {}).get("available")
         kernels = target_probe.get("kernels", {})
-        if config.target.kernels == "fast" and not kernels.get("fast") and not self.session.simulated.get(config.target.host):
+        if config.target.kernels == "fast" and not kernels.get("fast") and not self.hosts.simulated(config.target.host):
             raise StepFailed("preflight", f"kernels = \"fast\" but {config.target.host} binds "
                                           f"{', '.join(f'{k}={v}' for k, v in kernels.get('bound', {}).items()) or 'nothing'}")
         self.facts.layers = self._layers(drafters)
@@ -386,21 +559,59 @@ class Engine:
                 raise StepFailed("preflight", f"the server serves {view.health.model_path}, the target is "
                                               f"{config.target.model_path}: completions would come from another model")
         await self._where_it_fits(prompts)
-        self.state["facts"]["preflight"] = self.facts.to_json()
-        self.state["facts"]["layers"] = self.facts.layers
+        self.state.facts["preflight"] = self.facts.to_json()
+        self.state.facts["layers"] = self.facts.layers
         self.run.save()
-        (self.run.dir / "probes.json").write_text(json.dumps({"format": "dflash-ops.probes/1", "hosts": probes}))
+        if not self.plan_only:
+            (self.run.dir / "probes.json").write_text(json.dumps({"format": "dflash-ops.probes/1", "hosts": probes}))
         await self._choose_plan()
+        return f"{len(self.config.hosts)} hosts, layers {self.facts.layers}"
+
+    async def _lock_path(self) -> str:
+        return f"{await self.hosts.workdir(self.config.service.host)}/{LOCK_FILE}"
+
+    async def _take_host_lock(self) -> None:
+        """One run per inference host: the lock in its workdir names the run and its console. A lock
+        whose console is gone is taken over, saying so; a live (or unknowable) one refuses."""
+        host = self.config.service.host
+        path = await self._lock_path()
+        mine = {"run_id": self.run.run_id, **(self.state.owner.__dict__ if self.state.owner else {})}
+        try:
+            held = json.loads(await self.hosts.read_text(host, path))
+        except FileNotFoundError:
+            held = None
+        except (json.JSONDecodeError, UnicodeDecodeError):
+            held = {"run_id": "?", "damaged": True}
+        if isinstance(held, dict) and held.get("run_id") not in (None, self.run.run_id):
+            owner = None
+            with contextlib.suppress(TypeError):
+                owner = Owner(**{k: held[k] for k in ("user", "host", "pid", "since", "start_ticks") if k in held})
+            alive = owner.alive() if owner is not None else False
+            who = f"run {held.get('run_id')}" + (f" ({owner.describe()})" if owner else "")
+            if alive is not False:
+                raise StepFailed("preflight", f"{host} is driven by {who} ({path}): one run per inference host at "
+                                              f"a time; wait for it, or watch it with dflash-ops console --read-only")
+            self.journal("preflight", f"taking over the lock of {who} on {host}: its console is gone", host=host,
+                         level="warning")
+        await self.hosts.write_text(host, path, json.dumps(mine))
+
+    async def _release_host_lock(self) -> None:
+        host = self.config.service.host
+        with contextlib.suppress(Exception):
+            path = await self._lock_path()
+            held = json.loads(await self.hosts.read_text(host, path))
+            if held.get("run_id") == self.run.run_id:
+                await self.hosts.run(host, ["rm", "-f", "--", path])
 
     async def _where_it_fits(self, prompts: list[dict[str, Any]]) -> None:
         """Which hosts could extract without the serving GPUs; the zero-downtime route needs one."""
-        await self.session.wait_first_samples(15.0)
-        samples = {name: stream.telemetry.latest for name, stream in self.session.streams.items()}
+        await self.hosts.wait_first_samples(15.0)
+        samples = {name: self.hosts.telemetry(name).telemetry.latest for name in self.config.hosts}
         self.fits = where_it_fits(self.config, self.facts.probes, samples, longest_tokens(prompts),
                                   len(self.facts.layers))
         for fit in self.fits:
             self.journal("preflight", f"zero-downtime on {fit.host}: {'fits' if fit.proposed else 'no'}: {fit.why}")
-        chosen = self.state["facts"].get("extract_on")
+        chosen = self.state.facts.get("extract_on")
         if self.route == "zero-downtime" and chosen is None:
             fit = next((f for f in self.fits if f.proposed), None)
             if fit is None:
@@ -409,15 +620,15 @@ class Engine:
             gpus = list(fit.gpus or (fit.gpu,))
             sample = samples[fit.host]
             free = {g.index: (g.mem_total_mib or 0) - (g.mem_used_mib or 0) for g in sample.gpus}
-            self.state["facts"]["extract_on"] = {"host": fit.host, "gpu": fit.gpu, "gpus": gpus,
-                                                 "model_path": fit.model_path, "need_mib": fit.need_mib,
-                                                 "free_mib": {str(i): free.get(i, 0) for i in gpus}}
+            self.state.facts["extract_on"] = {"host": fit.host, "gpu": fit.gpu, "gpus": gpus,
+                                              "model_path": fit.model_path, "need_mib": fit.need_mib,
+                                              "free_mib": {str(i): free.get(i, 0) for i in gpus}}
             self.journal("preflight", f"route zero-downtime: extracting on {fit.host} GPU{fit.gpu}; the server is "
                                       f"never touched")
 
     def _extract_host(self) -> tuple[str, str]:
         """(host, model path) of the extraction: the target host, or the zero-downtime route's choice."""
-        chosen = self.state["facts"].get("extract_on")
+        chosen = self.state.facts.get("extract_on")
         if self.route == "zero-downtime" and chosen:
             return chosen["host"], chosen["model_path"]
         return self.config.target.host, self.config.target.model_path
@@ -442,7 +653,7 @@ class Engine:
 
     async def _probe_all(self) -> dict[str, dict[str, Any]]:
         async def probe(name: str) -> tuple[str, dict[str, Any]]:
-            args = ["--workdir", await (await self.session.runner(name)).workdir()]
+            args = ["--workdir", await self.hosts.workdir(name)]
             path = self.config.target.path_on(name)
             if path is not None:
                 args += ["--model", path]
@@ -485,38 +696,35 @@ class Engine:
 
     async def _choose_plan(self) -> None:
         acts: dict[str, tuple[bool, str]] = {}
+        facts = self.state.facts
         if self.route == "window":
             stage, why = stage_decision(self.facts)
             if self.stage_override is False:
                 stage, why = False, "left out: --no-stage (the weights are read inside the window)"
-            if "stage" in self.state["facts"].get("plan_stage", {}):  # a resumed run keeps its plan
-                stage, why = self.state["facts"]["plan_stage"]["stage"], self.state["facts"]["plan_stage"]["why"]
-            self.state["facts"]["plan_stage"] = {"stage": stage, "why": why}
+            if "stage" in facts.get("plan_stage", {}):  # a resumed run keeps its plan
+                stage, why = facts["plan_stage"]["stage"], facts["plan_stage"]["why"]
+            facts["plan_stage"] = {"stage": stage, "why": why}
             acts["stage"] = (stage, why)
-        manager = await self.session.service.manager(CONNECT_TIMEOUT_S)
+        manager = await self.hosts.service_manager(CONNECT_TIMEOUT_S)
         downtime = self.earlier.get("downtime")
         acts["stop"] = (True, f"{service_name(self.config)} on {self.config.service.host} goes down"
                               + (f"; earlier windows took {downtime:.0f} s" if downtime else ""))
-        hosts = {"stage": self.config.target.host, "cache": self.config.service.host, "stop": self.config.service.host,
-                 "free-vram": self.config.service.host, "extract": self.config.target.host,
-                 "restart": self.config.service.host, "evaluate": self.config.eval.host}
+        role_hosts = {"hosts": None, "target": self.config.target.host, "service": self.config.service.host,
+                      "extract": self._extract_host()[0], "eval": self.config.eval.host, "console": None}
+        hosts = {s.name: role_hosts[s.host_role] for s in route_steps(self.route) if role_hosts[s.host_role]}
         argvs = {"stop": manager.stop_argv(), "restart": manager.start_argv()}
-        extract_host, _ = self._extract_host()
-        hosts["extract"] = extract_host
-        if self.route == "zero-downtime":
-            hosts["evaluate"] = self.config.eval.host
         steps = planned(self.route, acts, hosts, argvs, self.earlier)
         fit = next((f for f in self.fits if f.proposed), None)
         proposal = None
         if fit is not None:
-            downtime = self.earlier.get("downtime")
             proposal = (f"zero-downtime: extract on {fit.host} GPU{fit.gpu} ({fit.why}); the window route would "
                         f"stop the server" + (f" for ~{downtime:.0f} s (earlier windows)" if downtime else ""))
             self.journal("preflight", f"proposed route: {proposal}; chosen: {self.route}"
                          + (" (--route zero-downtime to take it)" if self.route == "window" else ""))
-        self.plan = PlanReady(self.run.run_id, self.route, steps, tuple(self.fits), proposal)
-        self.state["plan"] = [{"name": s.name, "acts": s.acts, "why": s.why, "host": s.host, "argv": list(s.argv),
-                               "estimate_s": s.estimate_s} for s in steps]
+        facts["proposal"] = proposal
+        self.plan = PlanReady(self.run.run_id, self.route, steps, tuple(self.fits), proposal, preview=self.plan_only)
+        self.state.plan = [{"name": s.name, "acts": s.acts, "why": s.why, "host": s.host, "argv": list(s.argv),
+                            "estimate_s": s.estimate_s} for s in steps]
         self.run.save()
         self.bus.publish(self.plan)
         for step in steps:
@@ -524,52 +732,80 @@ class Engine:
                          + (f" ({shlex.join(step.argv)} on {step.host})" if step.argv else ""))
 
     def _acts(self, name: str) -> bool:
-        return any(s.name == name and s.acts for s in (self.plan.steps if self.plan else ()))
+        if self.plan is not None:
+            return any(s.name == name and s.acts for s in self.plan.steps)
+        return any(s.get("name") == name and s.get("acts") for s in self.state.plan)
 
     # --- paths on the hosts -------------------------------------------------------------------
 
     async def _window_dir(self, name: str) -> str:
         """This run's directory on host `name` (created private)."""
-        runner = await self.session.runner(name, CONNECT_TIMEOUT_S)
-        path = f"{await runner.workdir()}/windows/{self.run.run_id}"
-        host = runner.host
-        await host.run(["mkdir", "-p", "-m", "700", path])
+        path = f"{await self.hosts.workdir(name)}/windows/{self.run.run_id}"
+        await self.hosts.run(name, ["mkdir", "-p", "-m", "700", path])
         return path
 
     # --- jobs ---------------------------------------------------------------------------------
 
+    def _handle(self, key: str) -> JobHandle | None:
+        record = self.state.jobs.get(key)
+        return JobHandle.from_json(record.handle) if record is not None and record.handle else None
+
+    async def _job_state(self, key: str) -> str | None:
+        """"running", "exited" or "dead" for job `key` as its host says now; None when never started."""
+        record = self.state.jobs.get(key)
+        if record is None:
+            return None
+        handle = self._handle(key) or await self.hosts.find_job(record.host, record.job_id)
+        if handle is None:
+            return None
+        record.handle = json.loads(handle.to_json())
+        return (await self.hosts.job_status(handle)).state
+
+    def _new_attempt(self, key: str) -> None:
+        """The worker of `key` is gone: the next start is a new attempt under a new id."""
+        record = self.state.jobs.get(key)
+        if record is None:
+            return
+        attempt = record.attempt + 1
+        self.state.jobs[key] = JobRecord(f"{self.run.run_id}-{key}-a{attempt}", record.host, record.worker,
+                                         record.args, attempt=attempt)
+        self.run.save()
+
     async def _job(self, host_name: str, worker: str, key: str, args: list[str], step: str,
                    fresh: bool = False, until: str | None = None,
                    on_event: Callable[[dict[str, Any]], Any] | None = None,
-                   env: dict[str, str] | None = None) -> dict[str, Any]:
-        """Start (or find again) job `key` on `host_name` and follow it until it exits (or until an
-        event of type `until` arrives; then the job keeps running). Returns its outcome.
+                   env: dict[str, str] | None = None, started: Callable[[JobHandle], Any] | None = None
+                   ) -> dict[str, Any]:
+        """Start (or find again) job `key` on `host_name` and follow it from its persisted offset
+        until it exits (or until an event of type `until`; then the job keeps running).
 
         The job's id is recorded in the state before it starts, so a console killed in between
         finds it by id on resume instead of starting a second one. `fresh`: a read-only job
-        (probes) is simply run again on resume.
+        (probes) is simply run again on resume. `started(handle)` is called once the job exists.
         """
-        jobs = self.state["jobs"]
+        jobs = self.state.jobs
         record = jobs.get(key)
-        runner = await self.session.runner(host_name, CONNECT_TIMEOUT_S)
         handle: JobHandle | None = None
-        if record and not fresh:
-            handle = await _find_job(runner, record["job_id"])
+        if record is not None and not fresh:
+            handle = self._handle(key) or await self.hosts.find_job(host_name, record.job_id)
         if handle is None:
-            job_id = f"{self.run.run_id}-{key}" + ("" if not fresh else f"-{int(time.time() * 1000) % 100000}")
-            jobs[key] = {"job_id": job_id, "host": host_name, "worker": worker, "args": args}
-            self.run.save()  # before the start: found again by id after a crash
-            handle = await self._start_once(runner, worker, args, env, job_id)
+            if record is None or fresh:
+                job_id = f"{self.run.run_id}-{key}" + ("" if not fresh else f"-{int(time.time() * 1000) % 100000}")
+                record = jobs[key] = JobRecord(job_id, host_name, worker, list(args))
+                self.run.save()  # before the start: found again by id after a crash
+            handle = await self._start_once(host_name, worker, args, env, record.job_id)
             self.journal(step, f"started {worker} on {host_name} (pid {handle.pid})", host=host_name,
                          argv=["python", "-m", f"remote.{worker}", *args])
         else:
-            self.journal(step, f"found {worker} job {handle.job_id} on {host_name} again (pid {handle.pid})",
-                         host=host_name)
-        jobs[key]["handle"] = json.loads(handle.to_json())
+            self.journal(step, f"found {worker} job {handle.job_id} on {host_name} again (pid {handle.pid}); "
+                               f"following it from byte {record.offset}", host=host_name)
+        record.handle = json.loads(handle.to_json())
         self.run.save()
-        return await self._follow(handle, step, until=until, on_event=on_event)
+        if started is not None:
+            started(handle)
+        return await self._follow(handle, record, step, until=until, on_event=on_event)
 
-    async def _start_once(self, runner: JobRunner, worker: str, args: list[str], env: dict[str, str] | None,
+    async def _start_once(self, host: str, worker: str, args: list[str], env: dict[str, str] | None,
                           job_id: str) -> JobHandle:
         """Start job `job_id`, or find it: a console killed during a start leaves the start half done
         on the host; the job then either appears under its id or is given up there (JobRunner's
@@ -577,35 +813,53 @@ class Engine:
         deadline = time.monotonic() + START_SETTLE_S
         while True:
             try:
-                return await runner.start(worker, args, env=env, job_id=job_id)
+                return await self.hosts.start_job(host, worker, args, env, job_id)
             except JobExists:
-                found = await _find_job(runner, job_id)
+                found = await self.hosts.find_job(host, job_id)
                 if found is not None:
                     return found
                 if time.monotonic() > deadline:
                     raise
                 await asyncio.sleep(1.0)
 
-    async def _follow(self, handle: JobHandle, step: str, until: str | None = None,
+    async def _follow(self, handle: JobHandle, record: JobRecord, step: str, until: str | None = None,
                       on_event: Callable[[dict[str, Any]], Any] | None = None) -> dict[str, Any]:
-        outcome: dict[str, Any] = {"handle": handle, "artifacts": []}
-        supervisor = self.session.supervisors[handle.host]
+        """Follow from the record's offset: every event handled is handled once, across crashes. An
+        event already seen (`until` among `events_seen`) stands for a live process only once the
+        host says the job still runs."""
+        outcome: dict[str, Any] = {"handle": handle, "artifacts": [], "result": record.result}
+        if record.error:
+            outcome["error"] = record.error
+        if until is not None and until in record.events_seen:
+            status = await self.hosts.job_status(handle)
+            if status.state == "running":
+                outcome["until"] = {"type": until, **(record.result if isinstance(record.result, dict) else {})}
+                return outcome
+            raise StepFailed(step, f"{handle.worker} on {handle.host} (pid {handle.pid}) said `{until}` but is "
+                                   f"{status.state} now" + (f": {status.stderr_tail[-300:]}" if status.stderr_tail else ""))
         try:
-            async for _, event in follow_with_reconnect(supervisor, handle, connect_timeout=CONNECT_TIMEOUT_S):
+            async for offset, event in self.hosts.follow_job(handle, record.offset, CONNECT_TIMEOUT_S):
                 kind = event.get("type")
                 self._publish_event(handle, event)
+                record.offset = offset
+                if kind == "result":
+                    outcome["result"] = record.result = event.get("data")
+                elif kind == "error":
+                    outcome["error"] = record.error = event.get("msg")
+                elif kind == "artifact":
+                    outcome["artifacts"].append(event)
+                elif kind == "exit":
+                    outcome["exit"] = record.exit_code = event.get("code")
+                if kind == until:  # what the step waited for, kept for a resume that finds the job again
+                    record.result = {k: v for k, v in event.items() if k not in ("type", "seq")}
+                if kind not in QUIET_EVENTS:
+                    if kind not in record.events_seen:
+                        record.events_seen.append(kind)
+                    self.run.save()
                 if on_event is not None:
                     result = on_event(event)
                     if asyncio.iscoroutine(result):
                         await result
-                if kind == "result":
-                    outcome["result"] = event.get("data")
-                elif kind == "error":
-                    outcome["error"] = event.get("msg")
-                elif kind == "artifact":
-                    outcome["artifacts"].append(event)
-                elif kind == "exit":
-                    outcome["exit"] = event.get("code")
                 if until is not None and kind == until:
                     outcome["until"] = event
                     return outcome
@@ -618,11 +872,9 @@ class Engine:
             raise StepFailed(step, f"{handle.worker} on {handle.host} exited ({outcome.get('exit')}) before "
                                    f"`{until}`: {outcome.get('error') or 'no error reported'}")
         if outcome.get("exit") not in (0, None) or outcome.get("error"):
-            tail = ""
-            with contextlib.suppress(Exception):
-                tail = await (await self.session.runner(handle.host)).stderr_tail(handle)
+            tail = "" if outcome.get("error") else await self.hosts.stderr_tail(handle)
             raise StepFailed(step, f"{handle.worker} on {handle.host} failed (exit {outcome.get('exit')}): "
-                                   f"{outcome.get('error') or 'no error event'}" + (f"; stderr: {tail[-300:]}" if tail and not outcome.get("error") else ""))
+                                   f"{outcome.get('error') or 'no error event'}" + (f"; stderr: {tail[-300:]}" if tail else ""))
         return outcome
 
     def _publish_event(self, handle: JobHandle, event: dict[str, Any]) -> None:
@@ -633,7 +885,7 @@ class Engine:
             self.journal(None, f"{handle.host} {handle.worker}: {event.get('msg')}", host=handle.host,
                          level=event.get("level", "info") if event.get("level") in ("warning", "error") else "info")
 
-    # --- steps --------------------------------------------------------------------------------
+    # --- stage and cache ----------------------------------------------------------------------
 
     def _extract_args(self, window_dir: str, staged: bool) -> list[str]:
         target = self.config.target
@@ -644,46 +896,81 @@ class Engine:
             args += ["--staged", "--go-file", f"{window_dir}/go"]
         return args
 
-    async def _stage(self) -> str | Skip | LeftOut:
+    async def check_stage(self) -> Skip | None:
         if not self._acts("stage"):
-            return LeftOut(self.state["facts"]["plan_stage"]["why"])
+            return LeftOut(self.state.facts["plan_stage"]["why"])
         if await self._extraction_complete():
-            return Skip("the extraction already finished")
+            return Found("the extraction already finished")
+        if self.state.service.stops:
+            return Skip("the service was stopped already: the extraction reads the weights itself if the staged "
+                        "worker is gone")
+        record = self.state.jobs.get("extract")
+        if record is not None and "staged" in record.events_seen:
+            if await self._job_state("extract") == "running":
+                return Found(f"staged worker pid {record.pid} alive on {record.host}, waiting for the go")
+            self.journal("stage", f"the staged worker pid {record.pid} on {record.host} is gone: staging again",
+                         host=record.host, level="warning")
+            self._new_attempt("extract")
+        elif record is not None and await self._job_state("extract") in ("dead", "exited"):
+            self._new_attempt("extract")
+        return None
+
+    async def run_stage(self) -> str:
         window = await self._window_dir(self.config.target.host)
         outcome = await self._job(self.config.target.host, "extract", "extract", self._extract_args(window, True),
                                   step="stage", until="staged")
         staged = outcome["until"]
-        self.state["facts"]["staged_pid"] = outcome["handle"].pid
+        self.state.extraction.staged_pid = outcome["handle"].pid
         self.run.save()
+        self._crash("staged")
         return (f"{size_text(staged.get('bytes', 0))} in host RAM, kernels warmed "
                 f"({staged.get('warmup_s', 0):.1f} s); waiting for the go")
 
-    async def _cache(self) -> str | Skip:
-        service_host = self.config.service.host
-        window = await self._window_dir(service_host)
-        completions = f"{window}/completions.json"
-        host = await self._connected(service_host, "cache")
-        verified = await self._verify_completions(host, completions)
+    def _completions_path(self, window: str) -> str:
+        return f"{window}/completions.json"
+
+    async def check_cache(self) -> Skip | None:
+        """Satisfied when the completions on the service host verify, a copy is on the target host
+        (when it is another) and the extractor's check against the target passed."""
+        host, target = self.config.service.host, self.config.target.host
+        window = await self._window_dir(host)
+        verified = await self._verify_completions(host, self._completions_path(window))
         if verified is None:
             if self.service_down_by_us:
-                raise StepFailed("cache", f"no verified completions at {service_host}:{completions} and the "
-                                          f"service is down: restart it and run again")
+                raise StepFailed("cache", f"no verified completions at {host}:{self._completions_path(window)} and "
+                                          f"the service is down: restart it and run again")
+            return None
+        if target != host and await self._verify_completions(
+                target, self._completions_path(await self._window_dir(target))) is None:
+            return None
+        if not self.state.facts.get("checked_against_target"):
+            return None
+        return Found(f"already cached and verified: {verified}")
+
+    async def run_cache(self) -> str:
+        service_host = self.config.service.host
+        window = await self._window_dir(service_host)
+        completions = self._completions_path(window)
+        if await self._verify_completions(service_host, completions) is None:
             prompts = "\n".join(json.dumps(r) for r in self._prompt_records()) + "\n"
-            await remote_files.write_text(host, f"{window}/prompts.jsonl", prompts)
+            await self.hosts.write_text(service_host, f"{window}/prompts.jsonl", prompts)
             args = ["--server", self.config.service.url, "--out", completions, "--prompts", f"{window}/prompts.jsonl",
                     "--tokenizer", self.config.target.model_path]
             await self._job(service_host, "completions", "cache", args, step="cache")
-            verified = await self._verify_completions(host, completions)
-            if verified is None:
-                raise StepFailed("cache", f"{service_host}:{completions} was not written")
-        elif verified:
-            return Skip(f"already cached and verified: {verified}")
         if self.config.target.host != service_host:
             target_window = await self._window_dir(self.config.target.host)
             await self._relay_file(service_host, completions, self.config.target.host,
                                    f"{target_window}/completions.json", "cache")
         checked = await self._check_against_target()
-        return (f"{len(self.state['facts']['prompt_ids'])} completions cached and verified; {checked}")
+        self.state.facts["checked_against_target"] = True
+        self.run.save()
+        self._crash("cached")
+        return f"{len(self.state.facts['prompt_ids'])} completions cached and verified; {checked}"
+
+    async def verify_cache(self) -> None:
+        window = await self._window_dir(self.config.service.host)
+        if await self._verify_completions(self.config.service.host, self._completions_path(window)) is None:
+            raise StepFailed("cache", f"{self.config.service.host}:{self._completions_path(window)} was not written")
 
     async def _check_against_target(self) -> str:
         """The extractor's own check phase, run now while the server serves (no GPU): token ids inside
@@ -696,78 +983,134 @@ class Engine:
         return (f"checked against the target: {result.get('prompts', '?')} prompts, {result.get('tokens', '?')} "
                 f"tokens within vocab {result.get('vocab_size', '?')} and context {result.get('max_position_embeddings', '?')}")
 
-    async def _verify_completions(self, host: Any, path: str) -> str | None:
+    async def _verify_completions(self, host: str, path: str) -> str | None:
         """None when there is no cache; else raises unless it matches the prompts and the target."""
         try:
-            text = await remote_files.read_text(host, path)
+            text = await self.hosts.read_text(host, path)
         except FileNotFoundError:
             return None
         try:
             data = json.loads(text)
         except json.JSONDecodeError as exc:
-            raise StepFailed("cache", f"{host.name}:{path}: not JSON ({exc})") from None
-        ids = [p.get("id") for p in data.get("prompts", [])]
-        want = self.state["facts"]["prompt_ids"]
+            raise StepFailed("cache", f"{host}:{path}: not JSON ({exc})") from None
+        if not isinstance(data, dict) or not isinstance(data.get("prompts"), list):
+            raise StepFailed("cache", f"{host}:{path}: not a completions file (no `prompts` list)")
+        ids = [p.get("id") for p in data["prompts"]]
+        want = self.state.facts["prompt_ids"]
         if ids != want:
-            raise StepFailed("cache", f"{host.name}:{path} holds prompts {ids}, expected {want}")
+            raise StepFailed("cache", f"{host}:{path} holds prompts {ids}, expected {want}")
         # remote.completions marks an aborted, failed or empty generation incomplete (never complete).
         incomplete = [p for p in data["prompts"] if p.get("complete") is False or not p.get("completion_ids")]
         if incomplete:
             why = "; ".join(f"{p.get('id')}: {p.get('incomplete_reason') or 'no completion tokens'}" for p in incomplete)
-            raise StepFailed("cache", f"{host.name}:{path}: incomplete generations ({why}); the server must answer "
+            raise StepFailed("cache", f"{host}:{path}: incomplete generations ({why}); the server must answer "
                                       f"them in full before it is stopped")
         model = data.get("model_path")
         if model and not _same_model(model, self.config.target.model_path):
-            raise StepFailed("cache", f"{host.name}:{path} was made by a server serving {model}, not the target "
+            raise StepFailed("cache", f"{host}:{path} was made by a server serving {model}, not the target "
                                       f"{self.config.target.model_path}")
-        self.state["facts"]["completion_tokens"] = sum(len(p["completion_ids"]) for p in data["prompts"])
-        return f"{len(ids)} prompts, {self.state['facts']['completion_tokens']} completion tokens"
+        self.state.facts["completion_tokens"] = sum(len(p["completion_ids"]) for p in data["prompts"])
+        return f"{len(ids)} prompts, {self.state.facts['completion_tokens']} completion tokens"
 
-    async def _stop(self) -> str | Skip:
+    # --- stop and free VRAM -------------------------------------------------------------------
+
+    async def check_stop(self) -> Skip | None:
+        """Satisfied once this run stopped the service; the host is asked, never the saved flag alone."""
+        service = self.state.service
+        if not service.stops:
+            return None
+        since = time.strftime('%H:%M:%S', time.localtime(service.stopped_at or time.time()))
+        if not service.down:
+            return Found(f"stopped by this run at {since}; back since "
+                         f"{time.strftime('%H:%M:%S', time.localtime(service.ready_at or time.time()))}")
+        manager = await self.hosts.service_manager(CONNECT_TIMEOUT_S)
+        status = await manager.status()
+        if not status.active:
+            service.stop_confirmed = True
+            self.run.save()
+            return Found(f"stopped by this run at {since}; {manager.name} is {status.state} on "
+                         f"{self.config.service.host} (asked now)")
+        if service.start_issued_at is not None:  # our own restart is under way: the restart step waits for it
+            return Found(f"stopped by this run at {since}; our start is under way ({status.state})")
+        if service.stop_returned_at is None:
+            self.journal("stop", f"the stop began at {since} but {manager.name} still runs ({status.state}): the "
+                                 f"console died before the stop took effect; stopping it now", level="warning")
+            return None
+        service.down = False
+        service.restarted_outside_at = time.time()
+        self.run.save()
+        self._publish_downtime()
+        raise StepFailed("stop", f"{manager.name} on {self.config.service.host} is running again ({status.state}), "
+                                 f"started outside this run after its stop at {since}: the extraction would fight it "
+                                 f"for the GPUs; nothing more is done")
+
+    def _alternative(self) -> str:
+        proposal = self.state.facts.get("proposal")
+        return f"; the alternative: {proposal} (dflash-ops run --route zero-downtime)" if proposal else ""
+
+    async def run_stop(self) -> str:
         service = self.config.service
-        if self.service_down_by_us:
-            return Skip(f"stopped by this run at {time.strftime('%H:%M:%S', time.localtime(self.state['service']['stopped_at']))}")
-        if self.state["steps"].get("cache", {}).get("status") not in ("done", "skipped"):
+        if self.state.step("cache").status not in ("done", "skipped"):
             raise StepFailed("stop", "refused: the completions are not cached and verified")
-        if self._acts("stage") and self.state["steps"].get("stage", {}).get("status") not in ("done", "skipped"):
+        if self._acts("stage") and self.state.step("stage").status not in ("done", "skipped"):
             raise StepFailed("stop", "refused: the staged extractor has not reported `staged`")
-        manager = await self.session.service.manager(CONNECT_TIMEOUT_S)
+        manager = await self.hosts.service_manager(CONNECT_TIMEOUT_S)
         argv = manager.stop_argv()
         downtime = self.earlier.get("downtime")
-        impact = f"{service_name(self.config)} on {service.host} goes down; " + (
-            f"earlier windows took {downtime:.0f} s" if downtime else "no earlier window to estimate the downtime from")
-        if not await self._ask(Confirmation("stop", "stop the service", service.host, tuple(argv), impact, True, downtime)):
+        impact = (f"{service_name(self.config)} on {service.host} goes down; "
+                  + (f"earlier windows took {downtime:.0f} s" if downtime else
+                     "no earlier window to estimate the downtime from") + self._alternative())
+        if not self.state.service.stops and not await self._ask(
+                Confirmation("stop", "stop the service", service.host, tuple(argv), impact, True, downtime)):
             raise Refused("stop", "stop the service")
-        stream = self.session.streams[service.host]
-        self.state["service"]["pids_before_stop"] = sorted(stream.telemetry.seen_service_pids) \
-            if hasattr(stream.telemetry, "seen_service_pids") else []
-        now = time.time()
-        self.state["service"].update(stopped_at=now, down=True, stopped_monotonic=time.monotonic())
+        self._crash("stop-asked")
+        stream = self.hosts.telemetry(service.host)
+        svc = self.state.service
+        svc.pids_before_stop = sorted(getattr(stream.telemetry, "seen_service_pids", ()) or ())
+        svc.stopped_at = svc.stopped_at or time.time()
+        svc.down = True
+        svc.stops += 1
+        self._stopped_mono = time.monotonic()
+        self.run.keep_going_on_write_errors = True  # from here on a full disk must not keep it down
         self.run.save()  # before the command: a crash during the stop still knows the service may be down
         self._publish_downtime()
         started = time.monotonic()
         try:
             await manager.stop()
-            self.state["service"]["stop_returned_at"] = time.time()
+            svc.stop_returned_at = time.time()
+            self._irreversible["stop"] = f"stopped in {time.monotonic() - started:.1f} s"
             self.run.save()
         finally:
             self.journal("stop", "stop command ran", host=service.host, argv=list(argv),
                          duration_s=round(time.monotonic() - started, 3))
-            self.session.poke_service()
-        return f"stopped in {time.monotonic() - started:.1f} s"
+            self.hosts.poke_service()
+        self._crash("stop-ran")
+        return self._irreversible["stop"]
 
-    async def _free_vram(self) -> str | Skip:
+    async def verify_stop(self) -> None:
+        manager = await self.hosts.service_manager(CONNECT_TIMEOUT_S)
+        status = await manager.status()
+        if status.active:
+            raise StepFailed("stop", f"`{shlex.join(manager.stop_argv())}` returned but {manager.name} is still "
+                                     f"{status.state}")
+        self.state.service.stop_confirmed = True
+        self.run.save()
+
+    def _staged_exclude(self) -> list[int]:
+        pid = self.state.extraction.staged_pid
+        return [pid] if pid and self.config.target.host == self.config.service.host else []
+
+    async def check_free_vram(self) -> Skip | None:
+        if self.state.extraction.begun_at or await self._extraction_complete():
+            return Found("the extraction already started")
+        return None
+
+    async def run_free_vram(self) -> str:
         service = self.config.service
-        stream = self.session.streams[service.host]
-        exclude = []
-        if self.state["facts"].get("staged_pid") and self.config.target.host == service.host:
-            exclude.append(self.state["facts"]["staged_pid"])
-        if self._extraction_done_or_running():
-            return Skip("the extraction already started")
-        after = self.state["service"].get("stopped_monotonic")
-        if after is None or after > time.monotonic():  # resumed in a new process: only fresh samples count
-            after = time.monotonic()
-        known = self.state["service"].get("pids_before_stop", [])
+        stream = self.hosts.telemetry(service.host)
+        exclude = self._staged_exclude()
+        after = self._stopped_mono if self._stopped_mono is not None else time.monotonic()  # a new process: fresh samples
+        known = self.state.service.pids_before_stop
         result = await wait_vram_free(stream, service.gpus, service.vram_free_mib, service.vram_wait_s, stopped_at=after,
                                       service_pids=known, exclude=exclude)
         if result.free:
@@ -786,19 +1129,17 @@ class Engine:
             raise StepFailed("free-vram", f"VRAM still held ({result.used}) and no process that holds it can be "
                                           f"ended from here" + (f" ({len(hidden)} not visible from this namespace: "
                                                                 f"end them on the host itself)" if hidden else ""))
-        code_dir = await self.session.code_dir(service.host)
-        host = await self._connected(service.host, "free-vram")
-        python = await host.resolve_python()
-        argv = endpids_argv(python, code_dir, holders, service.stop_grace_s, sudo=service.sudo)
+        argv = await self.hosts.endpids_argv(service.host, holders, service.stop_grace_s, service.sudo)
         action = f"end {len(holders)} process{'es' if len(holders) > 1 else ''} holding VRAM"
         impact = ", ".join(f"pid {h.pid} ({h.mib} MiB, {h.command or '?'}"
                            + (", was the service's" if h.was_service else "") + ")" for h in holders)
         if not await self._ask(Confirmation("free-vram", action, service.host, tuple(argv),
                                             f"SIGTERM, then SIGKILL after {service.stop_grace_s:g} s: {impact}", True)):
             raise Refused("free-vram", action)
-        outcomes = await end_holders(host, python, code_dir, holders, service.stop_grace_s, sudo=service.sudo)
+        outcomes = await self.hosts.end_holders(service.host, holders, service.stop_grace_s, service.sudo)
         for line in describe_outcomes(outcomes):
             self.journal("free-vram", line, host=service.host)
+        self._crash("holders")
         result = await wait_vram_free(stream, service.gpus, service.vram_free_mib, service.vram_wait_s,
                                       stopped_at=time.monotonic(), service_pids=known, exclude=exclude)
         if not result.free:
@@ -807,73 +1148,106 @@ class Engine:
         return f"free after ending {len(outcomes)} holder(s) ({result.used})"
 
     def _vram_free_now(self) -> None:
-        self.state["service"]["vram_free_at"] = time.time()
+        self.state.service.vram_free_at = time.time()
         self.run.save()
 
-    def _extraction_done_or_running(self) -> bool:
-        return bool(self.state["facts"].get("go_sent") or self.state["facts"].get("extraction_complete"))
+    # --- extract ------------------------------------------------------------------------------
 
     async def _extraction_complete(self) -> bool:
-        """The states' manifest on the target host is complete and its files match their sha256."""
-        if self.state["facts"].get("extraction_complete"):
+        """The states' manifest on the extraction host is complete and its files match their sha256."""
+        if self.state.extraction.complete:
             return True
-        if "extract" not in self.state["jobs"]:
+        if "extract" not in self.state.jobs:
             return False
         host_name, _ = self._extract_host()
         window = await self._window_dir(host_name)
-        host = await self._connected(host_name, "extract")
-        code = await self.session.code_dir(host_name)
-        if await remote_files.manifest_complete(host, code, f"{window}/states"):
-            self.state["facts"]["extraction_complete"] = True
+        if await self.hosts.manifest_complete(host_name, f"{window}/states"):
+            self.state.extraction.complete = True
             self.run.save()
             return True
         return False
 
-    async def _extract(self) -> str | Skip:
+    async def check_extract(self) -> Skip | None:
+        if await self._extraction_complete():
+            host_name, _ = self._extract_host()
+            self._gpu_released.set()
+            return Found(f"already extracted (manifest complete, sha256 verified): "
+                         f"{host_name}:{await self._window_dir(host_name)}/states")
+        return None
+
+    async def verify_extract(self) -> None:
+        self.state.extraction.complete = False  # asked of the host, not taken from the run
+        if not await self._extraction_complete():
+            host_name, _ = self._extract_host()
+            raise StepFailed("extract", f"the extractor finished but {host_name}:{await self._window_dir(host_name)}/states "
+                                        f"has no complete, sha256-verified manifest")
+
+    def _on_extract_event(self, event: dict[str, Any]) -> None:
+        if event.get("type") != "gpu_released":
+            return
+        extraction = self.state.extraction
+        extraction.gpu_released_at = extraction.gpu_released_at or time.time()
+        extraction.window = {k: v for k, v in event.items() if k not in ("type", "seq")}
+        self.run.save()
+        self._gpu_released.set()
+        self._crash("gpu-released")
+        self._begin_restart()
+
+    def _begin_restart(self) -> None:
+        """The restart begins the moment the GPUs are released, not after the files are flushed."""
+        if self.route == "window" and self.service_down_by_us and self._restart_task is None:
+            self.state.service.restart_begun_at = self.state.service.restart_begun_at or time.time()
+            self.run.save()
+            self._restart_task = asyncio.create_task(self.restart_service(reason="the extraction released the GPUs"),
+                                                     name="restart-at-gpu-released")
+
+    async def run_extract(self) -> str:
         if self.route == "zero-downtime":
             return await self._extract_elsewhere()
         target = self.config.target.host
         window = await self._window_dir(target)
-        if await self._extraction_complete():
-            self._gpu_released.set()
-            return Skip(f"already extracted (manifest complete, sha256 verified): {target}:{window}/states")
-        staged = self._acts("stage") and "extract" in self.state["jobs"]
-
-        def on_event(event: dict[str, Any]) -> None:
-            if event.get("type") == "gpu_released":
-                self.state["facts"]["gpu_released_at"] = time.time()
-                self.state["facts"]["window"] = {k: v for k, v in event.items() if k not in ("type", "seq")}
-                self.run.save()
-                self._gpu_released.set()
-                if self.route == "window" and self.service_down_by_us and self._restart_task is None:
-                    # The restart begins now, not after the files are flushed.
-                    self.state["service"]["restart_begun_at"] = time.time()
-                    self.run.save()
-                    self._restart_task = asyncio.create_task(self._restart_now(), name="restart-at-gpu-released")
-
+        extraction = self.state.extraction
+        record = self.state.jobs.get("extract")
+        staged = self._acts("stage") and record is not None
+        if record is not None and "gpu_released" in record.events_seen:
+            self._begin_restart()  # released before a crash: the restart need not wait for the follow
         if staged:
-            host = await self._connected(target, "extract")
-            if not self.state["facts"].get("go_sent"):
-                await host.run(["sh", "-c", f"umask 077; : > {shlex.quote(window + '/go')}"])
-                self.state["facts"]["go_sent"] = time.time()
+            state = await self._job_state("extract")
+            if state != "running" and extraction.begun_at is None and "staged" in record.events_seen:
+                self.journal("extract", f"the staged extractor (pid {record.pid}) is gone before the go: extracting "
+                                        f"from disk instead", host=target, level="warning")
+                self._new_attempt("extract")
+                staged = False
+            elif state == "running" and extraction.go_sent_at is None:
+                extraction.begun_at = extraction.begun_at or time.time()
+                self.run.save()
+                await self.hosts.run(target, ["sh", "-c", f"umask 077; : > {shlex.quote(window + '/go')}"])
+                extraction.go_sent_at = time.time()
                 self.run.save()
                 self.journal("extract", "go: the staged extractor copies the weights to the GPU", host=target)
-        outcome = await self._job(target, "extract", "extract", self._extract_args(window, False), step="extract",
-                                  on_event=on_event)
-        self.state["facts"]["extraction_complete"] = True
-        self.run.save()
+                self._crash("go")
+            elif state is None or (state != "running" and "staged" not in record.events_seen):
+                staged = False
+        if not staged:
+            def begun(_: JobHandle) -> None:
+                extraction.begun_at = extraction.begun_at or time.time()
+                self.run.save()
+                self._crash("go")
+            outcome = await self._job(target, "extract", "extract", self._extract_args(window, False), step="extract",
+                                      on_event=self._on_extract_event, started=begun)
+        else:
+            outcome = await self._job(target, "extract", "extract", self._extract_args(window, True), step="extract",
+                                      on_event=self._on_extract_event)
         result = outcome.get("result") or {}
         window_facts = result.get("window", {})
         return (f"{result.get('prompts', '?')} prompts, {result.get('tokens', '?')} tokens, layers "
                 f"{result.get('layers')}; window {window_facts.get('window_s', '?')} s")
 
-    async def _extract_elsewhere(self) -> str | Skip:
+    async def _extract_elsewhere(self) -> str:
         """The zero-downtime route: extract on the host with room while the server keeps serving."""
         host_name, model_path = self._extract_host()
-        chosen = self.state["facts"]["extract_on"]
+        chosen = self.state.facts["extract_on"]
         window = await self._window_dir(host_name)
-        if await self._extraction_complete():
-            return Skip(f"already extracted (manifest complete, sha256 verified): {host_name}:{window}/states")
         if host_name != self.config.service.host:
             service_window = await self._window_dir(self.config.service.host)
             await self._relay_file(self.config.service.host, f"{service_window}/completions.json", host_name,
@@ -884,37 +1258,48 @@ class Engine:
         if len(gpus) > 1:  # a device_map split, each GPU capped at what it had free (renumbered from 0)
             caps = ",".join(f"{n}={int(chosen['free_mib'][str(g)] * SPLIT_FILL)}MiB" for n, g in enumerate(gpus))
             args += ["--device-map", "auto", "--max-memory", caps]
-        env = {} if self.session.simulated.get(host_name) else {"CUDA_VISIBLE_DEVICES": ",".join(map(str, gpus))}
-        job = asyncio.create_task(self._job(host_name, "extract", "extract", args, step="extract", env=env))
-        taken = asyncio.create_task(self._gpu_taken(host_name, gpus, chosen["need_mib"]))
-        done, _ = await asyncio.wait({job, taken}, return_when=asyncio.FIRST_COMPLETED)
-        if taken in done and not job.done():
-            job.cancel()
-            with contextlib.suppress(asyncio.CancelledError, Exception):
-                await job
+        env = {} if self.hosts.simulated(host_name) else {"CUDA_VISIBLE_DEVICES": ",".join(map(str, gpus))}
+        watchers: list[asyncio.Task] = []
+
+        def watch(handle: JobHandle) -> None:  # from the moment our job exists, its memory is ours
+            self.state.extraction.begun_at = self.state.extraction.begun_at or time.time()
+            self.run.save()
+            watchers.append(asyncio.create_task(self._gpu_taken(host_name, gpus, chosen["need_mib"])))
+            job_task = asyncio.current_task()
+            watchers[0].add_done_callback(lambda t: job_task.cancel() if not t.cancelled() and t.exception() is None
+                                          else None)
+
+        try:
+            outcome = await self._job(host_name, "extract", "extract", args, step="extract", env=env, started=watch)
+        except asyncio.CancelledError:
+            if not watchers or not watchers[0].done() or watchers[0].cancelled():
+                raise
+            asyncio.current_task().uncancel()
             await self._end_own_jobs()  # stopped cleanly, before the other process meets an OOM
-            raise StepFailed("extract", f"{taken.result()} during the extraction: it was stopped before an OOM. "
-                                        f"The window route remains: dflash-ops run --route window")
-        taken.cancel()
-        outcome = await job
-        self.state["facts"]["extraction_complete"] = True
-        self.run.save()
+            raise StepFailed("extract", f"{watchers[0].result()} during the extraction: it was stopped before an "
+                                        f"OOM. The window route remains: dflash-ops run --route window") from None
+        finally:
+            for task in watchers:
+                task.cancel()
         result = outcome.get("result") or {}
         return (f"on {host_name} GPU{chosen['gpu']} with the server serving: {result.get('prompts', '?')} prompts, "
                 f"{result.get('tokens', '?')} tokens, layers {result.get('layers')}")
 
     async def _gpu_taken(self, host: str, gpus: list[int], need_mib: int) -> str:
         """Returns (says why) once other processes leave the chosen GPUs less room than the extraction
-        needs; our own job's memory is not counted. Watches every telemetry sample of `host`."""
-        stream = self.session.streams[host]
-        ours = self.state["jobs"].get("extract", {}).get("handle", {}).get("pid")
+        needs. Our own job's memory is not counted: its pid is read anew for every sample."""
+        stream = self.hosts.telemetry(host)
         fill = 1.0 if len(gpus) == 1 else SPLIT_FILL
+
+        def ours() -> list[int]:
+            record = self.state.jobs.get("extract")
+            return [record.pid] if record is not None and record.pid else []
 
         def room(sample: TelemetrySample) -> int | None:
             readings = [g for g in sample.gpus if g.index in gpus and g.mem_total_mib is not None]
             if len(readings) != len(gpus):
                 return None
-            used = others_used(sample, gpus, [ours] if ours else [])
+            used = others_used(sample, gpus, ours())
             if any(used.get(g.index) is None for g in readings):
                 return None
             return sum(int((g.mem_total_mib - used[g.index]) * fill) for g in readings)
@@ -926,59 +1311,98 @@ class Engine:
         latest = stream.telemetry.latest
         sample = latest if latest is not None and short(latest) else await stream.wait_for(short, timeout=1e9)
         names = "+".join(f"GPU{g}" for g in gpus)
-        others = [f"pid {p.pid} ({p.mib} MiB)" for p in sample.processes if p.gpu in gpus and p.pid != ours]
+        mine = ours()
+        others = [f"pid {p.pid} ({p.mib} MiB)" for p in sample.processes if p.gpu in gpus and p.pid not in mine]
         return (f"{names} on {host} was taken by {', '.join(others) or 'another process'}: "
                 f"{room(sample)} MiB left, ~{need_mib} MiB needed")
 
-    async def _restart_now(self) -> None:
-        """The restart started at `gpu_released` (its result is the restart step's)."""
-        await self.restart_service(reason="the extraction released the GPUs")
+    # --- restart ------------------------------------------------------------------------------
 
-    async def _restart(self) -> str | Skip:
+    async def check_restart(self) -> Skip | None:
+        service = self.state.service
+        if not service.stops:
+            return Skip("the service was not stopped by this run")
+        if not service.down and self._restart_task is None:
+            return Found(f"ready {(service.ready_at or 0) - (service.stopped_at or 0):.1f} s after the stop")
+        return None
+
+    async def run_restart(self) -> str:
         if self._restart_task is not None:
             task, self._restart_task = self._restart_task, None
-            await task  # begun at gpu_released; if it failed, running this step again restarts anew
-            return f"ready {self.state['service'].get('ready_at', 0) - self.state['service'].get('stopped_at', 0):.1f} s after the stop"
-        if not self.service_down_by_us:
-            return Skip("the service was not stopped by this run (or is already back)")
-        await self.restart_service(reason="the extraction finished")
-        return f"ready {self.state['service']['ready_at'] - self.state['service']['stopped_at']:.1f} s after the stop"
+            try:
+                await task  # begun at gpu_released
+            except (Refused, StepFailed, HostError, ServiceError, ReadyTimeout) as exc:
+                self.journal("restart", f"the restart begun at gpu_released failed: {exc}", level="error")
+        if self.service_down_by_us:
+            await self.restart_service(reason="the extraction finished")
+        service = self.state.service
+        return f"ready {(service.ready_at or 0) - (service.stopped_at or 0):.1f} s after the stop"
 
     async def restart_service(self, reason: str) -> None:
-        """Start the service (asking first) and wait until it is ready; the downtime ends then."""
-        service = self.config.service
-        manager = await self.session.service.manager(CONNECT_TIMEOUT_S)
-        argv = manager.start_argv()
-        down = self.state["service"].get("stopped_at")
-        so_far = f"down {time.time() - down:.0f} s so far" if down else "not stopped by this run"
-        if not await self._ask(Confirmation("restart", "start the service", service.host, tuple(argv),
-                                            f"{reason}: brings {service_name(self.config)} back ({so_far})", False,
-                                            self.earlier.get("restart"))):
-            raise Refused("restart", "start the service")
-        client = await self.session.service.client(CONNECT_TIMEOUT_S)
-        host = await self._connected(service.host, "restart")
-        started = time.monotonic()
-        self.state["service"]["start_issued_at"] = time.time()
-        self.run.save()
-        health = await start_and_wait(manager, client, service.ready_timeout_s, host=host,
-                                      on_progress=self.bus.publish, on_health=None)
-        self.state["service"].update(down=False, ready_at=time.time())
-        self.run.save()
-        self.journal("restart", f"ready after {time.monotonic() - started:.1f} s ({health.model or 'model ?'})",
-                     host=service.host, argv=list(argv), duration_s=round(time.monotonic() - started, 3))
-        self._publish_downtime()
-        self.session.poke_service()
+        """Start the service (asking first) and wait until it is ready; the downtime ends then.
 
-    async def _evaluate(self) -> str | Skip:
+        One start per down period: the manager is asked first, and a service already active or
+        activating (our start cut off by a crash, a quit modal's restart, another console) is
+        waited for, never started again. Calls are serialized."""
+        async with self._restart_lock:
+            if not self.service_down_by_us:
+                return
+            service = self.config.service
+            svc = self.state.service
+            manager = await self.hosts.service_manager(CONNECT_TIMEOUT_S)
+            status = await manager.status()
+            started = time.monotonic()
+            try:
+                if status.active or status.state in ("activating", "reloading"):
+                    self.journal("restart", f"{manager.name} is already {status.state}: waiting until it is ready, "
+                                            f"not starting it again", host=service.host)
+                    health = await self.hosts.wait_service_ready(service.ready_timeout_s)
+                    svc.ready_seen_late = svc.start_issued_at is not None and self._restart_task is None
+                else:
+                    argv = manager.start_argv()
+                    down = svc.stopped_at
+                    so_far = f"down {time.time() - down:.0f} s so far" if down else "not stopped by this run"
+                    failed_before = f"; the last start failed: {svc.restart_error}" if svc.restart_error else ""
+                    if not await self._ask(Confirmation("restart", "start the service", service.host, tuple(argv),
+                                                        f"{reason}: brings {service_name(self.config)} back "
+                                                        f"({so_far}){failed_before}", False,
+                                                        self.earlier.get("restart"))):
+                        raise Refused("restart", "start the service")
+                    svc.start_issued_at = time.time()
+                    svc.starts += 1
+                    self.run.save()
+                    self._crash("start-issued")
+                    health = await self.hosts.start_service_and_wait(service.ready_timeout_s, self.bus.publish)
+            except (ServiceError, ReadyTimeout, HostError, TimeoutError) as exc:
+                svc.restart_error = str(exc) or type(exc).__name__
+                self.run.save()
+                raise
+            svc.down = False
+            svc.ready_at = time.time()
+            svc.restart_error = None
+            self.run.save()
+            self.journal("restart", f"ready after {time.monotonic() - started:.1f} s ({health.model or 'model ?'})",
+                         host=service.host, argv=manager.start_argv(), duration_s=round(time.monotonic() - started, 3))
+            self._publish_downtime()
+            self.hosts.poke_service()
+            await self._release_host_lock()
+            self._crash("ready")
+
+    # --- evaluate and report ------------------------------------------------------------------
+
+    async def check_evaluate(self) -> Skip | None:
+        ev = self.config.eval
+        window = await self._window_dir(ev.host)
+        if await self.hosts.manifest_complete(ev.host, f"{window}/eval"):
+            return Found(f"already evaluated (manifest complete): {ev.host}:{window}/eval")
+        if not self.config.drafters:
+            return Skip("no drafters configured")
+        return None
+
+    async def run_evaluate(self) -> str:
         ev = self.config.eval
         window = await self._window_dir(ev.host)
         out = f"{window}/eval"
-        host = await self._connected(ev.host, "evaluate")
-        code = await self.session.code_dir(ev.host)
-        if await remote_files.manifest_complete(host, code, out):
-            return Skip(f"already evaluated (manifest complete): {ev.host}:{out}")
-        if not self.config.drafters:
-            return Skip("no drafters configured")
         extract_host, extract_model = self._extract_host()
         states = f"{await self._window_dir(extract_host)}/states"
         target_model = self.config.target.path_on(ev.host)
@@ -998,51 +1422,54 @@ class Engine:
         if self.config.reference:
             args += ["--reference", self.config.reference.name]
         await self._job(ev.host, "evaluate", "evaluate", args, step="evaluate")
+        self._crash("evaluated")
         return f"{len(self.config.drafters)} drafters evaluated on {ev.host}"
 
-    async def _report(self) -> str:
+    async def verify_evaluate(self) -> None:
+        ev = self.config.eval
+        window = await self._window_dir(ev.host)
+        if not await self.hosts.manifest_complete(ev.host, f"{window}/eval"):
+            raise StepFailed("evaluate", f"the evaluator finished but {ev.host}:{window}/eval has no complete manifest")
+
+    async def run_report(self) -> str:
         from console.views.report import write_report
 
         ev = self.config.eval
         window = await self._window_dir(ev.host)
-        host = await self._connected(ev.host, "report")
         results_dir = self.run.results_dir
-        await remote_files.fetch_tree(host, f"{window}/eval", results_dir, progress=self._relay_progress("report"))
+        await self.hosts.fetch_tree(ev.host, f"{window}/eval", results_dir, self._relay_progress("report"))
         probes = self.run.dir / "probes.json"
         if probes.exists():
             (results_dir / "probes.json").write_text(probes.read_text())
         results, paths = write_report(results_dir, self.run.dir)
         headline = {name: (d.get("tau", {}).get("vanilla") or {}).get("macro")
                     for name, d in results.get("drafters", {}).items()}
-        self.state["headline"] = headline
+        self.state.headline = headline
         self.run.save()
         self.bus.publish(ResultsReady(self.run.run_id, str(self.run.dir)))
+        self._crash("reported")
         return "; ".join(f"{k} tau {v:.2f}" for k, v in headline.items() if v is not None) + f"; {paths[0]}"
 
     # --- data between hosts -------------------------------------------------------------------
 
     async def _relay_file(self, src: str, src_path: str, dst: str, dst_path: str, step: str) -> None:
-        src_host = await self._connected(src, step)
-        dst_host = await self._connected(dst, step)
-        await remote_files.relay_file(src_host, src_path, dst_host, dst_path, progress=self._relay_progress(step))
+        await self._connected(src, step)
+        await self._connected(dst, step)
+        await self.hosts.relay_file(src, src_path, dst, dst_path, self._relay_progress(step))
 
     async def _relay_tree(self, src: str, src_path: str, dst: str, step: str) -> str:
         """Copy directory `src_path` from host `src` to host `dst` through the console, content-addressed
         (an unchanged tree is not sent twice) and sha256-verified; returns its path on `dst`."""
-        src_host = await self._connected(src, step)
-        dst_host = await self._connected(dst, step)
-        dst_root = f"{await (await self.session.runner(dst)).workdir()}/relayed"
-        path, sent = await remote_files.relay_tree(src_host, await src_host.expand(src_path), dst_host, dst_root,
-                                                   progress=self._relay_progress(step))
+        await self._connected(src, step)
+        await self._connected(dst, step)
+        path, sent = await self.hosts.relay_tree(src, src_path, dst, self._relay_progress(step))
         self.journal(step, f"{src}:{src_path} -> {dst}:{path} ({'sent ' + str(sent) + ' bytes' if sent else 'already there'})")
         return path
 
     async def _relay_heads(self, source: str, model_path: str, dst: str) -> str:
         """The target's embed_tokens/lm_head on the eval host (exported once where the weights are)."""
-        host = await self._connected(source, "evaluate")
-        code = await self.session.code_dir(source)
         heads = f"{await self._window_dir(source)}/target-heads"
-        await remote_files.export_heads(host, code, model_path, heads)
+        await self.hosts.export_heads(source, model_path, heads)
         return await self._relay_tree(source, heads, dst, "evaluate")
 
     def _relay_progress(self, step: str) -> Callable[[int, int], None]:
@@ -1056,20 +1483,7 @@ class Engine:
         from console.messages import TelemetryUpdate
 
         if isinstance(message, TelemetryUpdate) and message.sample is not None:
-            self.run.record_telemetry(message.host, message.sample,
-                                      {"service_down": self.service_down_by_us})
-
-
-class Skip(str):
-    """A step's work was already done: the step is skipped, saying why."""
-
-    @property
-    def why(self) -> str:
-        return str(self)
-
-
-class LeftOut(Skip):
-    """The plan leaves the step out (e.g. no staging without the RAM for it)."""
+            self.run.record_telemetry(message.host, message.sample, {"service_down": self.service_down_by_us})
 
 
 def layer_override(drafter: Any) -> str:
@@ -1081,15 +1495,9 @@ def _same_model(a: str, b: str) -> bool:
     return a.rstrip("/") == b.rstrip("/") or Path(a).name == Path(b).name and Path(a).name != ""
 
 
-async def _find_job(runner: JobRunner, job_id: str) -> JobHandle | None:
-    """The job with this id on the runner's host, or None when it was never started there."""
-    try:
-        return await runner.attach(job_id)
-    except (FileNotFoundError, KeyError, LookupError):
-        return None
-
-
 def relay_message(run_id: str, step: str, done: int, total: int) -> JobProgress:
     """Progress of a copy between hosts through the console, shown like a job's."""
     return JobProgress(job_id=f"{run_id}-relay-{step}", worker="relay", host="console", done=done, total=total,
                        unit="bytes", phase=step, message="copying between hosts", key="relay")
+
+

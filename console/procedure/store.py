@@ -1,6 +1,6 @@
 """The run store: one directory per run of the procedure, enough to audit it and to resume it.
 
-    <runs>/<run_id>/state.json       where the run stands, rewritten atomically after every transition
+    <runs>/<run_id>/state.json       where the run stands (`state.RunState`), rewritten atomically
     <runs>/<run_id>/journal.jsonl    append-only and fsynced: every decision, command, exit and step
     <runs>/<run_id>/telemetry.jsonl  the telemetry samples seen during the run (window chart, replay)
     <runs>/<run_id>/results/         the evaluation's results fetched from the eval host
@@ -8,14 +8,19 @@
 
 `<runs>` is the user data dir's `runs/` (platformdirs) unless `--runs DIR` (or DFLASH_OPS_RUNS)
 names another. A run id sorts by time: `20261201-091500-ab12`.
+
+Writing the store can fail (a full disk). Before the service is stopped that fails the run: nothing
+has changed yet. Once the service is down (`Run.keep_going_on_write_errors`), a failed write is said
+once on stderr and kept in memory, and the run goes on: the restart needs no disk of ours.
 """
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
-import getpass
 import json
 import os
+import sys
 import time
 import uuid
 from dataclasses import dataclass
@@ -23,101 +28,123 @@ from pathlib import Path
 from typing import Any
 
 from console.messages import JournalEntry
+from console.procedure.state import RUN_FINISHED, SCHEMA, RunState, StateError, current_user
 from remote.artifacts import write_json_atomic
 
-STATE_FORMAT = "dflash-ops.run/1"
 STATE, JOURNAL, TELEMETRY = "state.json", "journal.jsonl", "telemetry.jsonl"
-FINISHED = ("done", "failed", "refused", "cancelled")
+FINISHED = RUN_FINISHED
+STATE_FORMAT = SCHEMA
 
 
 class RunStoreError(Exception):
     """A run directory that cannot be used; the message names it."""
 
 
-def default_runs_dir() -> Path:
-    env = os.environ.get("DFLASH_OPS_RUNS")
-    if env:
-        return Path(env).expanduser()
-    import platformdirs
-
-    return Path(platformdirs.user_data_dir("dflash-ops")) / "runs"
-
-
-def _user() -> str:
-    try:
-        return getpass.getuser()
-    except (KeyError, OSError):  # no passwd entry (a container): the uid says who
-        return f"uid {os.getuid()}"
+class StoreWriteError(RunStoreError):
+    """The store could not be written (the message names the path and the OS error)."""
 
 
 class Run:
-    """One run's directory: its state (a plain dict, saved whole), journal and telemetry log."""
+    """One run's directory: its typed state (saved whole), journal and telemetry log."""
 
-    def __init__(self, directory: Path, state: dict[str, Any]):
+    def __init__(self, directory: Path, state: RunState):
         self.dir = directory
         self.state = state
-        self.user = _user()
+        self.user = current_user()
+        self.keep_going_on_write_errors = False
+        self.write_errors: list[str] = []  # what could not be written (said once each on stderr)
+        self.unwritten: list[dict[str, Any]] = []  # journal entries kept in memory after a failed write
         self._telemetry: Any = None
+        self._journal_checked = False
 
     @property
     def run_id(self) -> str:
-        return self.state["run_id"]
+        return self.state.run_id
 
     @property
     def results_dir(self) -> Path:
         return self.dir / "results"
 
+    def _failed_write(self, what: Path, exc: OSError) -> None:
+        message = f"cannot write {what}: {exc.strerror or exc}"
+        if not self.keep_going_on_write_errors:
+            raise StoreWriteError(message) from exc
+        if message not in self.write_errors:
+            self.write_errors.append(message)
+            print(f"dflash-ops: {message} (the run goes on; what it records is kept in memory)", file=sys.stderr)
+
     def save(self) -> None:
         """Write state.json atomically (temp file, fsync, rename): a crash leaves the old or the new."""
-        self.state["updated_at"] = time.time()
-        write_json_atomic(self.dir / STATE, self.state)
+        self.state.updated_at = time.time()
+        try:
+            write_json_atomic(self.dir / STATE, self.state.to_json())
+        except OSError as exc:
+            self._failed_write(self.dir / STATE, exc)
 
-    def step(self, name: str) -> dict[str, Any]:
-        """The state of step `name` (created pending)."""
-        return self.state.setdefault("steps", {}).setdefault(name, {"status": "pending"})
+    def _append(self, record: dict[str, Any]) -> None:
+        path = self.dir / JOURNAL
+        fd = os.open(path, os.O_RDWR | os.O_APPEND | os.O_CREAT, 0o600)
+        try:
+            if not self._journal_checked:
+                self._journal_checked = True
+                size = os.fstat(fd).st_size
+                if size and os.pread(fd, 1, size - 1) != b"\n":
+                    # A crash cut the last line mid-write: the next entry starts on a line of its own.
+                    note = {"t": time.time(), "run_id": self.run_id, "user": self.user, "level": "warning",
+                            "message": "the journal's last line was cut mid-write (a crash): a new line begins here"}
+                    os.write(fd, ("\n" + json.dumps(note, sort_keys=True) + "\n").encode())
+            os.write(fd, (json.dumps(record, sort_keys=True) + "\n").encode())
+            os.fsync(fd)
+        finally:
+            os.close(fd)
 
     def journal(self, step: str | None, message: str, **fields: Any) -> JournalEntry:
         """Append one entry to journal.jsonl and fsync it before returning."""
         entry = JournalEntry(t=time.time(), run_id=self.run_id, step=step, message=message,
                              user=fields.pop("user", self.user), **fields)
         record = {k: v for k, v in dataclasses.asdict(entry).items() if v is not None}
-        fd = os.open(self.dir / JOURNAL, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
         try:
-            os.write(fd, (json.dumps(record, sort_keys=True) + "\n").encode())
-            os.fsync(fd)
-        finally:
-            os.close(fd)
+            self._append(record)
+        except OSError as exc:
+            self.unwritten.append(record)
+            self._failed_write(self.dir / JOURNAL, exc)
         return entry
 
     def read_journal(self) -> list[dict[str, Any]]:
-        return read_jsonl(self.dir / JOURNAL)
+        return read_jsonl(self.dir / JOURNAL) + list(self.unwritten)
 
     def record_telemetry(self, host: str, sample: Any, extra: dict[str, Any] | None = None) -> None:
         """Append a telemetry sample (not fsynced: losing the last second of a chart is fine)."""
-        if self._telemetry is None:
-            self._telemetry = open(self.dir / TELEMETRY, "a", encoding="utf-8")  # noqa: SIM115 - kept open
         record = {"host": host, "t": time.time(), **(extra or {})}
         if sample is not None:
             record["sample"] = dataclasses.asdict(sample)
-        self._telemetry.write(json.dumps(record) + "\n")
-        self._telemetry.flush()
+        try:
+            if self._telemetry is None:
+                self._telemetry = open(self.dir / TELEMETRY, "a", encoding="utf-8")  # noqa: SIM115 - kept open
+            self._telemetry.write(json.dumps(record) + "\n")
+            self._telemetry.flush()
+        except OSError:
+            pass  # a chart's samples are the first thing to give up on a full disk
 
     def close(self) -> None:
         if self._telemetry is not None:
-            self._telemetry.close()
+            with contextlib.suppress(OSError):
+                self._telemetry.close()
             self._telemetry = None
 
 
 def read_jsonl(path: Path) -> list[dict[str, Any]]:
-    """The complete JSON lines of `path` (a torn last line, from a crash, is left out)."""
+    """The complete JSON lines of `path` (a torn line, from a crash, is left out)."""
     if not path.exists():
         return []
     records = []
-    for line in path.read_text(encoding="utf-8").splitlines():
+    for line in path.read_text(encoding="utf-8", errors="replace").splitlines():
         try:
-            records.append(json.loads(line))
+            record = json.loads(line)
         except json.JSONDecodeError:
             continue
+        if isinstance(record, dict):
+            records.append(record)
     return records
 
 
@@ -133,6 +160,17 @@ class RunSummary:
     headline: dict[str, float]  # drafter -> vanilla tau (macro)
     config: str | None
     dir: Path
+    service_down: bool = False  # this run stopped the service and it has not been seen ready since
+    console_gone: bool = False  # status "running" but its console is no longer there
+
+
+@dataclass(frozen=True)
+class UnreadableRun:
+    """A run directory whose state cannot be read: listed as such, never hiding the others."""
+
+    run_id: str
+    dir: Path
+    why: str
 
 
 class RunStore:
@@ -142,15 +180,19 @@ class RunStore:
         self.root = Path(root).expanduser() if root is not None else default_runs_dir()
 
     def create(self, config_path: str | None, config_sha256: str | None) -> Run:
-        self.root.mkdir(parents=True, exist_ok=True)
-        run_id = f"{time.strftime('%Y%m%d-%H%M%S')}-{uuid.uuid4().hex[:4]}"
-        directory = self.root / run_id
-        directory.mkdir(mode=0o700)
-        state = {"format": STATE_FORMAT, "run_id": run_id, "created_at": time.time(), "status": "running",
-                 "config": config_path, "config_sha256": config_sha256, "steps": {}, "jobs": {}, "facts": {},
-                 "service": {}}
-        run = Run(directory, state)
-        run.save()
+        try:
+            self.root.mkdir(parents=True, exist_ok=True)
+            run_id = f"{time.strftime('%Y%m%d-%H%M%S')}-{uuid.uuid4().hex[:4]}"
+            directory = self.root / run_id
+            directory.mkdir(mode=0o700)
+        except OSError as exc:
+            raise StoreWriteError(f"cannot create a run under {self.root}: {exc.strerror or exc}") from None
+        run = Run(directory, RunState(run_id=run_id, created_at=time.time(), config=config_path,
+                                      config_sha256=config_sha256))
+        try:
+            run.save()
+        except StoreWriteError as exc:
+            raise StoreWriteError(f"cannot start a run in {directory}: {exc}") from None
         return run
 
     def open(self, run_id: str) -> Run:
@@ -159,39 +201,82 @@ class RunStore:
             directory = Path(run_id).expanduser()  # a path to a run directory works too
         path = directory / STATE
         try:
-            state = json.loads(path.read_text(encoding="utf-8"))
+            raw = path.read_bytes()
         except FileNotFoundError:
             raise RunStoreError(f"no run {run_id!r}: {self.root / run_id / STATE} does not exist") from None
-        except json.JSONDecodeError as exc:
-            raise RunStoreError(f"{path}: not a run state ({exc})") from None
-        if not isinstance(state, dict) or state.get("format") != STATE_FORMAT:
-            raise RunStoreError(f"{path}: not a dflash-ops run state (format {state.get('format')!r})")
-        return Run(directory, state)
+        except OSError as exc:
+            raise RunStoreError(f"{path}: cannot be read ({exc.strerror or exc})") from None
+        try:
+            data = json.loads(raw.decode("utf-8"))
+        except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+            raise RunStoreError(f"{path}: not a run state (not JSON: {exc})") from None
+        try:
+            return Run(directory, RunState.from_json(data, str(path)))
+        except StateError as exc:
+            raise RunStoreError(str(exc)) from None
 
     def run_ids(self) -> list[str]:
         if not self.root.is_dir():
             return []
         return sorted(p.name for p in self.root.iterdir() if (p / STATE).is_file())
 
+    def readable(self) -> list[Run]:
+        """Every run whose state can be read, oldest first (the unreadable ones: `summaries`)."""
+        runs = []
+        for run_id in self.run_ids():
+            try:
+                runs.append(self.open(run_id))
+            except RunStoreError:
+                continue
+        return runs
+
     def latest_unfinished(self) -> Run | None:
-        for run_id in reversed(self.run_ids()):
-            run = self.open(run_id)
-            if run.state.get("status") not in FINISHED:
+        """The newest run that has not finished (running, paused), whatever the service's state."""
+        for run in reversed(self.readable()):
+            if not run.state.finished:
                 return run
         return None
 
-    def summaries(self) -> list[RunSummary]:
-        out = []
+    def left_down(self) -> Run | None:
+        """The run that left the service down, whatever its status (failed, refused and cancelled
+        runs too): the newest whose stop was not followed by the service coming back ready.
+        The banner, `status`, `r`, quit, `drill` and `run` all ask this one question."""
+        for run in reversed(self.readable()):
+            if run.state.service.down:
+                return run
+        return None
+
+    def to_resume(self) -> Run | None:
+        """What a new console offers to continue: the run that left the service down, else the
+        newest unfinished one."""
+        return self.left_down() or self.latest_unfinished()
+
+    def summaries(self) -> list[RunSummary | UnreadableRun]:
+        out: list[RunSummary | UnreadableRun] = []
         for run_id in self.run_ids():
             try:
                 run = self.open(run_id)
-            except RunStoreError:
+            except RunStoreError as exc:
+                out.append(UnreadableRun(run_id, self.root / run_id, str(exc)))
                 continue
-            s = run.state
-            service = s.get("service", {})
-            downtime = None
-            if service.get("stopped_at") and service.get("ready_at"):
-                downtime = service["ready_at"] - service["stopped_at"]
-            out.append(RunSummary(run_id, s.get("created_at", 0.0), s.get("status", "?"), s.get("route"), downtime,
-                                  dict(s.get("headline", {})), s.get("config"), run.dir))
+            out.append(summary_of(run))
         return out
+
+
+def summary_of(run: Run) -> RunSummary:
+    s = run.state
+    downtime = None
+    if s.service.stopped_at and s.service.ready_at:
+        downtime = s.service.ready_at - s.service.stopped_at
+    gone = s.status == "running" and s.owner is not None and s.owner.alive() is False
+    return RunSummary(s.run_id, s.created_at, s.status, s.route, downtime, dict(s.headline), s.config, run.dir,
+                      service_down=s.service.down, console_gone=gone)
+
+
+def default_runs_dir() -> Path:
+    env = os.environ.get("DFLASH_OPS_RUNS")
+    if env:
+        return Path(env).expanduser()
+    import platformdirs
+
+    return Path(platformdirs.user_data_dir("dflash-ops")) / "runs"

@@ -1,0 +1,223 @@
+"""A run's state, typed: the run, its steps, its jobs, the service, the extraction, its owner.
+
+`state.json` is these dataclasses as JSON (`to_json` / `RunState.from_json`), written atomically
+after every transition. The schema has a version (`format`); a file that does not parse, is not an
+object, or names a version this code does not know gets a `StateError` naming the file and why.
+Version 1 (before the typed state) is read too: its keys are a subset of version 2's.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import getpass
+import os
+import socket
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+SCHEMA = "dflash-ops.run/2"
+READABLE = ("dflash-ops.run/1", SCHEMA)
+STEP_ENDED = ("done", "skipped", "left-out", "failed", "refused", "cancelled")
+RUN_FINISHED = ("done", "failed", "refused", "cancelled")
+
+
+class StateError(Exception):
+    """A state file that cannot be used; the message names it and says why."""
+
+
+def current_user() -> str:
+    try:
+        return getpass.getuser()
+    except (KeyError, OSError):  # no passwd entry (a container): the uid says who
+        return f"uid {os.getuid()}"
+
+
+def _proc_start_ticks(pid: int) -> int | None:
+    """/proc/<pid>/stat's starttime: tells a live console from a reused pid (None off Linux)."""
+    try:
+        with open(f"/proc/{pid}/stat", encoding="ascii") as f:
+            return int(f.read().rsplit(")", 1)[1].split()[19])
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+@dataclass
+class Owner:
+    """The console process driving the run: named when another console looks at it."""
+
+    user: str
+    host: str
+    pid: int
+    since: float
+    start_ticks: int | None = None
+
+    @classmethod
+    def this_process(cls) -> Owner:
+        return cls(current_user(), socket.gethostname(), os.getpid(), time.time(), _proc_start_ticks(os.getpid()))
+
+    def alive(self) -> bool | None:
+        """Whether the owning console still runs: None when it is on another machine (cannot tell)."""
+        if self.host != socket.gethostname():
+            return None
+        ticks = _proc_start_ticks(self.pid)
+        if ticks is None:
+            return False
+        return self.start_ticks is None or ticks == self.start_ticks
+
+    def describe(self) -> str:
+        return f"{self.user}@{self.host} pid {self.pid} since {time.strftime('%H:%M:%S', time.localtime(self.since))}"
+
+
+@dataclass
+class StepState:
+    """One step: its status, when its work began and ended, and time spent working vs deciding.
+
+    `started_at` is when the step's work first began and is kept across resumes; `work_s` adds up
+    the time of every attempt minus `decision_s`, the time spent waiting for the operator's answers.
+    """
+
+    status: str = "pending"
+    started_at: float | None = None
+    ended_at: float | None = None
+    work_s: float = 0.0
+    decision_s: float = 0.0
+    detail: str | None = None
+    found_on_resume: bool = False  # its work was found done on the hosts by a resumed run
+
+
+@dataclass
+class JobRecord:
+    """A job the run started (or is about to): found again by its id after a crash, and followed
+    from `offset` (the events before it were handled already and are never replayed as live)."""
+
+    job_id: str
+    host: str
+    worker: str
+    args: list[str] = field(default_factory=list)
+    handle: dict[str, Any] | None = None  # JobHandle's JSON once it started (pid, start ticks, run dir)
+    offset: int = 0
+    events_seen: list[str] = field(default_factory=list)  # the kinds of event handled: "staged", "gpu_released", ...
+    exit_code: int | None = None
+    result: Any = None  # its `result` event's data, kept: a resumed run does not read the events again
+    error: str | None = None
+    attempt: int = 1  # a dead worker is replaced by a new attempt with its own id
+
+    @property
+    def pid(self) -> int | None:
+        return (self.handle or {}).get("pid")
+
+
+@dataclass
+class ServiceState:
+    """The service as this run changed it. `down` means: stopped by this run and not yet ready."""
+
+    down: bool = False
+    stopped_at: float | None = None  # the stop was about to run (epoch seconds)
+    stop_returned_at: float | None = None
+    stop_confirmed: bool = False  # the manager on the host said it was down after the stop
+    stops: int = 0  # stop commands this run issued
+    vram_free_at: float | None = None
+    restart_begun_at: float | None = None  # the restart began (at gpu_released, or later)
+    start_issued_at: float | None = None
+    starts: int = 0  # start commands this run issued
+    ready_at: float | None = None
+    ready_seen_late: bool = False  # the console was away when the service became ready: ready_at is when it saw so
+    restarted_outside_at: float | None = None  # found running again, started by someone else
+    pids_before_stop: list[int] = field(default_factory=list)
+    restart_error: str | None = None  # why the last restart failed, shown before it is offered again
+
+
+@dataclass
+class ExtractionState:
+    """The extraction's milestones (the staged worker's pid, the go, the GPUs released)."""
+
+    staged_pid: int | None = None
+    begun_at: float | None = None  # the go was given (staged) or the cold extraction started
+    go_sent_at: float | None = None
+    gpu_released_at: float | None = None
+    window: dict[str, Any] = field(default_factory=dict)  # the worker's own window figures
+    complete: bool = False  # manifest complete and sha256-verified on the host
+
+
+@dataclass
+class RunState:
+    """Everything `state.json` holds."""
+
+    run_id: str
+    created_at: float
+    status: str = "running"  # running | paused | done | failed | refused | cancelled
+    route: str | None = None
+    config: str | None = None
+    config_sha256: str | None = None
+    started: bool = False
+    owner: Owner | None = None
+    steps: dict[str, StepState] = field(default_factory=dict)
+    jobs: dict[str, JobRecord] = field(default_factory=dict)
+    service: ServiceState = field(default_factory=ServiceState)
+    extraction: ExtractionState = field(default_factory=ExtractionState)
+    facts: dict[str, Any] = field(default_factory=dict)  # what preflight found (layers, probes' digest, ...)
+    plan: list[dict[str, Any]] = field(default_factory=list)
+    forecast: dict[str, Any] | None = None
+    headline: dict[str, float | None] = field(default_factory=dict)
+    exit_code: int | None = None
+    message: str | None = None
+    updated_at: float | None = None
+    format: str = SCHEMA
+
+    @property
+    def finished(self) -> bool:
+        return self.status in RUN_FINISHED
+
+    def step(self, name: str) -> StepState:
+        return self.steps.setdefault(name, StepState())
+
+    def to_json(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_json(cls, data: Any, where: str) -> RunState:
+        """The state in `data` (decoded JSON); StateError naming `where` when it is not one."""
+        if not isinstance(data, dict):
+            raise StateError(f"{where}: not a run state (a JSON {type(data).__name__}, expected an object)")
+        version = data.get("format")
+        if version not in READABLE:
+            raise StateError(f"{where}: unknown run state version {version!r} (this dflash-ops reads "
+                             f"{', '.join(READABLE)})")
+        try:
+            return _from_v1(data) if version == READABLE[0] else _build(data)
+        except (TypeError, ValueError, KeyError, AttributeError) as exc:
+            raise StateError(f"{where}: a damaged run state ({type(exc).__name__}: {exc})") from None
+
+
+def _known(kind: type, data: dict[str, Any]) -> dict[str, Any]:
+    names = {f.name for f in dataclasses.fields(kind)}
+    return {k: v for k, v in data.items() if k in names}
+
+
+def _build(data: dict[str, Any]) -> RunState:
+    fields = _known(RunState, data)
+    fields["steps"] = {name: StepState(**_known(StepState, s)) for name, s in (data.get("steps") or {}).items()}
+    fields["jobs"] = {key: JobRecord(**_known(JobRecord, j)) for key, j in (data.get("jobs") or {}).items()}
+    fields["service"] = ServiceState(**_known(ServiceState, data.get("service") or {}))
+    fields["extraction"] = ExtractionState(**_known(ExtractionState, data.get("extraction") or {}))
+    owner = data.get("owner")
+    fields["owner"] = Owner(**_known(Owner, owner)) if isinstance(owner, dict) else None
+    state = RunState(**fields)
+    if not isinstance(state.run_id, str) or not state.run_id:
+        raise ValueError("no run_id")
+    return state
+
+
+def _from_v1(data: dict[str, Any]) -> RunState:
+    """Version 1 kept the extraction's milestones among the facts and a `stopped_monotonic`."""
+    facts = dict(data.get("facts") or {})
+    go = facts.pop("go_sent", None)
+    extraction = {"staged_pid": facts.pop("staged_pid", None), "go_sent_at": go, "begun_at": go,
+                  "gpu_released_at": facts.pop("gpu_released_at", None), "window": facts.pop("window", {}) or {},
+                  "complete": bool(facts.pop("extraction_complete", False))}
+    service = dict(data.get("service") or {})
+    if service.get("stopped_at"):
+        service.setdefault("stops", 1)
+        service.setdefault("stop_confirmed", bool(service.get("stop_returned_at")))
+    return _build({**data, "format": SCHEMA, "facts": facts, "extraction": extraction, "service": service})
