@@ -80,6 +80,9 @@ class HostConfig:
     ssh_config: str | None = None  # an ssh_config file to read instead of ~/.ssh/config (drill hosts: an empty one)
     connect_timeout: float = 10
     keepalive_interval: float = 15
+    # A drill host whose GPUs are simulated: telemetry reads `simulated-gpu.json` in its workdir and it
+    # receives the drill's workers (remote/drill/) too. Set by the drill's config, never inferred.
+    simulated_gpus: bool = False
 
 
 @dataclass(frozen=True)
@@ -420,6 +423,7 @@ def _hosts(c: _Checker, data: Mapping[str, Any]) -> dict[str, HostConfig]:
             keepalive_interval=c.get(
                 raw, "keepalive_interval", path, _positive_number, "a positive number of seconds", 15
             ),
+            simulated_gpus=c.get(raw, "simulated_gpus", path, _bool, "true or false", False),
         )
     return hosts
 

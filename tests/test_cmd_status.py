@@ -45,7 +45,7 @@ def command_service(tmp_path: Path, pidfile: Path, port: int) -> dict:
 
 def test_snapshot_shows_links_simulated_gpus_holders_and_health(hosts: ThreadedHosts, tmp_path: Path,
                                                                  tiny_target: Path, capsys: pytest.CaptureFixture[str]):
-    # ct129 is a drill host: its workdir holds the simulated GPU file the standin fills.
+    # ct129 is a drill host (`simulated_gpus`): its workdir holds the simulated GPU file the standin fills.
     hosts.workdir("ct129").mkdir(parents=True)
     sim = hosts.workdir("ct129") / "simulated-gpu.json"
     simgpu.update(sim, lambda data: None)
@@ -57,7 +57,8 @@ def test_snapshot_shows_links_simulated_gpus_holders_and_health(hosts: ThreadedH
         pidfile.write_text(str(server.pid))
         wait_status(f"http://127.0.0.1:{port}/health", 200)
         worker = simgpu.read(sim)["processes"][0]["pid"]  # the standin's GPU worker holds the memory
-        config = write_config(tmp_path / "ops.toml", {n: hosts.host_table(n) for n in ("ct129", "ct200")},
+        config = write_config(tmp_path / "ops.toml", {"ct129": hosts.host_table("ct129", simulated_gpus=True),
+                                                       "ct200": hosts.host_table("ct200")},
                               service=command_service(tmp_path, pidfile, port))
 
         assert main(["status", "--config", str(config)]) == 0
@@ -99,7 +100,8 @@ def test_down_host_and_stopped_service_exit_1(hosts: ThreadedHosts, tmp_path: Pa
 def test_watch_marks_a_lost_host_and_its_stale_telemetry_then_ends_on_ctrl_c(hosts: ThreadedHosts, tmp_path: Path):
     hosts.workdir("ct129").mkdir(parents=True)
     simgpu.update(hosts.workdir("ct129") / "simulated-gpu.json", lambda data: None)
-    config = write_config(tmp_path / "ops.toml", {n: hosts.host_table(n) for n in ("ct129", "ct200")},
+    config = write_config(tmp_path / "ops.toml", {"ct129": hosts.host_table("ct129", simulated_gpus=True),
+                                                   "ct200": hosts.host_table("ct200")},
                           service=command_service(tmp_path, tmp_path / "no-such.pid", free_port()))
     watch = subprocess.Popen([str(ENTRY_POINT), "status", "--watch", "--config", str(config)],
                              env={**os.environ, "COLUMNS": "200"}, stdout=subprocess.PIPE, stderr=subprocess.PIPE,

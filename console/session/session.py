@@ -32,7 +32,7 @@ from console.ssh.supervisor import HostSupervisor
 from console.tasks import cancel_and_wait
 from console.telemetry import TelemetryStream
 
-SIMULATED_GPU_FILE = "simulated-gpu.json"  # in a host's workdir: the host is a drill host
+SIMULATED_GPU_FILE = "simulated-gpu.json"  # in the workdir of a host configured with `simulated_gpus`
 SERVICE_INTERVAL_S = 5.0  # a one-token generation every few seconds, no more
 
 
@@ -111,7 +111,7 @@ class Session:
                                               interval=telemetry_interval)
                         for name, sup in self.supervisors.items()}
         self.service = ServiceWatch(config, self.supervisors[config.service.host])
-        self.simulated: dict[str, bool] = {}
+        self.simulated: dict[str, bool] = {name: host.simulated_gpus for name, host in config.hosts.items()}
         self._code: dict[tuple[str, int], str] = {}
         self._unsubscribe: list[Callable[[], None]] = []
         self._poller: asyncio.Task | None = None
@@ -165,13 +165,10 @@ class Session:
                 return self._code[key]
             runner = JobRunner(host)
             code = await runner.ensure_code()
-            simulated = f"{await runner.workdir()}/{SIMULATED_GPU_FILE}"
-            sftp = await host.sftp()
-            with host.errors(f"looking for {simulated}"):
-                # Decided per connection, before the agent starts: a drill host reads its file.
-                is_sim = await sftp.exists(simulated)
-            self.streams[name].simulate = simulated if is_sim else None
-            self.simulated[name] = is_sim
+            # The config says which hosts are drill hosts with simulated GPUs (`simulated_gpus`);
+            # a file found in a workdir never makes a real host's telemetry simulated.
+            if self.simulated[name]:
+                self.streams[name].simulate = f"{await runner.workdir()}/{SIMULATED_GPU_FILE}"
             self._code = {k: v for k, v in self._code.items() if k[0] != name} | {key: code}
             return code
         return prepare

@@ -32,6 +32,7 @@ def host_spec(config: Config, name: str, python: str | None = None) -> HostSpec:
         ssh_config=_local_path(host.ssh_config, base),
         connect_timeout=float(host.connect_timeout),
         keepalive_interval=float(host.keepalive_interval),
+        drill=host.simulated_gpus,
     )
 
 

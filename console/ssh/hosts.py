@@ -49,6 +49,10 @@ class HostSpec:
     ssh_config: str | Path | None = None
     connect_timeout: float = 10.0
     keepalive_interval: float = 15.0
+    # Receives the drill's workers (remote/drill/) with the worker code. `host_spec` sets it from the
+    # config's `simulated_gpus`, so a configured real host never gets them; a spec built by hand is a
+    # rehearsal host (the embedded server's, the tests').
+    drill: bool = True
 
 
 @dataclass(frozen=True)

@@ -160,11 +160,17 @@ class JobExists(HostError):
     """A job with that id already exists (or is being started) on the host: attach, don't start twice."""
 
 
-def code_files(root: Path = LOCAL_CODE) -> list[tuple[str, Path]]:
-    """The files of the local `remote/` tree to ship, as sorted (relative posix path, path) pairs."""
+DRILL_PACKAGE = "drill"  # remote/drill/: the rehearsal hosts' own workers, shipped to drill hosts only
+
+
+def code_files(root: Path = LOCAL_CODE, drill: bool = True) -> list[tuple[str, Path]]:
+    """The files of the local `remote/` tree to ship, as sorted (relative posix path, path) pairs;
+    without `drill`, the workers a real host runs (remote/drill/ left out)."""
     files = []
     for path in sorted(root.rglob("*")):
         rel = path.relative_to(root)
+        if not drill and rel.parts[0] == DRILL_PACKAGE:
+            continue
         if path.is_file() and "__pycache__" not in rel.parts and not any(
                 p.startswith(".") for p in rel.parts) and path.suffix != ".pyc":
             files.append((rel.as_posix(), path))
@@ -225,7 +231,7 @@ class JobRunner:
         The tree goes to a temporary directory renamed into place last, so a directory under its
         final (content) name is always complete.
         """
-        files = code_files(self.local_code)
+        files = code_files(self.local_code, drill=self.host.spec.drill)
         if not files:
             raise FileNotFoundError(f"no worker code to ship under {self.local_code}")
         digest = tree_digest(files)
