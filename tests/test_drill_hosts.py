@@ -278,3 +278,59 @@ def test_a_killed_build_is_not_taken_as_complete(drill_cache: Path, tmp_path: Pa
     assert assets.root == root / key and find_assets(root) == assets
     assert not any(d.exists() for d in debris)
     assert assets.fit_taus["reference"] - assets.fit_taus["candidate"] >= 2.0
+
+
+def test_simulated_gpus_are_the_configs_flag_never_a_file_found_in_a_workdir(drill: DrillLayout, tmp_path: Path):
+    """ct200's workdir holds a simulated GPU file either way; only `simulated_gpus` makes it read."""
+    from console.config import dump_toml
+    from console.session import Session
+
+    written = load_config(drill.config)
+    assert all(h.simulated_gpus for h in written.hosts.values())  # the drill's config says so
+    assert drill.simulated_gpus("ct200").is_file()
+    text = drill.config.read_text()
+    real = tmp_path / "real.toml"
+    # The same hosts, ct200 now configured as a real host (its file is still in its workdir).
+    import tomllib
+
+    data = tomllib.loads(text)
+    data["hosts"]["ct200"]["simulated_gpus"] = False
+    real.write_text(dump_toml(data))
+
+    async def sample_of(config: Config) -> tuple[bool, str]:
+        session = Session(config, telemetry_interval=0.2)
+        session.start(watch_service=False)
+        try:
+            await session.code_dir("ct200", timeout=20)  # what decides the agent's source
+            stream = session.streams["ct200"]
+            sample = await stream.wait_for(lambda s: True, 30)
+            return session.simulated["ct200"], sample.source
+        finally:
+            await session.stop()
+
+    assert asyncio.run(sample_of(written)) == (True, "simulated")
+    simulated, source = asyncio.run(sample_of(load_config(real)))
+    assert not simulated and source != "simulated"  # this machine's own GPUs (none here): NVML or none
+
+
+async def test_a_real_host_receives_the_workers_it_runs_and_a_drill_host_the_drills_too(drill: DrillLayout,
+                                                                                       tmp_path: Path):
+    from console.ssh.jobs import JobRunner
+
+    config, spec = _spec(drill, "ct200")
+    assert spec.drill  # from the config's simulated_gpus
+    shipped = {}
+    for drill_host in (False, True):
+        host = Host(dataclasses.replace(spec, workdir=str(tmp_path / f"work-{drill_host}"), drill=drill_host))
+        await host.connect()
+        try:
+            shipped[drill_host] = Path(await JobRunner(host).ensure_code()) / "remote"
+        finally:
+            await host.close()
+    real, rehearsal = shipped[False], shipped[True]
+    assert (real / "extract.py").is_file() and (real / "agent.py").is_file() and (real / "evaluate.py").is_file()
+    assert not (real / "drill").exists()  # a real host gets no rehearsal workers
+    assert (rehearsal / "drill" / "simgpu.py").is_file() and (rehearsal / "extract.py").is_file()
+    assert real.parent != rehearsal.parent  # two trees, each under its own content digest
+    real_config = dataclasses.replace(config.hosts["ct200"], simulated_gpus=False)
+    assert not host_spec(dataclasses.replace(config, hosts={**config.hosts, "ct200": real_config}), "ct200").drill

@@ -12,12 +12,21 @@ import argparse
 import sys
 
 
+def _gpu(args: argparse.Namespace) -> bool:
+    """--gpu, or automatic where CUDA is present (--simulated keeps simulated GPUs)."""
+    from console.drill.hosts import cuda_present
+
+    if getattr(args, "simulated", False):
+        return False
+    return bool(getattr(args, "gpu", False)) or cuda_present()
+
+
 def cmd_up(args: argparse.Namespace) -> int:
     from console.drill.assets import AssetsError
     from console.drill.hosts import DrillError, up
 
     try:
-        path = up(args.dir, fresh=args.fresh)
+        path = up(args.dir, fresh=args.fresh, gpu=_gpu(args))
     except (DrillError, AssetsError) as exc:
         print(f"dflash-ops drill up: {exc}", file=sys.stderr)
         return 1
@@ -31,12 +40,14 @@ def cmd_drill(args: argparse.Namespace) -> int:
     from console.drill.assets import AssetsError
     from console.drill.hosts import DrillError, up
 
+    gpu = _gpu(args)
     try:
-        config = up(args.dir, fresh=args.fresh)
+        config = up(args.dir, fresh=args.fresh, gpu=gpu)
     except (DrillError, AssetsError) as exc:
         print(f"dflash-ops drill: {exc}", file=sys.stderr)
         return 1
-    print(f"drill hosts up; config {config} (`dflash-ops drill down` ends them)", file=sys.stderr)
+    print(f"drill hosts up ({'REAL GPU' if gpu else 'SIMULATED GPUs'}); config {config} "
+          f"(`dflash-ops drill down` ends them)", file=sys.stderr)
     args.config = str(config)
     args.plan, args.step, args.no_restart, args.route = False, False, False, None
     return cmd_run.run(args)
@@ -61,6 +72,14 @@ def cmd_status(args: argparse.Namespace) -> int:
     return 0 if found.up else 1
 
 
+def _add_gpu_options(parser: argparse.ArgumentParser) -> None:
+    group = parser.add_mutually_exclusive_group()
+    group.add_argument("--gpu", action="store_true",
+                       help="on this machine's CUDA GPU (REAL GPU: its VRAM, NVML, the fast kernels; the default where "
+                            "CUDA is present)")
+    group.add_argument("--simulated", action="store_true", help="simulated GPUs even where CUDA is present")
+
+
 def add_parser(sub: argparse._SubParsersAction) -> None:
     """Register `drill` and its actions on the top-level subparsers."""
     parser = sub.add_parser(
@@ -75,6 +94,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     parser.add_argument("--dir", default=None, metavar="DIR",
                         help="the drill's directory (default: $DFLASH_OPS_DRILL_DIR or the user state dir's drill)")
     parser.add_argument("--fresh", action="store_true", help="start new rehearsal hosts (re-arms the stuck-VRAM episode)")
+    _add_gpu_options(parser)
     parser.add_argument("--runs", metavar="DIR", default=None,
                         help="the run store (default: the user data dir's runs/, or $DFLASH_OPS_RUNS)")
     parser.set_defaults(run=cmd_drill, action=None)
@@ -90,4 +110,5 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         if name == "up":
             action.add_argument("--fresh", action="store_true",
                                 help="end a drill that is up and start a new one (re-arms the stuck-VRAM episode)")
+            _add_gpu_options(action)
         action.set_defaults(run=run)

@@ -81,8 +81,9 @@ def cache_root() -> Path:
     return Path(override) if override else Path(platformdirs.user_cache_dir("dflash-ops")) / "drill"
 
 
-def version_key() -> str:
-    """`v1-<hash>` of the builders' sources and the versions of the packages that write the files."""
+def version_key(gpu: bool = False) -> str:
+    """`v1-<hash>` of the builders' sources and the versions of the packages that write the files
+    (`-gpu` after it for the GPU drill's assets)."""
     digest = hashlib.sha256()
     base = Path(remote.__file__).parent
     for name in _KEY_SOURCES:
@@ -92,7 +93,7 @@ def version_key() -> str:
             digest.update(f"{package}={metadata.version(package)}\0".encode())
         except metadata.PackageNotFoundError:
             digest.update(f"{package}=none\0".encode())
-    return f"v1-{digest.hexdigest()[:16]}"
+    return f"v1-{digest.hexdigest()[:16]}" + ("-gpu" if gpu else "")
 
 
 def find_assets(root: Path | None = None, key: str | None = None) -> DrillAssets | None:
@@ -112,10 +113,11 @@ def _say(msg: str) -> None:
 
 
 def ensure_assets(python: str = sys.executable, root: Path | None = None,
-                  say: Callable[[str], None] = _say, timeout_s: float = 600.0) -> DrillAssets:
-    """The drill's assets, built first when the cache has no complete entry for this code."""
+                  say: Callable[[str], None] = _say, timeout_s: float = 600.0, gpu: bool = False) -> DrillAssets:
+    """The drill's assets, built first when the cache has no complete entry for this code.
+    `gpu`: the GPU drill's (the few-GB target, built on this machine's GPU)."""
     root = root or cache_root()
-    key = version_key()
+    key = version_key(gpu)
     found = find_assets(root, key)
     if found is not None:
         return found
@@ -131,11 +133,13 @@ def ensure_assets(python: str = sys.executable, root: Path | None = None,
         if entry.exists():  # a directory under the final name without a readable assets.json
             shutil.rmtree(entry)
         tmp = Path(tempfile.mkdtemp(prefix=f".{key}.build-", dir=root))
-        say(f"building the drill's assets once (tiny target, two drafters) into {entry}")
+        say(f"building the drill's assets once ({'a 1.7 B target on the GPU' if gpu else 'tiny target'}, "
+            f"two drafters) into {entry}")
         log = tmp / "build.log"
         try:
             with log.open("wb") as out:
-                proc = subprocess.run([python, "-m", "remote.drill.assets", str(tmp)], stdin=subprocess.DEVNULL,
+                proc = subprocess.run([python, "-m", "remote.drill.assets", str(tmp), *(["--gpu"] if gpu else [])],
+                                      stdin=subprocess.DEVNULL,
                                       stdout=out, stderr=subprocess.STDOUT, timeout=timeout_s,
                                       cwd=Path(remote.__file__).parent.parent)
             if proc.returncode != 0 or not (tmp / ASSETS_FILE).is_file():

@@ -1,5 +1,6 @@
 """The config a drill writes: its two hosts, the rehearsal server as a command-managed service, the
-tiny target, the drill's prompts, the two drafters and a CPU evaluation. It must load with
+tiny target, the drill's prompts, the two drafters and a CPU evaluation (the GPU drill: the few-GB
+target, real GPUs read through NVML, the fast kernels and a CUDA evaluation). It must load with
 `console.config.load_config` like any operator's file, and it is checked that way when written."""
 
 from __future__ import annotations
@@ -15,16 +16,27 @@ from remote.drill.drafters import SERVING_DTYPE
 SERVICE_GPU_MIB = 40000  # per simulated GPU while the rehearsal server runs
 LOAD_DELAY_S = 1.0  # simulated weight loading, so the start-up log shows progress
 MAX_NEW_TOKENS = 24
+GPU_SERVICE_EXTRA_MIB = 16384  # the GPU drill: what the server's CUDA worker holds beside the model
+GPU_VRAM_FREE_MIB = 2048  # the GPU drill: an idle H200 reads 0 MiB; below this the GPU counts as free
 
 
 def service_commands(layout: DrillLayout, python: str, port: int) -> dict[str, list[str]]:
-    """start / stop / status / log of the rehearsal server (`remote.drill.service`), as argv."""
+    """start / stop / status / log of the rehearsal server (`remote.drill.service`), as argv.
+
+    On the GPU drill the server loads its model on the GPU (its VRAM is real) and a real CUDA process
+    holds GPU_SERVICE_EXTRA_MIB beside it, as SGLang's scheduler does: the one the first stop leaves."""
     state = str(layout.service_state)
     manage = [python, "-m", "remote.drill.service"]
-    standin = ["--model", str(layout.target), "--port", str(port), "--gpu-file", str(layout.simulated_gpus(INFERENCE_HOST)),
-               "--gpu-mib", str(SERVICE_GPU_MIB), "--load-delay", str(LOAD_DELAY_S), "--metrics", "--dtype", SERVING_DTYPE]
+    standin = ["--model", str(layout.target), "--port", str(port), "--metrics", "--dtype", SERVING_DTYPE]
+    if layout.gpu:
+        standin += ["--device", "cuda"]
+        episode = ["--cuda-mib", str(GPU_SERVICE_EXTRA_MIB)]
+    else:
+        standin += ["--gpu-file", str(layout.simulated_gpus(INFERENCE_HOST)), "--gpu-mib", str(SERVICE_GPU_MIB),
+                    "--load-delay", str(LOAD_DELAY_S)]
+        episode = []
     return {
-        "start": [*manage, "start", "--state", state, "--", *standin],
+        "start": [*manage, "start", "--state", state, *episode, "--", *standin],
         "stop": [*manage, "stop", "--state", state],
         "status": [*manage, "status", "--state", state],
         "log": ["tail", "-n", "+1", "-F", f"{state}/standin.log"],
@@ -32,11 +44,12 @@ def service_commands(layout: DrillLayout, python: str, port: int) -> dict[str, l
 
 
 def host_table(layout: DrillLayout, name: str, port: int, user: str, python: str) -> dict[str, Any]:
-    """Everything explicit: address, port, user, key, known_hosts (nothing left to ~/.ssh/config)."""
+    """Everything explicit: address, port, user, key, known_hosts (nothing left to ~/.ssh/config),
+    and whether its GPUs are simulated (the GPU drill's hosts read the real one through NVML)."""
     ssh = layout.ssh_dir(name)
     table = {"address": "127.0.0.1", "port": port, "user": user, "python": python, "workdir": str(layout.workdir(name)),
              "identity_file": str(ssh / "client_key"), "known_hosts": str(ssh / "known_hosts"),
-             "connect_timeout": 5, "keepalive_interval": 5}
+             "connect_timeout": 5, "keepalive_interval": 5, "simulated_gpus": not layout.gpu}
     # The server's own empty ssh_config keeps the user's ~/.ssh/config (a `Host *` ProxyJump, say) out.
     table["ssh_config"] = str(ssh / "ssh_config")
     return table
@@ -49,15 +62,17 @@ def drill_config_data(layout: DrillLayout, ports: dict[str, int], service_port: 
     return {
         "hosts": {name: host_table(layout, name, ports[name], user, python) for name in (INFERENCE_HOST, TRAINING_HOST)},
         "service": {"host": INFERENCE_HOST, "manager": "command", **commands, "url": f"http://127.0.0.1:{service_port}",
-                    "ready_timeout_s": 60, "vram_free_mib": 1024, "stop_grace_s": 2, "vram_wait_s": 5},
-        "target": {"host": INFERENCE_HOST, "model_path": str(layout.target), "kernels": "any", "layers": "auto",
-                   "paths": {TRAINING_HOST: str(layout.target_copy)}},
+                    "ready_timeout_s": 180 if layout.gpu else 60, "vram_free_mib": GPU_VRAM_FREE_MIB if layout.gpu else 1024,
+                    "stop_grace_s": 2, "vram_wait_s": 5},
+        # The GPU drill extracts with the fast kernels, as production must; the CPU drill has none.
+        "target": {"host": INFERENCE_HOST, "model_path": str(layout.target), "kernels": "fast" if layout.gpu else "any",
+                   "layers": "auto", "paths": {TRAINING_HOST: str(layout.target_copy)}},
         "prompts": {"file": str(layout.prompts), "max_new_tokens": MAX_NEW_TOKENS},
         "drafters": [
             {"name": "reference", "host": TRAINING_HOST, "path": str(layout.reference), "reference": True},
             {"name": "candidate", "host": TRAINING_HOST, "path": str(layout.candidate)},
         ],
-        "eval": {"host": INFERENCE_HOST, "device": "cpu", "budgets": [8, 16], "topk": 8},
+        "eval": {"host": INFERENCE_HOST, "device": "cuda" if layout.gpu else "cpu", "budgets": [8, 16], "topk": 8},
     }
 
 
@@ -69,12 +84,20 @@ HEADER = """\
 # `dflash-ops drill down` ends it all.
 
 """
+GPU_HEADER = """\
+# Written by `dflash-ops drill up --gpu`: two rehearsal hosts on this machine (embedded SSH servers on
+# loopback with their own keys) sharing its CUDA GPU (REAL GPU: NVML telemetry, real VRAM), the
+# rehearsal server serving a random 1.7 B hybrid Qwen3.5 from the GPU as a command-managed service on
+# ct129, two random drafters on ct200. The first stop leaves a real CUDA process holding VRAM.
+# `dflash-ops drill down` ends it all.
+
+"""
 
 
 def write_drill_config(layout: DrillLayout, ports: dict[str, int], service_port: int, user: str,
                        python: str) -> Config:
     """Write the drill's config atomically and return it as `load_config` reads it back."""
-    text = HEADER + dump_toml(drill_config_data(layout, ports, service_port, user, python))
+    text = (GPU_HEADER if layout.gpu else HEADER) + dump_toml(drill_config_data(layout, ports, service_port, user, python))
     path: Path = layout.config
     with atomic_path(path) as tmp:
         tmp.write_text(text, encoding="utf-8")

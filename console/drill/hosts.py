@@ -55,12 +55,17 @@ from remote.drill.locks import locked
 from remote.procstat import pid_alive
 
 READY_TIMEOUT_S = 120.0
+GPU_READY_TIMEOUT_S = 300.0  # the GPU drill's server loads a few GB onto the GPU
 STOP_TIMEOUT_S = 30.0
-SERVICE_HEALTH_TIMEOUT_S = 90.0
+SERVICE_HEALTH_TIMEOUT_S = 240.0
 INFERENCE_GPUS = {"count": 2, "name": "NVIDIA RTX 6000 Ada Generation (SIMULATED)", "total_mib": 49140}
 TRAINING_GPUS = {"count": 8, "name": "NVIDIA RTX PRO 6000 Blackwell (SIMULATED)", "total_mib": 97887}
 TRAINING_BUSY_GPUS = [0, 1, 2, 3, 4, 5, 6]  # GPU 7 stays free
 TRAINING_MIB = 91000
+
+
+PASSED_ENV = ("PYTHONPATH", "TRITON_CACHE_DIR", "CUDA_VISIBLE_DEVICES", "NCCL_NVLS_ENABLE",
+              "TORCH_SYMM_MEM_DISABLE_MULTICAST", "NVSHMEM_DISABLE_NVLS", "HF_HUB_OFFLINE")
 
 
 class DrillError(Exception):
@@ -83,6 +88,7 @@ class DrillStatus:
     since: float | None = None
     leftovers: tuple[int, ...] = ()
     starting: bool = False
+    gpu: bool = False  # REAL GPU (this machine's, shared by both hosts) rather than SIMULATED ones
 
     def lines(self) -> list[str]:
         """The status as a few lines for the terminal."""
@@ -101,10 +107,11 @@ class DrillStatus:
             service = f"running, pid {self.service_pid}, {health}"
         else:
             service = "stopped"
-        return [f"drill at {self.dir}: up since {since} (pid {self.pid})", f"  hosts: {hosts}",
-                f"  service on {INFERENCE_HOST}: {service} ({self.service_url})",
-                f"  training run on {TRAINING_HOST}: " + (f"pid {self.trainer_pid}" if self.trainer_pid else "not running"),
-                f"  config: {self.config}"]
+        training = (f"shares the GPU with {INFERENCE_HOST}" if self.gpu else
+                    f"training run pid {self.trainer_pid}" if self.trainer_pid else "training run not running")
+        return [f"drill at {self.dir}: up since {since} (pid {self.pid}), {'REAL GPU' if self.gpu else 'SIMULATED GPUs'}",
+                f"  hosts: {hosts}", f"  service on {INFERENCE_HOST}: {service} ({self.service_url})",
+                f"  {TRAINING_HOST}: {training}", f"  config: {self.config}"]
 
 
 def _say(msg: str) -> None:
@@ -164,23 +171,36 @@ def _log_tail(layout: DrillLayout, chars: int = 3000) -> str:
         return "(no log)"
 
 
+def cuda_present() -> bool:
+    """Whether this machine has a CUDA GPU the drill can use (torch says so; no torch: no)."""
+    try:
+        import torch
+    except ImportError:
+        return False
+    return bool(torch.cuda.is_available())
+
+
 def up(dir: str | os.PathLike | None = None, fresh: bool = False, python: str = sys.executable,
-       say: Callable[[str], None] = _say, timeout_s: float = READY_TIMEOUT_S) -> Path:
+       say: Callable[[str], None] = _say, timeout_s: float = READY_TIMEOUT_S, gpu: bool = False) -> Path:
     """Bring the drill up (or find it up) and return its config's path.
 
     `fresh`: end a drill that is up and start a new one (the stuck-VRAM episode re-armed).
+    `gpu`: the drill on this machine's CUDA GPU (REAL GPU); a drill up in the other mode is ended first.
     """
-    layout = DrillLayout.at(dir)
+    if gpu and not cuda_present():
+        raise DrillError("--gpu: this machine has no CUDA GPU that torch can use (torch.cuda.is_available() is False)")
+    layout = DrillLayout.at(dir, gpu)
     with _drill_lock(layout):
-        if _running_state(layout) is not None:
-            if not fresh:
+        running = _running_state(layout)
+        if running is not None:
+            if not fresh and bool(running.get("gpu")) == gpu:
                 return layout.config
             _down_locked(layout, say)
         if procs.marked_pids(layout.dir):  # what a crashed drill left running
             say("ending processes left by an earlier drill")
             procs.end_marked(layout.dir)
-        assets = ensure_assets(python, say=say)
-        return _start_hosts(layout, assets, python, say, timeout_s)
+        assets = ensure_assets(python, say=say, gpu=gpu)
+        return _start_hosts(layout, assets, python, say, timeout_s if not gpu else max(timeout_s, GPU_READY_TIMEOUT_S))
 
 
 def _start_hosts(layout: DrillLayout, assets: DrillAssets, python: str, say: Callable[[str], None],
@@ -188,7 +208,7 @@ def _start_hosts(layout: DrillLayout, assets: DrillAssets, python: str, say: Cal
     layout.pid_file.unlink(missing_ok=True)
     write_json_atomic(layout.state_file, {**_read_state(layout), "state": "starting", "pid": None})
     argv = [python, "-m", "console.drill.hosts", "serve", "--dir", str(layout.dir), "--assets", str(assets.root),
-            "--python", python]
+            "--python", python, *(["--gpu"] if layout.gpu else [])]
     env = {**os.environ, procs.MARK_ENV: procs.mark_value(layout.dir)}
     say(f"starting the rehearsal hosts (log: {layout.log})")
     with layout.log.open("ab") as log:  # the child keeps its own copy of the descriptor
@@ -266,6 +286,7 @@ def status(dir: str | os.PathLike | None = None) -> DrillStatus:
         service_url=state.get("service_url"), service_pid=service_pid,
         service_health=_health(state.get("service_url")) if service_pid else None,
         trainer_pid=trainer if isinstance(trainer, int) and pid_alive(trainer) else None, since=state.get("ready_at"),
+        gpu=bool(state.get("gpu")),
     )
 
 
@@ -281,7 +302,11 @@ class DrillSSHServer(EmbeddedSSHServer):
         self.mark = mark
 
     def _environment(self) -> dict[str, str]:
-        return {**super()._environment(), procs.MARK_ENV: self.mark}
+        # The hosts are this machine: its workers see the Python packages and GPU settings the drill
+        # was started with (the fast kernels may live on PYTHONPATH; the GPU machine's NVLink
+        # multicast must stay off in every process).
+        passed = {name: os.environ[name] for name in PASSED_ENV if name in os.environ}
+        return {**super()._environment(), **passed, procs.MARK_ENV: self.mark}
 
 
 def _log(msg: str) -> None:
@@ -300,12 +325,20 @@ def _free_port(preferred: int | None) -> int:
     raise DrillError("no free port on 127.0.0.1")
 
 
+def _link_or_copy(src: str, dst: str) -> None:
+    try:
+        os.link(src, dst)  # the GPU drill's target is a few GB: a hard link costs nothing
+    except OSError:  # another filesystem
+        shutil.copy2(src, dst)
+
+
 def _install(source: Path, dest: Path) -> None:
-    """Copy an asset directory into a host's home (small: under a megabyte), replacing what was there."""
+    """Put an asset directory into a host's home, replacing what was there (the cache's files are
+    never written again: a hard link shares them safely)."""
     if dest.exists():
         shutil.rmtree(dest)
     dest.parent.mkdir(parents=True, exist_ok=True)
-    shutil.copytree(source, dest)
+    shutil.copytree(source, dest, copy_function=_link_or_copy)
 
 
 def _simulated_layout(spec: dict[str, Any]) -> dict[str, Any]:
@@ -322,12 +355,16 @@ def prepare_hosts(layout: DrillLayout, assets: DrillAssets) -> None:
     _install(assets.reference, layout.reference)
     _install(assets.candidate, layout.candidate)
     shutil.copyfile(assets.prompts, layout.prompts)
+    layout.service_state.mkdir(parents=True, exist_ok=True)
+    (layout.service_state / drill_service.STUCK_MARKER).unlink(missing_ok=True)
+    if layout.gpu:  # the real GPU: nothing to simulate, and no file that says otherwise
+        for name in HOSTS:
+            layout.simulated_gpus(name).unlink(missing_ok=True)
+        return
     simgpu.update(layout.simulated_gpus(INFERENCE_HOST), lambda d: d.update(_simulated_layout(INFERENCE_GPUS), processes=[]),
                   _simulated_layout(INFERENCE_GPUS))
     simgpu.update(layout.simulated_gpus(TRAINING_HOST), lambda d: d.update(_simulated_layout(TRAINING_GPUS), processes=[]),
                   _simulated_layout(TRAINING_GPUS))
-    layout.service_state.mkdir(parents=True, exist_ok=True)
-    (layout.service_state / drill_service.STUCK_MARKER).unlink(missing_ok=True)
 
 
 async def _start_server(layout: DrillLayout, name: str, python: str, preferred: int | None) -> DrillSSHServer:
@@ -395,13 +432,17 @@ async def serve(layout: DrillLayout, assets: DrillAssets, python: str) -> int:
         for name in HOSTS:
             servers[name] = await _start_server(layout, name, python, previous.get("ports", {}).get(name))
             _log(f"{name}: SSH on 127.0.0.1:{servers[name].port}, home {layout.home(name)}")
-        with layout.training_log.open("ab") as out:
-            trainer = subprocess.Popen(
-                [python, "-m", "remote.drill.trainer", "--gpu-file", str(layout.simulated_gpus(TRAINING_HOST)),
-                 "--gpus", ",".join(map(str, TRAINING_BUSY_GPUS)), "--mib", str(TRAINING_MIB)],
-                stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT, start_new_session=True,
-                cwd=layout.home(TRAINING_HOST))
-        _log(f"{TRAINING_HOST}: simulated training run pid {trainer.pid} on GPUs {TRAINING_BUSY_GPUS}")
+        if layout.gpu:
+            # Both hosts share this machine's GPU: the training host's free GPU is its free memory.
+            _log(f"{TRAINING_HOST}: shares the GPU with {INFERENCE_HOST} (REAL GPU; no simulated training run)")
+        else:
+            with layout.training_log.open("ab") as out:
+                trainer = subprocess.Popen(
+                    [python, "-m", "remote.drill.trainer", "--gpu-file", str(layout.simulated_gpus(TRAINING_HOST)),
+                     "--gpus", ",".join(map(str, TRAINING_BUSY_GPUS)), "--mib", str(TRAINING_MIB)],
+                    stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT, start_new_session=True,
+                    cwd=layout.home(TRAINING_HOST))
+            _log(f"{TRAINING_HOST}: simulated training run pid {trainer.pid} on GPUs {TRAINING_BUSY_GPUS}")
         service_port = _free_port(previous.get("service_port"))
         ports = {name: server.port for name, server in servers.items()}
         user = getpass.getuser()
@@ -415,8 +456,8 @@ async def serve(layout: DrillLayout, assets: DrillAssets, python: str) -> int:
         write_json_atomic(layout.state_file, {
             "state": "ready", "pid": os.getpid(), "started_at": previous.get("started_at") or time.time(),
             "ready_at": time.time(), "ports": ports, "user": user, "service_port": service_port, "service_url": url,
-            "trainer_pid": trainer.pid, "config": str(layout.config), "assets": str(assets.root),
-            "fit_taus": assets.fit_taus,
+            "trainer_pid": trainer.pid if trainer else None, "config": str(layout.config), "assets": str(assets.root),
+            "fit_taus": assets.fit_taus, "gpu": layout.gpu,
         })
         layout.pid_file.write_text(f"{os.getpid()}\n")
         await stop.wait()
@@ -466,8 +507,9 @@ def main(argv: list[str] | None = None) -> int:
     run.add_argument("--dir", required=True, type=Path)
     run.add_argument("--assets", required=True, type=Path, help="a complete assets directory (console.drill.assets)")
     run.add_argument("--python", default=sys.executable, help="the hosts' Python")
+    run.add_argument("--gpu", action="store_true", help="the hosts share this machine's CUDA GPU (REAL GPU)")
     args = parser.parse_args(argv)
-    layout = DrillLayout.at(args.dir)
+    layout = DrillLayout.at(args.dir, args.gpu)
     assets = find_assets(args.assets.parent, args.assets.name)
     if assets is None:
         print(f"{args.assets}: not a complete drill assets directory", file=sys.stderr)

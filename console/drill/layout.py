@@ -7,7 +7,7 @@
     <dir>/prompts.jsonl          the drill's prompt set
     <dir>/<host>/ssh/            host key, client key, known_hosts, an empty ssh_config
     <dir>/<host>/home/           the host's home (commands run there, SFTP starts there)
-    <dir>/<host>/home/dflash-ops the host's workdir; simulated-gpu.json in it marks a drill host
+    <dir>/<host>/home/dflash-ops the host's workdir (simulated-gpu.json in it: the simulated GPUs)
     <dir>/ct129/home/standin/    the service's pid file, log and stuck-VRAM marker
 """
 
@@ -23,7 +23,9 @@ DIR_ENV = "DFLASH_OPS_DRILL_DIR"
 INFERENCE_HOST = "ct129"
 TRAINING_HOST = "ct200"
 HOSTS = (INFERENCE_HOST, TRAINING_HOST)
-SIMULATED_GPU_FILE = "simulated-gpu.json"  # the name `dflash-ops status` looks for in a workdir
+SIMULATED_GPU_FILE = "simulated-gpu.json"  # in the workdir of a host configured with `simulated_gpus`
+TINY_TARGET_NAME = "tiny-qwen3.5-hybrid"
+GPU_TARGET_NAME = "qwen3.5-hybrid-1.7b-random"
 
 
 def default_dir() -> Path:
@@ -34,13 +36,19 @@ def default_dir() -> Path:
 
 @dataclass(frozen=True)
 class DrillLayout:
-    """The paths of one drill directory."""
+    """The paths of one drill directory. `gpu`: a drill on this machine's CUDA GPU, whose target is
+    the few-GB one (`remote.drill.tinymodel.build_gpu_target`)."""
 
     dir: Path
+    gpu: bool = False
 
     @classmethod
-    def at(cls, path: str | os.PathLike | None = None) -> DrillLayout:
-        return cls(Path(path).expanduser().resolve() if path is not None else default_dir().resolve())
+    def at(cls, path: str | os.PathLike | None = None, gpu: bool = False) -> DrillLayout:
+        return cls(Path(path).expanduser().resolve() if path is not None else default_dir().resolve(), gpu)
+
+    @property
+    def model_name(self) -> str:
+        return GPU_TARGET_NAME if self.gpu else TINY_TARGET_NAME
 
     @property
     def config(self) -> Path:
@@ -80,12 +88,12 @@ class DrillLayout:
 
     @property
     def target(self) -> Path:
-        return self.home(INFERENCE_HOST) / "models" / "tiny-qwen3.5-hybrid"
+        return self.home(INFERENCE_HOST) / "models" / self.model_name
 
     @property
     def target_copy(self) -> Path:
         """The training host's copy of the target (its free GPU can extract without downtime)."""
-        return self.home(TRAINING_HOST) / "models" / "tiny-qwen3.5-hybrid"
+        return self.home(TRAINING_HOST) / "models" / self.model_name
 
     @property
     def reference(self) -> Path:

@@ -1,6 +1,6 @@
 """The rehearsal server as a command-managed service: start, stop and status commands for the drill's config.
 
-    python -m remote.drill.service start  --state DIR -- STANDIN_ARGS...
+    python -m remote.drill.service start  --state DIR [--cuda-mib N] -- STANDIN_ARGS...
     python -m remote.drill.service stop   --state DIR [--wait 10]
     python -m remote.drill.service status --state DIR
 
@@ -10,6 +10,12 @@ from /dev/null, output to DIR/standin.log), records its pid in DIR/standin.pid a
 `--hold-until-killed`, so the next stop leaves the simulated GPU memory held by a leftover process
 (the story's 47 GB after `systemctl stop`); later starts add `--release-after 1.5`. Removing the
 marker (a fresh drill) arms the episode again.
+
+On the GPU drill (`start --cuda-mib N`) the server serves from the GPU and a real CUDA process
+(`hold-vram`, SGLang's scheduler in the story) holds N MiB beside it from the start; `start` returns
+once that memory is held. It outlives the server the same way: the first stop leaves it holding
+until someone kills it, later ones release it RELEASE_AFTER_S after the server has gone. Its
+log is DIR/cuda-worker.log.
 
 `stop` sends SIGTERM to the recorded server and waits until it is gone; its log is moved to
 DIR/standin.prev.log, so a follower of the log (`tail -n +1 -F DIR/standin.log`) sees only the next
@@ -36,6 +42,8 @@ PREV_LOG_FILE = "standin.prev.log"
 STUCK_MARKER = "stuck-vram.used"
 RELEASE_AFTER_S = 1.5
 EXIT_STOPPED = 3
+CUDA_LOG_FILE = "cuda-worker.log"
+CUDA_WORKER_TIMEOUT_S = 120.0  # torch's import and the CUDA context on a loaded machine
 
 
 def _cmdline(pid: int) -> list[str]:
@@ -57,7 +65,7 @@ def running_pid(state: Path) -> int | None:
     return None
 
 
-def start(state: Path, standin_args: list[str]) -> int:
+def start(state: Path, standin_args: list[str], cuda_mib: int = 0) -> int:
     if (pid := running_pid(state)) is not None:
         print(f"{pid} already running")
         return 0
@@ -77,6 +85,52 @@ def start(state: Path, standin_args: list[str]) -> int:
                                 start_new_session=True, close_fds=True)
     (state / PID_FILE).write_text(f"{proc.pid}\n")
     print(f"{proc.pid} started: {' '.join(argv)}")
+    if cuda_mib:
+        return start_cuda_worker(state, proc.pid, cuda_mib, episode)
+    return 0
+
+
+def start_cuda_worker(state: Path, server_pid: int, mib: int, episode: list[str]) -> int:
+    """The GPU drill's CUDA worker beside the server: returns once it holds its memory (0), or 1
+    with its log's tail when it could not."""
+    argv = [sys.executable, "-m", "remote.drill.service", "hold-vram", "--state", str(state), "--mib", str(mib),
+            "--server-pid", str(server_pid), *episode]
+    log = state / CUDA_LOG_FILE
+    with open(log, "ab") as out:
+        worker = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
+                                  start_new_session=True, close_fds=True)
+    deadline = time.monotonic() + CUDA_WORKER_TIMEOUT_S
+    held = f"{worker.pid} holds {mib} MiB"
+    while time.monotonic() < deadline:
+        if held in log.read_text(errors="replace"):
+            print(f"{worker.pid} CUDA worker holds {mib} MiB on the GPU")
+            return 0
+        if worker.poll() is not None:
+            break
+        time.sleep(0.05)
+    print(f"the CUDA worker did not take its {mib} MiB; {log} ends with:\n"
+          f"{log.read_text(errors='replace')[-1500:]}", file=sys.stderr)
+    return 1
+
+
+def hold_vram(mib: int, server_pid: int, hold_until_killed: bool, release_after: float) -> int:
+    """Hold `mib` MiB of real GPU memory while `server_pid` lives, and after it as the episode says."""
+    signal.signal(signal.SIGHUP, signal.SIG_IGN)  # outlive the session that started the server
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    import torch
+
+    block = torch.empty(mib << 20, dtype=torch.uint8, device="cuda")
+    block.fill_(1)  # touched, so the driver has really handed the pages over
+    torch.cuda.synchronize()
+    print(f"{os.getpid()} holds {mib} MiB on {torch.cuda.get_device_name()} beside server {server_pid}", flush=True)
+    while pid_alive(server_pid):
+        time.sleep(0.05)
+    if hold_until_killed:
+        print(f"server {server_pid} has gone; still holding {mib} MiB until killed", flush=True)
+        while True:
+            time.sleep(3600)
+    time.sleep(release_after)
+    print(f"server {server_pid} has gone; released {mib} MiB", flush=True)
     return 0
 
 
@@ -110,18 +164,30 @@ def status(state: Path) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m remote.drill.service", description=__doc__.splitlines()[0],
-                                     usage="%(prog)s {start,stop,status} --state DIR [--wait S] [-- STANDIN_ARGS...]")
-    parser.add_argument("action", choices=("start", "stop", "status"))
+                                     usage="%(prog)s {start,stop,status} --state DIR [--wait S] [--cuda-mib N] "
+                                           "[-- STANDIN_ARGS...]")
+    parser.add_argument("action", choices=("start", "stop", "status", "hold-vram"))
     parser.add_argument("--state", required=True, help="the service's directory (pid file, log, marker)")
     parser.add_argument("--wait", type=float, default=10.0, help="stop: seconds to wait for the server to end")
+    parser.add_argument("--cuda-mib", type=int, default=0,
+                        help="start: a real CUDA worker holds this many MiB beside the server (the GPU drill)")
+    # hold-vram: the CUDA worker itself (started by `start --cuda-mib`)
+    parser.add_argument("--mib", type=int, default=0, help=argparse.SUPPRESS)
+    parser.add_argument("--server-pid", type=int, default=0, help=argparse.SUPPRESS)
+    parser.add_argument("--hold-until-killed", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--release-after", type=float, default=RELEASE_AFTER_S, help=argparse.SUPPRESS)
     argv = sys.argv[1:] if argv is None else argv
     ours, extra = (argv[:argv.index("--")], argv[argv.index("--") + 1:]) if "--" in argv else (argv, [])
     args = parser.parse_args(ours)
     state = Path(args.state)
+    if args.action == "hold-vram":
+        if args.mib <= 0 or args.server_pid <= 0:
+            parser.error("hold-vram needs --mib and --server-pid")
+        return hold_vram(args.mib, args.server_pid, args.hold_until_killed, args.release_after)
     if args.action == "start":
         if not extra:
             parser.error("start needs the standin's arguments after --")
-        return start(state, extra)
+        return start(state, extra, args.cuda_mib)
     if extra:
         parser.error(f"{args.action} takes no standin arguments")
     return stop(state, args.wait) if args.action == "stop" else status(state)

@@ -132,11 +132,25 @@ def tiny_config(num_layers: int = 4, vocab_size: int = VOCAB_SIZE):
     )
 
 
-def build_tiny_target(out_dir: str | os.PathLike, num_layers: int = 4, seed: int = 0) -> Path:
+def gpu_config(vocab_size: int):
+    """The GPU drill's target: the ~2 B benchmark model's layer shapes (head dims, 24 hybrid layers:
+    every 4th full attention) with the drill tokenizer's vocabulary, ~1.7 B parameters, ~3.4 GB in
+    bf16: big enough that the load, the copy to the GPU and the release take measurable time."""
+    from transformers import Qwen3_5TextConfig
+
+    return Qwen3_5TextConfig(
+        vocab_size=vocab_size, hidden_size=2048, intermediate_size=6144, num_hidden_layers=24,
+        num_attention_heads=16, num_key_value_heads=2, head_dim=256, linear_num_key_heads=16,
+        linear_num_value_heads=32, linear_key_head_dim=128, linear_value_head_dim=128, linear_conv_kernel_dim=4,
+        max_position_embeddings=8192, tie_word_embeddings=False, bos_token_id=None,
+    )
+
+
+def build_tiny_target(out_dir: str | os.PathLike, num_layers: int = 4, seed: int = 0, gpu: bool = False) -> Path:
     """Build the tiny target at `out_dir` unless a complete one is already there; return its path.
 
     Built in a temporary sibling directory and renamed, so an interrupted build leaves nothing that
-    looks complete.
+    looks complete. `gpu`: the GPU drill's few-GB target (`gpu_config`), initialised on the GPU.
     """
     import torch
     from transformers import Qwen3_5ForCausalLM
@@ -149,16 +163,17 @@ def build_tiny_target(out_dir: str | os.PathLike, num_layers: int = 4, seed: int
     try:
         tokenizer = build_tokenizer(tmp)
         torch.manual_seed(seed)
-        config = tiny_config(num_layers, vocab_size=len(tokenizer))
+        config = gpu_config(len(tokenizer)) if gpu else tiny_config(num_layers, vocab_size=len(tokenizer))
         config.eos_token_id = tokenizer.convert_tokens_to_ids("<|im_end|>")
         config.pad_token_id = tokenizer.convert_tokens_to_ids("<|endoftext|>")
-        model = Qwen3_5ForCausalLM(config).to(torch.bfloat16)
+        with torch.device("cuda" if gpu else "cpu"):  # seconds on a GPU, minutes on a CPU for 1.7 B
+            model = Qwen3_5ForCausalLM(config).to(torch.bfloat16)
         # The init zeroes the pad token's embedding row (padding_idx); no trained model has one, and a
         # pad token in a completion would then give all-zero hidden states, which the extractor flags.
         with torch.no_grad():
             embed = model.get_input_embeddings().weight
             row = torch.randn(embed.shape[1], generator=torch.Generator().manual_seed(seed + 1)) * 0.02
-            embed[config.pad_token_id] = row.to(embed.dtype)
+            embed[config.pad_token_id] = row.to(embed.dtype).to(embed.device)
         model.save_pretrained(tmp, safe_serialization=True)
         if out.exists():
             shutil.rmtree(out)
@@ -174,8 +189,9 @@ def main() -> None:
     parser.add_argument("out_dir")
     parser.add_argument("--layers", type=int, default=4)
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--gpu", action="store_true", help="the GPU drill's ~1.7 B target, built on the GPU")
     args = parser.parse_args()
-    print(build_tiny_target(args.out_dir, args.layers, args.seed))
+    print(build_tiny_target(args.out_dir, args.layers, args.seed, args.gpu))
 
 
 if __name__ == "__main__":
