@@ -1,0 +1,244 @@
+"""The online cross-check: the drill's rehearsal server decoding speculatively (real DFLASH, real HTTP)
+against the offline evaluation of the same cache, built by the real producers (remote.completions,
+remote.extract, remote.evaluate). For the reference drafter they must agree: the offline evaluator
+tested by an independent path."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import shutil
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from console.config import dump_toml, load_config
+from console.drill.assets import DrillAssets, ensure_assets
+from console.procedure import crosscheck as cc
+from console.service.sglang_api import SglangClient
+from remote import completions as completions_worker
+from remote import evaluate as evaluate_worker
+from remote import extract as extract_worker
+from remote.drill.drafters import SERVING_DTYPE
+from tests.fixtures_models import run_in_process
+from tests.standin_helpers import free_port, start_standin, stop, wait_status
+
+
+class Server:
+    """One rehearsal server process on loopback."""
+
+    def __init__(self, target: Path, log: Path, *args: str):
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.proc = start_standin(target, self.port, log, "--dtype", SERVING_DTYPE, *args)
+        wait_status(self.url + "/health", 200, timeout=120, proc=self.proc)
+
+    def client(self) -> SglangClient:
+        return SglangClient(self.url, timeout=60)
+
+
+@pytest.fixture(scope="module")
+def drill() -> DrillAssets:
+    return ensure_assets(say=lambda msg: None)
+
+
+@pytest.fixture(scope="module")
+def plain_server(drill: DrillAssets, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
+    server = Server(drill.target, tmp_path_factory.mktemp("plain") / "log")
+    yield server
+    stop(server.proc)
+
+
+@pytest.fixture(scope="module")
+def served(drill: DrillAssets, tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Server]]:
+    """The rehearsal server drafting with each of the drill's drafters, as the drill serves it."""
+    tmp = tmp_path_factory.mktemp("served")
+    servers = {}
+    try:
+        for name in ("reference", "candidate"):
+            servers[name] = Server(drill.target, tmp / f"{name}.log", "--speculative-drafter", str(getattr(drill, name)))
+        yield servers
+    finally:
+        for server in servers.values():
+            stop(server.proc)
+
+
+@pytest.fixture(scope="module")
+def run_dir(drill: DrillAssets, plain_server: Server, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A run directory as the window leaves it: completions cached from the live (plain) server, the
+    hidden states extracted, both drafters evaluated offline, results/ complete."""
+    root = tmp_path_factory.mktemp("window")
+    run = root / "run"
+    run.mkdir()
+    completions = run / cc.COMPLETIONS_FILE
+    run_in_process(completions_worker.main, [
+        "--server", plain_server.url, "--out", str(completions), "--prompts", str(drill.prompts),
+        "--tokenizer", str(drill.target)])
+    run_in_process(extract_worker.main, [
+        "--model", str(drill.target), "--completions", str(completions), "--out", str(root / "states"),
+        "--layers", "1,2,3", "--kernels", "any", "--device", "cpu"])
+    run_in_process(evaluate_worker.main, [
+        "--states", str(root / "states"), "--target", str(drill.target), "--drafter", f"reference={drill.reference}",
+        "--drafter", f"candidate={drill.candidate}", "--reference", "reference", "--out", str(run / "results"),
+        "--device", "cpu", "--budgets", "8"])
+    return run
+
+
+def write_config(path: Path, drill: DrillAssets, url: str, **sections: dict) -> Path:
+    """A config an operator could write for this window (the service on a loopback host)."""
+    data = {
+        "hosts": {"ct129": {"address": "127.0.0.1"}, "ct200": {"address": "127.0.0.1"}},
+        "service": {"host": "ct129", "manager": "command", "start": "true", "stop": "true", "status": "true",
+                    "url": url, **sections.get("service", {})},
+        "target": {"model_path": str(drill.target)},
+        "drafters": [{"name": "reference", "host": "ct200", "path": str(drill.reference), "reference": True},
+                     {"name": "candidate", "host": "ct200", "path": str(drill.candidate)}],
+    }
+    if "crosscheck" in sections:
+        data["crosscheck"] = sections["crosscheck"]
+    path.write_text(dump_toml(data))
+    return path
+
+
+def check(server: Server, drill: DrillAssets, run_dir: Path, tmp_path: Path, **sections: dict) -> cc.CrossCheck:
+    config = load_config(write_config(tmp_path / "ops.toml", drill, server.url, **sections))
+    return asyncio.run(cc.crosscheck(server.client(), config, run_dir, {}))
+
+
+def test_reference_drafter_online_tau_agrees_with_the_offline_evaluation(served, drill, run_dir, tmp_path):
+    result = check(served["reference"], drill, run_dir, tmp_path)
+    results = json.loads((run_dir / "results" / "results.json").read_text())
+    vanilla = results["drafters"]["reference"]["tau"]["vanilla"]
+    assert result.status == "checked" and result.drafter == "reference"  # found by the served draft model path
+    assert result.offline_tau == vanilla["macro"] and result.offline_ci == vanilla["ci95"]
+    assert result.agrees is True and result.triage == []
+    assert result.ci[0] <= result.tau <= result.ci[1]
+    assert abs(result.tau - result.offline_tau) < 0.5
+    cached = json.loads((run_dir / cc.COMPLETIONS_FILE).read_text())["prompts"]
+    assert [p.id for p in result.prompts] == [r["id"] for r in cached] and result.left_out == 0
+    for prompt in result.prompts:
+        assert prompt.same_tokens  # the server emitted the cached greedy completion, speculatively
+        assert prompt.completion_tokens == len(cached[0]["completion_ids"])
+        assert prompt.offline == results["drafters"]["reference"]["per_prompt"][prompt.id]["tau"]["vanilla"]["macro"]
+        assert sum(prompt.histogram) == prompt.verify_ct
+    assert result.tau == sum(p.completion_tokens for p in result.prompts) / sum(p.verify_ct for p in result.prompts)
+    assert result.server["speculative_algorithm"] == "DFLASH"
+    assert result.server["speculative_num_draft_tokens"] == results["drafters"]["reference"]["block_size"]
+    online = result.to_json()
+    for key in ("drafter", "tau", "ci", "definition", "per_request_mean", "offline_tau", "offline_ci", "agrees",
+                "prompts", "triage"):
+        assert key in online
+    assert "reference: online tau" in result.line() and "agree" in result.line()
+
+
+def test_the_off_by_one_candidate_is_measured_low_online_too(served, drill, run_dir, tmp_path):
+    """The candidate's online tau is its own, far below the reference's, and beside its own offline tau."""
+    reference = check(served["reference"], drill, run_dir, tmp_path)
+    candidate = check(served["candidate"], drill, run_dir, tmp_path)
+    assert candidate.drafter == "candidate" and candidate.tau < reference.tau - 2
+    results = json.loads((run_dir / "results" / "results.json").read_text())
+    assert candidate.offline_tau == results["drafters"]["candidate"]["tau"]["vanilla"]["macro"]
+    assert all(p.same_tokens for p in candidate.prompts)  # rejected drafts never change greedy output
+
+
+def test_a_wrongly_named_served_drafter_disagrees_and_the_triage_points_at_the_checkpoint(served, drill, run_dir,
+                                                                                          tmp_path):
+    """The server drafts with the candidate while the config says it serves the reference: the intervals
+    do not overlap, and the triage names the checkpoint the server loads, suspect first."""
+    result = check(served["candidate"], drill, run_dir, tmp_path, service={"drafter": "reference"})
+    assert result.drafter == "reference" and result.agrees is False
+    assert "DISAGREE" in result.line()
+    assert result.triage and result.triage[0]["suspect"]
+    layers = next(item for item in result.triage if item["what"] == "layer ids and provenance")
+    assert layers["suspect"] and str(drill.candidate) in layers["found"] and str(drill.reference) in layers["found"]
+    assert {item["what"] for item in result.triage} == {
+        "block size and draft window", "layer ids and provenance", "template and sampling of the cache",
+        "kernel path of each host", "g != x divergence"}
+
+
+def test_a_server_without_speculative_decoding_gives_one_line(plain_server, drill, run_dir, tmp_path):
+    result = check(plain_server, drill, run_dir, tmp_path)
+    assert result.status == "not-speculative" and result.line() == "not served speculatively: no online check"
+    assert result.tau is None and result.prompts == []
+
+
+def test_the_prompt_count_bounds_the_replay(served, drill, run_dir, tmp_path):
+    result = check(served["reference"], drill, run_dir, tmp_path, crosscheck={"prompts": 2})
+    assert len(result.prompts) == 2 and result.left_out == 2
+    assert result.budget == {"prompts": 2, "budget_s": 120}
+
+
+def test_a_served_drafter_that_is_none_of_the_runs_says_so(served, drill, run_dir, tmp_path):
+    """The server's draft model path matches no [[drafters]]: measured, not compared, and the line says
+    how to name it."""
+    config_path = write_config(tmp_path / "ops.toml", drill, served["reference"].url)
+    text = config_path.read_text().replace(str(drill.reference), str(tmp_path / "elsewhere"))
+    config_path.write_text(text)
+    result = asyncio.run(cc.crosscheck(served["reference"].client(), load_config(config_path), run_dir, {}))
+    assert result.status == "unknown-drafter" and result.tau is not None and result.agrees is None
+    assert "[service] drafter = NAME" in result.message
+
+
+def test_the_saved_result_reads_back_the_same(served, drill, run_dir, tmp_path):
+    result = check(served["reference"], drill, run_dir, tmp_path)
+    target = tmp_path / "run"
+    target.mkdir()
+    cc.save(target, result)
+    assert cc.load(target) == result
+    (target / cc.CROSSCHECK_FILE).write_text('{"format": "something else"}')
+    with pytest.raises(cc.CrossCheckError, match="not a cross-check"):
+        cc.load(target)
+
+
+def test_a_run_without_cached_completions_is_refused_naming_the_file(served, drill, run_dir, tmp_path):
+    bare = tmp_path / "bare"
+    shutil.copytree(run_dir / "results", bare / "results")
+    with pytest.raises(cc.CrossCheckError, match=r"completions\.json: no cached completions"):
+        check(served["reference"], drill, bare, tmp_path)
+    (bare / cc.COMPLETIONS_FILE).write_text(json.dumps({"prompts": [{"id": "x", "prompt_ids": [], "completion_ids": [1]}]}))
+    with pytest.raises(cc.CrossCheckError, match=r"prompts\[0\]: expected `id`, `prompt_ids`"):
+        check(served["reference"], drill, bare, tmp_path)
+
+
+# -- the parts, over many cases --------------------------------------------------------------------
+
+@pytest.mark.parametrize(("meta", "fragment"), [
+    (None, "no meta_info object"),
+    ({"completion_tokens": 24}, "no spec_verify_ct although /server_info says"),
+    ({"completion_tokens": 24, "spec_verify_ct": 0}, "meta_info.spec_verify_ct: expected an integer >= 1, found 0"),
+    ({"completion_tokens": "24", "spec_verify_ct": 3}, "meta_info.completion_tokens: expected an integer >= 1"),
+    ({"completion_tokens": 24, "spec_verify_ct": 3, "spec_correct_drafts_histogram": [1, 1]},
+     "spec_correct_drafts_histogram [1, 1] is not a list of counts summing to spec_verify_ct 3"),
+])
+def test_a_malformed_answer_is_an_error_naming_the_prompt_and_field(meta, fragment):
+    with pytest.raises(cc.CrossCheckError, match="POST /generate for prompt fizzbuzz") as err:
+        cc.read_answer({"output_ids": [1], "meta_info": meta}, "fizzbuzz")
+    assert fragment in str(err.value)
+
+
+requests = st.lists(st.tuples(st.integers(1, 200), st.integers(1, 50)), min_size=1, max_size=12)
+
+
+@settings(max_examples=200, deadline=None)
+@given(requests)
+def test_the_pooled_interval_lies_within_the_per_request_figures(pairs):
+    """sum(tokens)/sum(steps) is a step-weighted mean of the per-request ratios, so every resample's is
+    too: the interval is ordered and inside [min, max] of the per-request ratios."""
+    tokens, steps = [t for t, _ in pairs], [s for _, s in pairs]
+    lo, hi = cc.pooled_ci(tokens, steps)
+    ratios = [t / s for t, s in pairs]
+    assert min(ratios) - 1e-12 <= lo <= hi <= max(ratios) + 1e-12
+    if len(set(ratios)) == 1:
+        assert lo == hi == pytest.approx(ratios[0])
+
+
+@given(st.tuples(st.floats(0, 10), st.floats(0, 10)), st.tuples(st.floats(0, 10), st.floats(0, 10)))
+def test_overlap_is_symmetric_and_an_interval_overlaps_itself(a, b):
+    a, b = sorted(a), sorted(b)
+    assert cc.overlap(a, b) == cc.overlap(b, a)
+    assert cc.overlap(a, a) is True
+    assert cc.overlap(a, b) == (max(a[0], b[0]) <= min(a[1], b[1]))
+    assert cc.overlap(None, a) is None
