@@ -210,6 +210,7 @@ COMMANDS: list[Subcommand] = [
     Subcommand("report", _add_report),
     Subcommand("run", _add_run),
     Subcommand("runs", _add_runs),
+    Subcommand("crosscheck", lambda sub: __import__("console.cli.crosscheck", fromlist=["add_parser"]).add_parser(sub)),
     Subcommand("drill", add_drill),
     Subcommand("console", lambda sub: __import__("console.cli.console", fromlist=["add_parser"]).add_parser(sub)),
 ]

@@ -34,6 +34,7 @@ from console.views.tables import (
     warning_lines,
     warnings_block,
 )
+from remote.artifacts import atomic_path
 
 REPORT_FORMAT = "dflash-ops.report/1"
 MARKDOWN_FILE, JSON_FILE = "report.md", "report.json"
@@ -72,6 +73,48 @@ def report_renderables(results: dict[str, Any], parity: dict[str, Any] | None, p
     return parts
 
 
+def read_online(out_dir: Path, results_dir: Path) -> dict[str, Any] | None:
+    """The run's online cross-check (crosscheck.json beside the report, or in the run directory above
+    its results), as report.json's `online`; None when the run has none."""
+    from console.procedure.crosscheck import load
+
+    for directory in dict.fromkeys((out_dir, results_dir.parent)):
+        found = load(directory)
+        if found is not None:
+            return found.to_json()
+    return None
+
+
+def _interval(ci: list[float] | None) -> str:
+    return "-" if not ci else f"[{ci[0]:.2f}, {ci[1]:.2f}]"
+
+
+def online_markdown(online: dict[str, Any]) -> str:
+    """report.md's "Online" section: the served drafter's online tau beside its offline tau, per prompt,
+    the definitions, and the triage list when they disagree."""
+    lines = ["", "## Online", ""]
+    if online.get("tau") is None:
+        return "\n".join([*lines, online.get("message") or "no online check", ""])
+    offline = online.get("offline_tau")
+    verdict = {True: "agree", False: "**disagree**", None: "not compared"}[online.get("agrees")]
+    lines += [f"Served drafter **{online.get('drafter') or '?'}**: online tau {online['tau']:.2f} "
+              f"{_interval(online.get('ci'))} (per-request mean {online.get('per_request_mean') or 0:.2f}, "
+              f"{len(online.get('prompts') or [])} prompts, {online.get('left_out', 0)} left out) vs offline vanilla "
+              f"tau {'-' if offline is None else f'{offline:.2f}'} {_interval(online.get('offline_ci'))}: {verdict}.",
+              "", f"- online: {online.get('definition')}", f"- offline: {online.get('offline_definition')}",
+              f"- {online.get('agreement')}", "",
+              "| prompt | online tau | verify steps | tokens | offline tau | same tokens as the cache |",
+              "|---|---|---|---|---|---|"]
+    for p in online.get("prompts") or []:
+        offline = "-" if p.get("offline") is None else f"{p['offline']:.2f}"
+        lines.append(f"| {p['id']} | {p['online']:.2f} | {p['verify_ct']} | {p['completion_tokens']} | {offline} | "
+                     f"{'yes' if p.get('same_tokens') else 'NO'} |")
+    if online.get("triage"):
+        lines += ["", "Triage (suspects first):", ""]
+        lines += [f"- {'**suspect** ' if t['suspect'] else ''}{t['what']}: {t['found']}" for t in online["triage"]]
+    return "\n".join([*lines, ""])
+
+
 def write_report(results_dir: Path, out_dir: Path | None = None, threshold: float = MISMATCH_THRESHOLD,
                  loaded: tuple[dict[str, Any], dict[str, Any] | None, dict[str, dict] | None] | None = None,
                  ) -> tuple[dict[str, Any], tuple[Path, Path]]:
@@ -95,4 +138,9 @@ def write_report(results_dir: Path, out_dir: Path | None = None, threshold: floa
         tables["kernels"] = table_json(kernel_rows(*hosts))
     report = {"format": REPORT_FORMAT, "run_dir": str(results_dir.resolve()), "results": results,
               "parity": parity, "probes": probes, "tables": tables, "warnings": warning_lines(results, threshold)}
+    online = read_online(out_dir, results_dir)  # the online cross-check (issue 20), when the run has one
+    if online is not None:
+        report["online"] = online
+        with atomic_path(markdown) as tmp:
+            tmp.write_text(markdown.read_text(encoding="utf-8") + online_markdown(online), encoding="utf-8")
     return results, (markdown, export_json(report, out_dir / JSON_FILE))
