@@ -56,6 +56,27 @@ def wait_status(url: str, want: int, timeout: float = 60.0,
     raise TimeoutError(f"{url} never answered {want}; saw {seen[-5:]}")
 
 
+def watch_start(url: str, log: Path, proc: subprocess.Popen, timeout: float = 90.0) -> list[dict]:
+    """Poll a starting server until /health answers 200: each look's /model_info, /health and /ready
+    statuses (None: refused), whether the log had "Load weight end" before the look (`loading`: not
+    yet), and whether it had it, and "fired up", after the look's answers."""
+    looks: list[dict] = []
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(f"the server exited with status {proc.returncode}: {log.read_text()[-2000:]}")
+        before = log.read_text() if log.exists() else ""
+        look = {"loading": "Load weight end" not in before, "model_info": http_status(url + "/model_info"),
+                "ready": http_status(url + "/ready"), "health": http_status(url + "/health", timeout=30)}
+        after = log.read_text() if log.exists() else ""
+        look.update(weights_loaded="Load weight end" in after, fired_up="fired up" in after)
+        looks.append(look)
+        if look["health"] == 200:
+            return looks
+        time.sleep(0.1)
+    raise TimeoutError(f"{url}/health never answered 200; saw {looks[-3:]}")
+
+
 def stop(proc: subprocess.Popen) -> None:
     with contextlib.suppress(ProcessLookupError):
         proc.terminate()

@@ -1,26 +1,49 @@
 """The rehearsal server: a small real model behind SGLang's HTTP endpoints, for the drill and tests.
 
     python -m remote.drill.standin --model DIR --port N [--host 127.0.0.1] [--load-delay S]
+        [--warmup-delay S] [--device cpu|cuda] [--dtype float32|bfloat16] [--api-key KEY]
+        [--preferred-sampling-params JSON] [--max-queued-requests N] [--served-name NAME] [--metrics]
         [--gpu-file F --gpu-mib M [--release-after S | --hold-until-killed] [--stubborn-holder]]
-        [--served-name NAME] [--metrics] [--flap-health] [--dtype float32|bfloat16]
+        [--flap-health]
 
-It serves the tiny target (`remote.drill.tinymodel`) with transformers on CPU, greedy:
-  GET  /health, /health_generate   503 while loading and warming up; 200 once a one-token generation
-                                   has worked and "fired up" is in the log (as SGLang)
+It serves the tiny target (`remote.drill.tinymodel`) with transformers, and behaves as SGLang 0.5.23
+does where the console and the workers meet it (each fact and its SGLang source: docs/sglang.md):
+- start-up: the port stays closed while the weights load (SGLang starts uvicorn only once its
+  scheduler has them), logging SGLang's lines ("Load weight begin", shard progress, "Load weight end.
+  elapsed=..."); then it listens while "Starting": /health and /ready answer 503, the rest serves;
+  after `--warmup-delay` it sends itself SGLang's warm-up (/model_info, then an 8-token /generate),
+  turns "Up" and logs "The server is fired up and ready to roll!";
+  GET  /health, /health_generate   503 until Up; then 200 once a one-token generation has answered
+                                   (within SGLANG_HEALTH_CHECK_TIMEOUT, 20 s), else 503
+  GET  /ready                      200 when Up, else 503
   GET  /model_info (/get_model_info), /server_info (/get_server_info), /v1/models
-  POST /generate                   `input_ids` or `text` in; `text`, `output_ids`, `meta_info` out
-  POST /v1/completions             OpenAI-style
-  GET  /metrics                    with --metrics: sglang:num_running_reqs, num_queue_reqs, token_usage, gen_throughput
-and logs SGLang's start-up lines ("Load weight begin", shard progress, "Load weight end. elapsed=...",
-"The server is fired up and ready to roll!") on stdout.
+  POST /generate                   SGLang's JSON contract: `text` or `input_ids` (one, or a batch: a list
+                                   answered by a list), `sampling_params` (unknown keys: 400), `rid`;
+                                   `text`, `output_ids` (the stop token kept), `meta_info` (id,
+                                   finish_reason object, prompt/completion/cached tokens, e2e_latency...)
+  POST /v1/completions             OpenAI-style (temperature 1.0 unless given, as SGLang), return_token_ids
+  POST /abort_request              {"rid": ...} or {"abort_all": true}: an abort finish, 200
+  GET  /metrics                    with --metrics: SGLang's gauges and counters, its label set
+- `--api-key KEY`: every route but /health*, /ready* and /metrics* answers 401 without
+  `Authorization: Bearer KEY`; `--preferred-sampling-params` is laid under each request's as SGLang
+  does; `--max-queued-requests N` aborts with 503 "The request queue is full." past N waiting.
+- errors in SGLang's shapes: a contract violation `{"error": "..."}`, a bad value `{"error":
+  {"message": ...}}`, an unparsable body or an abort's HTTP error `{"object": "error", "message", ...}`,
+  an unknown route `{"detail": "Not Found"}` (`remote.drill.sglang_contract`).
+
+Generation is one function, `generate_tokens` (prefill, then one token per step through the KV
+cache, SGLang's logit processing and finish checks), so a speculative drafter can take its place.
+
+`--device cuda` loads and serves the model on the GPU (default cpu).
 
 Simulated GPU memory (`--gpu-file`, see `remote.drill.simgpu`): like SGLang, whose scheduler subprocess holds
 the GPU memory, the server starts a child "GPU worker" that records `--gpu-mib` on every simulated GPU
 under its own pid. When the server stops (SIGTERM, or killed) the worker sees its pipe close and
 releases the memory `--release-after` seconds later, or with `--hold-until-killed` keeps it until
 someone kills it: the story's 47 GB that stayed held after `systemctl stop`. `--stubborn-holder` makes
-that worker ignore SIGTERM, so only SIGKILL ends it. `--flap-health` makes /health alternate 200/503
-while loading (a server whose health endpoint answers before it can generate).
+that worker ignore SIGTERM, so only SIGKILL ends it. `--flap-health` is a fault, not SGLang: the port
+opens before the weights load, /health alternates 200/503 and /generate answers 503 until loaded (a
+server whose health endpoint answers before it can generate).
 """
 
 from __future__ import annotations
@@ -28,19 +51,37 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
 import threading
 import time
+import urllib.request
+import uuid
+import warnings
+from collections import deque
+from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
 from remote.drill import simgpu
+from remote.drill.sglang_contract import (
+    ContractError,
+    allowed,
+    decode_sampling_params,
+    error_response,
+    resolve_sampling_params,
+    verify_sampling_params,
+)
 
 VERSION = "0.5.23-standin"
-DEFAULT_MAX_NEW_TOKENS = 128
+HEALTH_CHECK_TIMEOUT_S = float(os.environ.get("SGLANG_HEALTH_CHECK_TIMEOUT", 20))  # http_server.py
+WARMUP_TEXT = "The capital city of France is"  # http_server.py, _execute_server_warmup
+WARMUP_MAX_NEW_TOKENS = 8
+NAN_STOP = "NaN happened"  # schedule_batch.py, Req._check_vocab_boundary_finish
+PREFIX_MEMORY = 64  # finished sequences kept for cached_tokens (SGLang's radix cache, much smaller)
 
 
 def log(msg: str) -> None:
@@ -50,45 +91,177 @@ def log(msg: str) -> None:
 
 
 class Model:
-    """The tiny target on CPU with its tokenizer, greedy generation under a lock."""
+    """The tiny target with its tokenizer, on `device`; generation under a lock (one at a time)."""
 
-    def __init__(self, path: Path, dtype: str = "float32"):
-        # CPU only: with fla / causal-conv1d installed, transformers would bind kernels that need a GPU.
-        for name in ("fla", "causal_conv1d"):
-            sys.modules.setdefault(name, None)  # type: ignore[arg-type]
+    def __init__(self, path: Path, dtype: str = "float32", device: str = "cpu"):
+        if device == "cpu":
+            # On a CPU: with fla / causal-conv1d installed, transformers would bind kernels that need a GPU.
+            for name in ("fla", "causal_conv1d"):
+                sys.modules.setdefault(name, None)  # type: ignore[arg-type]
         import torch
         from transformers import AutoModelForCausalLM, AutoTokenizer
         from transformers.utils import logging as hf_logging
 
         hf_logging.set_verbosity_error()
         hf_logging.disable_progress_bar()
-        torch.set_num_threads(1)
+        # transformers 5.x renames forward's past_key_values to cache; the old name still works.
+        warnings.filterwarnings("ignore", message=".*past_key_values.*deprecated", category=FutureWarning)
+        if device == "cpu":
+            torch.set_num_threads(1)
         self.torch = torch
+        self.device = device
         self.tokenizer = AutoTokenizer.from_pretrained(path)
         # bfloat16 computes as SGLang serves and as the extractor reads; float32 is the default.
-        self.model = AutoModelForCausalLM.from_pretrained(path, dtype=getattr(torch, dtype)).eval()
+        self.model = AutoModelForCausalLM.from_pretrained(path, dtype=getattr(torch, dtype)).to(device).eval()
         self.eos_id = self.tokenizer.eos_token_id
+        config_eos = getattr(self.model.config, "eos_token_id", None)
+        self.eos_ids = {self.eos_id, *(config_eos if isinstance(config_eos, list) else [config_eos])} - {None}
+        self.vocab_size = int(self.model.config.vocab_size)
         self.lock = threading.Lock()
 
-    def generate(self, input_ids: list[int], max_new_tokens: int) -> tuple[list[int], str]:
-        """Greedy continuation of `input_ids` (the caller holds `lock`); returns (output_ids, finish)."""
-        torch = self.torch
-        if max_new_tokens <= 0:
-            return [], "length"
-        with torch.inference_mode():
-            x = torch.tensor([input_ids], dtype=torch.long)
-            out = self.model.generate(
-                x, attention_mask=torch.ones_like(x), max_new_tokens=max_new_tokens, do_sample=False,
-                eos_token_id=self.eos_id, pad_token_id=self.tokenizer.pad_token_id,
-            )
-        new = out[0, x.shape[1] :].tolist()
-        if self.eos_id in new:
-            return new[: new.index(self.eos_id) + 1], "stop"
-        return new, "length"
+    def decode(self, ids: list[int]) -> str:
+        return self.tokenizer.decode(ids, skip_special_tokens=True)
+
+
+@dataclass
+class Generation:
+    """One request's output and SGLang's finish reason object (schedule_batch.py, FINISH_*.to_json)."""
+
+    output_ids: list[int]
+    finish_reason: dict[str, Any]
+    text_end: int | None = None  # a stop string's position in the text (the text is cut there)
+
+
+@dataclass
+class Request:
+    rid: str
+    input_ids: list[int]
+    params: dict[str, Any]
+    aborted: threading.Event = field(default_factory=threading.Event)
+
+
+def _process_logits(torch: Any, logits: Any, tokens: list[int], output: list[int], params: dict[str, Any],
+                    eos_ids: set[int]) -> Any:
+    """SGLang's penalties and biases on one step's logits (the penalizers, then logit_bias)."""
+    logits = logits.float()
+    if output and (params["frequency_penalty"] or params["presence_penalty"]):
+        counts = torch.bincount(torch.tensor(output, device=logits.device), minlength=logits.shape[-1])
+        logits = logits - params["frequency_penalty"] * counts - params["presence_penalty"] * (counts > 0)
+    if params["repetition_penalty"] != 1.0:
+        seen = torch.tensor(sorted(set(tokens)), device=logits.device)
+        picked = logits[seen]
+        logits[seen] = torch.where(picked > 0, picked / params["repetition_penalty"], picked * params["repetition_penalty"])
+    if len(output) < params["min_new_tokens"]:
+        for token in eos_ids | set(params["stop_token_ids"] or []):
+            logits[token] = float("-inf")
+    for token, bias in (params["logit_bias"] or {}).items():
+        logits[int(token)] += bias
+    return logits
+
+
+def _choose(torch: Any, logits: Any, params: dict[str, Any], generator: Any) -> int:
+    """Greedy when top_k is 1 (what temperature 0 becomes); else top-k / top-p / min-p sampling."""
+    if params["top_k"] == 1:
+        return int(logits.argmax())
+    probs = torch.softmax(logits / params["temperature"], dim=-1)
+    if params["top_k"] < probs.shape[-1]:
+        kth = torch.topk(probs, params["top_k"]).values[-1]
+        probs = torch.where(probs < kth, torch.zeros_like(probs), probs)
+    if params["top_p"] < 1.0:
+        ordered, order = torch.sort(probs, descending=True)
+        outside = ordered.cumsum(-1) - ordered > params["top_p"] * ordered.sum()
+        probs[order[outside]] = 0.0
+    if params["min_p"] > 0:
+        probs = torch.where(probs < params["min_p"] * probs.max(), torch.zeros_like(probs), probs)
+    return int(torch.multinomial(probs / probs.sum(), 1, generator=generator))
+
+
+def _stop_string(text: str, params: dict[str, Any]) -> tuple[str, int] | None:
+    """(matched, where) for the first stop string or stop regex in `text`."""
+    stops = params["stop"]
+    for stop in [stops] if isinstance(stops, str) else stops or []:
+        if stop and stop in text:
+            return stop, text.index(stop)
+    regexes = params["stop_regex"]
+    for pattern in [regexes] if isinstance(regexes, str) else regexes or []:
+        if (match := re.search(pattern, text)) is not None:
+            return pattern, match.start()
+    return None
+
+
+def generate_tokens(model: Model, request: Request) -> Generation:
+    """Prefill, then one token per step through the KV cache, until a finish (the caller holds the lock).
+
+    SGLang's finish checks per step (schedule_batch.py, Req.update_finish_state): a token outside the
+    vocabulary, or a NaN, is replaced by EOS and ends as stop "NaN happened"; then stop strings and
+    regexes; then the EOS / stop tokens (unless ignore_eos); then max_new_tokens. An abort
+    (/abort_request) ends it with what it has."""
+    torch = model.torch
+    params = request.params
+    max_new = params["max_new_tokens"] if params["max_new_tokens"] is not None else 128
+    output: list[int] = []
+    if max_new <= 0:
+        return Generation(output, {"type": "length", "length": max_new})
+    generator = None
+    if params["top_k"] != 1:
+        generator = torch.Generator(device=model.device)
+        generator.manual_seed(params["sampling_seed"] if params["sampling_seed"] is not None else time.time_ns())
+    stop_tokens = set(params["stop_token_ids"] or []) | (set() if params["ignore_eos"] else model.eos_ids)
+    tokens = list(request.input_ids)
+    with torch.inference_mode():
+        step = torch.tensor([tokens], device=model.device)
+        cache = None
+        while True:
+            if request.aborted.is_set():
+                return Generation(output, {"type": "abort", "message": "Aborted", "status_code": None, "err_type": None})
+            out = model.model(input_ids=step, past_key_values=cache, use_cache=True)
+            cache = out.past_key_values
+            logits = out.logits[0, -1]
+            if not bool(torch.isfinite(logits).any()):
+                output.append(model.eos_id)
+                return Generation(output, {"type": "stop", "matched": NAN_STOP})
+            token = _choose(torch, _process_logits(torch, logits, tokens, output, params, model.eos_ids), params,
+                            generator)
+            if not 0 <= token < model.vocab_size:
+                output.append(model.eos_id)
+                return Generation(output, {"type": "stop", "matched": NAN_STOP})
+            output.append(token)
+            tokens.append(token)
+            if params["stop"] or params["stop_regex"]:
+                found = _stop_string(model.decode(output), params)
+                if found is not None:
+                    return Generation(output, {"type": "stop", "matched": found[0]}, text_end=found[1])
+            if token in stop_tokens:
+                return Generation(output, {"type": "stop", "matched": token})
+            if len(output) >= max_new:
+                return Generation(output, {"type": "length", "length": max_new})
+            step = torch.tensor([[token]], device=model.device)
+
+
+class BadRequest(Exception):
+    """An HTTP error answer: `status` and the body in SGLang's shape for it."""
+
+    def __init__(self, status: int, body: Any):
+        super().__init__(str(body))
+        self.status, self.body = status, body
+
+
+def value_error(message: str) -> BadRequest:
+    """A ValueError in SGLang's request path: 400 {"error": {"message": ...}} (_create_error_response)."""
+    return BadRequest(400, {"error": {"message": message}})
+
+
+def validation_error(message: str) -> BadRequest:
+    """What FastAPI's validation of GenerateReqInput gives: 400 in the ErrorResponse shape."""
+    return BadRequest(400, error_response(400, message, "Bad Request"))
+
+
+def _is_ids(value: Any) -> bool:
+    return isinstance(value, list) and all(isinstance(v, int) and not isinstance(v, bool) for v in value)
 
 
 class Server:
-    """The server's state: loading, model, counters, and the simulated GPU worker."""
+    """The server's state: start-up, model, scheduler counters, and the simulated GPU worker."""
 
     def __init__(self, args: argparse.Namespace):
         self.args = args
@@ -98,18 +271,27 @@ class Server:
             raise SystemExit(f"standin: --model {args.model}: no config.json there (build it with remote.drill.tinymodel)")
         self.config = json.loads(config_file.read_text())
         self.served_name = args.served_name or str(self.model_path)
+        self.preferred = json.loads(args.preferred_sampling_params) if getattr(args, "preferred_sampling_params", None) else None
         self.model: Model | None = None
         self.load_error: str | None = None
+        self.status = "Starting"  # tokenizer_manager.ServerStatus: Starting, Up, UnHealthy
         self.started_at = time.time()
         self.ready_at: float | None = None
         self.health_calls = 0
-        self.running = 0
-        self.queued = 0
+        self.running: dict[str, Request] = {}
+        self.waiting: dict[str, Request] = {}
         self.prompt_tokens = 0
         self.generated_tokens = 0
+        self.cached_tokens = 0
+        self.requests_done = 0
         self.gen_seconds = 0.0
+        self.finished: deque[list[int]] = deque(maxlen=PREFIX_MEMORY)
         self.counter_lock = threading.Lock()
         self.gpu_worker: subprocess.Popen | None = None
+
+    @property
+    def url(self) -> str:
+        return f"http://{self.args.host}:{self.args.port}"
 
     def start_gpu_worker(self) -> None:
         args = self.args
@@ -133,37 +315,74 @@ class Server:
                 time.sleep(self.args.load_delay / steps)
                 log(f"Loading safetensors checkpoint shards: {i * 100 // steps}% Completed | {i}/{steps}")
             begin = time.time()
-            model = Model(self.model_path, self.args.dtype)
+            model = Model(self.model_path, self.args.dtype, getattr(self.args, "device", "cpu"))
             log(f"Load weight end. elapsed={time.time() - begin:.2f} s, type={type(model.model).__name__}")
-            # Like SGLang: ready only once a one-token generation (its warm-up request) has worked,
-            # and the log says so before /health answers 200.
-            with model.lock:
-                model.generate(model.tokenizer("warm up")["input_ids"], 1)
-            log("The server is fired up and ready to roll!")
-            self.ready_at = time.time()
-            self.model = model  # from here on /health is 200 and requests are served
+            self.model = model
         except Exception as exc:  # noqa: BLE001 - the server stays up and says why it cannot serve
             self.load_error = f"{type(exc).__name__}: {exc}"
             log(f"Load failed: {self.load_error}")
 
+    def warm_up(self) -> None:
+        """SGLang's warm-up (_execute_server_warmup): /model_info, then an 8-token /generate through
+        its own HTTP front; Up on a 200, then "fired up" in the log (SGLang sets Up just before it
+        logs; here the line comes first, so a log follower never sees ready after /health does)."""
+        time.sleep(self.args.warmup_delay)
+        headers = {"Content-Type": "application/json"}
+        if self.args.api_key:
+            headers["Authorization"] = f"Bearer {self.args.api_key}"
+        body = {"text": WARMUP_TEXT, "sampling_params": {"temperature": 0, "max_new_tokens": WARMUP_MAX_NEW_TOKENS}}
+        try:
+            for path, data in (("/model_info", None), ("/generate", json.dumps(body).encode())):
+                request = urllib.request.Request(self.url + path, data, headers)
+                with urllib.request.urlopen(request, timeout=600) as response:
+                    response.read()
+        except OSError as exc:
+            log(f"Initialization failed. warmup error: {exc}")
+            self.status = "UnHealthy"
+            return
+        log("The server is fired up and ready to roll!")
+        self.ready_at = time.time()
+        self.status = "Up"
+
     def model_info(self) -> dict:
+        """http_server.py, model_info: the fields SGLang reports (no multimodal, no parsers here)."""
         return {
             "model_path": str(self.model_path),
-            "tokenizer_path": str(self.model_path),
             "served_model_name": self.served_name,
+            "tokenizer_path": str(self.model_path),
             "is_generation": True,
+            "preferred_sampling_params": self.preferred,
+            "weight_version": "default",
+            "load_format": "auto",
+            "reasoning_parser": None,
+            "tool_call_parser": None,
+            "disaggregation_mode": "null",
+            "has_image_understanding": False,
+            "has_audio_understanding": False,
             "model_type": self.config.get("model_type"),
             "architectures": self.config.get("architectures"),
         }
 
     def server_info(self) -> dict:
+        """http_server.py, server_info: the launch's arguments, live state, version; and the
+        rehearsal server's own facts (pid, gpu_worker_pid, started_at, ready_at, standin)."""
+        args = self.args
         return {
-            "version": VERSION,
             "model_path": str(self.model_path),
             "served_model_name": self.served_name,
-            "host": self.args.host,
-            "port": self.args.port,
-            "enable_metrics": self.args.metrics,
+            "host": args.host,
+            "port": args.port,
+            "device": getattr(args, "device", "cpu"),
+            "dtype": args.dtype,
+            "api_key": "<redacted>" if args.api_key else None,
+            "enable_metrics": args.metrics,
+            "preferred_sampling_params": json.dumps(self.preferred) if self.preferred else None,
+            "max_queued_requests": args.max_queued_requests,
+            "skip_server_warmup": False,
+            "startup_time": self.started_at,
+            "internal_states": [{"last_gen_throughput": self.throughput()}],
+            "version": VERSION,
+            "frontend": "python",
             "standin": True,
             "pid": os.getpid(),
             "gpu_worker_pid": self.gpu_worker.pid if self.gpu_worker else None,
@@ -171,52 +390,105 @@ class Server:
             "ready_at": self.ready_at,
         }
 
+    def throughput(self) -> float:
+        return round(self.generated_tokens / self.gen_seconds, 3) if self.gen_seconds else 0.0
+
     def metrics_text(self) -> str:
-        label = f'{{model_name="{self.served_name}"}}'
-        throughput = self.generated_tokens / self.gen_seconds if self.gen_seconds else 0.0
+        """SGLang's gauges and counters under its scheduler label set (metrics_collector.py,
+        SchedulerMetricsCollector.init_new: model_name, engine_type, tp_rank, pp_rank, moe_ep_rank)."""
+        label = f'{{model_name="{self.served_name}",engine_type="unified",tp_rank="0",pp_rank="0",moe_ep_rank="0"}}'
         rows = [
-            ("sglang:num_running_reqs", "gauge", "The number of running requests.", self.running),
-            ("sglang:num_queue_reqs", "gauge", "The number of requests in the waiting queue.", self.queued),
+            ("sglang:num_running_reqs", "gauge", "The number of running requests.", len(self.running)),
+            ("sglang:num_queue_reqs", "gauge", "The number of requests in the waiting queue.", len(self.waiting)),
             ("sglang:token_usage", "gauge", "The token usage.", 0.01 if self.running else 0.0),
-            ("sglang:gen_throughput", "gauge", "The generation throughput (token/s).", round(throughput, 3)),
+            ("sglang:gen_throughput", "gauge", "The generation throughput (token/s).", self.throughput()),
+            ("sglang:cache_hit_rate", "gauge", "The prefix cache hit rate.",
+             self.cached_tokens / self.prompt_tokens if self.prompt_tokens else 0.0),
             ("sglang:prompt_tokens_total", "counter", "Number of prefill tokens processed.", self.prompt_tokens),
             ("sglang:generation_tokens_total", "counter", "Number of generation tokens processed.", self.generated_tokens),
+            ("sglang:num_requests_total", "counter", "Number of requests processed.", self.requests_done),
         ]
         out = []
         for name, kind, help_text, value in rows:
             out += [f"# HELP {name} {help_text}", f"# TYPE {name} {kind}", f"{name}{label} {float(value)}"]
         return "\n".join(out) + "\n"
 
-    def generate(self, input_ids: list[int], max_new_tokens: int) -> tuple[list[int], str, float]:
+    def cached_prefix(self, ids: list[int]) -> int:
+        """Prompt tokens a prefix cache would hold: the longest prefix shared with a finished
+        sequence, at most all but the last (one token is always computed)."""
+        best = 0
+        for seq in self.finished:
+            n = 0
+            for a, b in zip(seq, ids[:-1], strict=False):
+                if a != b:
+                    break
+                n += 1
+            best = max(best, n)
+        return best
+
+    def run(self, request: Request) -> tuple[Generation, dict[str, Any]]:
+        """Queue `request` for the model (one at a time, like one scheduler batch of one), generate,
+        and return its generation and SGLang's meta_info."""
         assert self.model is not None
-        with self.counter_lock:
-            self.queued += 1
         begin = time.time()
+        with self.counter_lock:
+            limit = self.args.max_queued_requests
+            if limit is not None and len(self.waiting) + 1 > limit:
+                # scheduler.py, _abort_on_queued_limit: HTTP 503 through _handle_abort_finish_reason.
+                raise BadRequest(503, error_response(503, "The request queue is full."))
+            self.waiting[request.rid] = request
+            cached = self.cached_prefix(request.input_ids)
         with self.model.lock:
             with self.counter_lock:
-                self.queued -= 1
-                self.running += 1
+                self.waiting.pop(request.rid, None)
+                self.running[request.rid] = request
             try:
-                output, finish = self.model.generate(input_ids, max_new_tokens)
+                generation = generate_tokens(self.model, request)
             finally:
                 with self.counter_lock:
-                    self.running -= 1
+                    self.running.pop(request.rid, None)
         elapsed = time.time() - begin
         with self.counter_lock:
-            self.prompt_tokens += len(input_ids)
-            self.generated_tokens += len(output)
+            self.prompt_tokens += len(request.input_ids)
+            self.cached_tokens += cached
+            self.generated_tokens += len(generation.output_ids)
             self.gen_seconds += elapsed
-        return output, finish, elapsed
+            self.requests_done += 1
+            self.finished.append(request.input_ids + generation.output_ids)
+        meta = {
+            "id": request.rid,
+            "finish_reason": generation.finish_reason,
+            "prompt_tokens": len(request.input_ids),
+            "weight_version": "default",
+            "num_retractions": 0,
+            "reasoning_tokens": 0,
+            "completion_tokens": len(generation.output_ids),
+            "cached_tokens": cached,
+            "e2e_latency": round(elapsed, 6),
+        }
+        return generation, meta
 
+    def abort(self, rid: str | None, abort_all: bool) -> None:
+        with self.counter_lock:
+            for request in [*self.waiting.values(), *self.running.values()]:
+                if abort_all or (rid and request.rid.startswith(rid)):
+                    request.aborted.set()
 
-class BadRequest(Exception):
-    pass
-
-
-def _int_list(value: Any, what: str) -> list[int]:
-    if not isinstance(value, list) or not value or not all(isinstance(v, int) and not isinstance(v, bool) for v in value):
-        raise BadRequest(f"{what}: expected a non-empty list of token ids")
-    return value
+    def healthy_within(self, timeout: float) -> bool:
+        """/health's check (http_server.py, health_generate): any output within the timeout counts,
+        so a busy model is healthy; else a one-token generation must answer in time."""
+        assert self.model is not None
+        if self.running:
+            return True
+        request = Request(f"HEALTH_CHECK_{uuid.uuid4().hex}", [0], resolve_sampling_params(
+            {"max_new_tokens": 1, "temperature": 0.0}, None))
+        if not self.model.lock.acquire(timeout=timeout):
+            return bool(self.running)
+        try:
+            generate_tokens(self.model, request)
+        finally:
+            self.model.lock.release()
+        return True
 
 
 def make_handler(server: Server) -> type[BaseHTTPRequestHandler]:
@@ -227,122 +499,191 @@ def make_handler(server: Server) -> type[BaseHTTPRequestHandler]:
         def log_message(self, format: str, *args: Any) -> None:  # noqa: A002 - the base class's name
             pass  # keep the log to SGLang's start-up lines
 
-        def _send(self, status: int, body: Any, content_type: str = "application/json") -> None:
-            data = body if isinstance(body, bytes) else (json.dumps(body) if content_type == "application/json" else body).encode()
+        def _send(self, status: int, body: Any = b"", content_type: str = "application/json") -> None:
+            if isinstance(body, bytes):
+                data = body
+            else:
+                data = (json.dumps(body) if content_type == "application/json" else body).encode()
             self.send_response(status)
-            self.send_header("Content-Type", content_type)
+            if data or content_type != "application/json":
+                self.send_header("Content-Type", content_type)
             self.send_header("Content-Length", str(len(data)))
             self.end_headers()
             self.wfile.write(data)
 
-        def _error(self, status: int, msg: str) -> None:
-            self._send(status, {"error": {"message": msg, "code": status}})
-
-        def _not_ready(self) -> bool:
-            if server.model is None:
-                self._error(503, server.load_error or "the server is still loading the model")
+        def _authorized(self, path: str) -> bool:
+            if allowed(path, self.command, self.headers.get("Authorization"), server.args.api_key):
                 return True
+            self._send(401, {"error": "Unauthorized"})
             return False
 
         def do_GET(self) -> None:  # noqa: N802 - http.server's naming
             path = self.path.split("?", 1)[0]
+            if not self._authorized(path):
+                return
             if path in ("/health", "/health_generate"):
-                server.health_calls += 1
-                flapped_up = server.args.flap_health and server.health_calls % 2 == 0
-                if server.model is not None or flapped_up:
-                    self._send(200, b"", "text/plain")
-                else:
-                    self._send(503, b"loading", "text/plain")
+                self._health()
+            elif path == "/ready":
+                self._send(200 if server.status == "Up" else 503)
             elif path in ("/model_info", "/get_model_info"):
                 self._send(200, server.model_info())
             elif path in ("/server_info", "/get_server_info"):
                 self._send(200, server.server_info())
             elif path == "/v1/models":
-                self._send(200, {"object": "list", "data": [{"id": server.served_name, "object": "model", "owned_by": "standin"}]})
+                self._send(200, {"object": "list", "data": [{"id": server.served_name, "object": "model",
+                                                             "created": int(server.started_at), "owned_by": "sglang",
+                                                             "root": server.served_name}]})
             elif path == "/metrics" and server.args.metrics:
-                self._send(200, server.metrics_text(), "text/plain; version=0.0.4")
+                self._send(200, server.metrics_text(), "text/plain; version=0.0.4; charset=utf-8")
+            elif path in POST_ROUTES:
+                self._send(405, {"detail": "Method Not Allowed"})
             else:
-                self._error(404, f"no route {path}")
+                self._send(404, {"detail": "Not Found"})
+
+        def _health(self) -> None:
+            if server.args.flap_health and server.status != "Up":
+                server.health_calls += 1
+                self._send(200 if server.health_calls % 2 == 0 else 503)
+            elif server.status == "Starting" or server.model is None:
+                self._send(503)
+            elif server.healthy_within(HEALTH_CHECK_TIMEOUT_S):
+                server.status = "Up"
+                self._send(200)
+            else:
+                server.status = "UnHealthy"
+                self._send(503)
 
         def do_POST(self) -> None:  # noqa: N802
             path = self.path.split("?", 1)[0]
             length = int(self.headers.get("Content-Length") or 0)
             raw = self.rfile.read(length) if length else b""
+            if not self._authorized(path):
+                return
+            if path not in POST_ROUTES:
+                self._send(405 if path in GET_ROUTES else 404,
+                           {"detail": "Method Not Allowed" if path in GET_ROUTES else "Not Found"})
+                return
             try:
-                body = json.loads(raw or b"{}")
+                try:
+                    body = json.loads(raw or b"null")
+                except json.JSONDecodeError as exc:
+                    raise validation_error(f"JSON decode error: {exc.msg}") from None
                 if not isinstance(body, dict):
-                    raise BadRequest("expected a JSON object")
-            except (json.JSONDecodeError, BadRequest) as exc:
-                self._error(400, f"bad request body: {exc}")
-                return
-            if path not in ("/generate", "/v1/completions"):
-                self._error(404, f"no route {path}")
-                return
-            if self._not_ready():
-                return
-            try:
+                    raise validation_error(f"Input should be a valid dictionary, got {type(body).__name__}")
+                if server.model is None:  # only with --flap-health: the port opened before the weights
+                    raise BadRequest(503, error_response(503, server.load_error or "the model is still loading"))
                 if path == "/generate":
-                    self._generate(body)
+                    self._send(200, self._generate(body))
+                elif path == "/v1/completions":
+                    self._send(200, self._completions(body))
                 else:
-                    self._completions(body)
+                    server.abort(body.get("rid"), bool(body.get("abort_all")))
+                    self._send(200)
             except BadRequest as exc:
-                self._error(400, str(exc))
+                self._send(exc.status, exc.body)
 
-        def _ids(self, value: Any, what: str) -> list[int]:
-            assert server.model is not None
-            if isinstance(value, str):
-                return server.model.tokenizer(value)["input_ids"]
-            return _int_list(value, what)
+        def _prompts(self, body: dict) -> tuple[list[list[int]], bool]:
+            """(token ids per request, single): GenerateReqInput's text / input_ids, one or a batch."""
+            model = server.model
+            assert model is not None
+            text, ids = body.get("text"), body.get("input_ids")
+            if text is not None and not (isinstance(text, str) or (isinstance(text, list)
+                                                                   and all(isinstance(t, str) for t in text))):
+                raise validation_error("text: Input should be a valid string or a list of strings")
+            if ids is not None and not (_is_ids(ids) or (isinstance(ids, list) and all(_is_ids(i) for i in ids))):
+                raise validation_error("input_ids: Input should be a valid list of integers or a list of lists")
+            if text is None and ids is None:
+                raise value_error("Either text, input_ids or input_embeds should be provided.")
+            if text is not None:
+                texts = [text] if isinstance(text, str) else text
+                return [model.tokenizer(t)["input_ids"] for t in texts], isinstance(text, str)
+            if not ids:
+                raise value_error("input_ids cannot be empty.")
+            batch = [ids] if _is_ids(ids) else ids
+            for one in batch:
+                if not one:
+                    raise value_error("input_ids cannot be empty.")
+                bad = next((t for t in one if not 0 <= t < model.vocab_size), None)
+                if bad is not None:
+                    raise value_error(f"The input_ids {bad} is out of the vocabulary (size {model.vocab_size}).")
+            return batch, _is_ids(ids)
 
-        def _generate(self, body: dict) -> None:
+        def _params(self, raw: Any, n: int) -> list[dict[str, Any]]:
+            """Each request's resolved sampling params: contract, then preferred, then verify."""
             assert server.model is not None
-            if "input_ids" in body:
-                ids = _int_list(body["input_ids"], "input_ids")
-            elif isinstance(body.get("text"), str):
-                ids = self._ids(body["text"], "text")
+            try:
+                given = [decode_sampling_params(p) for p in raw] if isinstance(raw, list) else \
+                    [decode_sampling_params(raw if raw is not None else {})] * n
+            except ContractError as exc:
+                raise BadRequest(400, {"error": str(exc)}) from None
+            if len(given) != n:
+                raise value_error(f"The number of sampling_params ({len(given)}) does not match the batch size ({n}).")
+            resolved = [resolve_sampling_params(p, server.preferred) for p in given]
+            try:
+                for params in resolved:
+                    verify_sampling_params(params, server.model.vocab_size)
+            except ValueError as exc:
+                raise value_error(str(exc)) from None
+            return resolved
+
+        def _generate(self, body: dict) -> Any:
+            model = server.model
+            assert model is not None
+            batch, single = self._prompts(body)
+            params = self._params(body.get("sampling_params"), len(batch))
+            rids = body.get("rid")
+            rids = [rids] if isinstance(rids, str) else rids if isinstance(rids, list) else [None] * len(batch)
+            answers = []
+            for ids, p, rid in zip(batch, params, rids, strict=False):
+                generation, meta = server.run(Request(rid or uuid.uuid4().hex, ids, p))
+                if generation.finish_reason.get("type") == "abort" and generation.finish_reason.get("status_code"):
+                    raise BadRequest(generation.finish_reason["status_code"],
+                                     error_response(generation.finish_reason["status_code"],
+                                                    generation.finish_reason["message"]))
+                text = model.decode(generation.output_ids)
+                if generation.text_end is not None:
+                    text = text[:generation.text_end]
+                answers.append({"text": text, "output_ids": generation.output_ids, "meta_info": meta})
+            return answers[0] if single else answers
+
+        def _completions(self, body: dict) -> dict:
+            model = server.model
+            assert model is not None
+            prompt = body.get("prompt")
+            if isinstance(prompt, str):
+                ids = model.tokenizer(prompt)["input_ids"]
+            elif _is_ids(prompt) and prompt:
+                ids = prompt
             else:
-                raise BadRequest("give `input_ids` (a list of token ids) or `text`")
-            params = body.get("sampling_params") or {}
-            max_new = int(params.get("max_new_tokens", DEFAULT_MAX_NEW_TOKENS))
-            output, finish, elapsed = server.generate(ids, max_new)
-            reason: dict[str, Any] = {"type": finish}
-            if finish == "length":
-                reason["length"] = max_new
-            else:
-                reason["matched"] = server.model.eos_id
-            self._send(200, {
-                "text": server.model.tokenizer.decode(output, skip_special_tokens=True),
-                "output_ids": output,
-                "meta_info": {
-                    "id": f"standin-{time.time_ns()}",
-                    "prompt_tokens": len(ids),
-                    "completion_tokens": len(output),
-                    "finish_reason": reason,
-                    "e2e_latency": round(elapsed, 4),
-                },
-            })
-
-        def _completions(self, body: dict) -> None:
-            assert server.model is not None
-            ids = self._ids(body.get("prompt"), "prompt")
-            max_new = int(body.get("max_tokens", 16))
-            output, finish, _ = server.generate(ids, max_new)
-            self._send(200, {
-                "id": f"cmpl-{time.time_ns()}",
-                "object": "text_completion",
-                "created": int(time.time()),
-                "model": server.served_name,
-                "choices": [{
-                    "index": 0,
-                    "text": server.model.tokenizer.decode(output, skip_special_tokens=True),
-                    "finish_reason": finish,
-                    "logprobs": None,
-                }],
-                "usage": {"prompt_tokens": len(ids), "completion_tokens": len(output),
-                          "total_tokens": len(ids) + len(output)},
-            })
+                raise validation_error("prompt: Input should be a valid string or a list of integers")
+            # serving_completions / protocol.py CompletionRequest: OpenAI's defaults (temperature 1.0).
+            fields = {"temperature": 1.0, "top_p": 1.0, "top_k": -1, "min_p": 0.0, "frequency_penalty": 0.0,
+                      "presence_penalty": 0.0, "repetition_penalty": 1.0, "stop": None, "stop_token_ids": None,
+                      "ignore_eos": False, "logit_bias": None}
+            request = {k: body.get(k, v) for k, v in fields.items()}
+            request["max_new_tokens"] = body.get("max_tokens", 16)
+            request["min_new_tokens"] = body.get("min_tokens", 0)
+            if body.get("seed") is not None:
+                request["sampling_seed"] = body["seed"]
+            (params,) = self._params(request, 1)
+            generation, meta = server.run(Request(f"cmpl-{uuid.uuid4().hex}", ids, params))
+            reason = generation.finish_reason
+            choice = {"index": 0, "text": model.decode(generation.output_ids)[:generation.text_end],
+                      "logprobs": None, "finish_reason": reason["type"], "matched_stop": reason.get("matched")}
+            if body.get("return_token_ids"):
+                choice["token_ids"] = generation.output_ids
+                choice["prompt_token_ids"] = ids
+            return {"id": meta["id"], "object": "text_completion", "created": int(time.time()),
+                    "model": server.served_name, "choices": [choice],
+                    "usage": {"prompt_tokens": len(ids), "completion_tokens": len(generation.output_ids),
+                              "total_tokens": len(ids) + len(generation.output_ids)}}
 
     return Handler
+
+
+GET_ROUTES = ("/health", "/health_generate", "/ready", "/model_info", "/get_model_info", "/server_info",
+              "/get_server_info", "/v1/models", "/metrics")
+POST_ROUTES = ("/generate", "/v1/completions", "/abort_request")
 
 
 def run_gpu_worker(args: argparse.Namespace) -> int:
@@ -362,6 +703,13 @@ def run_gpu_worker(args: argparse.Namespace) -> int:
     return 0
 
 
+def _warm_up_when_loaded(state: Server) -> None:
+    while state.model is None and state.load_error is None:
+        time.sleep(0.05)
+    if state.model is not None:
+        state.warm_up()
+
+
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog="python -m remote.drill.standin", description=__doc__.splitlines()[0])
     parser.add_argument("--model", help="the tiny target's directory (remote.drill.tinymodel)")
@@ -375,8 +723,15 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--stubborn-holder", action="store_true", help="the holder ignores SIGTERM (needs KILL)")
     parser.add_argument("--served-name", help="served_model_name (default: the model path)")
     parser.add_argument("--metrics", action="store_true", help="serve /metrics (SGLang's --enable-metrics)")
-    parser.add_argument("--flap-health", action="store_true", help="/health alternates 200/503 while loading")
+    parser.add_argument("--flap-health", action="store_true",
+                        help="a fault: the port opens before the weights load and /health alternates 200/503 until up")
     parser.add_argument("--dtype", choices=("float32", "bfloat16"), default="float32", help="the model's compute dtype")
+    parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu", help="where the model is loaded and served")
+    parser.add_argument("--warmup-delay", type=float, default=1.0,
+                        help="seconds listening before the warm-up request (SGLang waits 1 s)")
+    parser.add_argument("--api-key", help="SGLang's --api-key: required as a Bearer token on all but /health, /ready, /metrics")
+    parser.add_argument("--preferred-sampling-params", help="SGLang's: a JSON object laid under each request's")
+    parser.add_argument("--max-queued-requests", type=int, help="SGLang's: past this many waiting, a 503 abort")
     parser.add_argument("--gpu-worker", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.gpu_worker:
@@ -385,6 +740,14 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         return args
     if not args.model or args.port is None:
         parser.error("--model and --port are required")
+    if args.preferred_sampling_params is not None:
+        try:
+            preferred = json.loads(args.preferred_sampling_params)
+            if not isinstance(preferred, dict):
+                raise ValueError("not a JSON object")
+            decode_sampling_params(preferred)
+        except ValueError as exc:
+            parser.error(f"--preferred-sampling-params: {exc}")
     return args
 
 
@@ -394,20 +757,30 @@ def main(argv: list[str] | None = None) -> int:
         return run_gpu_worker(args)
     state = Server(args)
     try:
-        httpd = ThreadingHTTPServer((args.host, args.port), make_handler(state))
+        # Bound now (the port is ours, a clash is told at once) but listening only once the weights
+        # are in: until then a client is refused, as by SGLang, which starts its HTTP server last.
+        httpd = ThreadingHTTPServer((args.host, args.port), make_handler(state), bind_and_activate=False)
+        httpd.server_bind()
     except OSError as exc:
         print(f"standin: cannot listen on {args.host}:{args.port}: {exc.strerror}", file=sys.stderr, flush=True)
         return 1
     httpd.daemon_threads = True
+    args.port = httpd.server_address[1]
 
     def on_term(signum: int, frame: Any) -> None:
         raise SystemExit(0)
 
     signal.signal(signal.SIGTERM, on_term)
-    log(f"standin {VERSION} serving {args.model} on http://{args.host}:{httpd.server_address[1]} (pid {os.getpid()})")
-    state.start_gpu_worker()
-    threading.Thread(target=state.load, name="load", daemon=True).start()
+    log(f"standin {VERSION} serving {args.model} on {state.url} (pid {os.getpid()}, {args.device})")
     try:
+        state.start_gpu_worker()
+        if args.flap_health:  # the fault: the port opens before the weights are in
+            httpd.server_activate()
+            threading.Thread(target=state.load, name="load", daemon=True).start()
+        else:
+            state.load()
+            httpd.server_activate()
+        threading.Thread(target=lambda: _warm_up_when_loaded(state), name="warm-up", daemon=True).start()
         httpd.serve_forever(poll_interval=0.2)
     except (SystemExit, KeyboardInterrupt):
         pass
