@@ -2,25 +2,96 @@
 
 Exit codes: 0 done; 1 failed (or refused), the service up; 2 usage or config; 3 failed with the
 service down. Ctrl-C cancels the procedure; after the stop the restart is then performed (unless
-`--no-restart`), and the exit code says whether the service is still down.
+`--no-restart`), and the exit code says whether the service is still down. SIGTERM (`kill`) and
+SIGHUP (the terminal closed) are handled as Ctrl-C is, journalled; a second signal while the run
+compensates is journalled too and changes nothing, so a restart is never abandoned half-way.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import signal
 import sys
 import time
+from collections.abc import Callable
+from types import FrameType
+from typing import Any
 
 from rich.console import Console
-from rich.table import Table
 from rich.text import Text
 
-from console.config import load_config
+from console import messages as m
+from console.config import Config, load_config
 from console.operator import Operator
-from console.procedure.decider import ApproveAll, Decider, TerminalDecider
-from console.procedure.store import RunStore, RunStoreError
-from console.views.headless import HeadlessView, plan_view
+from console.procedure.decider import ApproveAll, Decider, RefuseAll, TerminalDecider
+from console.procedure.store import RunStore, RunStoreError, RunSummary, UnreadableRun
+from console.views.headless import HeadlessView
+from console.views.plan import plan_ready_view
+from console.views.tables import FittedTable
+
+SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+EXIT_INTERRUPTED = 130
+
+
+class SignalGuard:
+    """SIGINT, SIGTERM and SIGHUP while a run is in progress, handled as Ctrl-C is: the first is
+    journalled and cancels the run, whose compensation ends our jobs, offers (with --yes: does) the
+    restart and finishes the run; later ones are journalled and change nothing. Python's handlers
+    (not the loop's) so that it covers the console's loop too, which Textual creates; each signal is
+    handed to the running loop, where the run lives."""
+
+    def __init__(self, operator: Operator, say: Callable[[str], None],
+                 on_hangup: Callable[[], None] | None = None, when_idle: Callable[[str], None] | None = None):
+        self.operator = operator
+        self.say = say  # where a signal is told when no run journal is open
+        self.on_hangup = on_hangup  # the terminal is gone: nobody can answer a question any more
+        self.when_idle = when_idle  # a signal with no run in progress (the console after its run)
+        self.received: list[str] = []
+        self._previous: dict[int, Any] = {}
+
+    def __enter__(self) -> SignalGuard:
+        self._previous = {sig: signal.signal(sig, self._on_signal) for sig in SIGNALS}
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        for sig, previous in self._previous.items():
+            signal.signal(sig, previous)
+
+    def _on_signal(self, signum: int, frame: FrameType | None) -> None:
+        try:
+            loop = asyncio.get_running_loop()
+        except RuntimeError:  # before the loop runs, or after: nothing of ours is in progress
+            raise KeyboardInterrupt from None
+        loop.call_soon_threadsafe(self.handle, signal.Signals(signum).name)
+
+    def running(self) -> bool:
+        """A run is in progress (compensating included): its engine's state is not finished yet."""
+        engine = self.operator.engine
+        return engine is not None and engine.state.status == "running"
+
+    def _journal(self, message: str) -> None:
+        if self.running():
+            self.operator.engine.journal(None, message, level="warning")
+        else:
+            self.say(message)
+
+    def handle(self, name: str) -> None:
+        """One signal, on the loop."""
+        self.received.append(name)
+        if name == "SIGHUP" and self.on_hangup is not None:
+            self.on_hangup()
+        if not self.running():
+            if self.when_idle is not None:
+                self.when_idle(name)
+            return
+        if len(self.received) == 1:
+            self._journal(f"{name} received: the run is cancelled as Ctrl-C does (with the service down, "
+                          f"the restart comes first)")
+            self.operator.cancel()
+        else:
+            self._journal(f"{name} received again while the run finishes: ignored, the restart is not "
+                          f"abandoned half-way (SIGKILL ends the console without it)")
 
 
 def choose_decider(args: argparse.Namespace) -> Decider:
@@ -35,7 +106,8 @@ async def run_procedure(operator: Operator, decider: Decider, resume: str | bool
     view = HeadlessView(operator.bus, console)
     operator.start()
     try:
-        finished = await operator.run(decider, resume=resume, route=route, no_restart=no_restart)
+        finished = await operator.run(decider, resume=resume, route=route, no_restart=no_restart,
+                                      one_step=False)
     finally:
         view.close()
         await operator.stop()
@@ -68,45 +140,110 @@ async def print_plan(operator: Operator, route: str | None, console: Console) ->
     finally:
         view.close()
         await operator.stop()
-    Console().print(plan_view(plan))
+    Console().print(plan_ready_view(plan), crop=False)  # commands whole, however wide
     return 0
+
+
+class CommandLineRun(Operator):
+    """The operator of `dflash-ops run` on a terminal, which opens the console: every run started
+    from it takes the command line's --route and --no-restart, and --step runs one step at a time
+    (the console's `n` runs the next), which the console's keys cannot say."""
+
+    def __init__(self, config: Config, runs_dir: str | None, route: str | None, no_restart: bool, step: bool):
+        super().__init__(config, runs_dir=runs_dir)
+        self.route_given, self.no_restart, self.step = route, no_restart, step
+
+    async def run(self, decider: Decider, resume: str | bool | None = None, route: str | None = None,
+                  no_restart: bool = False, stage: bool | None = None, one_step: bool = False) -> m.RunFinished:
+        return await super().run(decider, resume=resume, route=route or self.route_given,
+                                 no_restart=no_restart or self.no_restart, stage=stage, one_step=one_step or self.step)
+
+
+def open_console(operator: CommandLineRun, resume: str | bool | None, err: Console) -> int:
+    """The console on a terminal, running the procedure at once. The run is opened here first, so
+    that a run store that cannot be written, an unreadable run or nothing to resume is one line and
+    exit 2 before the screen changes."""
+    from screens.app import ConsoleApp  # the TUI, unless asked for the terminal
+
+    run = operator.open_run(resume)
+    app = ConsoleApp(operator, autostart=True, resume=run.run_id)
+    signalled: list[str] = []
+
+    def refuse_from_now_on() -> None:  # SIGHUP: no one is left to answer the console's questions
+        if operator.engine is not None:
+            operator.engine.decider = RefuseAll()
+
+    def exit_after(finished: Any) -> None:  # a signal asked the console to end: once its run has
+        if signalled and isinstance(finished, m.RunFinished):
+            app.exit(finished.exit_code)
+
+    unsubscribe = operator.bus.subscribe(exit_after)
+    guard = SignalGuard(operator, say=lambda line: app.notify(line, severity="warning"),
+                        on_hangup=refuse_from_now_on, when_idle=lambda name: app.exit(app.return_code or 0))
+    guard.received = signalled
+    try:
+        with guard:
+            result = app.run()
+    finally:
+        unsubscribe()
+    return int(result if result is not None else (app.return_code or 0))
 
 
 def run(args: argparse.Namespace) -> int:
     """`dflash-ops run [--plan] [--headless] [--yes] [--step] [--resume [RUN]]`."""
     config = load_config(args.config)
-    operator = Operator(config, runs_dir=args.runs)
     err = Console(stderr=True)
-    if args.plan:
-        return asyncio.run(print_plan(operator, args.route, err))
-    if not args.headless and not args.yes and sys.stdin.isatty():
-        from screens.app import run_app  # the TUI, unless asked for the terminal
-
-        return run_app(operator, autostart=True, resume=args.resume)
-    decider = choose_decider(args)
-    if isinstance(decider, TerminalDecider) and not sys.stdin.isatty() and not args.step:
-        err.print("dflash-ops: no terminal to ask on: pass --yes to approve every step, or --step", style="red")
-        return 2
     try:
-        return asyncio.run(run_procedure(operator, decider, args.resume, args.no_restart, args.route, err))
+        if args.plan:
+            return asyncio.run(print_plan(Operator(config, runs_dir=args.runs), args.route, err))
+        if not args.headless and not args.yes and sys.stdin.isatty():
+            operator = CommandLineRun(config, args.runs, args.route, args.no_restart, args.step)
+            return open_console(operator, args.resume, err)
+        decider = choose_decider(args)
+        if isinstance(decider, TerminalDecider) and not sys.stdin.isatty() and not args.step:
+            err.print("dflash-ops: no terminal to ask on: pass --yes to approve every step, or --step", style="red")
+            return 2
+        operator = Operator(config, runs_dir=args.runs)
+        guard = SignalGuard(operator, say=lambda line: err.print(Text(f"dflash-ops: {line}", style="yellow")))
+        with guard:
+            return asyncio.run(run_procedure(operator, decider, args.resume, args.no_restart, args.route, err))
     except (RunStoreError, LookupError) as exc:
         err.print(f"dflash-ops: error: {exc}", style="red", soft_wrap=True)
         return 2
-    except KeyboardInterrupt:  # a second Ctrl-C during the compensation
+    except KeyboardInterrupt:  # a signal before the run began or after it ended
         err.print("dflash-ops: interrupted", style="red")
-        return 130
+        return EXIT_INTERRUPTED
+
+
+def runs_rows(summaries: list[RunSummary | UnreadableRun]) -> tuple[list[str], list[list[str]], list[str]]:
+    """The rows of `runs`: ids, taus and downtimes whole; an unreadable run as such."""
+    headers = ["run", "date", "status", "route", "downtime", "vanilla tau (macro)"]
+    rows, styles = [], []
+    for summary in summaries:
+        if isinstance(summary, UnreadableRun):
+            rows.append([summary.run_id, "-", "UNREADABLE", "-", "-", "-"])
+            styles.append("bold red")
+            continue
+        status = summary.status
+        if summary.console_gone:
+            status += " (console gone)"
+        if summary.service_down:
+            status += ", SERVICE DOWN"
+        taus = "\n".join(f"{name} {tau:.2f}" for name, tau in summary.headline.items() if tau is not None) or "-"
+        rows.append([summary.run_id, time.strftime("%Y-%m-%d %H:%M", time.localtime(summary.created_at)), status,
+                     summary.route or "-", f"{summary.downtime_s:.1f} s" if summary.downtime_s is not None else "-",
+                     taus])
+        styles.append("bold red" if summary.service_down else "")
+    return headers, rows, styles
 
 
 def runs(args: argparse.Namespace) -> int:
-    """`dflash-ops runs`: earlier runs, newest last."""
+    """`dflash-ops runs`: earlier runs, newest last; each unreadable one named with its path and why."""
     store = RunStore(args.runs)
-    table = Table(title=f"runs in {store.root}", title_justify="left")
-    for column in ("run", "date", "status", "route", "downtime", "vanilla tau (macro)"):
-        table.add_column(column)
-    for summary in store.summaries():
-        taus = ", ".join(f"{name} {tau:.2f}" for name, tau in summary.headline.items() if tau is not None) or "-"
-        table.add_row(summary.run_id, time.strftime("%Y-%m-%d %H:%M", time.localtime(summary.created_at)),
-                      summary.status, summary.route or "-",
-                      f"{summary.downtime_s:.1f} s" if summary.downtime_s is not None else "-", taus)
-    Console().print(table)
+    summaries = store.summaries()
+    console = Console()
+    console.print(FittedTable(runs_rows(summaries), f"runs in {store.root}", justify="left"))
+    for summary in summaries:
+        if isinstance(summary, UnreadableRun):
+            console.print(Text(f"unreadable run {summary.dir}: {summary.why}", style="red"), soft_wrap=True)
     return 0

@@ -17,7 +17,9 @@ from rich.table import Table
 from rich.text import Text
 
 from console.config import Config
+from console.messages import PlanReady
 from console.service.control import manager_from_config
+from console.views.tables import FittedTable
 from remote.prompts import DEFAULT_PROMPTS, PromptFileError, load_prompts
 
 STEPS = ("preflight", "stage", "cache", "stop", "extract", "restart", "evaluate", "report")
@@ -247,3 +249,37 @@ def render_plan(config: Config) -> RenderableType:
         parts.append(Text(f"warning: {note}", style="yellow"))
     title = f"plan for {config.source}" if config.source else "plan"
     return Panel(Group(*parts), title=title, title_align="left")
+
+
+# --------------------------------------------------------------------------------------------
+# `run --plan`: the plan chosen at preflight (a `PlanReady`), for a terminal or a pipe.
+
+
+def plan_ready_view(plan: PlanReady) -> Group:
+    """The chosen plan: per step whether it acts and why, where, the estimate; then each step's
+    literal command whole on a line of its own, as it will run (to read or copy: never folded across
+    table cells, never cut; print with `crop=False` so a line wider than the terminal is left to it
+    to wrap); where the target fits without the serving GPUs, and the route proposed."""
+    rows = [[step.name, "yes" if step.acts else "no", step.host or "-", step.why,
+             f"{step.estimate_s:.0f} s" if step.estimate_s else "-"] for step in plan.steps]
+    parts: list[RenderableType] = [FittedTable((["step", "acts", "host", "why", "estimate"], rows,
+                                                ["" if step.acts else "dim" for step in plan.steps]),
+                                               f"plan ({plan.route} route)", fold=3, justify="left")]
+    commands = [step for step in plan.steps if step.argv]
+    if commands:
+        parts.append(Text("commands, exactly as they will run:", style="bold"))
+        for step in commands:
+            parts.append(Text(f"  {step.name} on {step.host or '?'}" + ("" if step.acts else " (left out)") + ":",
+                              style="bold" if step.acts else "dim"))
+            parts.append(Text(f"    $ {shlex.join(step.argv)}", style="cyan", no_wrap=True, overflow="ignore"))
+    if plan.fits:
+        rows = [[fit.host, "yes" if fit.proposed else "no", "-" if fit.gpu is None else str(fit.gpu),
+                 "-" if fit.free_mib is None else str(fit.free_mib), "-" if fit.need_mib is None else str(fit.need_mib),
+                 fit.why] for fit in plan.fits]
+        parts.append(FittedTable((["host", "fits", "GPU", "free MiB", "needs MiB", "why"], rows,
+                                  ["green" if fit.proposed else "" for fit in plan.fits]),
+                                 "where the target fits without stopping the server", fold=5, justify="left"))
+    if plan.proposal:
+        parts.append(Text(f"proposed: {plan.proposal}" + ("" if plan.route == "zero-downtime" else
+                                                          " (take it with --route zero-downtime)"), style="bold cyan"))
+    return Group(*parts)

@@ -120,7 +120,7 @@ def summary_table(results: dict[str, Any]) -> Table:
     """The summary as a rich Table."""
     ref = results.get("reference")
     title = f"Drafter evaluation (ratios against {ref})" if ref else "Drafter evaluation"
-    return _rich(summary_rows(results), title, fold_labels=True)
+    return _rich(summary_rows(results), title, fold=0)
 
 
 # -- per prompt -------------------------------------------------------------------------------------
@@ -402,18 +402,18 @@ def _width(cell: str) -> int:
 class FittedTable(Table):
     """A table of `Rows` that never cuts a value: the first column (the labels) folds, every other
     column keeps its values whole on one line. Where even that does not fit (a narrow terminal, or
-    80 columns piped), it is drawn as blocks instead: each row's label, then `header: value` lines
-    (the value on a line of its own where both do not fit), wrapped only between words.
-    `fold_labels=False`: the first column is a value too (a run id), never folded either."""
+    80 columns piped), it is drawn as blocks instead: each row's first value, then `header: value`
+    lines (the value on a line of its own where both do not fit), wrapped only between words.
+    `fold`: the column of labels or prose that may fold (None: every column holds values, such as
+    run ids); `justify`: of the value columns (figures right-aligned, text left)."""
 
-    def __init__(self, rows: Rows, title: str, fold_labels: bool = True, justify: str = "right"):
-        # `justify`: figures right-aligned in the result tables; `runs` keeps its text left.
+    def __init__(self, rows: Rows, title: str, fold: int | None = None, justify: str = "right"):
         super().__init__(title=title, title_justify="left", header_style="bold")
         self.rows_shown = rows
-        self.fold_labels = fold_labels
+        self.fold = fold
         headers, body, styles = rows
         for i, h in enumerate(headers):
-            if i == 0 and fold_labels:
+            if i == fold:
                 self.add_column(h, justify="left", overflow="fold", min_width=LABEL_MIN)
             else:
                 self.add_column(h, justify="left" if i == 0 else justify, no_wrap=True,
@@ -426,8 +426,8 @@ class FittedTable(Table):
         the label column folded to `LABEL_MIN`."""
         widths = [max(column.min_width or 0, *(cell_len(w) for w in str(column.header).split()))
                   for column in self.columns]
-        if self.fold_labels:
-            widths[0] = LABEL_MIN
+        if self.fold is not None:
+            widths[self.fold] = LABEL_MIN
         return sum(widths) + 3 * len(widths) + 1  # one space either side of each cell, the rules between
 
     def blocks(self, width: int) -> list[Text]:
@@ -451,10 +451,10 @@ class FittedTable(Table):
             yield from super().__rich_console__(console, options)
 
 
-def _rich(rows: Rows, title: str, fold_labels: bool = False) -> Table:
-    """`fold_labels`: the first column holds labels (the summary's metrics), not values (prompt ids,
+def _rich(rows: Rows, title: str, fold: int | None = None) -> Table:
+    """`fold=0`: the first column holds labels (the summary's metrics), not values (prompt ids,
     drafter names, layers, kernel functions), and may fold."""
-    return FittedTable(rows, title, fold_labels=fold_labels)
+    return FittedTable(rows, title, fold=fold)
 
 
 def markdown_table(rows: Rows) -> str:
