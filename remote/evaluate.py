@@ -2,12 +2,14 @@
 
     python -m remote.evaluate --states DIR --target MODEL_DIR --drafter NAME=PATH [--drafter ...]
         [--reference NAME] --out DIR [--device auto|cpu|cuda] [--budgets 8,16,64] [--topk 8]
-        [--anchor-chunk N] [--layers-override NAME=1,2,3] [--allow-unsound]
+        [--anchor-chunk N] [--layers-override NAME=1,2,3] [--allow-unsound] [--allow-partial]
 
 Reads the extraction directory (refused without its manifest; every file checked against its size
 and sha256 there, its shapes, metadata and token ids), only `embed_tokens` / `lm_head` of the target
 (finite), and each drafter checkpoint (field by field, weights finite, provenance against the cached
-layers and their soundness: a flagged layer refused unless --allow-unsound), all before any work. For every
+layers and their soundness: a flagged layer refused unless --allow-unsound), all before any work. A
+partial extraction (remote.extract --stop-file) is refused unless --allow-partial, which evaluates the
+prompts it holds and says so (`states_partial` in results.json and the manifest). For every
 drafter and prompt it runs all anchors a in [P, N-2], batched in chunks over the prompt's context K/V
 computed once, and writes `<out>/<drafter>/<prompt_id>.safetensors` (section 4, plus `input_ids` for
 the g-vs-x diagnostic and the metadata `vocab_size`). Then `<out>/results.json` (remote.metrics per drafter, drafter facts, the
@@ -36,6 +38,7 @@ from remote.drafter import (
     provenance,
 )
 from remote.events import EventWriter, WorkerError, run_worker
+from remote.extract_check import PARTIAL_MANIFEST, read_partial
 from remote.metrics import DumpError, drafter_metrics, load_dump, method_ids, parse_budgets
 from remote.prompts import ID_RE
 from remote.target_io import TargetError, TargetHeads, read_target_heads
@@ -223,7 +226,7 @@ def check_states(states: Path, manifest: dict[str, Any], vocab_size: int | None,
 def evaluate(states: Path, target: Path, drafter_paths: dict[str, Path], out: Path, device: torch.device,
              budgets: list[int], topk: int, chunk: int | None, reference: str | None,
              events: EventWriter, overrides: dict[str, list[int]] | None = None,
-             allow_unsound: bool = False) -> dict[str, Any]:
+             allow_unsound: bool = False, allow_partial: bool = False) -> dict[str, Any]:
     """The whole evaluation; returns the results dict also written to `<out>/results.json`.
 
     Everything is checked before the first weight reaches the device: the states' manifest (sizes and
@@ -241,11 +244,18 @@ def evaluate(states: Path, target: Path, drafter_paths: dict[str, Path], out: Pa
                           where="--reference")
     reference = reference or next(iter(drafter_paths))
     events.phase("check")
-    try:
-        # sha256 too: a host crash can leave a renamed file zeroed (written without fsync) at its full size.
-        manifest = read_manifest(states, verify=True)
-    except ValueError as exc:
-        raise WorkerError(str(exc), where=str(states)) from exc
+    partial = None
+    if not (states / MANIFEST).is_file() and (states / PARTIAL_MANIFEST).is_file():
+        manifest = read_partial(states, allow_partial)  # refused unless allowed; every file verified
+        partial = {"prompts_done": manifest["prompts_done"], "prompts_missing": manifest["prompts_missing"]}
+        events.log(f"evaluating a partial extraction (--allow-partial): {len(partial['prompts_done'])} prompts, "
+                   f"missing {len(partial['prompts_missing'])}", level="warning")
+    else:
+        try:
+            # sha256 too: a host crash can leave a renamed file zeroed (written without fsync) at its full size.
+            manifest = read_manifest(states, verify=True)
+        except ValueError as exc:
+            raise WorkerError(str(exc), where=str(states)) from exc
     for key in ("layers", "hidden_size", "prompts"):
         if key not in manifest:
             raise WorkerError(f"{states}/manifest.json: no {key!r}: not an extraction manifest", where=str(states))
@@ -358,11 +368,12 @@ def evaluate(states: Path, target: Path, drafter_paths: dict[str, Path], out: Pa
         "kernels": manifest.get("kernels"),
         "soundness": soundness,
         "states_incomplete_allowed": manifest.get("incomplete_allowed") or [],
+        "states_partial": partial,
         "g_x_mismatch": next(iter(results["drafters"].values()))["g_x_mismatch"] if results["drafters"] else None,
     })
     write_json_atomic(out / "results.json", results)
     files["results.json"] = {"kind": "results"}
-    write_manifest(out, files, kind="evaluation", reference=reference, drafters=list(drafters))
+    write_manifest(out, files, kind="evaluation", reference=reference, drafters=list(drafters), states_partial=partial)
     events.artifact(str(out / "results.json"), "results")
     return results
 
@@ -382,6 +393,8 @@ def main(events: EventWriter, argv: list[str] | None = None) -> dict[str, Any]:
     parser.add_argument("--layers-override", action="append", default=[], metavar="NAME=1,2,3",
                         help="a drafter's target layer ids, replacing its config's (the console's [[drafters]] layers)")
     parser.add_argument("--allow-unsound", action="store_true", help="evaluate on layers flagged unsound")
+    parser.add_argument("--allow-partial", action="store_true",
+                        help="evaluate a partial extraction's prompts (said in the results)")
     args = parser.parse_args(argv)
     try:
         overrides = parse_overrides(args.layers_override)
@@ -398,7 +411,7 @@ def main(events: EventWriter, argv: list[str] | None = None) -> dict[str, Any]:
     drafters = parse_drafters(args.drafter)
     device = pick_device(args.device)
     results = evaluate(Path(args.states), Path(args.target), drafters, Path(args.out), device, budgets, args.topk,
-                       args.anchor_chunk, args.reference, events, overrides, args.allow_unsound)
+                       args.anchor_chunk, args.reference, events, overrides, args.allow_unsound, args.allow_partial)
     summary = {name: {"tau_vanilla": m["tau"]["vanilla"]["macro"], "pos1_acc": m["pos1_acc"]}
                for name, m in results["drafters"].items()}
     return {"results": str(Path(args.out) / "results.json"), "reference": results["reference"], "summary": summary}

@@ -3,7 +3,7 @@
     python -m remote.extract --model DIR --completions completions.json --out DIR
         [--layers 1,8,15] [--drafter DIR ...] [--kernels fast|torch|any] [--device cpu|cuda|auto]
         [--device-map auto] [--max-memory 0=40GiB,1=40GiB,cpu=200GiB] [--staged --go-file PATH]
-        [--layers-override NAME=1,2,3] [--allow-incomplete] [--check-only]
+        [--layers-override NAME=1,2,3] [--allow-incomplete] [--check-only] [--stop-file PATH]
 
 `--check-only` runs only the check phase (remote.extract_check: token ids inside the vocabulary,
 lengths within the context, finish reasons, drafter provenance), needs no GPU, writes nothing, and
@@ -23,6 +23,16 @@ Order of work, so that the GPU is held as briefly as possible:
      or failed run leaves no manifest and no file under a final name that is not complete, and an
      earlier complete extraction in --out stays as it was.
 
+Keeping to the window's budget: `--stop-file PATH` is checked before each prompt; once it exists
+the prompt in hand is finished, the GPU released (`gpu_released`, with `stopped_early`) and the
+output published as a PARTIAL extraction: every finished prompt's file complete and in the manifest
+with its sha256, but the manifest is `manifest.partial.json` (`complete: false`, `prompts_done`,
+`prompts_missing`), never `manifest.json`, so no completeness check takes it for a whole one. A
+re-run into the same --out keeps every prompt file of the partial manifest that its sha256 still
+verifies, when it was made from the same model, completions, layers and kernels, and extracts only
+the others; it ends with `manifest.json` (`complete: true`, `prompts_kept`). (A re-run over a whole
+extraction extracts everything again, as before: benchmarks and checks re-run into one --out.)
+
 Output per prompt `<id>.safetensors`: `hidden` bf16 [T, n_layers, H] (layer order as manifest
 "layers"), `input_ids` int64 [T], `g` int64 [T] (target argmax after each position), `topk_ids`
 int64 [T, 8], `topk_logprobs` float32 [T, 8]; metadata `prompt_id`, `prompt_len`, `layers`.
@@ -40,12 +50,14 @@ import shutil
 import sys
 import threading
 import time
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
 from remote import extract_check, kernels
 from remote.artifacts import MANIFEST, atomic_path, sha256_file, sync_file, write_manifest
 from remote.events import EventWriter, WorkerError, run_worker
+from remote.extract_check import PARTIAL_MANIFEST
 from remote.layers import LayerCapture, find_decoder_layers, parse_layer_list, select_layers, text_config
 from remote.prompts import ID_RE
 from remote.topk import topk_logprobs
@@ -62,6 +74,8 @@ from remote.weights import (
 COMPLETIONS_FORMAT = "dflash-ops.completions/1"
 EXTRACT_FORMAT = "dflash-ops.extract/1"
 TOPK = 8
+# What an earlier extraction must share with this run for its prompt files to be kept.
+SAME_TO_KEEP = ("model_path", "completions_sha256", "layers", "hidden_size", "dtype", "kernels", "topk_pass")
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -79,6 +93,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    help="let --device-map auto put modules on the CPU (slow; implied by a cpu entry in --max-memory)")
     p.add_argument("--staged", action="store_true", help="stage weights in host RAM and wait for --go-file")
     p.add_argument("--go-file", default=None, help="staged mode: start the window when this file appears")
+    p.add_argument("--stop-file", default=None,
+                   help="when this file appears, finish the prompt in hand and publish a partial extraction")
     p.add_argument("--limit", type=int, default=None, help="only the first N prompts")
     p.add_argument("--check-only", action="store_true",
                    help="only the check phase (no GPU, no output): a result event (remote.extract_check)")
@@ -179,20 +195,23 @@ def prepare_out(out: str | Path) -> Path:
     return attempt
 
 
-def publish(attempt: Path, out: str | Path) -> Path:
-    """Move a complete attempt into `out`, its manifest last; returns the manifest's final path.
+def publish(attempt: Path, out: str | Path, partial: bool = False) -> Path:
+    """Move a finished attempt into `out`, its manifest last; returns the manifest's final path.
 
-    The old manifest goes first (from then on `out` is not complete), then every new file replaces
-    its namesake, then files that only the old manifest listed are removed, then the new manifest
-    lands. Other files in `out` are left alone.
+    The old manifests (whole and partial) go first (from then on `out` is not complete), then every
+    new file replaces its namesake, then files that only the old manifests listed are removed, then
+    the new manifest lands: `manifest.json`, or `manifest.partial.json` when `partial`. Other files
+    in `out` are left alone; a kept file (linked into the attempt from `out`) stays where it is.
     """
     final = Path(out)
     final.mkdir(parents=True, exist_ok=True)
     old_files: set[str] = set()
-    with contextlib.suppress(FileNotFoundError, ValueError, AttributeError):
-        old_files = set(json.loads((final / MANIFEST).read_text()).get("files", {}))
-    with contextlib.suppress(FileNotFoundError):
-        (final / MANIFEST).unlink()
+    for name in (MANIFEST, PARTIAL_MANIFEST):
+        with contextlib.suppress(FileNotFoundError, ValueError, AttributeError):
+            old_files |= set(json.loads((final / name).read_text()).get("files", {}))
+    for name in (MANIFEST, PARTIAL_MANIFEST):
+        with contextlib.suppress(FileNotFoundError):
+            (final / name).unlink()
     sync_file(final)
     moved = set()
     for path in sorted(attempt.iterdir()):
@@ -201,17 +220,58 @@ def publish(attempt: Path, out: str | Path) -> Path:
         target = final / path.name
         if path.is_dir() and target.is_dir():
             shutil.rmtree(target)
-        os.replace(path, target)
+        if target.is_file() and os.path.samefile(path, target):
+            path.unlink()  # a kept file: renaming a link onto itself would leave the attempt's link behind
+        else:
+            os.replace(path, target)
         moved.add(path.name)
     for name in old_files - moved:
         if name and "/" not in name and name not in (".", ".."):
             with contextlib.suppress(FileNotFoundError, IsADirectoryError):
                 (final / name).unlink()
     sync_file(final)
-    os.replace(attempt / MANIFEST, final / MANIFEST)
+    manifest = final / (PARTIAL_MANIFEST if partial else MANIFEST)
+    os.replace(attempt / MANIFEST, manifest)
     sync_file(final)
     attempt.rmdir()
-    return final / MANIFEST
+    return manifest
+
+
+def keep_verified(out: str | Path, attempt: Path, this_run: dict[str, Any], prompt_ids: list[str],
+                  events: EventWriter) -> dict[str, dict[str, Any]]:
+    """The prompt files of the partial extraction in `out` (a stopped run's) that this run keeps: made by the same model, completions, layers and kernels (`this_run`, SAME_TO_KEEP),
+    among `prompt_ids`, and matching their size and sha256 now. Each is linked into `attempt` (the
+    manifest is written over the attempt's files); returns {file name: its manifest facts}."""
+    final = Path(out)
+    source = final / PARTIAL_MANIFEST
+    if not source.is_file():
+        return {}
+    try:
+        earlier = json.loads(source.read_text())
+        files = earlier["files"]
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        events.log(f"{source}: unreadable ({exc}): every prompt is extracted again", level="warning")
+        return {}
+    differs = [key for key in SAME_TO_KEEP if earlier.get(key) != this_run[key]]
+    if differs:
+        events.log(f"{source}: not kept ({', '.join(differs)} differ from this run's): every prompt is "
+                   f"extracted again", level="warning")
+        return {}
+    wanted = {f"{pid}.safetensors" for pid in prompt_ids}
+    good, bad = extract_check.verify_files(final, {n: f for n, f in files.items() if n in wanted})
+    for name, why in bad.items():
+        events.log(f"{final / name}: not kept ({why}): extracted again", level="warning")
+    kept = {}
+    for name, facts in good.items():
+        try:
+            os.link(final / name, attempt / name)
+        except OSError:  # a filesystem without hard links: a copy, still outside the GPU's time
+            shutil.copy2(final / name, attempt / name)
+        kept[name] = {k: v for k, v in facts.items() if k not in ("size", "sha256")}
+    if kept:
+        events.log(f"kept {len(kept)} verified prompt files of the partial extraction ({source.name}); "
+                   f"{len(prompt_ids) - len(kept)} to extract")
+    return kept
 
 
 def versions() -> dict[str, str | None]:
@@ -393,11 +453,33 @@ def warm_kernels(model_config: dict[str, Any], device: str, events: EventWriter,
     a cold run does. A small vocabulary keeps the embedding tiny. Returns seconds spent.
     """
     import torch
-    from transformers import AutoConfig, AutoModelForCausalLM
 
     start = time.perf_counter()
+    vocab = int(text_config(model_config).get("vocab_size") or 256)
+    small, layers = small_model(model_config, device)
+    ids = torch.randint(0, 256, (1, max(16, min(int(tokens), 16384))), device=device)
+    with torch.inference_mode():
+        small(input_ids=ids, use_cache=False)
+        # The top-8 pass over the real vocabulary compiles its own Triton kernel (per row width).
+        topk_logprobs(torch.zeros(2, vocab, dtype=torch.bfloat16, device=device), TOPK, triton=True)
+    if device == "cuda":
+        torch.cuda.synchronize()
+    del small
+    gc.collect()
+    if device == "cuda":
+        torch.cuda.empty_cache()
+    seconds = time.perf_counter() - start
+    events.log(f"kernels warmed with a {layers}-layer model: {seconds:.1f} s")
+    return seconds
+
+
+def small_model(model_config: dict[str, Any], device: str) -> tuple[Any, int]:
+    """A random copy of the target's shape with one layer of each kind it has (linear attention, full
+    attention) and a 256-token vocabulary, on `device`; returns (model, its layer count)."""
+    import torch
+    from transformers import AutoConfig, AutoModelForCausalLM
+
     tcfg = dict(text_config(model_config))
-    vocab = int(tcfg.get("vocab_size") or 256)
     layer_types = tcfg.get("layer_types") or []
     keep = []
     for kind in ("linear_attention", "full_attention"):
@@ -415,20 +497,37 @@ def warm_kernels(model_config: dict[str, Any], device: str, events: EventWriter,
     config = AutoConfig.for_model(model_type, **tcfg)
     with torch.device(device):
         small = AutoModelForCausalLM.from_config(config, dtype=torch.bfloat16)
-    ids = torch.randint(0, 256, (1, max(16, min(int(tokens), 16384))), device=device)
+    return small.eval(), max(1, len(keep))
+
+
+def measure_forward_rate(model_config: dict[str, Any], device: str, tokens: int) -> dict[str, Any]:
+    """The forward rate expected in the window, measured before it (staged, while the server serves):
+    the small copy of the target's shape (`small_model`) timed on a second pass of `tokens` tokens
+    (the first compiles), its time per layer scaled to the target's layers. The heads (embedding,
+    lm_head over the real vocabulary) are left out, so it is an estimate: said in its basis."""
+    import torch
+
+    num_layers = int(text_config(model_config).get("num_hidden_layers") or 1)
+    small, layers = small_model(model_config, device)
+    n = max(16, min(int(tokens), 16384))
+    ids = torch.randint(0, 256, (1, n), device=device)
     with torch.inference_mode():
         small(input_ids=ids, use_cache=False)
-        # The top-8 pass over the real vocabulary compiles its own Triton kernel (per row width).
-        topk_logprobs(torch.zeros(2, vocab, dtype=torch.bfloat16, device=device), TOPK, triton=True)
-    if device == "cuda":
-        torch.cuda.synchronize()
+        if device == "cuda":
+            torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        small(input_ids=ids, use_cache=False)
+        if device == "cuda":
+            torch.cuda.synchronize()
+        seconds = time.perf_counter() - t0
     del small
     gc.collect()
     if device == "cuda":
         torch.cuda.empty_cache()
-    seconds = time.perf_counter() - start
-    events.log(f"kernels warmed with a {len(keep) or 1}-layer model: {seconds:.1f} s")
-    return seconds
+    per_layer = seconds / layers
+    return {"forward_tokens_per_s": round(n / max(per_layer * num_layers, 1e-9), 1),
+            "forward_rate_basis": f"{layers} of {num_layers} layers timed on {n} tokens at stage warm-up, "
+                                  f"scaled to {num_layers} layers (heads left out: an estimate)"}
 
 
 def host_bytes(tokens: int, n_layers: int, hidden_size: int) -> list[int]:
@@ -454,6 +553,11 @@ def reserve_host_buffers(sizes: list[int], per_class: int) -> int:
     reserved = sum(b.numel() for b in buffers)
     del buffers
     return reserved
+
+
+def prompt_tokens(entries: Iterable[dict[str, Any]]) -> int:
+    """Tokens through the target for these completions entries: prompt + completion each."""
+    return sum(len(p["prompt_ids"]) + len(p["completion_ids"]) for p in entries)
 
 
 def wait_for_go(go_file: str, events: EventWriter) -> float:
@@ -535,6 +639,10 @@ def main(events: EventWriter, argv: list[str] | None = None) -> dict[str, Any]:
         # A go file left by an earlier run would start the copy to the GPU while the server still holds it.
         raise WorkerError(f"the go file {args.go_file} already exists (left by an earlier run?): remove it first",
                           "--go-file")
+    if args.stop_file and Path(args.stop_file).exists():
+        # It would end the window before its first prompt: the console removes it before each window.
+        raise WorkerError(f"the stop file {args.stop_file} already exists (left by an earlier window?): remove it "
+                          f"first", "--stop-file")
     device = resolve_device(args.device)
     decision = kernels.apply_policy(args.kernels, device)
     events.log(f"kernel policy {args.kernels}: {decision['reason']}")
@@ -583,6 +691,16 @@ def main(events: EventWriter, argv: list[str] | None = None) -> dict[str, Any]:
     # Triton (the top-8 pass) only where the fast kernels run too; the torch policy stays Triton-free.
     triton_topk = device == "cuda" and any(kernels.is_fast_impl(m) for m in binding["bound"].values())
     window: dict[str, Any] = {"staged": bool(args.staged), "from_pretrained_s": round(load_s, 3), "bytes": total_bytes}
+    this_run: dict[str, Any] = {
+        "model_path": str(Path(args.model).resolve()), "layers": layer_ids, "hidden_size": hidden_size,
+        "dtype": "bfloat16", "kernels": binding["bound"], "topk_pass": "triton" if triton_topk else "torch"}
+
+    def keep() -> dict[str, dict[str, Any]]:
+        """The partial extraction's verified prompt files this run keeps (outside the window when staged)."""
+        this_run["completions_sha256"] = sha256_file(args.completions)
+        return keep_verified(args.out, out, this_run, [str(p["id"]) for p in prompts], events)
+
+    kept = {} if late else keep()
     if args.staged:
         t0 = time.perf_counter()
         pin = torch.cuda.is_available()
@@ -591,15 +709,19 @@ def main(events: EventWriter, argv: list[str] | None = None) -> dict[str, Any]:
         if late:
             wait_for_file(args.completions, args.go_file, events)
             completions, prompts, checked = read_completions()
+            kept = keep()
         # Only Triton kernels (fla, the top-8 pass) compile on first use; the torch path has nothing to warm.
         longest = max(len(p["prompt_ids"]) + len(p["completion_ids"]) for p in prompts)
         window["warmup_s"] = round(warm_kernels(model_config, device, events, longest), 3) if triton_topk else 0.0
+        rate = measure_forward_rate(model_config, device, longest)  # for the window's forecast, before the stop
         if pin:
             sizes = [n for p in prompts
                      for n in host_bytes(len(p["prompt_ids"]) + len(p["completion_ids"]), len(layer_ids), hidden_size)]
             window["pinned_bytes"] = reserve_host_buffers(sizes, Writer.QUEUED + 2)
         events.emit("staged", bytes=total_bytes, tensors=total_tensors, pinned=pin,
-                    host_read_s=window["host_read_s"], warmup_s=window["warmup_s"], go_file=args.go_file)
+                    host_read_s=window["host_read_s"], warmup_s=window["warmup_s"], go_file=args.go_file,
+                    tokens=prompt_tokens(prompts), **rate,
+                    tokens_to_extract=prompt_tokens(p for p in prompts if f"{p['id']}.safetensors" not in kept))
         window["waited_s"] = round(wait_for_go(args.go_file, events), 3)
         events.phase("window")
     t_window = time.perf_counter()
@@ -614,13 +736,23 @@ def main(events: EventWriter, argv: list[str] | None = None) -> dict[str, Any]:
 
     events.phase("forward")
     writer = Writer(out, layer_ids, events, len(prompts))
-    entries = []
+    writer.files.update(kept)
+    todo = [p for p in prompts if f"{p['id']}.safetensors" not in kept]
+    todo_tokens = prompt_tokens(todo)
+    kept_ids = [str(p["id"]) for p in prompts if f"{p['id']}.safetensors" in kept]
+    done = set(kept_ids)
     tokens = 0
     t_forward = time.perf_counter()
     first_forward_s = None
     first_tokens = 0
+    stopped_early = False
     with kernels.count_kernel_calls(modeling) as calls:
-        for i, entry in enumerate(prompts, start=1):
+        for i, entry in enumerate(todo, start=1):
+            if args.stop_file and os.path.exists(args.stop_file):
+                stopped_early = True
+                events.log(f"stop file {args.stop_file}: stopping after {i - 1} of {len(todo)} prompts; the "
+                           f"{len(todo) - i + 1} left are for a re-run into the same --out", level="warning")
+                break
             ids = list(entry["prompt_ids"]) + list(entry["completion_ids"])
             t_one = time.perf_counter()
             outputs = forward_one(model, decoder_layers, layer_ids, ids, triton_topk=triton_topk)
@@ -631,16 +763,16 @@ def main(events: EventWriter, argv: list[str] | None = None) -> dict[str, Any]:
                 first_forward_s, first_tokens = time.perf_counter() - t_one, len(ids)
             writer.put(str(entry["id"]), len(entry["prompt_ids"]), outputs)
             tokens += len(ids)
-            entries.append({"id": str(entry["id"]), "file": f"{entry['id']}.safetensors",
-                            "prompt_len": len(entry["prompt_ids"]), "num_tokens": len(ids)})
-            events.progress("prompts", i, len(prompts), "prompts", label=f"{entry['id']}: {len(ids)} tokens")
+            done.add(str(entry["id"]))
+            events.progress("prompts", i, len(todo), "prompts", label=f"{entry['id']}: {len(ids)} tokens")
+            events.progress("tokens", tokens, todo_tokens, "tokens")  # the window's projection reads these
     if device == "cuda":
         torch.cuda.synchronize()
     window["forward_s"] = round(time.perf_counter() - t_forward, 3)
     window["first_forward_s"] = round(first_forward_s or 0.0, 3)
     window["tokens"] = tokens
     window["tokens_per_s"] = round(tokens / max(window["forward_s"], 1e-9), 1)
-    if len(prompts) > 1:
+    if len(todo) > 1 and not stopped_early:
         steady_s = window["forward_s"] - window["first_forward_s"]
         window["steady_tokens_per_s"] = round((tokens - first_tokens) / max(steady_s, 1e-9), 1)
     t_release = time.perf_counter()
@@ -652,6 +784,10 @@ def main(events: EventWriter, argv: list[str] | None = None) -> dict[str, Any]:
                                                       for i in range(torch.cuda.device_count())))
     window["window_s"] = round(time.perf_counter() - t_window, 3)
     window["since_start_s"] = round(time.perf_counter() - t_start, 3)
+    entries = [{"id": str(p["id"]), "file": f"{p['id']}.safetensors", "prompt_len": len(p["prompt_ids"]),
+                "num_tokens": len(p["prompt_ids"]) + len(p["completion_ids"])} for p in prompts if str(p["id"]) in done]
+    missing = [str(p["id"]) for p in prompts if str(p["id"]) not in done]
+    window.update(stopped_early=stopped_early, prompts_done=len(entries), prompts_missing=len(missing))
     used_calls = {fn: n for fn, n in calls.items() if n}
     events.emit("gpu_released", **window)
     gc.collect()  # the model's Python objects (their storage is already gone)
@@ -661,20 +797,23 @@ def main(events: EventWriter, argv: list[str] | None = None) -> dict[str, Any]:
     soundness = extract_check.soundness_of(out, writer.files, layer_ids, events)
     manifest_path = write_manifest(
         out, writer.files,
-        format=EXTRACT_FORMAT, layers=layer_ids, hidden_size=hidden_size, dtype="bfloat16",
+        format=EXTRACT_FORMAT, complete=not missing, prompts_done=[e["id"] for e in entries],
+        prompts_missing=missing, prompts_kept=kept_ids, layers=layer_ids, hidden_size=hidden_size, dtype="bfloat16",
         num_target_layers=num_layers, layer_semantics="hidden_states[k+1]: output of decoder layer k; the last layer after the final norm, as Hugging Face gives it",
-        model_path=str(Path(args.model).resolve()), kernels=binding["bound"], kernel_scheme=binding["scheme"],
-        kernels_fast=binding["fast"], topk_pass="triton" if triton_topk else "torch", kernel_calls=used_calls, kernel_policy=args.kernels,
+        model_path=this_run["model_path"], kernels=binding["bound"], kernel_scheme=binding["scheme"],
+        kernels_fast=binding["fast"], topk_pass=this_run["topk_pass"], kernel_calls=used_calls, kernel_policy=args.kernels,
         kernel_decision=decision, versions=versions(), prompts=entries,
         kernel_configs=kernels.autotune_choices(),  # fla's autotuned configs: runs that differ here round differently
         device_map={k: str(v) for k, v in device_map.items()}, devices=devices_used(device_map),
-        completions_file=str(Path(args.completions).resolve()), completions_sha256=sha256_file(args.completions),
+        completions_file=str(Path(args.completions).resolve()), completions_sha256=this_run["completions_sha256"],
         prompt_set_sha256=completions.get("prompt_set_sha256"), checkpoint=facts, window=window,
         soundness=soundness, incomplete_allowed=checked["incomplete"], layer_overrides=overrides,
     )
-    manifest_path, out = publish(out, args.out), Path(args.out)
-    events.artifact(str(out), "extract", manifest=str(manifest_path), prompts=len(entries))
-    return {"out": str(out), "prompts": len(entries), "tokens": tokens, "layers": layer_ids,
+    manifest_path, out = publish(out, args.out, partial=bool(missing)), Path(args.out)
+    events.artifact(str(out), "extract" if not missing else "extract-partial", manifest=str(manifest_path),
+                    prompts=len(entries), missing=len(missing))
+    return {"out": str(out), "complete": not missing, "prompts": len(entries), "prompts_missing": missing,
+            "prompts_kept": kept_ids, "tokens": tokens, "layers": layer_ids,
             "kernels": binding["bound"], "kernels_fast": binding["fast"], "window": window,
             "bytes_written": writer.bytes_written}
 

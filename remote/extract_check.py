@@ -18,11 +18,17 @@ first problem, "(+N more)" when there are more; `--check-only` then also emits t
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Any
 
+from remote.artifacts import sha256_file
 from remote.completions import completeness
 from remote.events import EventWriter, WorkerError
+
+# A stopped extraction's manifest (remote.extract --stop-file): a name no completeness check reads
+# (they all want `manifest.json`), so a part is never taken for the whole.
+PARTIAL_MANIFEST = "manifest.partial.json"
 
 
 def _where(file: str | Path, i: int, entry: dict[str, Any]) -> str:
@@ -150,3 +156,51 @@ def soundness_of(out: Path, files: dict[str, Any], layer_ids: list[int], events:
             events.log(f"layer {row['layer']} is unsound: {'; '.join(row['reasons'])} (the evaluator refuses it "
                        "unless --allow-unsound)", level="warning")
     return result
+
+
+def verify_files(directory: Path, files: dict[str, Any]) -> tuple[dict[str, Any], dict[str, str]]:
+    """Split a manifest's `files` into those whose size and sha256 match the file on disk now and
+    those that do not, each with why: ({name: facts}, {name: why})."""
+    good: dict[str, Any] = {}
+    bad: dict[str, str] = {}
+    for name, facts in files.items():
+        file = directory / name
+        if Path(name).name != name or name in (".", ".."):
+            bad[name] = "not a file name of this directory"
+        elif not isinstance(facts, dict) or not isinstance(facts.get("size"), int) \
+                or not isinstance(facts.get("sha256"), str):
+            bad[name] = "no size and sha256 in the manifest"
+        elif not file.is_file():
+            bad[name] = "missing"
+        elif file.stat().st_size != facts["size"]:
+            bad[name] = f"size {file.stat().st_size}, the manifest says {facts['size']}"
+        elif sha256_file(file) != facts["sha256"]:
+            bad[name] = "does not match its sha256 in the manifest"
+        else:
+            good[name] = facts
+    return good, bad
+
+
+def read_partial(directory: Path, allowed: bool) -> dict[str, Any]:
+    """A partial extraction's manifest (remote.extract --stop-file), every file it lists verified.
+
+    Refused (WorkerError naming the prompts missing and the ways on) unless `allowed`: the drafters
+    are compared on the whole prompt set, and a part is evaluated only when the operator asks."""
+    path = directory / PARTIAL_MANIFEST
+    try:
+        manifest = json.loads(path.read_text())
+        done, missing, files = manifest["prompts_done"], manifest["prompts_missing"], manifest["files"]
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        raise WorkerError(f"{path}: not a partial extraction's manifest ({exc})", str(directory)) from None
+    shown = ", ".join(missing[:5]) + (f" +{len(missing) - 5} more" if len(missing) > 5 else "")
+    if not allowed:
+        raise WorkerError(f"{directory} is a partial extraction: {len(done)} of {len(done) + len(missing)} prompts "
+                          f"(missing {shown}); the evaluation waits for the whole set (dflash-ops run --resume "
+                          f"extracts the missing prompts in the next window), or pass --allow-partial to evaluate "
+                          f"the {len(done)} extracted", str(directory))
+    _, bad = verify_files(directory, files)
+    if bad:
+        name, why = next(iter(bad.items()))
+        more = f" (+{len(bad) - 1} more)" if len(bad) > 1 else ""
+        raise WorkerError(f"{directory}: {name}: {why}{more}", str(directory))
+    return manifest

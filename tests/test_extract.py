@@ -233,6 +233,10 @@ def test_staged_mode_waits_for_go_and_reports_the_window(tiny_target, tiny_compl
     assert seen[-1]["type"] == "log" and "waiting for the go signal" in seen[-1]["msg"]
     staged = next(e for e in seen if e["type"] == "staged")
     assert staged["tensors"] > 50 and staged["bytes"] > 0 and staged["go_file"] == str(go)
+    # The forward rate for the window's forecast, measured before the stop, with what it is based on.
+    assert staged["forward_tokens_per_s"] > 0 and "at stage warm-up" in staged["forward_rate_basis"]
+    assert staged["tokens"] == staged["tokens_to_extract"] == extract.prompt_tokens(
+        json.loads(tiny_completions.read_text())["prompts"])
     go.touch()
     worker.join(timeout=60)
     assert not worker.is_alive() and (out / "manifest.json").is_file()
@@ -459,3 +463,242 @@ def test_a_failed_worker_leaves_no_attempt_directory(tiny_target, tiny_completio
     assert code != 0 and any(e["type"] == "error" for e in events)
     assert not list(tmp_path.glob(".out.attempt-*"))
     assert sorted(p.name for p in out.iterdir()) == ["manifest.json"]
+
+
+# --- keeping to the budget: --stop-file, a partial extraction, a re-run that completes it ----------
+
+class StopAfter(io.StringIO):
+    """The worker's event stream; creates the stop file once `after` prompts are reported done, as
+    the console does when the window's projection passes the budget (the next check sees it)."""
+
+    def __init__(self, stop_file: Path, after: int):
+        super().__init__()
+        self.stop_file, self.after = stop_file, after
+
+    def write(self, text: str) -> int:
+        for line in text.splitlines():
+            event = json.loads(line)
+            if event["type"] == "progress" and event["key"] == "prompts" and event["done"] >= self.after:
+                self.stop_file.touch()
+        return super().write(text)
+
+    def events(self) -> list[dict]:
+        return [json.loads(line) for line in self.getvalue().splitlines()]
+
+
+def run_stopped(argv: list[str], stop_file: Path, after: int) -> tuple[dict, list[dict]]:
+    stream = StopAfter(stop_file, after)
+    result = extract.main(EventWriter(stream=stream), [*argv, "--stop-file", str(stop_file)])
+    return result, stream.events()
+
+
+def partial_manifest(out: Path) -> dict:
+    return json.loads((out / extract.PARTIAL_MANIFEST).read_text())
+
+
+class ForwardCount:
+    """Counts the real forward passes (by prompt length) while running them unchanged."""
+
+    def __init__(self):
+        self.real, self.lengths = extract.forward_one, []
+
+    def __call__(self, model, decoder_layers, layer_ids, ids, **kwargs):
+        self.lengths.append(len(ids))
+        return self.real(model, decoder_layers, layer_ids, ids, **kwargs)
+
+
+def test_a_stop_file_ends_with_a_partial_extraction_never_taken_as_complete(tiny_target, tmp_path, extracted):
+    """The stop file appears after the first of three prompts: the prompt in hand is finished, the
+    GPU released as usual, and the output is a partial extraction: its files complete and verified,
+    its manifest `complete: false` with the prompts done and missing, and no `manifest.json`, so
+    every completeness check (read_manifest, the engine's manifest_complete) refuses it."""
+    out, stop = tmp_path / "out", tmp_path / "stop"
+    completions = write_completions(tiny_target, tmp_path / "c.json", n_prompts=3)
+    argv = ["--model", str(tiny_target), "--completions", str(completions), "--out", str(out),
+            "--layers", "0,1,2", "--kernels", "torch"]
+    result, events = run_stopped(argv, stop, after=1)
+    ids = [p["id"] for p in json.loads(completions.read_text())["prompts"]]
+    assert result["complete"] is False and result["prompts"] == 1 and result["prompts_missing"] == ids[1:]
+    kinds = [(e["type"], e.get("kind")) for e in events]
+    released = events[kinds.index(("gpu_released", None))]
+    assert released["stopped_early"] is True and released["prompts_done"] == 1 and released["prompts_missing"] == 2
+    assert kinds.index(("gpu_released", None)) < kinds.index(("artifact", "extract-partial"))
+    assert ("artifact", "extract") not in kinds
+    assert any(e["type"] == "log" and "stop file" in e["msg"] for e in events)
+    with pytest.raises(ValueError, match="incomplete"):
+        read_manifest(out, verify=True)  # what manifest_complete and the evaluator run
+    manifest = partial_manifest(out)
+    assert manifest["complete"] is False
+    assert manifest["prompts_done"] == ids[:1] and manifest["prompts_missing"] == ids[1:]
+    assert [p["id"] for p in manifest["prompts"]] == ids[:1] and list(manifest["files"]) == [f"{ids[0]}.safetensors"]
+    from remote.artifacts import sha256_file
+
+    for name, facts in manifest["files"].items():
+        assert sha256_file(out / name) == facts["sha256"]
+    assert sorted(p.name for p in out.iterdir()) == sorted([*manifest["files"], extract.PARTIAL_MANIFEST])
+    # The finished prompt is exactly what a whole extraction gives for it.
+    cold = extracted[0] / f"{ids[0]}.safetensors"
+    assert torch.equal(load(out / f"{ids[0]}.safetensors")[0]["hidden"], load(cold)[0]["hidden"])
+
+
+def test_a_rerun_extracts_only_the_missing_prompts_and_ends_complete(tiny_target, tmp_path, monkeypatch):
+    out, stop = tmp_path / "out", tmp_path / "stop"
+    completions = write_completions(tiny_target, tmp_path / "c.json", n_prompts=4)
+    source = json.loads(completions.read_text())["prompts"]
+    argv = ["--model", str(tiny_target), "--completions", str(completions), "--out", str(out),
+            "--layers", "1", "--kernels", "torch"]
+    run_stopped(argv, stop, after=2)
+    kept = {name: (out / name).stat().st_ino for name in partial_manifest(out)["files"]}
+    assert len(kept) == 2
+    stop.unlink()
+    count = ForwardCount()
+    monkeypatch.setattr(extract, "forward_one", count)
+    result, events = run_inline([*argv, "--stop-file", str(stop)])
+    missing = source[2:]
+    assert count.lengths == [len(p["prompt_ids"]) + len(p["completion_ids"]) for p in missing]
+    assert result["complete"] is True and result["prompts"] == 4 and result["prompts_kept"] == [p["id"] for p in source[:2]]
+    manifest = read_manifest(out, verify=True)
+    assert manifest["complete"] is True and [p["id"] for p in manifest["prompts"]] == [p["id"] for p in source]
+    assert manifest["prompts_kept"] == [p["id"] for p in source[:2]]
+    assert not (out / extract.PARTIAL_MANIFEST).exists()
+    assert {name: (out / name).stat().st_ino for name in kept} == kept  # the verified files themselves kept
+    assert sorted(p.name for p in out.iterdir()) == sorted([*manifest["files"], "manifest.json"])
+    assert not list(tmp_path.glob(".out.attempt-*"))
+    prompts = [e for e in events if e["type"] == "progress" and e["key"] == "prompts"]
+    assert prompts[-1]["done"] == prompts[-1]["total"] == 2
+    # A whole extraction from scratch gives the same files.
+    whole = tmp_path / "whole"
+    run_inline(["--model", str(tiny_target), "--completions", str(completions), "--out", str(whole),
+                "--layers", "1", "--kernels", "torch"])
+    for name in manifest["files"]:
+        assert torch.equal(load(out / name)[0]["hidden"], load(whole / name)[0]["hidden"])
+
+
+def test_a_kept_file_that_fails_its_sha256_is_extracted_again(tiny_target, tmp_path, monkeypatch):
+    out, stop = tmp_path / "out", tmp_path / "stop"
+    completions = write_completions(tiny_target, tmp_path / "c.json", n_prompts=3)
+    argv = ["--model", str(tiny_target), "--completions", str(completions), "--out", str(out),
+            "--layers", "1", "--kernels", "torch"]
+    run_stopped(argv, stop, after=2)
+    damaged = sorted(partial_manifest(out)["files"])[0]
+    data = bytearray((out / damaged).read_bytes())
+    data[-1] ^= 0xFF  # same size, other content: only the sha256 can tell
+    (out / damaged).write_bytes(bytes(data))
+    stop.unlink()
+    count = ForwardCount()
+    monkeypatch.setattr(extract, "forward_one", count)
+    _, events = run_inline(argv)
+    assert len(count.lengths) == 2  # the damaged prompt and the missing one
+    assert any(e["type"] == "log" and damaged in e["msg"] and "sha256" in e["msg"] for e in events)
+    read_manifest(out, verify=True)
+
+
+def test_a_partial_extraction_of_other_layers_is_not_kept(tiny_target, tmp_path, monkeypatch):
+    out, stop = tmp_path / "out", tmp_path / "stop"
+    completions = write_completions(tiny_target, tmp_path / "c.json", n_prompts=3)
+    argv = ["--model", str(tiny_target), "--completions", str(completions), "--out", str(out), "--kernels", "torch"]
+    run_stopped([*argv, "--layers", "1"], stop, after=1)
+    stop.unlink()
+    count = ForwardCount()
+    monkeypatch.setattr(extract, "forward_one", count)
+    _, events = run_inline([*argv, "--layers", "2"])
+    assert len(count.lengths) == 3
+    assert any(e["type"] == "log" and "not kept" in e["msg"] and "layers" in e["msg"] for e in events)
+    assert read_manifest(out, verify=True)["layers"] == [2, 3]
+
+
+def test_a_stop_file_left_before_the_run_is_a_clear_error(tiny_target, tiny_completions, tmp_path):
+    stale = tmp_path / "stop"
+    stale.touch()
+    with pytest.raises(WorkerError, match="the stop file .* already exists"):
+        run_inline(["--model", str(tiny_target), "--completions", str(tiny_completions), "--out", str(tmp_path / "o"),
+                    "--stop-file", str(stale)])
+
+
+@settings(max_examples=6, deadline=None)
+@given(stops=st.lists(st.integers(0, 3), min_size=1, max_size=3))
+def test_stopped_runs_then_a_whole_one_never_leave_both_manifests(tiny_target, tmp_path_factory, stops):
+    """However many windows are cut short (a stop after k prompts, 0 included), each run leaves
+    either a complete manifest or a partial one, never both; the partial's done and missing are the
+    prompt set, every file it lists verifies, and a partial that follows a partial holds all it held;
+    and the run that is not stopped ends complete."""
+    from remote.artifacts import sha256_file
+
+    root = tmp_path_factory.mktemp("stops")
+    completions = write_completions(tiny_target, root / "c.json", n_prompts=3)
+    ids = [p["id"] for p in json.loads(completions.read_text())["prompts"]]
+    out, stop = root / "out", root / "stop"
+    argv = ["--model", str(tiny_target), "--completions", str(completions), "--out", str(out),
+            "--layers", "1", "--kernels", "torch"]
+    done: list[str] = []
+    for after in stops:
+        stop.unlink(missing_ok=True)  # the console removes it before each window
+        stream = StopAfterWeights(stop) if after == 0 else StopAfter(stop, after)
+        result = extract.main(EventWriter(stream=stream), [*argv, "--stop-file", str(stop)])
+        has_whole, has_partial = (out / "manifest.json").exists(), (out / extract.PARTIAL_MANIFEST).exists()
+        assert has_whole != has_partial
+        if has_partial:
+            manifest = partial_manifest(out)
+            assert manifest["prompts_done"] + manifest["prompts_missing"] == ids
+            assert set(manifest["prompts_done"]) >= set(done)  # nothing verified is ever lost
+            done = manifest["prompts_done"]
+            for name, facts in manifest["files"].items():
+                assert sha256_file(out / name) == facts["sha256"]
+            assert result["complete"] is False
+        else:
+            done = []  # a run over a whole extraction extracts everything again
+    result, _ = run_inline(argv)
+    assert result["complete"] is True and read_manifest(out, verify=True)["prompts_done"] == ids
+    assert not (out / extract.PARTIAL_MANIFEST).exists()
+
+
+class StopAfterWeights(StopAfter):
+    """Creates the stop file once the weights are placed, before the first prompt's check."""
+
+    def __init__(self, stop_file: Path):
+        super().__init__(stop_file, 0)
+
+    def write(self, text: str) -> int:
+        for line in text.splitlines():
+            event = json.loads(line)
+            if event["type"] == "phase" and event["name"] == "forward":
+                self.stop_file.touch()
+        return io.StringIO.write(self, text)
+
+
+def test_the_evaluation_of_a_partial_extraction_is_refused_unless_asked(tiny_target, tmp_path):
+    """A partial set is not the set the drafters are compared on: the evaluator refuses it, naming
+    the prompts missing and the two ways on; with --allow-partial it evaluates the part and says so
+    in its results and its manifest."""
+    from transformers import AutoTokenizer
+
+    from remote.drafter import save_random_drafter
+    from remote.evaluate import main as evaluate_main
+
+    states, stop = tmp_path / "states", tmp_path / "stop"
+    completions = write_completions(tiny_target, tmp_path / "c.json", n_prompts=3)
+    ids = [p["id"] for p in json.loads(completions.read_text())["prompts"]]
+    run_stopped(["--model", str(tiny_target), "--completions", str(completions), "--out", str(states),
+                 "--layers", "1,2", "--kernels", "torch"], stop, after=2)
+    mask = AutoTokenizer.from_pretrained(tiny_target).convert_tokens_to_ids("<|mask|>")
+    drafter = save_random_drafter(tmp_path / "d", 64, 799, [1, 2], 4, block_size=4, mask_token_id=mask, seed=2)
+    argv = ["--states", str(states), "--target", str(tiny_target), "--drafter", f"d={drafter}",
+            "--out", str(tmp_path / "eval"), "--device", "cpu", "--budgets", "2", "--topk", "2"]
+    with pytest.raises(WorkerError) as refused:
+        run_in_process(evaluate_main, argv)
+    assert f"{states} is a partial extraction: 2 of 3 prompts (missing {ids[2]})" in refused.value.msg
+    assert "--allow-partial" in refused.value.msg and "run --resume" in refused.value.msg
+    assert not (tmp_path / "eval").exists()
+    results, events = run_in_process(evaluate_main, [*argv, "--allow-partial"])
+    written = json.loads((tmp_path / "eval" / "results.json").read_text())
+    assert written["states_partial"] == {"prompts_done": ids[:2], "prompts_missing": ids[2:]}
+    assert written["drafters"]["d"]["prompts"] == 2
+    assert read_manifest(tmp_path / "eval", verify=True)["states_partial"] == written["states_partial"]
+    assert any(e["type"] == "log" and e["level"] == "warning" and "partial" in e["msg"] for e in events)
+    # A file of the part that no longer matches its sha256 is refused even when the part is allowed.
+    name = f"{ids[0]}.safetensors"
+    data = bytearray((states / name).read_bytes())
+    data[-1] ^= 0xFF
+    (states / name).write_bytes(bytes(data))
+    with pytest.raises(WorkerError, match=f"{name}: does not match its sha256"):
+        run_in_process(evaluate_main, [*argv, "--allow-partial", "--out", str(tmp_path / "eval2")])

@@ -8,6 +8,8 @@ import shutil
 from pathlib import Path
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from safetensors import safe_open
 
 from remote import extract
@@ -163,3 +165,40 @@ def test_check_only_says_which_extracted_layers_each_drafter_reads(tiny_target, 
                                                     "--layers", "0"))
     assert checked["layers"] == [0, 1, 2, 3]
     assert checked["drafters"]["ok"]["reads"] == [{"layer": 1, "index": 1}, {"layer": 2, "index": 2}]
+
+
+@settings(max_examples=60, deadline=None)
+@given(damage=st.lists(st.sampled_from(["none", "flip", "truncate", "delete", "no-sha", "path"]), min_size=1,
+                       max_size=6))
+def test_verify_files_keeps_exactly_the_files_that_match(damage, tmp_path_factory):
+    """A kept prompt file is one whose size and sha256 match its manifest entry now; every other
+    entry is named with why, whatever was done to it."""
+    from remote.artifacts import sha256_file
+    from remote.extract_check import verify_files
+
+    root = tmp_path_factory.mktemp("verify")
+    files, expect_why = {}, {}
+    why_of = {"flip": "does not match its sha256", "truncate": "size 3, the manifest says", "delete": "missing",
+              "no-sha": "no size and sha256", "path": "not a file name"}
+    for i, how in enumerate(damage):
+        name = f"p{i}.safetensors"
+        (root / name).write_bytes(bytes([i]) * (64 + i))
+        facts = {"size": 64 + i, "sha256": sha256_file(root / name), "prompt_id": f"p{i}"}
+        if how == "flip":
+            (root / name).write_bytes(bytes([i + 1]) * (64 + i))
+        elif how == "truncate":
+            (root / name).write_bytes(bytes([i]) * 3)
+        elif how == "delete":
+            (root / name).unlink()
+        elif how == "no-sha":
+            del facts["sha256"]
+        elif how == "path":
+            name = f"../{name}"
+        files[name] = facts
+        if how != "none":
+            expect_why[name] = why_of[how]
+    good, bad = verify_files(root, files)
+    expect_good = {f"p{i}.safetensors" for i, how in enumerate(damage) if how == "none"}
+    assert set(good) == expect_good and set(bad) == set(files) - expect_good
+    assert all(good[name] == files[name] for name in good)
+    assert all(expect_why[name] in why for name, why in bad.items()), bad
