@@ -80,7 +80,7 @@ def test_speculative_greedy_is_plain_greedy(fp32_target, tiny_target, random_dra
     tok = AutoTokenizer.from_pretrained(tiny_target)
     prompt = [i % len(tok) for i in prompt]  # any token of the tiny target's vocabulary
     speculator = load_speculator(fp32_target, tiny_target, random_drafters[which])
-    out = speculator.generate(prompt, max_new, tok.eos_token_id)
+    out = speculator.generate(prompt, max_new, {tok.eos_token_id})
     assert out.output_ids == plain_greedy(fp32_target, prompt, max_new, tok.eos_token_id, tok.pad_token_id)
     check_counts(out, max_new, tok.eos_token_id)
 
@@ -94,9 +94,19 @@ def test_the_end_of_sequence_token_ends_the_generation_inside_a_round(fp32_targe
     free = plain_greedy(fp32_target, ids, 12, -1, tok.pad_token_id)
     eos = free[5]
     cut = free[: free.index(eos) + 1]
-    out = speculator.generate(ids, 12, eos)
+    out = speculator.generate(ids, 12, {eos})
     assert out.output_ids == cut and out.finish == "stop"
     check_counts(out, 12, eos)
+
+
+def test_an_abort_ends_the_generation_before_the_next_verify_step(fp32_target, tiny_target, random_drafters):
+    tok = AutoTokenizer.from_pretrained(tiny_target)
+    speculator = load_speculator(fp32_target, tiny_target, random_drafters[(4, (1, 3))])
+    asked = []
+    out = speculator.generate([5, 6, 7, 8], 20, {tok.eos_token_id}, aborted=lambda: asked.append(1) or len(asked) > 2)
+    assert out.finish == "abort" and out.verify_ct == 2 == len(asked) - 1
+    full = plain_greedy(fp32_target, [5, 6, 7, 8], 20, tok.eos_token_id, tok.pad_token_id)
+    assert out.output_ids == full[: len(out.output_ids)]
 
 
 @pytest.fixture(scope="module")
@@ -116,7 +126,7 @@ def test_reference_drafter_is_accepted_and_the_off_by_one_candidate_is_not(drill
         tokens = steps = 0
         for prompt in load_prompts(drill.prompts).prompts:
             ids = prompt_token_ids(tok, prompt)
-            out = speculator.generate(ids, prompt.max_new_tokens, tok.eos_token_id)
+            out = speculator.generate(ids, prompt.max_new_tokens, {tok.eos_token_id})
             assert out.output_ids == plain_greedy(model, ids, prompt.max_new_tokens, tok.eos_token_id,
                                                   tok.pad_token_id)
             check_counts(out, prompt.max_new_tokens, tok.eos_token_id)

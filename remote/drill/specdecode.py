@@ -26,6 +26,7 @@ without SGLang's state tracking, and at its size a full forward costs millisecon
 from __future__ import annotations
 
 import os
+from collections.abc import Callable, Collection
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -43,7 +44,7 @@ class SpecOutput:
     """One request's generation and the counts SGLang keeps for it."""
 
     output_ids: list[int]
-    finish: str  # "stop" (end-of-sequence token) or "length"
+    finish: str  # "stop" (a stop token: the end-of-sequence one), "length" or "abort"
     verify_ct: int = 0
     correct_drafts: list[int] = field(default_factory=list)  # per verify step, drafts accepted (no bonus)
     block_size: int = 0
@@ -74,7 +75,8 @@ class Speculator:
         self.target = target_model
         self.drafter_dir = str(drafter_dir)
         # As the evaluator computes on a CPU: float32 drafter, the target's embed as stored, lm_head in float32.
-        self.drafter: Drafter = load_drafter(drafter_dir, "cpu", torch.float32)
+        self.device = next(target_model.parameters()).device
+        self.drafter: Drafter = load_drafter(drafter_dir, self.device, torch.float32)
         heads = read_target_heads(target_dir)
         spec = self.drafter.spec
         if heads.hidden_size != spec.hidden_size:
@@ -87,8 +89,8 @@ class Speculator:
         beyond = [k for k in spec.target_layer_ids if layers and k >= layers]
         if beyond:
             raise DrafterError(f"{drafter_dir}: target_layer_ids {beyond} beyond the target's {layers} layers")
-        self.embed = heads.embed
-        self.lm_head = heads.lm_head.float()
+        self.embed = heads.embed.to(self.device)
+        self.lm_head = heads.lm_head.to(self.device, torch.float32)
 
     @property
     def block_size(self) -> int:
@@ -108,7 +110,8 @@ class Speculator:
 
     def _target_pass(self, tokens: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
         """(argmax next token after each position [T], the drafter's layers concatenated [T, n*H])."""
-        out = self.target(input_ids=torch.tensor([tokens]), output_hidden_states=True, use_cache=False)
+        out = self.target(input_ids=torch.tensor([tokens], device=self.device), output_hidden_states=True,
+                          use_cache=False)
         # Layer k is the output of decoder layer k: hidden_states[k + 1] (EVAL-SPEC 1).
         feats = torch.cat([out.hidden_states[k + 1][0] for k in self.drafter.spec.target_layer_ids], dim=-1)
         return out.logits[0].argmax(-1), feats
@@ -116,21 +119,28 @@ class Speculator:
     def _draft(self, feats: torch.Tensor, tokens: list[int], anchor: int) -> list[int]:
         """The drafter's greedy block after x[anchor], from the states of positions < anchor: B-1 ids."""
         d = self.drafter
-        ids = torch.tensor(tokens[:anchor + 1])
-        hidden = d.block_hidden(d.context_kv(feats[:anchor]), self.embed, ids, torch.tensor([anchor]))
+        ids = torch.tensor(tokens[:anchor + 1], device=self.device)
+        anchors = torch.tensor([anchor], device=self.device)
+        hidden = d.block_hidden(d.context_kv(feats[:anchor]), self.embed, ids, anchors)
         return d.logits(hidden, self.lm_head)[0].argmax(-1).tolist()
 
     @torch.inference_mode()
-    def generate(self, input_ids: list[int], max_new_tokens: int, eos_id: int | None) -> SpecOutput:
-        """Greedy continuation of `input_ids`, drafted and verified; the same tokens as plain greedy."""
+    def generate(self, input_ids: list[int], max_new_tokens: int, stop_ids: Collection[int],
+                 aborted: Callable[[], bool] = lambda: False) -> SpecOutput:
+        """Greedy continuation of `input_ids` until a token of `stop_ids` (kept) or `max_new_tokens`,
+        drafted and verified: the same tokens as plain greedy. `aborted` is asked before each step."""
         result = SpecOutput([], "length", block_size=self.block_size)
         if max_new_tokens <= 0:
             return result
+        stop_ids = set(stop_ids)
         tokens = list(input_ids)
         g, feats = self._target_pass(tokens)  # the prefill: its last argmax is the first token
         tokens.append(int(g[-1]))
         emitted = [tokens[-1]]
-        while emitted[-1] != eos_id and len(emitted) < max_new_tokens:
+        while emitted[-1] not in stop_ids and len(emitted) < max_new_tokens:
+            if aborted():
+                result.output_ids, result.finish = emitted, "abort"
+                return result
             anchor = len(tokens) - 1
             drafts = self._draft(feats, tokens, anchor)
             g, feats = self._target_pass(tokens + drafts)
@@ -144,11 +154,11 @@ class Speculator:
             tokens += new
             feats = feats[:len(tokens) - 1]  # positions <= the bonus's predecessor are the accepted ones
             for token in new:
-                if len(emitted) == max_new_tokens or emitted[-1] == eos_id:
+                if len(emitted) == max_new_tokens or emitted[-1] in stop_ids:
                     break
                 emitted.append(token)
         result.output_ids = emitted
-        result.finish = "stop" if emitted[-1] == eos_id else "length"
+        result.finish = "stop" if emitted[-1] in stop_ids else "length"
         return result
 
 
