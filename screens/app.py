@@ -96,6 +96,7 @@ class ConsoleApp(App[int]):
         Binding("r", "restart_service", "Restart service", priority=True),
         Binding("o", "open_results", "Results"),
         Binding("h", "runs", "Runs"),
+        Binding("slash", "events", "Filter events", key_display="/"),
         Binding("question_mark", "help", "Help"),
         Binding("q", "quit", "Quit"),
     ]
@@ -262,6 +263,8 @@ class ConsoleApp(App[int]):
             self.show_error(ErrorReport(f"run {payload.run_id} failed", payload.message + down))
 
     def _tick(self) -> None:
+        if not self.screen_stack:  # shutting down
+            return
         screen = self.screen
         if isinstance(screen, DashboardScreen):
             screen.tick()
@@ -318,7 +321,7 @@ class ConsoleApp(App[int]):
     def check_action(self, action: str, parameters: tuple[object, ...]) -> bool | None:
         if action in self.ACTING and self.read_only:
             return False  # read-only: no key that acts is offered
-        if isinstance(self.screen, ModalScreen) and action in self.ACTING | {"open_results", "runs", "help", "quit"}:
+        if isinstance(self.screen, ModalScreen) and action in self.ACTING | {"open_results", "runs", "help", "quit", "events"}:
             return False  # a modal's footer names its own keys; these do nothing there
         here = type(self.screen).__name__
         if here == "PlanScreen" and action in self.ACTING:
@@ -422,6 +425,23 @@ class ConsoleApp(App[int]):
         if event.key == "r" and not isinstance(self.screen, ModalScreen):
             event.stop()
             self.notify(self.why_no_restart(), title="r: no restart", severity="warning", timeout=6)
+
+    def action_events(self) -> None:
+        """The events whole, filtered as a word is typed; the dashboard's log keeps the filter."""
+        from screens.modals.events import EventsModal
+        from screens.widgets.event_log import EventLog
+
+        if isinstance(self.screen, ModalScreen):
+            return
+
+        logs = [log for screen in self.screen_stack if isinstance(screen, DashboardScreen)
+                for log in screen.query(EventLog)]
+
+        def filtered(word: str | None) -> None:
+            for log in logs:
+                log.show_only(word or "")
+
+        self.push_screen(EventsModal(self.state.journal, logs[0].word if logs else ""), callback=filtered)
 
     def action_help(self) -> None:
         if not isinstance(self.screen, HelpModal):

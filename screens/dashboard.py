@@ -49,6 +49,7 @@ class DashboardScreen(Screen):
 
     def on_mount(self) -> None:
         self.refresh_all()
+        self.query_one("#hosts").focus()  # the arrows scroll the hosts at once; tab goes to the events
 
     def on_screen_resume(self) -> None:
         self.refresh_all()

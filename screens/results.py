@@ -1,10 +1,14 @@
-"""A run's results: the summary (drafters side by side, ratio to the reference), per prompt, the
-per-position acceptance chart, parity, the kernels of every host, and the window's timeline (VRAM
-and the service's state over the run). `e` writes report.md and report.json into the run dir."""
+"""A run's results: the summary (drafters side by side, ratio to the reference; a ratio under 1 in
+red), the warnings, the layer provenance per drafter and the feature soundness per layer; per
+prompt (the prompt column pinned, `d` picks whose columns show); the per-position acceptance chart;
+parity; the kernels of every host; and the window's timeline (VRAM and the service's state over
+the run). Number keys pick the tab, the arrows scroll it at once (the tab's table has the focus).
+`e` writes report.md and report.json into the run dir."""
 
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -16,12 +20,22 @@ from textual.app import ComposeResult
 from textual.binding import Binding
 from textual.containers import VerticalScroll
 from textual.screen import Screen
-from textual.widgets import Footer, Header, Static, TabbedContent, TabPane
+from textual.widgets import DataTable, Footer, Header, Static, TabbedContent, TabPane
 from textual_plotext import PlotextPlot
 
 from console.procedure.store import JOURNAL, STATE, TELEMETRY, read_jsonl
 from console.views.probe_table import probe_table
-from console.views.tables import drafter_order, parity_table, per_prompt_table, summary_table
+from console.views.tables import (
+    drafter_order,
+    parity_soundness_table,
+    parity_table,
+    per_prompt_rows,
+    provenance_table,
+    soundness_table,
+    summary_table,
+    warning_lines,
+    warnings_block,
+)
 from console.views.units import duration
 from screens.format import clock
 from screens.widgets.downtime_banner import DowntimeBanner
@@ -164,6 +178,26 @@ class AcceptancePlot(PlotextPlot):
         plt.xlabel("slot j")
 
 
+RATIO = re.compile(r"(\d+\.\d+)x")
+TOKENS_LEGEND = "tokens: prompt + completion.  d: the next drafter's columns (all, then one at a time)."
+
+
+def regressions_in_red(table: Table) -> Table:
+    """A ratio to the reference under 1 ('0.85x') in red, over 1 in green: a regression reads at a
+    glance. (The table's cells are the shared report's text; only their colour changes here.)"""
+    for column in table.columns[1:]:
+        cells = column._cells  # rich keeps a column's cells here; restyled in place, order kept
+        for i, cell in enumerate(cells):
+            if isinstance(cell, str) and RATIO.search(cell):
+                text = Text(cell)
+                for match in RATIO.finditer(cell):
+                    value = float(match.group(1))
+                    if value != 1.0:
+                        text.stylize("bold red" if value < 1 else "green", match.start(), match.end())
+                cells[i] = text
+    return table
+
+
 def _wrappable(renderable: Any) -> Any:
     """A table's label column may wrap: on a narrow terminal the labels fold, the figures stay whole."""
     if isinstance(renderable, Table) and renderable.columns:
@@ -179,13 +213,61 @@ def _scroll(renderable: Any, id: str, fit: bool = False) -> VerticalScroll:
     return VerticalScroll(shown, id=id, classes="result-scroll")
 
 
+def summary_view(results: dict[str, Any]) -> Group:
+    """What `run --headless` shows above the per-prompt table: warnings first, the summary, the layer
+    provenance per drafter and the feature soundness per extracted layer."""
+    parts: list[Any] = []
+    if warning_lines(results):
+        parts.append(warnings_block(results))
+    parts += [regressions_in_red(_wrappable(summary_table(results))), Text(""), _wrappable(provenance_table(results))]
+    if results.get("soundness"):
+        parts += [Text(""), _wrappable(soundness_table(results["soundness"]))]
+    return Group(*parts)
+
+
+def per_prompt_columns(results: dict[str, Any], drafter: str | None) -> tuple[list[str], list[list[str]]]:
+    """The per-prompt table's headers and rows: the prompt and its tokens, then every drafter's
+    columns (`drafter` None) or that one drafter's."""
+    headers, rows, _ = per_prompt_rows(results)
+    keep = [i for i, h in enumerate(headers) if i < 2 or drafter is None or h.startswith(f"{drafter} ")]
+    return [headers[i] for i in keep], [[row[i] for i in keep] for row in rows]
+
+
+class PerPromptTable(DataTable):
+    """Per prompt, the prompt column pinned while the others scroll sideways."""
+
+    def __init__(self, results: dict[str, Any]) -> None:
+        super().__init__(id="per-prompt-table", zebra_stripes=True, cursor_type="row")
+        self.results = results
+        self.choices: list[str | None] = [None, *drafter_order(results)]
+        self.drafter: str | None = None
+
+    def on_mount(self) -> None:
+        self.fixed_columns = 1
+        self.show_drafter(self.drafter)
+
+    def show_drafter(self, drafter: str | None) -> None:
+        self.drafter = drafter
+        headers, rows = per_prompt_columns(self.results, drafter)
+        self.clear(columns=True)
+        self.add_columns(*headers)
+        self.add_rows(rows)
+        self.border_title = f"Per prompt: {drafter or 'every drafter'}"
+
+    def next_drafter(self) -> None:
+        self.show_drafter(self.choices[(self.choices.index(self.drafter) + 1) % len(self.choices)])
+
+
 class ResultsScreen(Screen):
     """One run's results; opened from the dashboard with `o`, or from the runs list."""
 
     app: ConsoleApp
     DEFAULT_CSS = """
     ResultsScreen TabbedContent { height: 1fr; }
-    ResultsScreen .result-scroll { height: 1fr; overflow-x: auto; }
+    ResultsScreen .result-scroll { height: 1fr; overflow-x: auto; border-left: blank; }
+    ResultsScreen .result-scroll:focus, ResultsScreen DataTable:focus { border-left: thick $accent; }
+    ResultsScreen #per-prompt-table { height: 1fr; border-left: blank; }
+    ResultsScreen .legend { color: $text-muted; height: auto; }
     ResultsScreen .table { width: auto; }
     ResultsScreen .table.fit { max-width: 100%; }
     ResultsScreen #window-pane PlotextPlot { height: 1fr; min-height: 12; }
@@ -201,6 +283,7 @@ class ResultsScreen(Screen):
         Binding("4", "tab('parity')", "Parity", show=False),
         Binding("5", "tab('kernels')", "Kernels", show=False),
         Binding("6", "tab('window-pane')", "Window", show=False),
+        Binding("d", "next_drafter", "Drafter's columns"),
     ]
 
     def __init__(self, data: RunData) -> None:
@@ -213,13 +296,16 @@ class ResultsScreen(Screen):
         yield DowntimeBanner()
         with TabbedContent(initial="summary"):
             with TabPane("1 Summary", id="summary"):
-                yield _scroll(summary_table(data.results), "summary-table", fit=True)
+                yield _scroll(summary_view(data.results), "summary-table", fit=True)
             with TabPane("2 Per prompt", id="per-prompt"):
-                yield _scroll(per_prompt_table(data.results), "per-prompt-table")
+                yield Static(TOKENS_LEGEND, classes="legend")
+                yield PerPromptTable(data.results)
             with TabPane("3 Acceptance", id="acceptance"):
                 yield AcceptancePlot(data.results)
             with TabPane("4 Parity", id="parity"):
-                yield _scroll(parity_table(data.parity) if data.parity else
+                yield _scroll(Group(parity_table(data.parity), *([Text(""), parity_soundness_table(data.parity)]
+                                                                 if data.parity.get("soundness") else []))
+                              if data.parity else
                               Text("no parity.json in this run: the parity check did not run", style="dim"),
                               "parity-table")
             with TabPane("5 Kernels", id="kernels"):
@@ -230,15 +316,34 @@ class ResultsScreen(Screen):
                 t1 = max((r["t"] for r in data.telemetry if "t" in r), default=None)
                 yield TimelinePlot(data)
                 yield Static(service_strip(data.state, t0, t1), classes="strip")
-                yield VerticalScroll(Static(steps_table(data.state, t0)))
+                yield VerticalScroll(Static(steps_table(data.state, t0)), classes="result-scroll steps")
         yield Footer()
 
     def on_mount(self) -> None:
         run_id = self.data.state.get("run_id") or self.data.run_dir.name
         self.sub_title = f"results of {run_id}"
+        self.call_after_refresh(self._focus_pane)
 
     def action_tab(self, tab: str) -> None:
         self.query_one(TabbedContent).active = tab
+        self.call_after_refresh(self._focus_pane)
+
+    def on_tabbed_content_tab_activated(self, event: TabbedContent.TabActivated) -> None:
+        self.call_after_refresh(self._focus_pane)
+
+    def _focus_pane(self) -> None:
+        """The shown tab's table takes the focus: the arrows and PageUp/Down scroll it at once."""
+        pane = self.query_one(TabbedContent).active_pane
+        if pane is None:
+            return
+        for widget in pane.query("DataTable, .result-scroll"):
+            if widget.focusable:
+                widget.focus()
+                return
+
+    def action_next_drafter(self) -> None:
+        self.action_tab("per-prompt")
+        self.query_one(PerPromptTable).next_drafter()
 
     def action_back(self) -> None:
         self.app.pop_screen()
