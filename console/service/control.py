@@ -183,6 +183,50 @@ class SystemdManager:
     async def start(self) -> None:
         await self._verb(self.start_argv())
 
+    # --- the unit's history, for the downtime forecast (console.procedure.forecast) ---------------
+    # systemd's transition stamps (CLOCK_MONOTONIC usec, 0 when not recorded this boot): InactiveExit
+    # (inactive -> activating), ActiveEnter (-> active), ActiveExit (active -> deactivating),
+    # InactiveEnter (-> inactive/failed). See org.freedesktop.systemd1(5).
+    HISTORY_PROPERTIES = ("Type", "InactiveExitTimestampMonotonic", "ActiveEnterTimestampMonotonic",
+                          "ActiveExitTimestampMonotonic", "InactiveEnterTimestampMonotonic")
+    READY_LINE = "fired up and ready to roll"  # SGLang's, as parse_startup_line reads it
+
+    @staticmethod
+    def durations(props: dict[str, str]) -> dict[str, Any]:
+        """The last stop (ActiveExit -> InactiveEnter) and start (InactiveExit -> ActiveEnter) in
+        seconds from `systemctl show` properties; None where not recorded or still under way. For a
+        Type=simple unit the start is the process's spawn, not the server's readiness (`ready_s`)."""
+        def usec(key: str) -> int:
+            value = props.get(key, "")
+            return int(value) if value.isdigit() else 0
+
+        def span(begin: str, end: str) -> float | None:
+            b, e = usec(begin), usec(end)
+            return (e - b) / 1e6 if b and e >= b else None
+
+        return {"type": props.get("Type") or None,
+                "stop_s": span("ActiveExitTimestampMonotonic", "InactiveEnterTimestampMonotonic"),
+                "start_s": span("InactiveExitTimestampMonotonic", "ActiveEnterTimestampMonotonic")}
+
+    async def history(self) -> dict[str, Any]:
+        """The unit's last stop and start as systemd and its journal recorded them (this boot):
+        {"type", "stop_s", "start_s", "ready_s"}; `ready_s` runs from the last start's InactiveExit to
+        the server's ready line in the journal (None when the journal cannot say)."""
+        show = await self.runner.run(self.argv("show", self.unit, "-p", ",".join(self.HISTORY_PROPERTIES)),
+                                     check=False, timeout=self.timeout)
+        if show.exit_status != 0:
+            raise ServiceError(f"`{' '.join(self.argv('show', self.unit))}` failed (exit {show.exit_status}): {_output(show)}")
+        props = parse_systemctl_show(show.stdout)
+        history = {**self.durations(props), "ready_s": None}
+        started = int(props.get("InactiveExitTimestampMonotonic") or 0) / 1e6
+        base = ["journalctl", "-u", self.unit, "-b", "-g", self.READY_LINE, "-o", "short-monotonic", "-n", "1",
+                "--no-pager"]
+        journal = await self.runner.run(["sudo", "-n", *base] if self.sudo else base, check=False, timeout=self.timeout)
+        match = re.match(r"^\[\s*(\d+\.\d+)\]", (journal.stdout or "").strip()) if journal.exit_status == 0 else None
+        if match and started and float(match.group(1)) >= started:  # else: a line of an earlier start
+            history["ready_s"] = float(match.group(1)) - started
+        return history
+
 
 def command_argv(command: str | Sequence[str], sudo: bool = False) -> list[str]:
     """A configured command as argv: a string runs through `sh -c`, a list is taken as it is."""
