@@ -60,8 +60,11 @@ class HttpDeadlineError(Exception):
         return f"{len(self.body)}" + (f" of {self.expected}" if self.expected is not None else "") + " bytes"
 
 
-def request(url: str, data: bytes | None, timeout: float, max_body: int | None = None) -> Answer:
-    """GET (or POST `data` as JSON) with a total deadline of `timeout` seconds; any HTTP status is returned."""
+def request(url: str, data: bytes | None, timeout: float, max_body: int | None = None,
+            headers: dict[str, str] | None = None) -> Answer:
+    """GET (or POST `data` as JSON) with a total deadline of `timeout` seconds; any HTTP status is returned.
+
+    `headers` are sent as they are (e.g. `Authorization`); never put them in an error message."""
     parts = urlsplit(url)
     if parts.scheme not in ("http", "https") or not parts.hostname:
         raise HttpDeadlineError("bad_url", url, timeout)
@@ -83,9 +86,9 @@ def request(url: str, data: bytes | None, timeout: float, max_body: int | None =
     watchdog.daemon = True
     watchdog.start()
     try:
-        headers = {"Content-Type": "application/json"} if data is not None else {}
+        sent = {**({"Content-Type": "application/json"} if data is not None else {}), **(headers or {})}
         try:
-            conn.request("POST" if data is not None else "GET", target, body=data, headers=headers)
+            conn.request("POST" if data is not None else "GET", target, body=data, headers=sent)
             response = conn.getresponse()
         except (OSError, http.client.HTTPException) as exc:
             raise HttpDeadlineError("no_answer", url, timeout, expired=expired.is_set(), cause=exc) from None

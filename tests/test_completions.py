@@ -35,6 +35,28 @@ def standin(tiny_target, tmp_path_factory):
     stop(proc)
 
 
+GREEDY = {"temperature": 0.0, "top_p": 1.0, "top_k": -1, "min_p": 0.0, "frequency_penalty": 0.0,
+          "presence_penalty": 0.0, "repetition_penalty": 1.0, "min_new_tokens": 0}
+KEY = "completions-test-key"
+
+
+@pytest.fixture(scope="module")
+def guarded(tiny_target, tmp_path_factory):
+    """A rehearsal server with --api-key and a preferred logit bias that would make every token 7."""
+    port = free_port()
+    log = tmp_path_factory.mktemp("guarded") / "log.txt"
+    proc = start_standin(tiny_target, port, log, "--api-key", KEY,
+                         "--preferred-sampling-params", json.dumps({"logit_bias": {"7": 100.0}, "top_k": 5}))
+    url = f"http://127.0.0.1:{port}"
+    try:
+        wait_status(url + "/health", 200, timeout=90, proc=proc)
+    except (TimeoutError, RuntimeError) as exc:
+        stop(proc)
+        pytest.fail(f"{exc}\n{log.read_text()[-2000:]}")
+    yield url
+    stop(proc)
+
+
 def serve(handler_cls) -> tuple[str, ThreadingHTTPServer]:
     server = ThreadingHTTPServer(("127.0.0.1", 0), handler_cls)
     threading.Thread(target=server.serve_forever, daemon=True).start()
@@ -71,27 +93,34 @@ def proxy_without_generate(upstream: str):
     return serve(Handler)
 
 
-def broken_server(model_path: str, generate_answer: bytes):
-    """A server whose /model_info is fine and whose /generate answers `generate_answer`."""
+def broken_server(model_path: str, generate_answer: bytes | list[tuple[int, bytes]], **model_info):
+    """A server whose /model_info is fine (plus `model_info`) and whose /generate answers
+    `generate_answer`, or (status, body) from the list in turn (the last one for ever after).
+    Every /generate body it gets is kept in `server.bodies`."""
+    answers = [(200, generate_answer)] if isinstance(generate_answer, bytes) else list(generate_answer)
+    bodies: list[dict] = []
 
     class Handler(BaseHTTPRequestHandler):
         def log_message(self, *args):
             pass
 
-        def _send(self, data: bytes):
-            self.send_response(200)
+        def _send(self, data: bytes, status: int = 200):
+            self.send_response(status)
             self.send_header("Content-Length", str(len(data)))
             self.end_headers()
             self.wfile.write(data)
 
         def do_GET(self):  # noqa: N802
-            self._send(json.dumps({"model_path": model_path}).encode())
+            self._send(json.dumps({"model_path": model_path, **model_info}).encode())
 
         def do_POST(self):  # noqa: N802
-            self.rfile.read(int(self.headers["Content-Length"]))
-            self._send(generate_answer)
+            bodies.append(json.loads(self.rfile.read(int(self.headers["Content-Length"]))))
+            status, body = answers.pop(0) if len(answers) > 1 else answers[0]
+            self._send(body, status)
 
-    return serve(Handler)
+    url, server = serve(Handler)
+    server.bodies = bodies
+    return url, server
 
 
 def prompt_file(tmp_path: Path, n: int = 2, max_new: int = 6) -> Path:
@@ -114,7 +143,7 @@ def test_generate_caches_token_ids_then_extract_reads_them(standin, tiny_target,
     assert data["format"] == "dflash-ops.completions/1"
     assert data["model_path"] == str(tiny_target) and data["server_url"] == standin
     assert data["prompt_set_sha256"] == load_prompts(prompts).sha256
-    assert data["sampling"] == {"temperature": 0, "max_new_tokens": 6}
+    assert data["sampling"] == {**GREEDY, "max_new_tokens": 6} and data["server_preferred_sampling_params"] is None
     from transformers import AutoTokenizer
 
     tokenizer = AutoTokenizer.from_pretrained(tiny_target)
@@ -206,7 +235,14 @@ def test_unreachable_server_and_foreign_tokenizer_path(tmp_path):
 
 @pytest.mark.parametrize("answer, reason", [
     (b'{"output_ids": [5, 6], "text": "ab", "meta_info": {"finish_reason": {"type": "abort", "message": "client gone"}}}',
-     "finish_reason 'abort' (client gone)"),
+     "aborted by the server: client gone; 2 tokens before the abort"),
+    (b'{"output_ids": [], "text": "", "meta_info": {"finish_reason": {"type": "abort", "message": "Aborted", '
+     b'"status_code": null, "err_type": null}}}', "aborted by the server: Aborted; no tokens"),
+    (b'{"output_ids": [5, 2], "text": "a", "meta_info": {"finish_reason": {"type": "stop", "matched": "NaN happened"}}}',
+     "the server stopped on a NaN or out-of-vocabulary token (finish_reason stop, matched 'NaN happened'): it "
+     "replaced that token by EOS, so the last token is not the model's"),
+    (b'{"output_ids": [5, 6], "text": "ab", "meta_info": {"finish_reason": {"type": "stop", "matched": "</s>"}}}',
+     "the server stopped on the string '</s>', not on a stop token (we sent no stop strings)"),
     (b'{"output_ids": [], "text": "", "meta_info": {"finish_reason": {"type": "stop"}}}', "empty completion (no tokens)"),
     (b'{"output_ids": [5, 6], "text": "ab", "meta_info": {}}', "finish_reason None"),
 ])
@@ -222,13 +258,14 @@ def test_aborted_or_empty_generations_are_cached_marked_incomplete(tiny_target, 
     data = json.loads((tmp_path / "c.json").read_text())
     assert data["incomplete"] == ["p0", "p1"] == result["incomplete"]
     assert all(r["complete"] is False and r["incomplete_reason"] == reason for r in data["prompts"])
-    assert any(e["type"] == "log" and e["level"] == "warning" and "INCOMPLETE" in e["msg"] for e in events)
+    assert any(e["type"] == "log" and e["level"] == "warning" and e["msg"].endswith(f"INCOMPLETE: {reason}")
+               for e in events)
     argv = ["--model", str(tiny_target), "--completions", str(tmp_path / "c.json"), "--out", str(tmp_path / "x")]
     with pytest.raises(WorkerError) as err:
         run_in_process(extract.main, argv)
     assert "2 of 2 generations are incomplete" in err.value.msg and "--allow-incomplete" in err.value.msg
     assert "\n" not in err.value.msg and not (tmp_path / "x").exists()
-    if reason != "empty completion (no tokens)":
+    if reason not in ("empty completion (no tokens)", "aborted by the server: Aborted; no tokens"):
         checked, _ = run_in_process(extract.main, [*argv, "--check-only", "--allow-incomplete"])
         assert checked["ok"] and checked["allowed_incomplete"] and [e["id"] for e in checked["incomplete"]] == ["p0", "p1"]
 
@@ -240,3 +277,91 @@ def test_complete_generations_are_marked_complete(standin, tmp_path):
     assert data["incomplete"] == [] == result["incomplete"]
     assert all(r["complete"] for r in data["prompts"])
     assert completions.completeness({"completion_ids": [1], "finish_reason": "length"}) == (True, None)
+
+
+def test_every_greedy_param_is_sent_over_the_servers_preferred_ones(standin, guarded, tmp_path, monkeypatch):
+    """A server preferring a logit bias (every token 7) and top_k 5 gives the same completions as one
+    with no preference: each preferred param is sent with its greedy value, and the warning says so."""
+    prompts = prompt_file(tmp_path)
+    run(["--server", standin, "--prompts", str(prompts), "--out", str(tmp_path / "plain.json")])
+    monkeypatch.setenv(completions.API_KEY_ENV, KEY)
+    _, events = run(["--server", guarded, "--prompts", str(prompts), "--out", str(tmp_path / "preferred.json")])
+    plain, preferred = (json.loads((tmp_path / f"{n}.json").read_text()) for n in ("plain", "preferred"))
+    assert [r["completion_ids"] for r in preferred["prompts"]] == [r["completion_ids"] for r in plain["prompts"]]
+    assert all(r["complete"] for r in preferred["prompts"])
+    assert preferred["server_preferred_sampling_params"] == {"logit_bias": {"7": 100.0}, "top_k": 5}
+    assert preferred["sampling"] == {**GREEDY, "max_new_tokens": 6, "logit_bias": None}
+    warnings = [e["msg"] for e in events if e["type"] == "log" and e["level"] == "warning"]
+    assert 'the server prefers logit_bias={"7": 100.0}, top_k=5 (--preferred-sampling-params): sent logit_bias=null, ' \
+           "top_k=-1 instead, as greedy decoding needs" in warnings
+
+
+def test_a_preference_that_cannot_be_undone_is_refused_before_any_prompt(tiny_target, tmp_path):
+    url, server = broken_server(str(tiny_target), b"{}", preferred_sampling_params={"dry_multiplier": 0.8})
+    try:
+        with pytest.raises(WorkerError, match=r"sets dry_multiplier=0.8, which may change greedy output and which "
+                                              r"dflash-ops cannot undo"):
+            run(["--server", url, "--prompts", str(prompt_file(tmp_path)), "--out", str(tmp_path / "c.json")])
+    finally:
+        server.shutdown()
+        server.server_close()
+    assert server.bodies == [] and not (tmp_path / "c.json").exists()
+
+
+def test_the_api_key_comes_from_the_environment_and_a_401_says_what_to_set(guarded, tmp_path, monkeypatch):
+    argv = ["--server", guarded, "--prompts", str(prompt_file(tmp_path, n=1)), "--out", str(tmp_path / "c.json")]
+    monkeypatch.delenv(completions.API_KEY_ENV, raising=False)
+    with pytest.raises(WorkerError) as err:
+        run(argv)
+    assert "answered HTTP 401 Unauthorized: the server wants an API key: set [service] api_key_env" in err.value.msg
+    assert f"this worker had no {completions.API_KEY_ENV}" in err.value.msg
+    monkeypatch.setenv(completions.API_KEY_ENV, "not-the-key")
+    with pytest.raises(WorkerError, match="the key given was refused") as err:
+        run(argv)
+    assert "not-the-key" not in err.value.msg
+    monkeypatch.setenv(completions.API_KEY_ENV, KEY)
+    result, events = run(argv)
+    assert result["prompts"] == 1 and not any(KEY in json.dumps(e) for e in events)
+
+
+SERVICE_UNAVAILABLE = json.dumps({"object": "error", "message": "The request queue is full.", "type": "503",
+                                  "param": None, "code": 503}).encode()
+
+
+def test_a_503_is_asked_once_more_and_a_second_keeps_the_others_cached(tiny_target, tmp_path):
+    ok = json.dumps({"output_ids": [5, 6], "text": "ab", "meta_info": {"finish_reason": {"type": "length",
+                                                                                     "length": 2}}}).encode()
+    argv = ["--prompts", str(prompt_file(tmp_path, n=3)), "--retry-backoff", "0"]
+    # p0 fine; p1 busy once, then fine; p2 busy twice: cached incomplete, p0 and p1 kept.
+    url, server = broken_server(str(tiny_target), [(200, ok), (503, SERVICE_UNAVAILABLE), (200, ok),
+                                                   (503, SERVICE_UNAVAILABLE), (503, SERVICE_UNAVAILABLE)])
+    try:
+        result, events = run(["--server", url, *argv, "--out", str(tmp_path / "c.json")])
+    finally:
+        server.shutdown()
+        server.server_close()
+    assert len(server.bodies) == 5
+    data = json.loads((tmp_path / "c.json").read_text())
+    assert [r["complete"] for r in data["prompts"]] == [True, True, False] and result["incomplete"] == ["p2"]
+    assert data["prompts"][2]["incomplete_reason"].startswith(
+        "aborted by the server (HTTP 503): HTTP 503 twice: prompt 'p2': /generate answered HTTP 503: "
+        "The request queue is full.")
+    retries = [e["msg"] for e in events if e["type"] == "log" and "asking once more in 0 s" in e["msg"]]
+    assert len(retries) == 2 and retries[0].startswith("p1: ")
+
+
+def test_the_retry_backoff_is_bounded(monkeypatch):
+    from remote.prompts import Prompt
+
+    slept: list[float] = []
+    calls = iter([completions.Busy("busy", "u"), {"completion_ids": [1]}])
+
+    def ask():
+        outcome = next(calls)
+        if isinstance(outcome, Exception):
+            raise outcome
+        return outcome
+
+    monkeypatch.setattr(completions.time, "sleep", slept.append)
+    answer = completions.ask_with_one_retry(ask, Prompt("p", 4), EventWriter(stream=io.StringIO()), 3600, "generate")
+    assert answer == {"completion_ids": [1]} and slept == [completions.RETRY_BACKOFF_MAX_S]

@@ -58,6 +58,15 @@ def trickle_status(conn: socket.socket, every: float = 0.1) -> None:
         conn.sendall(bytes([byte]))
 
 
+def stuck(conn: socket.socket) -> None:
+    """A stuck scheduler's /health: nothing until the client gives up (SGLang answers 503 only after
+    SGLANG_HEALTH_CHECK_TIMEOUT, 20 s)."""
+    conn.settimeout(60)
+    with contextlib.suppress(OSError):
+        while conn.recv(1):
+            pass
+
+
 def garbage(conn: socket.socket) -> None:
     conn.sendall(b"SSH-2.0-OpenSSH_9.6 not http at all\r\n")
 
@@ -154,6 +163,15 @@ async def test_a_trickled_status_line_is_no_answer_within_the_deadline(raw: RawS
     with pytest.raises(ServerUnreachable, match=r"/health: no answer within 1 s"):
         await SglangClient(raw.url, timeout=1.0).health()
     assert time.monotonic() - began < 2.5
+
+
+async def test_a_stuck_server_is_our_deadline_not_a_closed_connection(raw: RawServer) -> None:
+    raw.routes["/health"] = stuck
+    with pytest.raises(ServerUnreachable) as info:
+        await SglangClient(raw.url, timeout=1.0).health()
+    assert str(info.value) == f"{raw.url}/health: no answer within 1 s (our deadline)"
+    health = await probe_health(SglangClient(raw.url, timeout=1.0))
+    assert "(our deadline)" in health.error and "closed the connection" not in health.error
 
 
 async def test_a_line_that_is_not_http_is_an_answer_error(raw: RawServer) -> None:
@@ -256,5 +274,8 @@ def test_completions_client_garbage_and_silence_are_its_own_error(raw: RawServer
     with pytest.raises(completions.ServerError, match="not an HTTP answer"):
         completions.http_json(raw.url + "/model_info", timeout=5)
     raw.routes["/model_info"] = trickle_status
-    with pytest.raises(completions.ServerError, match="no answer within 1 s"):
+    with pytest.raises(completions.ServerError, match=r"no answer within 1 s \(our deadline\)"):
+        completions.http_json(raw.url + "/model_info", timeout=1.0)
+    raw.routes["/model_info"] = stuck
+    with pytest.raises(completions.ServerError, match=r"no answer within 1 s \(our deadline\)"):
         completions.http_json(raw.url + "/model_info", timeout=1.0)

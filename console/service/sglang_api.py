@@ -5,6 +5,12 @@ Endpoints (KERNELS.md, SGLang 0.5.23): `/health` (503 while starting), `/model_i
 `/generate`. Every answer is checked: a malformed one raises `ServerAnswerError` naming the
 endpoint, what was expected and what came back. Blocking http.client calls run in a thread.
 
+Requests carry `Authorization: Bearer KEY` when the client has the server's `--api-key` (SGLang
+leaves only `/health*`, `/ready` and `/metrics` open: sglang/srt/utils/auth.py, decide_request_auth);
+a 401 says so plainly. `generate` sends every greedy sampling param explicitly
+(`remote.sglang_sampling`). Metrics are read as SGLang's metrics_collector.py writes them (see
+`metric_totals`). What each fact rests on in SGLang's source: docs/sglang.md.
+
 Every request has a total deadline (connect, status line, headers and the whole body), not only a
 per-read timeout: a server that trickles its answer a byte at a time must not hold the console. Any
 transport failure is one of this module's two errors, with the URL and what had arrived:
@@ -24,10 +30,12 @@ from dataclasses import dataclass
 from typing import Any
 
 from remote import http_deadline
+from remote.sglang_sampling import greedy_sampling_params
 
 DEFAULT_TIMEOUT_S = 10.0
 MAX_BODY_BYTES = 64 << 20  # no SGLang answer the console asks for comes near this
 READY_PROMPT_IDS = [1, 2, 3]  # any valid ids: readiness asks for one generated token, not its meaning
+UNAUTHORIZED = "the server wants an API key: set [service] api_key_env"
 
 
 class ServerAnswerError(Exception):
@@ -50,7 +58,7 @@ def _excerpt(body: bytes) -> str:
     return repr(text[:120] + ("..." if len(text) > 120 else ""))
 
 
-def _request(url: str, data: bytes | None, timeout: float) -> HttpAnswer:
+def _request(url: str, data: bytes | None, timeout: float, headers: dict[str, str] | None = None) -> HttpAnswer:
     """GET (or POST `data`) with a total deadline of `timeout` seconds; any HTTP status is returned.
 
     The request is `remote.http_deadline.request` (a watchdog ends a blocked read at the deadline;
@@ -58,20 +66,20 @@ def _request(url: str, data: bytes | None, timeout: float) -> HttpAnswer:
     two errors.
     """
     try:
-        answer = http_deadline.request(url, data, timeout, max_body=MAX_BODY_BYTES)
+        answer = http_deadline.request(url, data, timeout, max_body=MAX_BODY_BYTES, headers=headers)
     except http_deadline.HttpDeadlineError as err:
         exc = err.cause
         if err.kind == "bad_url":
             raise ServerUnreachable(f"{url}: {exc}" if exc is not None else f"{url}: not an http(s) URL") from None
         if err.kind == "no_answer":
+            if err.expired:  # first: the deadline's own shutdown also reads as the server closing
+                raise ServerUnreachable(f"{url}: no answer within {timeout:g} s (our deadline)") from None
             if isinstance(exc, http.client.RemoteDisconnected):  # also a BadStatusLine: nothing came back at all
                 raise ServerUnreachable(f"{url}: no answer (the server closed the connection without answering)") from None
-            if isinstance(exc, http.client.BadStatusLine) and not err.expired:
+            if isinstance(exc, http.client.BadStatusLine):
                 raise ServerAnswerError(f"{url}: not an HTTP answer: {_excerpt(str(exc.args[0] if exc.args else '').encode())}") from None
             if isinstance(exc, http.client.HTTPException) and not isinstance(exc, http.client.BadStatusLine):
                 raise ServerAnswerError(f"{url}: malformed HTTP answer ({type(exc).__name__}: {exc})") from None
-            if err.expired:
-                raise ServerUnreachable(f"{url}: no answer within {timeout:g} s") from None
             raise ServerUnreachable(f"{url}: no answer ({exc})") from None
         if err.kind == "too_large":
             raise ServerAnswerError(f"{url}: HTTP {err.status} answer larger than {MAX_BODY_BYTES >> 20} MiB") from None
@@ -83,17 +91,24 @@ def _request(url: str, data: bytes | None, timeout: float) -> HttpAnswer:
 class SglangClient:
     """Talks to one server at `base_url` (e.g. "http://127.0.0.1:40123", the forwarded port)."""
 
-    def __init__(self, base_url: str, timeout: float = DEFAULT_TIMEOUT_S, deadline: float | None = None):
+    def __init__(self, base_url: str, timeout: float = DEFAULT_TIMEOUT_S, deadline: float | None = None,
+                 api_key: str | None = None):
         self.base_url = base_url.rstrip("/")
         self.timeout = timeout  # seconds per request, all of it
         self.deadline = deadline  # time.monotonic() after which no request is made or waited for
+        self._headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}  # never shown or logged
+
+    def __repr__(self) -> str:
+        return f"SglangClient({self.base_url!r}, api key {'set' if self._headers else 'none'})"
 
     def within(self, seconds: float) -> SglangClient:
         """This client with every request also ending within `seconds` from now (e.g. a wait's end)."""
         deadline = time.monotonic() + max(0.0, seconds)
         if self.deadline is not None:
             deadline = min(deadline, self.deadline)
-        return SglangClient(self.base_url, self.timeout, deadline)
+        clone = SglangClient(self.base_url, self.timeout, deadline)
+        clone._headers = self._headers
+        return clone
 
     def _budget(self, url: str, timeout: float | None) -> float:
         budget = timeout or self.timeout
@@ -106,21 +121,23 @@ class SglangClient:
 
     async def get(self, path: str, timeout: float | None = None) -> HttpAnswer:
         url = self.base_url + path
-        return await asyncio.to_thread(_request, url, None, self._budget(url, timeout))
+        return await asyncio.to_thread(_request, url, None, self._budget(url, timeout), self._headers)
 
     async def post(self, path: str, body: dict, timeout: float | None = None) -> HttpAnswer:
         url = self.base_url + path
         data = json.dumps(body).encode()
-        return await asyncio.to_thread(_request, url, data, self._budget(url, timeout))
+        return await asyncio.to_thread(_request, url, data, self._budget(url, timeout), self._headers)
 
     async def health(self) -> int:
         """HTTP status of GET /health (200 up, 503 starting); raises ServerUnreachable or
         ServerAnswerError when no whole HTTP answer came back."""
         return (await self.get("/health")).status
 
-    @staticmethod
-    def _json_object(request: str, answer: HttpAnswer) -> dict:
+    def _json_object(self, request: str, answer: HttpAnswer) -> dict:
         """The answer's JSON object; anything else is a ServerAnswerError naming `request` ("GET /x")."""
+        if answer.status == 401:
+            raise ServerAnswerError(f"{request}: HTTP 401 Unauthorized: {UNAUTHORIZED}"
+                                    + ("; the key given was refused" if self._headers else ""))
         if answer.status != 200:
             raise ServerAnswerError(f"{request}: HTTP {answer.status}: {_excerpt(answer.body)}")
         try:
@@ -160,17 +177,19 @@ class SglangClient:
         return (await self._get_first(("/server_info", "/get_server_info")))[1]
 
     async def metrics(self) -> dict[str, float] | None:
-        """`/metrics` summed per metric name, or None when the server has metrics off (404)."""
+        """`/metrics` as one total per metric name (`metric_totals`), or None when the server has
+        metrics off (404)."""
         answer = await self.get("/metrics")
         if answer.status == 404:
             return None
         if answer.status != 200:
             raise ServerAnswerError(f"GET /metrics: HTTP {answer.status}: {_excerpt(answer.body)}")
-        return parse_prometheus(answer.body.decode(errors="replace"))
+        return metric_totals(parse_samples(answer.body.decode(errors="replace")))
 
     async def generate(self, input_ids: list[int], max_new_tokens: int, timeout: float | None = None) -> dict:
-        """POST /generate with token ids, greedy; returns the answer, checked for `output_ids`."""
-        body = {"input_ids": input_ids, "sampling_params": {"max_new_tokens": max_new_tokens, "temperature": 0.0}}
+        """POST /generate with token ids, greedy (every greedy param sent); returns the answer, checked
+        for `output_ids`."""
+        body = {"input_ids": input_ids, "sampling_params": greedy_sampling_params(max_new_tokens)[0]}
         answer = await self.post("/generate", body, timeout)
         data = self._json_object("POST /generate", answer)
         ids = data.get("output_ids")
@@ -187,14 +206,30 @@ class SglangClient:
 _SAMPLE = re.compile(
     r"^(?P<name>[a-zA-Z_:][a-zA-Z0-9_:]*)(?:\{(?P<labels>.*)\})?\s+(?P<value>\S+)(?:\s+-?\d+)?\s*$"
 )
+_LABEL = re.compile(r'\s*([a-zA-Z_][a-zA-Z0-9_]*)\s*=\s*"((?:[^"\\]|\\.)*)"\s*,?')
+_UNESCAPE = {"\\\\": "\\", '\\"': '"', "\\n": "\n"}
 
 
-def parse_prometheus(text: str) -> dict[str, float]:
-    """Prometheus text exposition -> {metric name: value summed over its label sets}.
+@dataclass(frozen=True)
+class Sample:
+    name: str
+    labels: dict[str, str]
+    value: float
+
+
+def _labels(text: str | None) -> dict[str, str]:
+    labels: dict[str, str] = {}
+    for match in _LABEL.finditer(text or ""):
+        labels[match.group(1)] = re.sub(r'\\[\\"n]', lambda m: _UNESCAPE[m.group(0)], match.group(2))
+    return labels
+
+
+def parse_samples(text: str) -> list[Sample]:
+    """Prometheus text exposition -> its samples (name, labels, value).
 
     Comments and lines that are not samples are skipped; NaN values are ignored.
     """
-    values: dict[str, float] = {}
+    samples = []
     # split("\n"), not splitlines(): label values may hold characters splitlines breaks on (\x1e ...).
     for line in text.split("\n"):
         line = line.strip()
@@ -209,9 +244,45 @@ def parse_prometheus(text: str) -> dict[str, float]:
             continue
         if math.isnan(value):
             continue
-        name = match.group("name")
-        values[name] = values.get(name, 0.0) + value
-    return values
+        samples.append(Sample(match.group("name"), _labels(match.group("labels")), value))
+    return samples
+
+
+def _is_ratio(name: str) -> bool:
+    """Gauges that are a share of one rank's pool (token_usage, full_/swa_token_usage, mamba_usage,
+    cache_hit_rate): across DP ranks of equal pools the total is their mean, not their sum."""
+    return name.endswith("_usage") or name.endswith("_rate")
+
+
+REPLICA_LABELS = ("tp_rank", "pp_rank", "moe_ep_rank")  # ranks of one DP group: the same batch, logged again
+
+
+def metric_totals(samples: list[Sample]) -> dict[str, float]:
+    """One total per metric name, as SGLang's metrics_collector.py writes the series:
+
+    - with priority scheduling each queue gauge has its total under `priority=""` and one series per
+      priority (`_log_gauge_queue_count`): the per-priority series are left out;
+    - each scheduler that logs stats has its own label set (`SchedulerMetricsCollector.init_new`:
+      tp_rank, pp_rank, moe_ep_rank, and dp_rank with DP attention). Series that differ only in
+      `REPLICA_LABELS` describe one DP rank's batch (every TP rank logs it under
+      --enable-metrics-for-all-schedulers): the largest is taken. The rest add up, except shares of a
+      pool (`_is_ratio`, e.g. token_usage per DP rank), which are averaged.
+    """
+    series: dict[tuple[str, frozenset], float] = {}
+    for sample in samples:
+        if sample.labels.get("priority"):
+            continue
+        key = (sample.name, frozenset((k, v) for k, v in sample.labels.items() if k not in REPLICA_LABELS))
+        series[key] = max(series[key], sample.value) if key in series else sample.value
+    per_name: dict[str, list[float]] = {}
+    for (name, _), value in series.items():
+        per_name.setdefault(name, []).append(value)
+    return {name: sum(values) / len(values) if _is_ratio(name) else sum(values) for name, values in per_name.items()}
+
+
+def parse_prometheus(text: str) -> dict[str, float]:
+    """Prometheus text exposition -> {metric name: its total} (`metric_totals`)."""
+    return metric_totals(parse_samples(text))
 
 
 def metric(values: dict[str, float] | None, *names: str) -> float | None:
