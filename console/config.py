@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import difflib
 import math
+import os
 import re
 import tomllib
 from collections.abc import Callable, Mapping
@@ -36,6 +37,7 @@ DEVICES: tuple[str, ...] = ("auto", "cpu", "cuda")
 
 # Host names become TOML keys, field paths and run-directory names: keep them plain.
 HOST_NAME_RE = re.compile(r"^[A-Za-z0-9_-]+$")
+ENV_NAME_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 # Drafter names become result ids and file names.
 DRAFTER_NAME_RE = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.-]*$")
 
@@ -106,6 +108,21 @@ class ServiceConfig:
     # Which [[drafters]] NAME the server drafts with (speculative decoding), for the online cross-check;
     # None: matched by the draft model path /server_info reports.
     drafter: str | None = None
+    # The NAME of an environment variable on the console's side holding the server's --api-key (the
+    # key itself never goes in the file, a log or the journal).
+    api_key_env: str | None = None
+
+    def api_key(self) -> str | None:
+        """The server's API key from the console's environment (None when no api_key_env is set);
+        ConfigError when the variable named is not set."""
+        if self.api_key_env is None:
+            return None
+        key = os.environ.get(self.api_key_env, "")
+        if not key:
+            raise ConfigError(f"[service] api_key_env names {self.api_key_env}, which is not set in this "
+                              f"console's environment (export it, or remove api_key_env)",
+                              file="", path="service.api_key_env")
+        return key
 
 
 @dataclass(frozen=True)
@@ -465,6 +482,8 @@ def _service(c: _Checker, data: Mapping[str, Any], hosts: Mapping[str, HostConfi
         vram_wait_s=c.get(raw, "vram_wait_s", p, _positive_number, "a positive number of seconds", 30),
         gpus=gpus or (),
         drafter=c.get(raw, "drafter", p, _text, "the name of one of the [[drafters]]"),
+        api_key_env=c.get(raw, "api_key_env", p, lambda v: isinstance(v, str) and bool(ENV_NAME_RE.match(v)),
+                          "the name of an environment variable (letters, digits and _, not starting with a digit)"),
     )
 
 

@@ -226,3 +226,32 @@ async def test_generate_sends_every_greedy_param(server):
     sent = json.loads(routes.bodies[-1])["sampling_params"]
     assert sent == {"temperature": 0.0, "top_p": 1.0, "top_k": -1, "min_p": 0.0, "frequency_penalty": 0.0,
                     "presence_penalty": 0.0, "repetition_penalty": 1.0, "min_new_tokens": 0, "max_new_tokens": 3}
+
+
+# --- [service] api_key_env ----------------------------------------------------------------------------
+
+
+def _config(extra: str):
+    from console.config import parse_config
+
+    return parse_config(f'[hosts.ct129]\naddress = "10.0.0.1"\n[service]\nhost = "ct129"\nunit = "sglang"\n{extra}\n'
+                        '[target]\nmodel_path = "/m"\n[[drafters]]\nname = "d"\nhost = "ct129"\npath = "/d"\n',
+                        "dflash-ops.toml")
+
+
+def test_api_key_env_names_a_variable_read_on_the_console_side(monkeypatch):
+    from console.config import ConfigError, dump_config
+
+    assert _config("").service.api_key() is None
+    service = _config('api_key_env = "SGLANG_TEST_KEY"').service
+    monkeypatch.delenv("SGLANG_TEST_KEY", raising=False)
+    with pytest.raises(ConfigError) as err:
+        service.api_key()
+    assert str(err.value) == ("[service] api_key_env names SGLANG_TEST_KEY, which is not set in this console's "
+                              "environment (export it, or remove api_key_env)")
+    monkeypatch.setenv("SGLANG_TEST_KEY", "k-123")
+    assert service.api_key() == "k-123"
+    assert "k-123" not in dump_config(_config('api_key_env = "SGLANG_TEST_KEY"'))  # the file holds the name only
+    with pytest.raises(ConfigError) as err:
+        _config('api_key_env = "sk-live-abc=1"')
+    assert "service.api_key_env" in str(err.value) and "the name of an environment variable" in str(err.value)

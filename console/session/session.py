@@ -14,7 +14,7 @@ import time
 from collections.abc import Callable
 from urllib.parse import urlsplit
 
-from console.config import Config
+from console.config import Config, ConfigError
 from console.messages import HostState, ServiceView, TelemetryUpdate
 from console.service.control import (
     CommandManager,
@@ -62,9 +62,10 @@ class ServiceWatch:
         self._client = None
         try:
             local = await host.forward_local_port(url.hostname or "127.0.0.1", port)
-            self._client = SglangClient(f"{url.scheme}://127.0.0.1:{local}{url.path.rstrip('/')}")
+            self._client = SglangClient(f"{url.scheme}://127.0.0.1:{local}{url.path.rstrip('/')}",
+                                        api_key=service.api_key())  # [service] api_key_env, if any
             self._forward_error = None
-        except HostError as exc:  # the manager can still be asked; health waits for the next try
+        except (HostError, ConfigError) as exc:  # the manager can still be asked; health waits for the next try
             self._forward_error = f"no health check: {exc}"
         self._host = host
         self._monitor = ServiceMonitor(manager_from_config(service, host), self._client)
