@@ -87,10 +87,10 @@ def run_dir(drill: DrillAssets, plain_server: Server, tmp_path_factory: pytest.T
     return run
 
 
-def write_config(path: Path, drill: DrillAssets, url: str, **sections: dict) -> Path:
-    """A config an operator could write for this window (the service on a loopback host)."""
+def write_config(path: Path, drill: DrillAssets, url: str, hosts: dict | None = None, **sections: dict) -> Path:
+    """A config an operator could write for this window (the service on ct129, reached at `url` there)."""
     data = {
-        "hosts": {"ct129": {"address": "127.0.0.1"}, "ct200": {"address": "127.0.0.1"}},
+        "hosts": hosts or {"ct129": {"address": "127.0.0.1"}, "ct200": {"address": "127.0.0.1"}},
         "service": {"host": "ct129", "manager": "command", "start": "true", "stop": "true", "status": "true",
                     "url": url, **sections.get("service", {})},
         "target": {"model_path": str(drill.target)},
@@ -131,7 +131,7 @@ def test_reference_drafter_online_tau_agrees_with_the_offline_evaluation(served,
     for key in ("drafter", "tau", "ci", "definition", "per_request_mean", "offline_tau", "offline_ci", "agrees",
                 "prompts", "triage"):
         assert key in online
-    assert "reference: online tau" in result.line() and "agree" in result.line()
+    assert result.line().startswith("served drafter reference: online tau") and result.line().endswith(": agree")
 
 
 def test_the_off_by_one_candidate_is_measured_low_online_too(served, drill, run_dir, tmp_path):
@@ -242,3 +242,60 @@ def test_overlap_is_symmetric_and_an_interval_overlaps_itself(a, b):
     assert cc.overlap(a, a) is True
     assert cc.overlap(a, b) == (max(a[0], b[0]) <= min(a[1], b[1]))
     assert cc.overlap(None, a) is None
+
+
+# -- the command and the report --------------------------------------------------------------------
+
+def test_crosscheck_command_fetches_the_cache_writes_the_result_the_state_and_the_report(served, drill, run_dir,
+                                                                                        hosts, tmp_path):
+    """`dflash-ops crosscheck RUN` over real SSH: the run's completions.json fetched from the service
+    host's window directory, the server reached through the port forward; crosscheck.json, the state's
+    headline_online and the report's Online section written."""
+    from console.cli.main import main
+    from console.procedure.store import RunStore
+
+    config = write_config(tmp_path / "ops.toml", drill, served["reference"].url,
+                          hosts={"ct129": hosts.host_table("ct129"), "ct200": hosts.host_table("ct200")})
+    store = RunStore(tmp_path / "runs")
+    run = store.create(str(config), None)
+    shutil.copytree(run_dir / "results", run.dir / "results")
+    window = hosts.workdir("ct129") / "windows" / run.run_id
+    window.mkdir(parents=True)
+    shutil.copy(run_dir / cc.COMPLETIONS_FILE, window / cc.COMPLETIONS_FILE)
+
+    assert main(["crosscheck", run.run_id, "--runs", str(store.root)]) == 0
+
+    assert (run.dir / cc.COMPLETIONS_FILE).read_bytes() == (run_dir / cc.COMPLETIONS_FILE).read_bytes()
+    saved = cc.load(run.dir)
+    assert saved.status == "checked" and saved.drafter == "reference" and saved.agrees is True
+    state = json.loads((run.dir / "state.json").read_text())
+    assert state["facts"]["headline_online"] == {"reference": saved.tau}
+    report = json.loads((run.dir / "report.json").read_text())
+    assert report["online"] == saved.to_json()
+    markdown = (run.dir / "report.md").read_text()
+    assert "## Online" in markdown and f"online tau {saved.tau:.2f}" in markdown
+    for prompt in saved.prompts:
+        assert f"| {prompt.id} | {prompt.online:.2f} | {prompt.verify_ct} |" in markdown
+
+
+def test_the_report_of_a_disagreement_lists_the_triage(served, drill, run_dir, tmp_path):
+    from console.views.report import write_report
+
+    result = check(served["candidate"], drill, run_dir, tmp_path, service={"drafter": "reference"})
+    run = tmp_path / "run"
+    shutil.copytree(run_dir / "results", run / "results")
+    cc.save(run, result)
+    _, (markdown, exported) = write_report(run / "results", run)
+    text = markdown.read_text()
+    assert ": DISAGREE." in text and "Triage (suspects first):" in text
+    assert "- SUSPECT layer ids and provenance" in text
+    assert json.loads(exported.read_text())["online"]["agrees"] is False
+
+
+def test_a_report_without_a_crosscheck_has_no_online_section(run_dir, tmp_path):
+    from console.views.report import write_report
+
+    run = tmp_path / "run"
+    shutil.copytree(run_dir / "results", run / "results")
+    _, (markdown, exported) = write_report(run / "results", run)
+    assert "## Online" not in markdown.read_text() and "online" not in json.loads(exported.read_text())

@@ -37,7 +37,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                             description="Replay a run's cached prompts through the service (greedy, same token "
                                         "ids) and put the online tau beside the offline one; writes "
                                         "RUN/crosscheck.json and the report's Online section.")
-    parser.add_argument("run", metavar="RUN", help="a run directory, or a run id of the store")
+    parser.add_argument("run_dir", metavar="RUN", help="a run directory, or a run id of the store")
     parser.add_argument("--config", default=None, help="the config (default: the one the run was made with)")
     parser.add_argument("--runs", default=None, help="the runs directory (default: the user data dir's runs/)")
     parser.set_defaults(run=run)
@@ -87,19 +87,18 @@ async def check_run(config_path: str, run_dir: Path, state: dict[str, Any]) -> c
         await session.stop()
 
 
-def prompts_table(result: cc.CrossCheck) -> Table:
-    table = Table(title=f"Online vs offline, per prompt ({result.drafter})", title_justify="left")
-    for name in ("prompt", "online tau", "verify steps", "tokens", "offline tau", "same tokens"):
+def prompts_table(online: dict[str, Any]) -> Table:
+    table = Table(title=f"Online vs offline, per prompt ({online.get('drafter')})", title_justify="left")
+    for name in cc.PROMPT_HEADERS:
         table.add_column(name, justify="left" if name == "prompt" else "right")
-    for p in result.prompts:
-        table.add_row(p.id, f"{p.online:.2f}", str(p.verify_ct), str(p.completion_tokens),
-                      "-" if p.offline is None else f"{p.offline:.2f}", "yes" if p.same_tokens else "NO")
+    for row in cc.prompt_rows(online):
+        table.add_row(*row)
     return table
 
 
 def run(args: argparse.Namespace) -> int:
     """`dflash-ops crosscheck RUN`."""
-    run_dir = run_directory(args.run, args.runs)
+    run_dir = run_directory(args.run_dir, args.runs)
     state = read_state(run_dir)
     config_path = args.config or state.get("config") or DEFAULT_CONFIG_NAME
     console = Console()
@@ -109,11 +108,12 @@ def run(args: argparse.Namespace) -> int:
         raise UsageError(f"crosscheck {run_dir.name}: {exc}") from None
     path = cc.save(run_dir, result)
     record_headline(run_dir, result)
+    online = result.to_json()
     console.print(result.line(), soft_wrap=True)
     if result.prompts:
-        console.print(prompts_table(result))
-    for item in result.triage:
-        console.print(f"{'SUSPECT ' if item['suspect'] else ''}{item['what']}: {item['found']}", soft_wrap=True)
+        console.print(prompts_table(online))
+    for line in cc.triage_lines(online):
+        console.print(line, soft_wrap=True)
     written = [str(path)]
     if (run_dir / "results" / "results.json").is_file():
         from console.views.report import write_report

@@ -4,7 +4,7 @@
         [--warmup-delay S] [--device cpu|cuda] [--dtype float32|bfloat16] [--api-key KEY]
         [--preferred-sampling-params JSON] [--max-queued-requests N] [--served-name NAME] [--metrics]
         [--gpu-file F --gpu-mib M [--release-after S | --hold-until-killed] [--stubborn-holder]]
-        [--flap-health]
+        [--flap-health] [--speculative-drafter DRAFTER_DIR]
 
 It serves the tiny target (`remote.drill.tinymodel`) with transformers, and behaves as SGLang 0.5.23
 does where the console and the workers meet it (each fact and its SGLang source: docs/sglang.md):
@@ -33,6 +33,11 @@ does where the console and the workers meet it (each fact and its SGLang source:
 
 Generation is one function, `generate_tokens` (prefill, then one token per step through the KV
 cache, SGLang's logit processing and finish checks), so a speculative drafter can take its place.
+With `--speculative-drafter` a DFlash checkpoint drafts for it (`remote.drill.specdecode`, real
+DFLASH speculative decoding: the drafter proposes a block from the target's layers, the target
+verifies greedily): greedy requests without logit processing or stop strings are decoded so and
+their meta_info carries SGLang's spec_verify_ct, spec_accept_length, spec_correct_drafts_histogram...;
+/server_info reports speculative_algorithm "DFLASH", the draft model path and the block size.
 
 `--device cuda` loads and serves the model on the GPU (default cpu).
 
@@ -118,6 +123,7 @@ class Model:
         self.eos_ids = {self.eos_id, *(config_eos if isinstance(config_eos, list) else [config_eos])} - {None}
         self.vocab_size = int(self.model.config.vocab_size)
         self.lock = threading.Lock()
+        self.speculator: Any = None  # with --speculative-drafter: remote.drill.specdecode.Speculator
 
     def decode(self, ids: list[int]) -> str:
         return self.tokenizer.decode(ids, skip_special_tokens=True)
@@ -187,6 +193,32 @@ def _stop_string(text: str, params: dict[str, Any]) -> tuple[str, int] | None:
         if (match := re.search(pattern, text)) is not None:
             return pattern, match.start()
     return None
+
+
+def speculative_request(params: dict[str, Any]) -> bool:
+    """A request the DFLASH path serves: greedy, no logit processing, no stop strings (the others
+    take generate_tokens, without speculative fields)."""
+    return (params["top_k"] == 1 and not params["frequency_penalty"] and not params["presence_penalty"]
+            and params["repetition_penalty"] == 1.0 and not params["min_new_tokens"] and not params["logit_bias"]
+            and not params["stop"] and not params["stop_regex"])
+
+
+def generate(model: Model, request: Request) -> tuple[Generation, dict[str, Any]]:
+    """The request's generation and the speculative fields of its meta_info: DFLASH speculative
+    decoding (--speculative-drafter, `remote.drill.specdecode`) where it serves the request, else
+    generate_tokens and none."""
+    params = request.params
+    if model.speculator is None or not speculative_request(params):
+        return generate_tokens(model, request), {}
+    max_new = params["max_new_tokens"] if params["max_new_tokens"] is not None else 128
+    stops = set(params["stop_token_ids"] or []) | (set() if params["ignore_eos"] else model.eos_ids)
+    out = model.speculator.generate(request.input_ids, max_new, stops, request.aborted.is_set)
+    reason: dict[str, Any] = {"type": "length", "length": max_new}
+    if out.finish == "abort":
+        reason = {"type": "abort", "message": "Aborted", "status_code": None, "err_type": None}
+    elif out.finish == "stop":
+        reason = {"type": "stop", "matched": out.output_ids[-1]}
+    return Generation(out.output_ids, reason), out.meta_info()
 
 
 def generate_tokens(model: Model, request: Request) -> Generation:
@@ -317,6 +349,12 @@ class Server:
             begin = time.time()
             model = Model(self.model_path, self.args.dtype, getattr(self.args, "device", "cpu"))
             log(f"Load weight end. elapsed={time.time() - begin:.2f} s, type={type(model.model).__name__}")
+            if self.args.speculative_drafter:
+                from remote.drill.specdecode import load_speculator
+
+                model.speculator = load_speculator(model.model, self.model_path, self.args.speculative_drafter)
+                log(f"DFLASH draft model loaded from {self.args.speculative_drafter}, "
+                    f"block size {model.speculator.block_size}")
             self.model = model
         except Exception as exc:  # noqa: BLE001 - the server stays up and says why it cannot serve
             self.load_error = f"{type(exc).__name__}: {exc}"
@@ -388,6 +426,8 @@ class Server:
             "gpu_worker_pid": self.gpu_worker.pid if self.gpu_worker else None,
             "started_at": self.started_at,
             "ready_at": self.ready_at,
+            "speculative_algorithm": None,
+            **(self.model.speculator.server_args() if self.model is not None and self.model.speculator else {}),
         }
 
     def throughput(self) -> float:
@@ -443,7 +483,7 @@ class Server:
                 self.waiting.pop(request.rid, None)
                 self.running[request.rid] = request
             try:
-                generation = generate_tokens(self.model, request)
+                generation, speculative = generate(self.model, request)
             finally:
                 with self.counter_lock:
                     self.running.pop(request.rid, None)
@@ -465,6 +505,7 @@ class Server:
             "completion_tokens": len(generation.output_ids),
             "cached_tokens": cached,
             "e2e_latency": round(elapsed, 6),
+            **speculative,  # SGLang's spec_* fields when the request was decoded speculatively
         }
         return generation, meta
 
@@ -732,6 +773,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--api-key", help="SGLang's --api-key: required as a Bearer token on all but /health, /ready, /metrics")
     parser.add_argument("--preferred-sampling-params", help="SGLang's: a JSON object laid under each request's")
     parser.add_argument("--max-queued-requests", type=int, help="SGLang's: past this many waiting, a 503 abort")
+    parser.add_argument("--speculative-drafter", metavar="PATH",
+                        help="DFLASH speculative decoding with this DFlash drafter checkpoint (remote.drill.specdecode)")
     parser.add_argument("--gpu-worker", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.gpu_worker:
