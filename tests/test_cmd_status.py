@@ -123,3 +123,30 @@ def test_watch_marks_a_lost_host_and_its_stale_telemetry_then_ends_on_ctrl_c(hos
     assert "SIMULATED, STALE: last sample" in out
     ct200 = _line(out, "ct200")
     assert "connected" in ct200 and "STALE" not in ct200
+
+
+def test_a_damaged_run_store_is_listed_beside_the_run_that_left_the_service_down(
+        hosts: ThreadedHosts, tmp_path: Path, capsys: pytest.CaptureFixture[str]):
+    """Unreadable runs (`[]`, `null`, random bytes) are each named with their path and why; the run
+    that stopped the service is still found and shown as usual."""
+    from console.procedure.store import STATE, RunStore
+
+    store = RunStore(tmp_path / "runs")
+    down = store.create(None, None)
+    down.state.service.down, down.state.service.stopped_at, down.state.status = True, time.time() - 30, "failed"
+    down.save()
+    damaged = {"20261201-000000-aa01": b"[]", "20261201-000000-aa02": b"null",
+               "20261201-000000-aa03": bytes(range(250, 256)) * 4}
+    for run_id, content in damaged.items():
+        (store.root / run_id).mkdir()
+        (store.root / run_id / STATE).write_bytes(content)
+    config = write_config(tmp_path / "ops.toml", {"ct129": hosts.host_table("ct129"), "ct200": hosts.host_table("ct200")},
+                          service=command_service(tmp_path, tmp_path / "no-such.pid", free_port()))
+    assert main(["status", "--config", str(config), "--runs", str(store.root)]) == 1
+    captured = capsys.readouterr()
+    assert "Traceback" not in captured.out + captured.err
+    assert "SERVICE DOWN since" in captured.out and f"stopped by run {down.run_id}" in captured.out
+    for run_id in damaged:
+        line = _line(captured.out, f"unreadable run {run_id}:")
+        assert str(store.root / run_id / STATE) in line
+    assert "a JSON list" in _line(captured.out, "aa01") and "not JSON" in _line(captured.out, "aa03")

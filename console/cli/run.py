@@ -28,6 +28,7 @@ from console.procedure.decider import ApproveAll, Decider, RefuseAll, TerminalDe
 from console.procedure.store import RunStore, RunStoreError, RunSummary, UnreadableRun
 from console.views.headless import HeadlessView
 from console.views.plan import plan_ready_view
+from console.views.status import unreadable_run_line
 from console.views.tables import FittedTable
 
 SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
@@ -245,5 +246,5 @@ def runs(args: argparse.Namespace) -> int:
     console.print(FittedTable(runs_rows(summaries), f"runs in {store.root}", justify="left"))
     for summary in summaries:
         if isinstance(summary, UnreadableRun):
-            console.print(Text(f"unreadable run {summary.dir}: {summary.why}", style="red"), soft_wrap=True)
+            console.print(unreadable_run_line(summary.run_id, summary.dir, summary.why), soft_wrap=True)
     return 0

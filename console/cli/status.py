@@ -22,9 +22,9 @@ from rich.live import Live
 from rich.text import Text
 
 from console.config import Config, load_config
-from console.procedure.store import RunStore
+from console.procedure.store import RunStore, UnreadableRun
 from console.session import Session, service_name
-from console.views.status import status_view
+from console.views.status import status_view, unreadable_run_line
 
 FIRST_SAMPLE_WAIT_S = 15.0  # the first agent start may ship the worker code first
 REFRESH_S = 1.0
@@ -34,8 +34,11 @@ def render(session: Session, runs: RunStore | None = None) -> RenderableType:
     config = session.config
     view = status_view(session.states(), session.telemetry(), service_name(config), config.service.host,
                        session.service.last)
-    down = downtime_line(runs) if runs is not None else None
-    return Group(down, view) if down is not None else view
+    if runs is None:
+        return view
+    down = downtime_line(runs)
+    unreadable = [unreadable_run_line(u.run_id, u.dir, u.why) for u in runs.summaries() if isinstance(u, UnreadableRun)]
+    return Group(*([down] if down is not None else []), view, *unreadable)
 
 
 def downtime_line(runs: RunStore) -> Text | None:

@@ -191,3 +191,10 @@ def status_view(states: Mapping[str, HostState], telemetry: Mapping[str, Telemet
     now = time.time() if now is None else now
     return Group(hosts_table(states, telemetry, now), *problem_lines(states, telemetry),
                  *service_lines(service_name, service_host, service, now))
+
+
+def unreadable_run_line(run_id: str, directory: object, why: str) -> Text:
+    """A run whose state cannot be read, named with its path and why: `runs` and `status` list it
+    beside the others instead of ending in a traceback or hiding them."""
+    where = why if str(directory) in why else f"{directory}: {why}"
+    return Text(f"unreadable run {run_id}: {where}", style="yellow")

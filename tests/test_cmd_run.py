@@ -1,0 +1,168 @@
+"""`dflash-ops run` and `runs` off the happy path, through the installed entry point as a user runs
+them: a damaged run store, a run store on a full filesystem (a real 64 KiB tmpfs), and output read
+through a pipe or on a narrow terminal (ids, taus and commands never cut)."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import shutil
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from console.cli.main import main
+from console.procedure.store import STATE, RunStore
+from tests.cli_hosts import ThreadedHosts, write_config
+from tests.tui.rundir import build_run, evaluation
+
+ENTRY_POINT = str(Path(sys.executable).parent / "dflash-ops")
+GOOD = ("20261201-090000-aa01", "20261201-100000-bb02")
+
+
+def dflash_ops(*args: str, columns: int | None = None, timeout: float = 120) -> subprocess.CompletedProcess[str]:
+    """The entry point with stdout piped; `columns`: as a terminal that wide reports (None: a pipe
+    with no terminal anywhere, what rich sees in CI or under `| less` from a script)."""
+    env = {k: v for k, v in os.environ.items() if k not in ("COLUMNS", "LINES")}
+    env["NO_COLOR"] = "1"
+    if columns is not None:
+        env["COLUMNS"] = str(columns)
+    return subprocess.run([ENTRY_POINT, *args], capture_output=True, text=True, timeout=timeout, env=env,
+                          stdin=subprocess.DEVNULL)
+
+
+@pytest.fixture(scope="module")
+def runs_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """Two finished runs as the engine leaves them (a real evaluation in results/), long drafter
+    names so that a narrow table would cut them."""
+    root = tmp_path_factory.mktemp("runs")
+    evaluated = evaluation(root / "eval")
+    results = json.loads((evaluated / "results.json").read_text())
+    for name in ("copy", "random"):  # the evaluator's drafters, renamed as an operator names checkpoints
+        results["drafters"][f"{name}-step00004000-lr3e-4"] = results["drafters"].pop(name)
+    results["reference"] = "copy-step00004000-lr3e-4"
+    (evaluated / "results.json").write_text(json.dumps(results))
+    store = root / "store"
+    for i, run_id in enumerate(GOOD):
+        build_run(store, evaluated, run_id=run_id, headline_shift=0.125 * i)
+    return store
+
+
+def good_lines_are_whole(out: str, store: Path) -> None:
+    lines = out.splitlines()
+    for run_id in GOOD:
+        headline = json.loads((store / run_id / STATE).read_text())["headline"]
+        assert any(run_id in line for line in lines), (run_id, out)
+        for name, tau in headline.items():
+            assert any(f"{name} {tau:.2f}" in line for line in lines), (name, out)
+    assert "…" not in out
+
+
+damaged_states = st.one_of(
+    st.binary(max_size=64),
+    st.recursive(st.none() | st.booleans() | st.integers() | st.text(max_size=8),
+                 lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=6), inner, max_size=3),
+                 max_leaves=6).map(lambda value: json.dumps(value).encode()),
+    st.sampled_from([b"[]", b"null", b'{"format": "dflash-ops.run/9", "run_id": "x"}',
+                     b'{"format": "dflash-ops.run/2", "run_id": 7, "steps": []}']),
+)
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(content=damaged_states, columns=st.sampled_from([40, 80, 200]))
+def test_runs_lists_an_unreadable_run_as_such_and_the_others_whole(runs_dir: Path, content: bytes, columns: int,
+                                                                   capsys: pytest.CaptureFixture[str],
+                                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    damaged = runs_dir / "20261201-110000-cc03"
+    damaged.mkdir(exist_ok=True)
+    (damaged / STATE).write_bytes(content)
+    monkeypatch.setenv("COLUMNS", str(columns))
+    try:
+        assert main(["runs", "--runs", str(runs_dir)]) == 0
+    finally:
+        shutil.rmtree(damaged)
+    out = capsys.readouterr().out
+    good_lines_are_whole(out, runs_dir)
+    (line,) = [line for line in out.splitlines() if line.startswith("unreadable run")]
+    assert line.startswith(f"unreadable run {damaged.name}: {damaged / STATE}")
+
+
+def test_runs_piped_keeps_every_id_and_tau_whole(runs_dir: Path) -> None:
+    for columns in (None, 40):
+        done = dflash_ops("runs", "--runs", str(runs_dir), columns=columns)
+        assert done.returncode == 0, done.stderr
+        good_lines_are_whole(done.stdout, runs_dir)
+
+
+@pytest.fixture
+def config(tmp_path: Path) -> Iterator[Path]:
+    """A config of two real SSH hosts (embedded servers on loopback)."""
+    rig = ThreadedHosts(tmp_path, ["ct129", "ct200"])
+    try:
+        yield write_config(tmp_path / "dflash-ops.toml", {name: rig.host_table(name) for name in rig.servers})
+    finally:
+        rig.close()
+
+
+def test_resuming_an_unreadable_run_says_why_exit_2(config: Path, tmp_path: Path) -> None:
+    store = tmp_path / "store"
+    (store / "20261201-120000-dd04").mkdir(parents=True)
+    (store / "20261201-120000-dd04" / STATE).write_bytes(b"\x00\xff not json")
+    done = dflash_ops("run", "--headless", "--yes", "--resume", "20261201-120000-dd04", "--config", str(config),
+                      "--runs", str(store))
+    assert done.returncode == 2, done.stdout + done.stderr
+    assert "Traceback" not in done.stderr
+    (line,) = done.stderr.strip().splitlines()
+    assert str(store / "20261201-120000-dd04" / STATE) in line and "not JSON" in line
+
+
+def small_filesystem(mount: Path) -> str | None:
+    """Mount a 64 KiB filesystem at `mount`: tmpfs, else an ext2 image on a loop device. Returns
+    what was mounted, or None where this machine allows neither."""
+    mount.mkdir()
+    if subprocess.run(["mount", "-t", "tmpfs", "-o", "size=64k", "tmpfs", str(mount)], capture_output=True).returncode == 0:
+        return "tmpfs"
+    image = mount.with_suffix(".img")
+    image.write_bytes(b"\0" * (256 << 10))
+    if shutil.which("mkfs.ext2") and subprocess.run(["mkfs.ext2", "-q", "-F", str(image)], capture_output=True).returncode == 0 \
+            and subprocess.run(["mount", "-o", "loop", str(image), str(mount)], capture_output=True).returncode == 0:
+        return "loop"
+    return None
+
+
+@pytest.fixture
+def full_disk(tmp_path: Path) -> Iterator[Path]:
+    """A real small filesystem, filled to the last byte, created and removed by the test."""
+    mount = tmp_path / "small"
+    kind = small_filesystem(mount)
+    if kind is None:
+        if os.environ.get("CI") == "true":
+            pytest.fail("no small filesystem can be made here (tmpfs and loop mounts refused): the full-disk "
+                        "test must run in CI")
+        pytest.skip("no small filesystem can be made on this machine (tmpfs and loop mounts refused)")
+    try:
+        fd = os.open(mount / "filler", os.O_WRONLY | os.O_CREAT)
+        with contextlib.suppress(OSError):  # until ENOSPC: not one block left
+            while os.write(fd, b"\0" * 512):
+                pass
+        os.close(fd)
+        yield mount
+    finally:
+        subprocess.run(["umount", str(mount)], check=True)
+
+
+@pytest.mark.parametrize("how", [("--headless", "--yes"), ("--plan",)], ids=["headless", "plan"])
+def test_a_run_store_on_a_full_disk_is_named_exit_2(config: Path, full_disk: Path, how: tuple[str, ...]) -> None:
+    runs = full_disk / "runs"
+    done = dflash_ops("run", *how, "--config", str(config), "--runs", str(runs))
+    assert done.returncode == 2, done.stdout + done.stderr
+    assert "Traceback" not in done.stderr
+    (line,) = done.stderr.strip().splitlines()
+    assert str(runs) in line and "No space left on device" in line
+    assert not RunStore(runs).readable()  # nothing half-written taken as a run
