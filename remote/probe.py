@@ -7,6 +7,11 @@ they import), the implementation transformers binds for each of the four kernel 
 Triton cache, disk and RAM free, and the model's size and tensor count. The console shows two hosts
 side by side and flags asymmetry (the story's bug: causal-conv1d missing on the training host only).
 
+Measured speeds, for the downtime forecast (`speeds`): the read speed of the model's largest
+safetensors file (its first 256 MiB at most, read as the page cache stands: a file already cached
+reads at memory speed, as the window's load would then) and, where CUDA is present, the pinned
+host-to-GPU copy bandwidth (a short timed copy to GPU 0). Each says what it measured, or why not.
+
 It imports the modeling module with whatever is installed (policy `any`), so the bindings shown are
 what transformers binds on this host; `would_force_torch` says the extractor would override them
 because there is no GPU.
@@ -20,6 +25,7 @@ import platform
 import shutil
 import socket
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -28,6 +34,9 @@ from remote.artifacts import write_json_atomic
 from remote.events import EventWriter, run_worker
 
 FORMAT = "dflash-ops.probe/1"
+DISK_READ_BYTES = 256 << 20  # bounded: a second or so even from a slow disk
+H2D_BYTES = 64 << 20  # small enough to fit beside a serving SGLang's memory
+H2D_COPIES = 5
 
 
 def torch_facts() -> dict[str, Any]:
@@ -80,6 +89,54 @@ def disk(path: str) -> dict[str, Any]:
         target = target.parent
     usage = shutil.disk_usage(target)
     return {"path": str(target), "free": usage.free, "total": usage.total}
+
+
+def disk_read_speed(model_dir: str | None, limit: int = DISK_READ_BYTES) -> dict[str, Any]:
+    """Read the start of the model's largest safetensors file (at most `limit` bytes) and time it."""
+    if not model_dir:
+        return {"measured": False, "why": "no model directory given"}
+    files = sorted(Path(model_dir).glob("*.safetensors"), key=lambda f: f.stat().st_size, reverse=True)
+    if not files:
+        return {"measured": False, "why": f"no *.safetensors file in {model_dir}"}
+    largest = files[0]
+    size = largest.stat().st_size
+    done = 0
+    start = time.perf_counter()
+    with open(largest, "rb", buffering=0) as fh:
+        while done < limit and (block := fh.read(min(8 << 20, limit - done))):
+            done += len(block)
+    seconds = max(time.perf_counter() - start, 1e-9)
+    part = "the whole file" if done == size else f"the first {done / 2**20:.1f} MiB of {largest.name}"
+    return {"measured": True, "file": str(largest), "bytes": done, "seconds": seconds, "bytes_per_s": done / seconds,
+            "what": f"{part} ({size / 2**30:.2f} GiB, the largest of {len(files)} safetensors files), "
+                    f"read as the page cache stands"}
+
+
+def h2d_speed(nbytes: int = H2D_BYTES, copies: int = H2D_COPIES) -> dict[str, Any]:
+    """Pinned host memory to GPU 0: one copy to warm up, then `copies` timed ones."""
+    try:
+        import torch
+    except Exception as exc:  # noqa: BLE001
+        return {"measured": False, "why": f"torch does not import ({type(exc).__name__}: {exc})"}
+    if not torch.cuda.is_available():
+        return {"measured": False, "why": "no CUDA device (torch sees none): no host-to-GPU copy to time"}
+    try:
+        host = torch.empty(nbytes, dtype=torch.uint8, pin_memory=True)
+        device = torch.empty(nbytes, dtype=torch.uint8, device="cuda:0")
+        device.copy_(host, non_blocking=True)
+        torch.cuda.synchronize(0)
+        start = time.perf_counter()
+        for _ in range(copies):
+            device.copy_(host, non_blocking=True)
+        torch.cuda.synchronize(0)
+        seconds = max(time.perf_counter() - start, 1e-9)
+    except RuntimeError as exc:  # out of memory beside the server, a driver error: said, not raised
+        return {"measured": False, "why": f"the copy failed: {exc}"}
+    finally:
+        host = device = None
+    return {"measured": True, "device": 0, "bytes": nbytes * copies, "seconds": seconds,
+            "bytes_per_s": nbytes * copies / seconds,
+            "what": f"{copies} copies of {nbytes >> 20} MiB from pinned host memory to GPU 0"}
 
 
 def model_facts(model_dir: str | None) -> dict[str, Any]:
@@ -145,6 +202,7 @@ def probe(model_dir: str | None = None, workdir: str | None = None, model_type: 
         "disk": disk(workdir or model_dir or os.getcwd()),
         "ram": memory(),
         "model": model,
+        "speeds": {"disk_read": disk_read_speed(model_dir if model.get("exists") else None), "h2d": h2d_speed()},
     }
 
 

@@ -68,3 +68,30 @@ def test_table_shows_hosts_side_by_side_and_flags_mismatch(fake_probes):
 def test_rows_tolerate_a_partial_probe():
     rows = probe_rows({"torch": {"importable": False}})
     assert rows["torch"] == "missing" and rows["fla"] == "?" and rows["kernel causal_conv1d_fn"] == "?"
+
+
+def test_probe_measures_the_model_files_read_speed_and_says_what_it_read(tiny_target, tmp_path):
+    import shutil
+
+    model = tmp_path / "model"
+    shutil.copytree(tiny_target, model)
+    (model / "small.safetensors").write_bytes(b"\0" * 1000)  # not the largest: not the one read
+    largest = model / "model.safetensors"
+    speed = probe.disk_read_speed(str(model))
+    assert speed["measured"] is True and speed["file"] == str(largest)
+    assert speed["bytes"] == largest.stat().st_size and speed["seconds"] > 0
+    assert speed["bytes_per_s"] == speed["bytes"] / speed["seconds"]
+    assert "whole file" in speed["what"] and "page cache" in speed["what"]
+    bounded = probe.disk_read_speed(str(model), limit=100_000)
+    assert bounded["bytes"] == 100_000 and "the first 0.1 MiB of model.safetensors" in bounded["what"]
+    facts = probe.probe(str(model), str(tmp_path))
+    assert facts["speeds"]["disk_read"]["file"] == str(largest)
+
+
+def test_probe_speeds_say_why_they_are_absent(tmp_path):
+    (tmp_path / "config.json").write_text("{}")
+    speed = probe.disk_read_speed(str(tmp_path))
+    assert speed == {"measured": False, "why": f"no *.safetensors file in {tmp_path}"}
+    assert probe.disk_read_speed(None) == {"measured": False, "why": "no model directory given"}
+    h2d = probe.h2d_speed()
+    assert h2d == {"measured": False, "why": "no CUDA device (torch sees none): no host-to-GPU copy to time"}
