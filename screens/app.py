@@ -93,10 +93,10 @@ class ConsoleApp(App[int]):
         Binding("n", "next_step", "Next step", show=False),
         Binding("p", "plan", "Plan"),
         Binding("c", "cancel_run", "Cancel run"),
-        Binding("r", "restart_service", "Restart service", priority=True),
+        Binding("r", "restart_service", "Restart", priority=True),
         Binding("o", "open_results", "Results"),
         Binding("h", "runs", "Runs"),
-        Binding("slash", "events", "Filter events", key_display="/"),
+        Binding("slash", "events", "Events", key_display="/"),
         Binding("question_mark", "help", "Help"),
         Binding("q", "quit", "Quit"),
     ]
@@ -277,8 +277,8 @@ class ConsoleApp(App[int]):
     def refresh_banners(self) -> None:
         """The DOWN banner of every screen and modal, with the time that moved on."""
         for screen in self.screen_stack:
-            for banner in screen.query(DowntimeBanner):
-                banner.show(self.state, self.now(), self.can_restart())
+            for banner in screen.query(DowntimeBanner):  # under a question r does not restart: not said there
+                banner.show(self.state, self.now(), self.can_restart() and not isinstance(screen, ModalScreen))
 
     def on_screen_resume(self) -> None:
         self.refresh_banners()
@@ -324,8 +324,8 @@ class ConsoleApp(App[int]):
         if isinstance(self.screen, ModalScreen) and action in self.ACTING | {"open_results", "runs", "help", "quit", "events"}:
             return False  # a modal's footer names its own keys; these do nothing there
         here = type(self.screen).__name__
-        if here == "PlanScreen" and action in self.ACTING:
-            return False  # the plan is read there; escape goes back
+        if here != "DashboardScreen" and action in self.ACTING:
+            return False  # results, runs and the plan are read there; escape goes back to act
         if (action == "open_results" and here == "ResultsScreen") or (action == "runs" and here == "RunsScreen"):
             return False  # already there: escape goes back
         busy = self.state.running

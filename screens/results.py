@@ -265,7 +265,7 @@ class ResultsScreen(Screen):
     DEFAULT_CSS = """
     ResultsScreen TabbedContent { height: 1fr; }
     ResultsScreen .result-scroll { height: 1fr; overflow-x: auto; border-left: blank; }
-    ResultsScreen .result-scroll:focus, ResultsScreen DataTable:focus { border-left: thick $accent; }
+    ResultsScreen .result-scroll:focus, ResultsScreen DataTable:focus { border-left: vkey $accent; }
     ResultsScreen #per-prompt-table { height: 1fr; border-left: blank; }
     ResultsScreen .legend { color: $text-muted; height: auto; }
     ResultsScreen .table { width: auto; }

@@ -19,7 +19,7 @@ Answer = TypeVar("Answer")
 
 class ConsoleModal(ModalScreen[Answer]):
     DEFAULT_CSS = """
-    ConsoleModal > DowntimeBanner { dock: top; }
+    ConsoleModal > DowntimeBanner { dock: top; margin-top: 1; }  /* over the screen's own, under its header */
     """
     BINDINGS = [
         Binding("down", "scroll_body(1)", "Scroll", key_display="↑↓"),

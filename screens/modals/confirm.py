@@ -39,7 +39,7 @@ class QuestionModal(ConsoleModal[bool]):
     QuestionModal Button { margin-left: 2; }
     """
     BINDINGS = [Binding("y", "answer(True)", "Yes"), Binding("n", "answer(False)", "No"),
-                Binding("escape", "answer(False)", "Cancel")]
+                Binding("escape", "refuse", "Cancel", key_display="esc")]  # its own action: the footer shows it
 
     def __init__(self, title: str, yes: str = "Yes", no: str = "Cancel", destructive: bool = False,
                  id: str | None = None) -> None:
@@ -73,9 +73,9 @@ class QuestionModal(ConsoleModal[bool]):
     def _fit(self, height: int) -> None:
         short = height < 32
         self.set_class(short, "short")
-        # The banner and the footer; the border, the title, the buttons and their margin (and, when
+        # The header's row, the banner and the footer; the border, the title, the buttons and their margin (and, when
         # tall, the padding and the title's margin): the body gets the rest.
-        self.query_one(".body").styles.max_height = max(3, height - (9 if short else 12))
+        self.query_one(".body").styles.max_height = max(3, height - (10 if short else 13))
 
     def on_button_pressed(self, event: Button.Pressed) -> None:
         event.stop()
@@ -83,6 +83,9 @@ class QuestionModal(ConsoleModal[bool]):
 
     def action_answer(self, approved: bool) -> None:
         self.dismiss(approved)
+
+    def action_refuse(self) -> None:
+        self.dismiss(False)
 
 
 def command_text(argv: tuple[str, ...] | list[str]) -> Text:

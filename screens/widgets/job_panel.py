@@ -60,9 +60,9 @@ def counter_text(progress: Any, in_bytes: Any = None, eta_s: float | None = None
 
 class Counter(Horizontal):
     DEFAULT_CSS = """
-    Counter { height: auto; layout: grid; grid-size: 2; grid-columns: 19 1fr; grid-rows: auto; }
-    Counter > ProgressBar { width: 19; }
-    Counter > ProgressBar > Bar { width: 12; }
+    Counter { height: auto; layout: grid; grid-size: 2; grid-columns: 15 1fr; grid-rows: auto; }
+    Counter > ProgressBar { width: 15; }
+    Counter > ProgressBar > Bar { width: 9; }
     Counter > Static { width: 1fr; height: auto; }
     Counter > .detail { column-span: 2; color: $text-muted; padding-left: 2; }
     """
@@ -142,6 +142,8 @@ class JobSection(Vertical):
         title.update(job.label + (" (finished)" if job.finished else ""))
         title.display = titled
         box = self.query_one(".counters", Vertical)
+        if not box.is_attached:  # the section is being removed (its job went): nothing to draw
+            return
         for key, progress in job.bars.items():
             if key.endswith("_bytes") and key[: -len("_bytes")] in job.bars:
                 continue  # drawn on its counter's line: "weights 480/480 tensors" + "27.8 / 27.8 GB, 2.1 GB/s"
