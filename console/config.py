@@ -184,6 +184,14 @@ class CrosscheckConfig:
 
 
 @dataclass(frozen=True)
+class WindowConfig:
+    """The downtime window's budget: the run refuses the stop when the forecast downtime exceeds
+    `max_downtime_s` (None: no budget)."""
+
+    max_downtime_s: float | None = None
+
+
+@dataclass(frozen=True)
 class Config:
     """The whole validated config. `source` is the file it came from (not part of equality)."""
 
@@ -195,6 +203,7 @@ class Config:
     drafters: tuple[DrafterConfig, ...] = ()
     crosscheck: CrosscheckConfig = field(default_factory=CrosscheckConfig)
     source: Path | None = field(default=None, compare=False)
+    window: WindowConfig = field(default_factory=WindowConfig)
 
     @property
     def reference(self) -> DrafterConfig | None:
@@ -403,7 +412,7 @@ def _http_url(v: Any) -> bool:
     return parts.scheme in ("http", "https") and bool(parts.hostname)
 
 
-TOP_KEYS = ("hosts", "service", "target", "prompts", "drafters", "eval", "crosscheck")
+TOP_KEYS = ("hosts", "service", "target", "prompts", "drafters", "eval", "crosscheck", "window")
 HOST_KEYS = tuple(f.name for f in fields(HostConfig) if f.name != "name")
 SERVICE_KEYS = tuple(f.name for f in fields(ServiceConfig))
 TARGET_KEYS = tuple(f.name for f in fields(TargetConfig))
@@ -411,6 +420,7 @@ PROMPTS_KEYS = tuple(f.name for f in fields(PromptsConfig))
 DRAFTER_KEYS = tuple(f.name for f in fields(DrafterConfig))
 EVAL_KEYS = tuple(f.name for f in fields(EvalConfig))
 CROSSCHECK_KEYS = tuple(f.name for f in fields(CrosscheckConfig))
+WINDOW_KEYS = tuple(f.name for f in fields(WindowConfig))
 
 
 def _hosts(c: _Checker, data: Mapping[str, Any]) -> dict[str, HostConfig]:
@@ -591,6 +601,14 @@ def _crosscheck(c: _Checker, data: Mapping[str, Any]) -> CrosscheckConfig:
     )
 
 
+def _window(c: _Checker, data: Mapping[str, Any]) -> WindowConfig:
+    raw = c.table(data, "window", "window", required=False) or {}
+    c.keys(raw, "window", WINDOW_KEYS)
+    return WindowConfig(
+        max_downtime_s=c.get(raw, "max_downtime_s", "window", _positive_number, "a positive number of seconds"),
+    )
+
+
 def validate(data: Mapping[str, Any], file: str = DEFAULT_CONFIG_NAME) -> Config:
     """Check parsed TOML `data` against the schema and build a `Config`; raise `ConfigError`."""
     c = _Checker(file)
@@ -608,7 +626,7 @@ def validate(data: Mapping[str, Any], file: str = DEFAULT_CONFIG_NAME) -> Config
     if target.layers == "auto" and not drafters:
         raise c.fail("target.layers", 'a list of layer indices ("auto" reads them from the drafters, and there are none)', '"auto"')
     return Config(hosts=hosts, service=service, target=target, prompts=prompts, drafters=drafters, eval=evaluation,
-                  crosscheck=_crosscheck(c, data))
+                  crosscheck=_crosscheck(c, data), window=_window(c, data))
 
 
 _LINE_RE = re.compile(r"\s*\(at line (\d+), column (\d+)\)\s*$")
@@ -715,6 +733,7 @@ def config_to_dict(config: Config) -> dict[str, Any]:
         "drafters": [_table_dict(d) for d in config.drafters],
         "eval": _table_dict(config.eval),
         "crosscheck": _table_dict(config.crosscheck),
+        "window": _table_dict(config.window),
     }
 
 
