@@ -255,3 +255,15 @@ def test_api_key_env_names_a_variable_read_on_the_console_side(monkeypatch):
     with pytest.raises(ConfigError) as err:
         _config('api_key_env = "sk-live-abc=1"')
     assert "service.api_key_env" in str(err.value) and "the name of an environment variable" in str(err.value)
+
+
+async def test_a_server_whose_ready_is_503_is_not_ready_and_is_not_asked_to_generate(server):
+    url, routes = server
+    routes.routes.update({"/health": (200, b""), "/ready": (503, b""), "/model_info": (200, b'{"model_path": "/m"}'),
+                          "/server_info": (200, b'{"version": "0.5.23"}'),
+                          "/generate": (200, json.dumps({"text": "x", "output_ids": [5]}).encode())})
+    health = await probe_health(SglangClient(url))
+    assert not health.ready and health.error == "/health is 200 but /ready is 503 (starting, unhealthy or paused)"
+    assert "/generate" not in routes.seen
+    routes.routes["/ready"] = (200, b"")
+    assert (await probe_health(SglangClient(url))).ready and routes.seen[-1] == "/generate"

@@ -7,8 +7,8 @@ Managers run their commands through a runner with `Host.run`'s shape
 - `CommandManager`: the configured start / stop / status commands (a string runs through `sh -c`,
   a list is argv). Status: exit 0 means running; if it prints a number first, that is the main pid.
   The optional log command (e.g. `tail -n +1 -F /var/log/sglang.log`) gives the start-up log.
-Health goes through the forwarded port (`console.service.sglang_api`): ready = /health 200 and a one-token
-/generate. SGLang's start-up log lines become `StartupProgress`. The `*_argv()` methods are the one
+Health goes through the forwarded port (`console.service.sglang_api`): ready = /health 200, /ready 200
+(where the release has it) and a one-token /generate. SGLang's start-up log lines become `StartupProgress`. The `*_argv()` methods are the one
 source of every command: the plan (`console.views.plan`) shows exactly what the managers run.
 """
 
@@ -464,10 +464,18 @@ async def probe_health(client: SglangClient, want_metrics: bool = True) -> Servi
         error = str(exc)
     ready = False
     if status == 200:
+        # SGLang 0.5.23's /ready (503 while starting, unhealthy or paused); older releases have none (404).
         try:
-            ready = await client.generates_one_token()
+            ready_status: int | None = await client.ready()
         except (ServerAnswerError, ServerUnreachable) as exc:
-            error = error or f"/health is 200 but a one-token /generate failed: {exc}"
+            ready_status, error = None, error or f"/health is 200 but /ready gave no answer: {exc}"
+        if ready_status not in (200, 404, None):
+            error = error or f"/health is 200 but /ready is {ready_status} (starting, unhealthy or paused)"
+        elif ready_status is not None:
+            try:
+                ready = await client.generates_one_token()
+            except (ServerAnswerError, ServerUnreachable) as exc:
+                error = error or f"/health is 200 but a one-token /generate failed: {exc}"
     return ServiceHealth(status, ready, error=error, **fields)
 
 

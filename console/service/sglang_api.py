@@ -128,6 +128,11 @@ class SglangClient:
         data = json.dumps(body).encode()
         return await asyncio.to_thread(_request, url, data, self._budget(url, timeout), self._headers)
 
+    async def ready(self) -> int:
+        """HTTP status of GET /ready (SGLang 0.5.23: 200 once up and not paused, else 503; 404 on
+        releases without it)."""
+        return (await self.get("/ready")).status
+
     async def health(self) -> int:
         """HTTP status of GET /health (200 up, 503 starting); raises ServerUnreachable or
         ServerAnswerError when no whole HTTP answer came back."""

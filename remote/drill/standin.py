@@ -1,7 +1,7 @@
 """The rehearsal server: a small real model behind SGLang's HTTP endpoints, for the drill and tests.
 
     python -m remote.drill.standin --model DIR --port N [--host 127.0.0.1] [--load-delay S]
-        [--warmup-delay S] [--device cpu|cuda] [--dtype float32|bfloat16] [--api-key KEY]
+        [--warmup-delay S | --skip-server-warmup] [--device cpu|cuda] [--dtype float32|bfloat16] [--api-key KEY]
         [--preferred-sampling-params JSON] [--max-queued-requests N] [--served-name NAME] [--metrics]
         [--gpu-file F --gpu-mib M [--release-after S | --hold-until-killed] [--stubborn-holder]]
         [--flap-health] [--speculative-drafter DRAFTER_DIR]
@@ -47,8 +47,8 @@ under its own pid. When the server stops (SIGTERM, or killed) the worker sees it
 releases the memory `--release-after` seconds later, or with `--hold-until-killed` keeps it until
 someone kills it: the story's 47 GB that stayed held after `systemctl stop`. `--stubborn-holder` makes
 that worker ignore SIGTERM, so only SIGKILL ends it. `--flap-health` is a fault, not SGLang: the port
-opens before the weights load, /health alternates 200/503 and /generate answers 503 until loaded (a
-server whose health endpoint answers before it can generate).
+opens before the weights load, /health alternates 200/503 and /generate answers 503 until loaded, then
+it is up without a warm-up (a server whose health endpoint answers before it can generate).
 """
 
 from __future__ import annotations
@@ -355,6 +355,8 @@ class Server:
                 model.speculator = load_speculator(model.model, self.model_path, self.args.speculative_drafter)
                 log(f"DFLASH draft model loaded from {self.args.speculative_drafter}, "
                     f"block size {model.speculator.block_size}")
+            if self.args.skip_server_warmup or self.args.flap_health:
+                self.up()  # SGLang's --skip-server-warmup: Up at once (before any request can be served)
             self.model = model
         except Exception as exc:  # noqa: BLE001 - the server stays up and says why it cannot serve
             self.load_error = f"{type(exc).__name__}: {exc}"
@@ -378,6 +380,9 @@ class Server:
             log(f"Initialization failed. warmup error: {exc}")
             self.status = "UnHealthy"
             return
+        self.up()
+
+    def up(self) -> None:
         log("The server is fired up and ready to roll!")
         self.ready_at = time.time()
         self.status = "Up"
@@ -747,7 +752,7 @@ def run_gpu_worker(args: argparse.Namespace) -> int:
 def _warm_up_when_loaded(state: Server) -> None:
     while state.model is None and state.load_error is None:
         time.sleep(0.05)
-    if state.model is not None:
+    if state.model is not None and state.status == "Starting":
         state.warm_up()
 
 
@@ -770,6 +775,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu", help="where the model is loaded and served")
     parser.add_argument("--warmup-delay", type=float, default=1.0,
                         help="seconds listening before the warm-up request (SGLang waits 1 s)")
+    parser.add_argument("--skip-server-warmup", action="store_true", help="SGLang's: up once loaded, no warm-up request")
     parser.add_argument("--api-key", help="SGLang's --api-key: required as a Bearer token on all but /health, /ready, /metrics")
     parser.add_argument("--preferred-sampling-params", help="SGLang's: a JSON object laid under each request's")
     parser.add_argument("--max-queued-requests", type=int, help="SGLang's: past this many waiting, a 503 abort")
