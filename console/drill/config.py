@@ -27,7 +27,8 @@ def service_commands(layout: DrillLayout, python: str, port: int) -> dict[str, l
     holds GPU_SERVICE_EXTRA_MIB beside it, as SGLang's scheduler does: the one the first stop leaves."""
     state = str(layout.service_state)
     manage = [python, "-m", "remote.drill.service"]
-    standin = ["--model", str(layout.target), "--port", str(port), "--metrics", "--dtype", SERVING_DTYPE]
+    standin = ["--model", str(layout.target), "--port", str(port), "--metrics", "--dtype", SERVING_DTYPE,
+               "--speculative-drafter", str(layout.reference)]  # real DFLASH decoding: the online cross-check
     if layout.gpu:
         standin += ["--device", "cuda"]
         episode = ["--cuda-mib", str(GPU_SERVICE_EXTRA_MIB)]
