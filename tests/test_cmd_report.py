@@ -124,3 +124,24 @@ def test_a_run_without_results_is_refused_saying_why(tmp_path: Path, capsys: pyt
     assert main(["report", str(run.dir)]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and str(run.dir) in err and "no results yet" in err and "running" in err
+
+
+@pytest.mark.parametrize("columns", [None, "40", "80"], ids=["piped", "40", "80"])
+def test_piped_or_narrow_the_summary_keeps_drafter_names_and_taus_whole(run_dir: Path, columns: str | None):
+    """Through a pipe (rich's 80 columns, no terminal anywhere) or on a 40- or 80-column terminal,
+    the summary never cuts a drafter's name or its tau (the issue's `8.… │ 2.…`)."""
+    import os
+    import subprocess
+    import sys
+
+    env = {k: v for k, v in os.environ.items() if k != "COLUMNS"} | ({"COLUMNS": columns} if columns else {})
+    done = subprocess.run([str(Path(sys.executable).parent / "dflash-ops"), "report", str(run_dir)], env=env,
+                          capture_output=True, text=True, timeout=120, stdin=subprocess.DEVNULL)
+    assert done.returncode == 0, done.stderr
+    results = json.loads((run_dir / "results.json").read_text())
+    lines = done.stdout.splitlines()
+    for name, metrics in results["drafters"].items():
+        assert any(name in line for line in lines)
+        tau = metrics["tau"]["vanilla"]
+        assert any(f"{tau['macro']:.2f} [{tau['ci95'][0]:.2f}, {tau['ci95'][1]:.2f}]" in line for line in lines), name
+    assert "…" not in done.stdout

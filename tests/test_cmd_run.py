@@ -166,3 +166,21 @@ def test_a_run_store_on_a_full_disk_is_named_exit_2(config: Path, full_disk: Pat
     (line,) = done.stderr.strip().splitlines()
     assert str(runs) in line and "No space left on device" in line
     assert not RunStore(runs).readable()  # nothing half-written taken as a run
+
+
+def test_plan_prints_each_command_whole_on_its_own_line_piped_and_at_40_columns(drill) -> None:
+    """`run --plan` on the drill: the literal stop and start commands (longer than any terminal here)
+    stand whole on lines of their own, never folded across table cells; every step is listed."""
+    from console.views.plan import service_commands
+
+    commands = service_commands(drill.config)
+    for columns in (None, 40):
+        done = dflash_ops("run", "--plan", "--config", str(drill.config_path), "--runs", str(drill.runs),
+                          columns=columns, timeout=240)
+        assert done.returncode == 0, done.stdout + done.stderr
+        lines = done.stdout.splitlines()
+        for verb in ("stop", "start"):
+            assert f"    $ {commands[verb]}" in lines, (verb, done.stdout)
+        for step in ("preflight", "stage", "cache", "stop", "free-vram", "extract", "restart", "evaluate", "report"):
+            assert any(step in line for line in lines), step
+        assert "…" not in done.stdout

@@ -14,7 +14,8 @@ from pathlib import Path
 from typing import Any
 
 from rich.cells import cell_len
-from rich.console import Console, ConsoleOptions, Group, RenderResult
+from rich.console import Console, ConsoleOptions, Group, RenderableType, RenderResult
+from rich.padding import Padding
 from rich.table import Table
 from rich.text import Text
 
@@ -415,9 +416,9 @@ class FittedTable(Table):
         for i, h in enumerate(headers):
             if i == fold:
                 self.add_column(h, justify="left", overflow="fold", min_width=LABEL_MIN)
-            else:
-                self.add_column(h, justify="left" if i == 0 else justify, no_wrap=True,
-                                min_width=max([_width(row[i]) for row in body] or [0]))
+            else:  # the values whole on one line; a long header wraps between its words above them
+                self.add_column(Text(h, no_wrap=False, overflow="fold"), justify="left" if i == 0 else justify,
+                                no_wrap=True, min_width=max([_width(row[i]) for row in body] or [0]))
         for row, style in zip(body, styles, strict=True):
             self.add_row(*row, style=style or None)
 
@@ -430,16 +431,16 @@ class FittedTable(Table):
             widths[self.fold] = LABEL_MIN
         return sum(widths) + 3 * len(widths) + 1  # one space either side of each cell, the rules between
 
-    def blocks(self, width: int) -> list[Text]:
+    def blocks(self, width: int) -> list[RenderableType]:
         """The rows one below the other, for a width the table does not fit."""
         headers, body, styles = self.rows_shown
-        lines = [Text(str(self.title), style="bold italic")]
+        lines: list[RenderableType] = [Text(str(self.title), style="bold italic")]
         for row, style in zip(body, styles, strict=True):
             lines.append(Text(row[0], style=f"bold {style}".strip()))
             for header, value in zip(headers[1:], row[1:], strict=True):
                 line = f"  {header}: {value}"
-                if cell_len(line) > width:  # the value whole on its own line rather than cut in two
-                    lines += [Text(f"  {header}:", style=style), Text(f"    {value}", style=style)]
+                if cell_len(line) > width:  # the value on lines of its own, indented, rather than cut in two
+                    lines += [Text(f"  {header}:", style=style), Padding(Text(value, style=style), (0, 0, 0, 4))]
                 else:
                     lines.append(Text(line, style=style))
         return lines
