@@ -1,18 +1,27 @@
 #!/usr/bin/env bash
 # Everything that needs the GPU machine, in one go (a fresh machine costs minutes, so batch it).
 # From the repo root on the GPU host, with ../shared/device copied to .dev/:
-#   bash bench/gpu_suite.sh [tests|bench-extract|all]
-# Logs and figures go to $OUT (or ./gpu-out): gpu-tests.log, bench-*.txt, *.json.
-# --noconftest: tests/conftest.py loads the SSH fixtures, and asyncssh is not on the GPU host.
+#   bash bench/gpu_suite.sh [tests|bench-extract|window|all]
+# Each stage fits one 10-minute call. Logs and figures go to $OUT (or ./gpu-out): gpu-tests.log,
+# bench-*.txt, *.json; the window stage's window-gpu-tests.log, bench-window-gpu.txt, window-gpu.json.
+# The window stage runs the console and the drill there: asyncssh, textual and their dependencies,
+# fetched as wheels into .whl/ on a machine with a registry (the device README's pip download
+# recipe) and carried, are installed into /tmp/site first.
+# --noconftest: tests/conftest.py loads every fixture module, which the GPU tests do not need.
 set -uo pipefail
 out="${OUT:-gpu-out}"; mkdir -p "$out"
 what="${1:-all}"
+if compgen -G ".whl/*.whl" > /dev/null; then
+  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl || exit 1
+fi
 source .dev/setup-device.sh
 export TRITON_CACHE_DIR="${TRITON_CACHE_DIR:-/tmp/triton-dflash}" PYTHONUNBUFFERED=1
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
 echo "== gpu_suite $what: $(date -u +%FT%TZ), git $(git rev-parse --short HEAD 2>/dev/null || echo '?')" | tee -a "$out/gpu-tests.log"
 if [[ "$what" == tests || "$what" == all ]]; then
-  python3 -m pytest --noconftest -p no:cacheprovider -q -rs tests/gpu 2>&1 | tee -a "$out/gpu-tests.log"
+  # The window's GPU tests are the window stage's (each stage fits one 10-minute call).
+  python3 -m pytest --noconftest -p no:cacheprovider -q -rs tests/gpu --ignore=tests/gpu/test_window_gpu.py 2>&1 \
+    | tee -a "$out/gpu-tests.log"
   python3 bench/telemetry.py --skip-console --json "$out/telemetry.json" 2>&1 | tee "$out/bench-telemetry.txt"
   python3 bench/evaluate.py --device cuda 2>&1 | tee "$out/bench-evaluate.txt"
   # The GPU tests record their figures into docs/gpu-results/extract.json (only that one: the
@@ -21,6 +30,13 @@ if [[ "$what" == tests || "$what" == all ]]; then
 fi
 if [[ "$what" == bench-extract || "$what" == all ]]; then
   python3 bench/extract.py --json "$out/bench-extract.json" 2>&1 | tee "$out/bench-extract.txt"
+fi
+if [[ "$what" == window || "$what" == all ]]; then
+  # The drill's hosts run `python -m console...` / `remote...` from their homes: the repo is on the path.
+  export PYTHONPATH="$PYTHONPATH:$PWD" DFLASH_OPS_DRILL_CACHE="${DFLASH_OPS_DRILL_CACHE:-/tmp/dflash-drill-assets}"
+  python3 -m pytest --noconftest -p no:cacheprovider -q -rs --timeout 400 tests/gpu/test_window_gpu.py 2>&1 \
+    | tee "$out/window-gpu-tests.log"
+  python3 bench/window.py --gpu --runs "${WINDOW_RUNS:-1}" --json "$out/window-gpu.json" 2>&1 | tee "$out/bench-window-gpu.txt"
 fi
 nvidia-smi --query-gpu=index,memory.used --format=csv,noheader >> "$out/gpu-tests.log" 2>&1
 echo "== gpu_suite $what done in ${SECONDS} s" >> "$out/gpu-tests.log"

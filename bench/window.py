@@ -1,6 +1,6 @@
 """The downtime window on the drill, broken down by phase, staged and cold side by side.
 
-    python bench/window.py [--runs N] [--dir DIR] [--json FILE]
+    python bench/window.py [--runs N] [--dir DIR] [--json FILE] [--gpu]
 
 Downtime is the stop being issued until the server is ready again. Its phases, each timed by the
 part that does the work:
@@ -14,6 +14,12 @@ The zero-downtime route (extract on the training host's free GPU) is run once to
 0 when the server was never stopped. The console's overhead is the downtime minus those: noticing the free GPUs and writing the go,
 noticing `gpu_released` and issuing the start, state and journal writes. Runs alternate staged and
 cold; medians are printed. Last line: the headline.
+
+`--gpu`: the drill on this machine's CUDA GPU (`dflash-ops drill --gpu`: a 1.7 B target served from
+the GPU, a real CUDA worker left holding memory by the first stop, NVML telemetry, the fast
+kernels). The extract phase is then split into the copy to the GPU and the forward, the GPU's used
+memory over one staged window is printed from NVML's samples in the run's telemetry, and the
+headline sets the downtime beside its limit: stop + copy + forward + the server's own start to ready.
 """
 
 from __future__ import annotations
@@ -38,12 +44,13 @@ from console.procedure.decider import ApproveAll  # noqa: E402
 
 def phases(state: dict[str, Any]) -> dict[str, float]:
     """The downtime and its phases (seconds) from a finished run's state."""
-    service, facts = state["service"], state["facts"]
-    if "stopped_at" not in service:  # the zero-downtime route: the server was never stopped
-        return {k: 0.0 for k in ("downtime", "stop", "vram_free", "extract", "start_ready", "overhead",
-                                 "released_to_start")}
-    window = facts.get("window", {})
+    service, facts = state["service"], state["extraction"]
+    if not service.get("stopped_at"):  # the zero-downtime route: the server was never stopped
+        return {k: 0.0 for k in ("downtime", "stop", "vram_free", "extract", "copy", "forward", "start_ready",
+                                 "overhead", "limit", "released_to_start")}
+    window = facts.get("window") or {}
     downtime = service["ready_at"] - service["stopped_at"]
+    copy, forward = window.get("copy_s"), window.get("forward_s")
     stop = service["stop_returned_at"] - service["stopped_at"]
     vram = service["vram_free_at"] - service["stop_returned_at"]
     extract = window["window_s"] if window.get("staged") else window["since_start_s"]
@@ -51,9 +58,26 @@ def phases(state: dict[str, Any]) -> dict[str, float]:
     # The restart overlaps the extractor's flush; only what lies inside the downtime counts.
     overhead = downtime - stop - vram - extract - start_ready
     return {"downtime": downtime, "stop": stop, "vram_free": vram, "extract": extract,
-            "start_ready": start_ready, "overhead": overhead,
-            "go_to_released": facts["gpu_released_at"] - facts["go_sent"] if facts.get("go_sent") else None,
+            "copy": copy, "forward": forward, "start_ready": start_ready, "overhead": overhead,
+            "limit": stop + (copy or 0.0) + (forward or 0.0) + start_ready,
+            "go_to_released": facts["gpu_released_at"] - facts["go_sent_at"] if facts.get("go_sent_at") else None,
             "released_to_start": service["start_issued_at"] - facts["gpu_released_at"]}
+
+
+def memory_over_window(run_dir: Path, host: str = "ct129", gpu: int = 0) -> list[tuple[float, int | None, bool]]:
+    """(seconds since the stop, used MiB, service down) per telemetry sample of `host`'s GPU, from a
+    few seconds before the stop to a few after the server is ready: NVML's view of the window."""
+    state = json.loads((run_dir / "state.json").read_text())
+    start, end = state["service"]["stopped_at"] - 3, state["service"]["ready_at"] + 3
+    rows = []
+    for line in (run_dir / "telemetry.jsonl").read_text().splitlines():
+        record = json.loads(line)
+        sample = record.get("sample")
+        if record["host"] != host or not sample or not start <= record["t"] <= end:
+            continue
+        used = next((g["mem_used_mib"] for g in sample["gpus"] if g["index"] == gpu), None)
+        rows.append((round(record["t"] - state["service"]["stopped_at"], 2), used, bool(record.get("service_down"))))
+    return rows
 
 
 async def one_run(config_path: Path, runs: Path, stage: bool, route: str = "window") -> dict[str, Any]:
@@ -65,7 +89,7 @@ async def one_run(config_path: Path, runs: Path, stage: bool, route: str = "wind
         await operator.stop()
     if finished.status != "done":
         raise SystemExit(f"bench: the run failed: {finished.message}")
-    return operator.store.open(finished.run_id).state.to_json()
+    return {**operator.store.open(finished.run_id).state.to_json(), "run_dir": str(operator.run_dir(finished.run_id))}
 
 
 def main() -> int:
@@ -73,40 +97,53 @@ def main() -> int:
     parser.add_argument("--runs", type=int, default=2, help="runs of each kind (default 2)")
     parser.add_argument("--dir", default=None, help="the drill directory (default: a temporary one)")
     parser.add_argument("--json", default=None, help="also write the figures here")
+    parser.add_argument("--gpu", action="store_true", help="the drill on this machine's CUDA GPU (REAL GPU)")
     args = parser.parse_args()
     with tempfile.TemporaryDirectory(prefix="bench-window-") as tmp:
         drill_dir = Path(args.dir or Path(tmp) / "drill")
-        config = up(drill_dir, fresh=True, say=lambda line: print(line, file=sys.stderr))
+        config = up(drill_dir, fresh=True, gpu=args.gpu, say=lambda line: print(line, file=sys.stderr))
         try:
             store = Path(tmp) / "runs"
             print("warm-up run (the drill's first stop leaves VRAM held: not counted)", file=sys.stderr)
             asyncio.run(one_run(config, store, stage=True))
             rows: dict[str, list[dict[str, float]]] = {"staged": [], "cold": []}
+            memory: list[tuple[float, int | None, bool]] = []
             for i in range(args.runs):
                 for kind in ("staged", "cold") if i % 2 == 0 else ("cold", "staged"):
                     state = asyncio.run(one_run(config, store, stage=kind == "staged"))
                     rows[kind].append(phases(state))
+                    if kind == "staged" and not memory:
+                        memory = memory_over_window(Path(state["run_dir"]))
                     print(f"{kind} run {len(rows[kind])}: " + ", ".join(
                         f"{k} {v:.2f} s" for k, v in rows[kind][-1].items() if v is not None), file=sys.stderr)
             state = asyncio.run(one_run(config, store, stage=False, route="zero-downtime"))
             rows["zero-downtime"] = [phases(state)]
             print(f"zero-downtime run: extracted on {state['facts']['extract_on']['host']}; the server was "
-                  f"{'never stopped' if 'stopped_at' not in state['service'] else 'STOPPED'}", file=sys.stderr)
+                  f"{'STOPPED' if state['service'].get('stopped_at') else 'never stopped'}", file=sys.stderr)
         finally:
             down(drill_dir, say=lambda _: None)
-    keys = ("downtime", "stop", "vram_free", "extract", "start_ready", "overhead", "released_to_start")
+    keys = ("downtime", "stop", "vram_free", "extract", "copy", "forward", "start_ready", "overhead", "limit",
+            "released_to_start")
+    keys = tuple(k for k in keys if all(r.get(k) is not None for runs in rows.values() for r in runs))
     medians = {kind: {k: statistics.median(r[k] for r in runs) for k in keys} for kind, runs in rows.items()}
     print(f"{'phase':<20}{'staged':>10}{'cold':>10}{'cold/staged':>14}{'zero-downtime':>16}")
     for key in keys:
         staged, cold = medians["staged"][key], medians["cold"][key]
         ratio = f"{cold / staged:.2f}x" if staged > 0.005 else "-"
         print(f"{key:<20}{staged:>9.2f}s{cold:>9.2f}s{ratio:>14}{medians['zero-downtime'][key]:>15.2f}s")
+    if memory:
+        print(f"GPU0 used over a staged window ({'NVML' if args.gpu else 'simulated'}, through the agent; MiB, t from "
+              f"the stop, * = service down): "
+              + ", ".join(f"{t:+.1f}s {u}{'*' if d else ''}" for t, u, d in memory))
     if args.json:
-        Path(args.json).write_text(json.dumps({"runs": rows, "medians": medians}, indent=2))
+        Path(args.json).write_text(json.dumps({"gpu": args.gpu, "runs": rows, "medians": medians,
+                                               "memory_over_staged_window": memory}, indent=2))
     worst = max(medians["staged"]["overhead"], medians["cold"]["overhead"])
-    print(f"window overhead: {medians['staged']['overhead']:.2f} s staged, {medians['cold']['overhead']:.2f} s cold "
-          f"(target < 1 s); downtime {medians['staged']['downtime']:.2f} s staged vs "
-          f"{medians['cold']['downtime']:.2f} s cold, {medians['zero-downtime']['downtime']:.2f} s zero-downtime")
+    limit = f" (limit {medians['staged']['limit']:.2f} s: stop + copy + forward + server start)" \
+        if "limit" in medians["staged"] and args.gpu else ""
+    print(f"{'GPU ' if args.gpu else ''}window downtime {medians['staged']['downtime']:.2f} s staged{limit} vs "
+          f"{medians['cold']['downtime']:.2f} s cold, {medians['zero-downtime']['downtime']:.2f} s zero-downtime; "
+          f"overhead {medians['staged']['overhead']:.2f} s staged, {medians['cold']['overhead']:.2f} s cold (target < 1 s)")
     return 0 if worst < 1.0 else 1
 
 
