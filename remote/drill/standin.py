@@ -48,7 +48,9 @@ releases the memory `--release-after` seconds later, or with `--hold-until-kille
 someone kills it: the story's 47 GB that stayed held after `systemctl stop`. `--stubborn-holder` makes
 that worker ignore SIGTERM, so only SIGKILL ends it. `--flap-health` is a fault, not SGLang: the port
 opens before the weights load, /health alternates 200/503 and /generate answers 503 until loaded, then
-it is up without a warm-up (a server whose health endpoint answers before it can generate).
+it is up without a warm-up (a server whose health endpoint answers before it can generate). `--nan-after N`
+is another fault: from the N+1-th generated token on the logits are NaN (a broken kernel), which ends
+the request as SGLang ends it, EOS in place of the bad token and finish `stop` "NaN happened".
 """
 
 from __future__ import annotations
@@ -124,6 +126,7 @@ class Model:
         self.vocab_size = int(self.model.config.vocab_size)
         self.lock = threading.Lock()
         self.speculator: Any = None  # with --speculative-drafter: remote.drill.specdecode.Speculator
+        self.nan_after: int | None = None  # the --nan-after fault
 
     def decode(self, ids: list[int]) -> str:
         return self.tokenizer.decode(ids, skip_special_tokens=True)
@@ -249,6 +252,8 @@ def generate_tokens(model: Model, request: Request) -> Generation:
             out = model.model(input_ids=step, past_key_values=cache, use_cache=True)
             cache = out.past_key_values
             logits = out.logits[0, -1]
+            if model.nan_after is not None and len(output) >= model.nan_after:
+                logits = logits * float("nan")  # the --nan-after fault: a kernel gone bad
             if not bool(torch.isfinite(logits).any()):
                 output.append(model.eos_id)
                 return Generation(output, {"type": "stop", "matched": NAN_STOP})
@@ -355,6 +360,7 @@ class Server:
                 model.speculator = load_speculator(model.model, self.model_path, self.args.speculative_drafter)
                 log(f"DFLASH draft model loaded from {self.args.speculative_drafter}, "
                     f"block size {model.speculator.block_size}")
+            model.nan_after = self.args.nan_after
             if self.args.skip_server_warmup or self.args.flap_health:
                 self.up()  # SGLang's --skip-server-warmup: Up at once (before any request can be served)
             self.model = model
@@ -775,6 +781,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu", help="where the model is loaded and served")
     parser.add_argument("--warmup-delay", type=float, default=1.0,
                         help="seconds listening before the warm-up request (SGLang waits 1 s)")
+    parser.add_argument("--nan-after", type=int, metavar="N",
+                        help="a fault: logits turn NaN after N generated tokens (SGLang ends such a request as "
+                             "stop 'NaN happened')")
     parser.add_argument("--skip-server-warmup", action="store_true", help="SGLang's: up once loaded, no warm-up request")
     parser.add_argument("--api-key", help="SGLang's --api-key: required as a Bearer token on all but /health, /ready, /metrics")
     parser.add_argument("--preferred-sampling-params", help="SGLang's: a JSON object laid under each request's")
