@@ -325,7 +325,13 @@ def _free_port(preferred: int | None) -> int:
     raise DrillError("no free port on 127.0.0.1")
 
 
+LINK_ABOVE_BYTES = 1 << 20  # weights are linked, small files copied
+
+
 def _link_or_copy(src: str, dst: str) -> None:
+    if os.path.getsize(src) < LINK_ABOVE_BYTES:  # configs and tokenizers are edited in place by tests
+        shutil.copy2(src, dst)  # and operators: a hard link would change the cache under every drill
+        return
     try:
         os.link(src, dst)  # the GPU drill's target is a few GB: a hard link costs nothing
     except OSError:  # another filesystem
