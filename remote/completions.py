@@ -21,7 +21,9 @@ top-level `incomplete` list), never as complete: the extractor refuses it unless
 short backoff; a second 503 marks that prompt incomplete and the others are still cached.
 
 `completions.json` is written atomically. A cache made for another prompt set or model is never
-overwritten (unless --force): the extraction must match the completions it reads.
+overwritten (unless --force): the extraction must match the completions it reads. Run again over a
+cache for the same prompts, model and sampling params, the worker keeps its complete records and asks
+only the others (--force asks every prompt again).
 """
 
 from __future__ import annotations
@@ -281,6 +283,20 @@ def check_existing(out: Path, prompt_set: PromptSet, model_path: str, force: boo
                           + ": refusing to overwrite (use another --out, or --force)", str(out))
 
 
+def kept_records(out: Path, prompt_set: PromptSet, model_path: str, sampling: dict[str, Any]) -> dict[str, dict]:
+    """The complete records of an earlier cache at `out` for the same prompt set, model and sampling
+    params, by prompt id: a run again asks only the prompts it has not answered in full."""
+    try:
+        old = json.loads(out.read_text())
+    except (OSError, json.JSONDecodeError):
+        return {}
+    if not isinstance(old, dict) or old.get("format") != FORMAT or old.get("prompt_set_sha256") != prompt_set.sha256 \
+            or old.get("model_path") != model_path or old.get("sampling") != sampling:
+        return {}
+    return {r["id"]: r for r in old.get("prompts", []) if isinstance(r, dict) and r.get("complete") is True
+            and completeness(r) == (True, None)}
+
+
 def load_tokenizer(path: str) -> Any:
     from transformers import AutoTokenizer
 
@@ -325,6 +341,7 @@ def main(events: EventWriter, argv: list[str] | None = None) -> dict[str, Any]:
     tokenizer = load_tokenizer(args.tokenizer or info.get("tokenizer_path") or model_path)
     served_name = str(info.get("served_model_name") or model_path)
 
+    kept = {} if args.force else kept_records(out, prompt_set, model_path, sampling)
     events.phase("generate")
     use_generate = True
     warned = [False]
@@ -332,6 +349,12 @@ def main(events: EventWriter, argv: list[str] | None = None) -> dict[str, Any]:
     total = len(prompt_set.prompts)
     for i, prompt in enumerate(prompt_set.prompts, start=1):
         ids = prompt_token_ids(tokenizer, prompt)
+        earlier = kept.get(prompt.id)
+        if earlier is not None and earlier.get("prompt_ids") == ids and earlier.get("max_new_tokens") == prompt.max_new_tokens:
+            records.append(earlier)
+            events.progress("prompts", i, total, "prompts", label=prompt.id)
+            events.log(f"[{i}/{total}] {prompt.id}: kept from the earlier cache (complete)")
+            continue
         params = {**sampling, "max_new_tokens": prompt.max_new_tokens}
         answer = None
         if use_generate:

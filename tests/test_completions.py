@@ -365,3 +365,40 @@ def test_the_retry_backoff_is_bounded(monkeypatch):
     monkeypatch.setattr(completions.time, "sleep", slept.append)
     answer = completions.ask_with_one_retry(ask, Prompt("p", 4), EventWriter(stream=io.StringIO()), 3600, "generate")
     assert answer == {"completion_ids": [1]} and slept == [completions.RETRY_BACKOFF_MAX_S]
+
+
+def test_a_run_again_keeps_the_complete_prompts_and_asks_only_the_rest(tiny_target, tmp_path):
+    """After a second 503 left p1 incomplete, running the worker again asks only p1: the complete
+    prompts are kept from the cache (same prompt set, model and sampling), never asked twice."""
+    ok = json.dumps({"output_ids": [5, 6], "text": "ab", "meta_info": {"finish_reason": {"type": "length",
+                                                                                     "length": 2}}}).encode()
+    argv = ["--prompts", str(prompt_file(tmp_path, n=2)), "--retry-backoff", "0", "--out", str(tmp_path / "c.json")]
+    url, server = broken_server(str(tiny_target), [(200, ok), (503, SERVICE_UNAVAILABLE)])
+    try:
+        run(["--server", url, *argv])
+    finally:
+        server.shutdown()
+        server.server_close()
+    first = json.loads((tmp_path / "c.json").read_text())
+    assert first["incomplete"] == ["p1"]
+    again = json.dumps({"output_ids": [7, 2], "text": "c", "meta_info": {"finish_reason": {"type": "stop",
+                                                                                       "matched": 2}}}).encode()
+    url, server = broken_server(str(tiny_target), again)
+    try:
+        result, events = run(["--server", url, *argv])
+    finally:
+        server.shutdown()
+        server.server_close()
+    assert len(server.bodies) == 1 and server.bodies[0]["input_ids"] == first["prompts"][1]["prompt_ids"]
+    data = json.loads((tmp_path / "c.json").read_text())
+    assert data["incomplete"] == [] == result["incomplete"]
+    assert data["prompts"][0] == first["prompts"][0] and data["prompts"][1]["completion_ids"] == [7, 2]
+    assert any(e["type"] == "log" and e["msg"] == "[1/2] p0: kept from the earlier cache (complete)" for e in events)
+    # --force asks every prompt again.
+    url, server = broken_server(str(tiny_target), again)
+    try:
+        run(["--server", url, *argv, "--force"])
+    finally:
+        server.shutdown()
+        server.server_close()
+    assert len(server.bodies) == 2
