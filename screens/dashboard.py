@@ -60,6 +60,8 @@ class DashboardScreen(Screen):
 
     def refresh_part(self, kind: str, payload: object = None) -> None:
         """Repaint what `kind` of change concerns (the state already holds it)."""
+        if not self.is_mounted:  # a tick or a message before the panels are composed: on_mount draws all
+            return
         state, now = self.app.state, self.app.now()
         if kind == "host":
             hosts = [payload.host] if payload is not None and hasattr(payload, "host") else None

@@ -39,6 +39,7 @@ from console.views.tables import (
 from console.views.units import duration
 from screens.format import clock
 from screens.widgets.downtime_banner import DowntimeBanner
+from screens.widgets.online import OnlinePanel, read_online
 
 if TYPE_CHECKING:
     from screens.app import ConsoleApp
@@ -283,6 +284,7 @@ class ResultsScreen(Screen):
         Binding("4", "tab('parity')", "Parity", show=False),
         Binding("5", "tab('kernels')", "Kernels", show=False),
         Binding("6", "tab('window-pane')", "Window", show=False),
+        Binding("7", "tab('online')", "Online", show=False),
         Binding("d", "next_drafter", "Drafter's columns"),
     ]
 
@@ -317,6 +319,8 @@ class ResultsScreen(Screen):
                 yield TimelinePlot(data)
                 yield Static(service_strip(data.state, t0, t1), classes="strip")
                 yield VerticalScroll(Static(steps_table(data.state, t0)), classes="result-scroll steps")
+            with TabPane("7 Online", id="online"):  # the online cross-check (screens/widgets/online.py)
+                yield OnlinePanel(read_online(data.run_dir))
         yield Footer()
 
     def on_mount(self) -> None:

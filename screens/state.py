@@ -60,7 +60,7 @@ class JobView:
         over the measured rate, less the time since that rate was reported; None before a rate."""
         for key in ("tokens", "prompts"):
             progress = self.bars.get(key)
-            if progress is not None and progress.total and progress.rate:
+            if progress is not None and progress.total is not None and progress.rate:
                 left = max(0.0, progress.total - progress.done) / progress.rate
                 return max(0.0, left - max(0.0, now - self.received.get(key, now)))
         return None
