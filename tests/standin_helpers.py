@@ -9,9 +9,14 @@ import sys
 import time
 import urllib.error
 import urllib.request
+from collections.abc import Iterator
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
+# Greedy decoding's sampling params as SGLang takes them (docs/sglang.md), written out independently
+# of remote.sglang_sampling so tests can check what it sends.
+GREEDY_PARAMS = {"temperature": 0.0, "top_p": 1.0, "top_k": -1, "min_p": 0.0, "frequency_penalty": 0.0,
+                 "presence_penalty": 0.0, "repetition_penalty": 1.0, "min_new_tokens": 0}
 
 
 def free_port() -> int:
@@ -75,6 +80,23 @@ def watch_start(url: str, log: Path, proc: subprocess.Popen, timeout: float = 90
             return looks
         time.sleep(0.1)
     raise TimeoutError(f"{url}/health never answered 200; saw {looks[-3:]}")
+
+
+@contextlib.contextmanager
+def running_standin(model: Path, log: Path, *args: str) -> Iterator[str]:
+    """A standin on a free port, ready (/health 200), as its URL; stopped afterwards. A server that
+    exits or never gets ready fails with the last of its log."""
+    port = free_port()
+    proc = start_standin(model, port, log, *args)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        try:
+            wait_status(url + "/health", 200, timeout=90, proc=proc)
+        except (TimeoutError, RuntimeError) as exc:
+            raise AssertionError(f"{exc}\n{log.read_text()[-2000:]}") from None
+        yield url
+    finally:
+        stop(proc)
 
 
 def stop(proc: subprocess.Popen) -> None:

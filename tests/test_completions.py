@@ -16,45 +16,26 @@ from remote import completions, extract
 from remote.events import EventWriter, WorkerError
 from remote.prompts import load_prompts
 from tests.fixtures_models import run_in_process
-from tests.standin_helpers import free_port, start_standin, stop, wait_status
+from tests.standin_helpers import GREEDY_PARAMS, free_port, running_standin
 
 
 @pytest.fixture(scope="module")
 def standin(tiny_target, tmp_path_factory):
     """The rehearsal server on a free port, ready (health 200)."""
-    port = free_port()
-    log = tmp_path_factory.mktemp("standin") / "log.txt"
-    proc = start_standin(tiny_target, port, log)
-    url = f"http://127.0.0.1:{port}"
-    try:
-        wait_status(url + "/health", 200, timeout=90, proc=proc)
-    except (TimeoutError, RuntimeError) as exc:
-        stop(proc)
-        pytest.fail(f"{exc}\n{log.read_text()[-2000:]}")
-    yield url
-    stop(proc)
+    with running_standin(tiny_target, tmp_path_factory.mktemp("standin") / "log.txt") as url:
+        yield url
 
 
-GREEDY = {"temperature": 0.0, "top_p": 1.0, "top_k": -1, "min_p": 0.0, "frequency_penalty": 0.0,
-          "presence_penalty": 0.0, "repetition_penalty": 1.0, "min_new_tokens": 0}
+GREEDY = GREEDY_PARAMS
 KEY = "completions-test-key"
 
 
 @pytest.fixture(scope="module")
 def guarded(tiny_target, tmp_path_factory):
     """A rehearsal server with --api-key and a preferred logit bias that would make every token 7."""
-    port = free_port()
-    log = tmp_path_factory.mktemp("guarded") / "log.txt"
-    proc = start_standin(tiny_target, port, log, "--api-key", KEY,
-                         "--preferred-sampling-params", json.dumps({"logit_bias": {"7": 100.0}, "top_k": 5}))
-    url = f"http://127.0.0.1:{port}"
-    try:
-        wait_status(url + "/health", 200, timeout=90, proc=proc)
-    except (TimeoutError, RuntimeError) as exc:
-        stop(proc)
-        pytest.fail(f"{exc}\n{log.read_text()[-2000:]}")
-    yield url
-    stop(proc)
+    with running_standin(tiny_target, tmp_path_factory.mktemp("guarded") / "log.txt", "--api-key", KEY,
+                         "--preferred-sampling-params", json.dumps({"logit_bias": {"7": 100.0}, "top_k": 5})) as url:
+        yield url
 
 
 def serve(handler_cls) -> tuple[str, ThreadingHTTPServer]:

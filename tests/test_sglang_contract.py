@@ -22,7 +22,7 @@ from remote import completions
 from remote.drill.sglang_contract import SAMPLING_FIELDS
 from remote.prompts import Prompt
 from remote.sglang_sampling import greedy_sampling_params
-from tests.standin_helpers import free_port, start_standin, stop, wait_status
+from tests.standin_helpers import running_standin
 
 DATA = Path(__file__).parent / "data" / "sglang"
 RECORDED = json.loads((DATA / "0.5.23.json").read_text())
@@ -88,14 +88,8 @@ class Replay:
 
 
 def _standin(tiny_target: Path, tmp: Path, *args: str) -> Iterator[str]:
-    port = free_port()
-    proc = start_standin(tiny_target, port, tmp / "log", "--metrics", "--api-key", STANDIN_KEY, *args)
-    url = f"http://127.0.0.1:{port}"
-    try:
-        wait_status(url + "/health", 200, timeout=90, proc=proc)
+    with running_standin(tiny_target, tmp / "log", "--metrics", "--api-key", STANDIN_KEY, *args) as url:
         yield url
-    finally:
-        stop(proc)
 
 
 @pytest.fixture(scope="module")

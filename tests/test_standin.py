@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from remote.drill import simgpu
-from tests.standin_helpers import free_port, start_standin, stop, wait_status, watch_start
+from tests.standin_helpers import GREEDY_PARAMS, free_port, running_standin, start_standin, stop, watch_start
 
 KEY = "standin-test-key"
 
@@ -64,16 +64,10 @@ def standin(tiny_target: Path, tmp_path_factory: pytest.TempPathFactory) -> Iter
 @pytest.fixture(scope="module")
 def guarded(tiny_target: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     """A standin with --api-key, --preferred-sampling-params and --max-queued-requests 1."""
-    tmp = tmp_path_factory.mktemp("guarded")
-    port = free_port()
-    proc = start_standin(tiny_target, port, tmp / "log", "--metrics", "--api-key", KEY, "--max-queued-requests", "1",
-                         "--preferred-sampling-params", json.dumps({"logit_bias": {"7": 100.0}, "repetition_penalty": 1.3}))
-    url = f"http://127.0.0.1:{port}"
-    try:
-        wait_status(url + "/health", 200, timeout=90, proc=proc)
+    preferred = json.dumps({"logit_bias": {"7": 100.0}, "repetition_penalty": 1.3})
+    with running_standin(tiny_target, tmp_path_factory.mktemp("guarded") / "log", "--metrics", "--api-key", KEY,
+                         "--max-queued-requests", "1", "--preferred-sampling-params", preferred) as url:
         yield url
-    finally:
-        stop(proc)
 
 
 def test_the_port_is_closed_while_the_weights_load_then_health_is_503_until_warmed_up(standin):
@@ -108,8 +102,7 @@ def test_model_and_server_info(standin, tiny_target: Path):
         assert server["ready_at"] >= server["started_at"] + 1.5
 
 
-GREEDY = {"temperature": 0.0, "top_p": 1.0, "top_k": -1, "min_p": 0.0, "frequency_penalty": 0.0,
-          "presence_penalty": 0.0, "repetition_penalty": 1.0, "min_new_tokens": 0}
+GREEDY = GREEDY_PARAMS
 
 
 def _chat_ids(tiny_target: Path, text: str) -> list[int]:
