@@ -299,3 +299,36 @@ def test_a_report_without_a_crosscheck_has_no_online_section(run_dir, tmp_path):
     shutil.copytree(run_dir / "results", run / "results")
     _, (markdown, exported) = write_report(run / "results", run)
     assert "## Online" not in markdown.read_text() and "online" not in json.loads(exported.read_text())
+
+
+def test_the_results_screen_has_an_online_tab_with_the_verdict_the_prompts_and_the_triage(served, drill, run_dir,
+                                                                                         tmp_path):
+    """The results screen (Textual, headless) shows the run's cross-check in its Online tab: the
+    disagreement, each prompt's row and the suspects; a run without one says so."""
+    from textual.app import App
+
+    from screens.results import ResultsScreen, read_run_dir
+    from screens.widgets.online import NO_CHECK
+    from tests.tui.test_tui_console import text_of
+
+    result = check(served["candidate"], drill, run_dir, tmp_path, service={"drafter": "reference"})
+    run = tmp_path / "run"
+    shutil.copytree(run_dir / "results", run / "results")
+    bare = tmp_path / "bare"
+    shutil.copytree(run_dir / "results", bare / "results")
+    cc.save(run, result)
+
+    async def shown(directory: Path) -> str:
+        app = App()
+        async with app.run_test(size=(200, 60)) as pilot:
+            await app.push_screen(ResultsScreen(read_run_dir(directory)))
+            await pilot.press("7")
+            await pilot.pause()
+            return text_of(app.screen.query_one("#online-view Static"))
+
+    text = asyncio.run(shown(run))
+    assert result.line() in " ".join(text.split())
+    for row in cc.prompt_rows(result.to_json()):
+        assert " ".join(row[:3]) in " ".join(text.split())
+    assert "SUSPECT layer ids and provenance" in text
+    assert NO_CHECK in " ".join(asyncio.run(shown(bare)).split())
