@@ -332,3 +332,21 @@ def test_the_results_screen_has_an_online_tab_with_the_verdict_the_prompts_and_t
         assert " ".join(row[:3]) in " ".join(text.split())
     assert "SUSPECT layer ids and provenance" in text
     assert NO_CHECK in " ".join(asyncio.run(shown(bare)).split())
+
+
+def test_a_sampled_request_to_the_speculative_server_is_decoded_plainly(served):
+    """Only greedy requests without logit processing take the DFLASH path: a sampled one (or one with a
+    stop string) is answered by plain decoding, with no spec fields, as before."""
+    import urllib.request
+
+    def generate(params: dict) -> dict:
+        body = json.dumps({"input_ids": [5, 6, 7, 8], "sampling_params": {"max_new_tokens": 6, **params}}).encode()
+        request = urllib.request.Request(served["reference"].url + "/generate", body, {"Content-Type": "application/json"})
+        with urllib.request.urlopen(request, timeout=60) as response:
+            return json.loads(response.read())["meta_info"]
+
+    greedy = generate({"temperature": 0})
+    assert greedy["spec_verify_ct"] >= 1 and sum(greedy["spec_correct_drafts_histogram"]) == greedy["spec_verify_ct"]
+    assert greedy["spec_accept_length"] == greedy["completion_tokens"] / greedy["spec_verify_ct"]
+    for params in ({"temperature": 0.8, "sampling_seed": 1}, {"temperature": 0, "stop": ["zzz"]}):
+        assert not any(key.startswith("spec_") for key in generate(params)), params
