@@ -86,6 +86,12 @@ def stop_confirmation() -> m.Confirmation:
                           destructive=True, estimate_s=194)
 
 
+def restart_confirmation(so_far: int = 90) -> m.Confirmation:
+    """The engine's restart question (console/procedure/engine.py: restart_service)."""
+    return m.Confirmation("restart", "start the service", "ct129", ("systemctl", "start", "sglang-qwen"),
+                          f"the extraction finished: brings sglang-qwen back (down {so_far} s so far)", False, 96.0)
+
+
 def holders_found() -> m.HoldersFound:
     holders = (m.VramHolder(4301, 40000, (0,), "python -m sglang.srt.managers.scheduler --tp-rank 0", "root", 88231, True),
                m.VramHolder(4302, 40000, (1,), "python -m sglang.srt.managers.scheduler --tp-rank 1", "root", 88232, True))

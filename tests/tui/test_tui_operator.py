@@ -39,6 +39,7 @@ from tests.tui.standin import (
     holders_confirmation,
     holders_found,
     mid_window,
+    restart_confirmation,
     stuck_telemetry,
 )
 
@@ -80,12 +81,6 @@ def on_top(app: ConsoleApp, kind: type) -> bool:
 def footer_keys(app: ConsoleApp) -> set[str]:
     """The keys the footer offers on the screen on top."""
     return {key for key, (_, binding, enabled, _) in app.screen.active_bindings.items() if binding.show and enabled}
-
-
-def restart_confirmation(so_far: int = 90) -> m.Confirmation:
-    """The engine's restart question (console/procedure/engine.py: restart_service)."""
-    return m.Confirmation("restart", "start the service", "ct129", ("systemctl", "start", "sglang-qwen"),
-                          f"the extraction finished: brings sglang-qwen back (down {so_far} s so far)", False, 96.0)
 
 
 def down_operator() -> StandinOperator:

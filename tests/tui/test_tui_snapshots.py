@@ -12,6 +12,8 @@ import pytest
 from screens.app import ConsoleApp
 from screens.modals.confirm import ConfirmModal
 from screens.modals.holders import HoldersModal
+from screens.modals.quit import QuitWhileDownModal
+from screens.plan import PlanScreen
 from screens.results import ResultsScreen
 from tests.tui.standin import (
     StandinOperator,
@@ -19,6 +21,7 @@ from tests.tui.standin import (
     holders_confirmation,
     holders_found,
     mid_window,
+    restart_confirmation,
     stop_confirmation,
     stuck_telemetry,
 )
@@ -41,7 +44,12 @@ async def settle(pilot, condition=lambda: True) -> None:
     await pilot.pause()
 
 
-def test_dashboard_mid_window(snap_compare):
+SIZES = pytest.mark.parametrize("size", [WIDE, NARROW], ids=["120x40", "80x24"])
+
+
+@SIZES
+def test_dashboard_mid_window(snap_compare, size):
+    """Down, the extraction going: the banner with the expected time back, the job's time left."""
     op = serving()
 
     async def window(pilot) -> None:
@@ -49,15 +57,17 @@ def test_dashboard_mid_window(snap_compare):
         mid_window(op)  # published to the running console, as the engine would
         await settle(pilot)
 
-    assert snap_compare(ConsoleApp(op, clock=fixed_clock), terminal_size=WIDE, run_before=window)
+    assert snap_compare(ConsoleApp(op, clock=fixed_clock), terminal_size=size, run_before=window)
 
 
-def test_dashboard_serving_narrow(snap_compare):
+@SIZES
+def test_dashboard_serving(snap_compare, size):
     op = serving()
-    assert snap_compare(ConsoleApp(op, clock=fixed_clock), terminal_size=NARROW, run_before=settle)
+    assert snap_compare(ConsoleApp(op, clock=fixed_clock), terminal_size=size, run_before=settle)
 
 
-def test_confirm_stop_modal(snap_compare):
+@SIZES
+def test_confirm_stop_modal(snap_compare, size):
     op = serving()
     app = ConsoleApp(op, clock=fixed_clock)
 
@@ -66,12 +76,12 @@ def test_confirm_stop_modal(snap_compare):
         asyncio.ensure_future(app.decider.decide(stop_confirmation()))
         await settle(pilot, lambda: isinstance(app.screen, ConfirmModal))
 
-    assert snap_compare(app, terminal_size=WIDE, run_before=ask)
+    assert snap_compare(app, terminal_size=size, run_before=ask)
 
 
-@pytest.mark.parametrize("size", [WIDE, NARROW], ids=["120x40", "80x24"])
+@SIZES
 def test_holders_modal(snap_compare, size):
-    """At 80 x 24 the body scrolls and the buttons stay on screen."""
+    """The command first; at 80 x 24 the body scrolls and the buttons stay on screen."""
     op = serving()
     app = ConsoleApp(op, clock=fixed_clock)
 
@@ -87,17 +97,75 @@ def test_holders_modal(snap_compare, size):
     assert snap_compare(app, terminal_size=size, run_before=ask)
 
 
-def test_results_summary(snap_compare, runs_root: Path):
+@SIZES
+def test_restart_modal_while_down(snap_compare, size):
+    """The restart's impact under the command, the DOWN banner above the modal."""
+    op = serving()
+    app = ConsoleApp(op, clock=fixed_clock)
+
+    async def ask(pilot) -> None:
+        await pilot.pause()
+        mid_window(op)
+        await settle(pilot, lambda: app.state.down_since is not None)
+        asyncio.ensure_future(app.decider.decide(restart_confirmation()))
+        await settle(pilot, lambda: isinstance(app.screen, ConfirmModal))
+
+    assert snap_compare(app, terminal_size=size, run_before=ask)
+
+
+@SIZES
+def test_quit_while_down_modal(snap_compare, size):
+    op = serving()
+    app = ConsoleApp(op, clock=fixed_clock)
+
+    async def quit_(pilot) -> None:
+        await pilot.pause()
+        mid_window(op)
+        await settle(pilot, lambda: app.state.down_since is not None)
+        await pilot.press("q")
+        await settle(pilot, lambda: isinstance(app.screen, QuitWhileDownModal))
+
+    assert snap_compare(app, terminal_size=size, run_before=quit_)
+
+
+@SIZES
+def test_plan_screen(snap_compare, size):
+    op = serving()
+    app = ConsoleApp(op, clock=fixed_clock)
+
+    async def plan(pilot) -> None:
+        await pilot.press("p")
+        await settle(pilot, lambda: isinstance(app.screen, PlanScreen))
+
+    assert snap_compare(app, terminal_size=size, run_before=plan)
+
+
+@SIZES
+def test_results_summary(snap_compare, size, runs_root: Path):
     app = ConsoleApp(serving(runs_root), clock=fixed_clock)
 
     async def open_results(pilot) -> None:
         await pilot.press("o")
         await settle(pilot, lambda: isinstance(app.screen, ResultsScreen))
 
-    assert snap_compare(app, terminal_size=WIDE, run_before=open_results)
+    assert snap_compare(app, terminal_size=size, run_before=open_results)
 
 
-def test_results_window_timeline(snap_compare, runs_root: Path):
+@SIZES
+def test_results_per_prompt(snap_compare, size, runs_root: Path):
+    app = ConsoleApp(serving(runs_root), clock=fixed_clock)
+
+    async def per_prompt(pilot) -> None:
+        await pilot.press("o")
+        await settle(pilot, lambda: isinstance(app.screen, ResultsScreen))
+        await pilot.press("2")
+        await settle(pilot)
+
+    assert snap_compare(app, terminal_size=size, run_before=per_prompt)
+
+
+@SIZES
+def test_results_window_timeline(snap_compare, size, runs_root: Path):
     app = ConsoleApp(serving(runs_root), clock=fixed_clock)
 
     async def open_window(pilot) -> None:
@@ -106,4 +174,4 @@ def test_results_window_timeline(snap_compare, runs_root: Path):
         await pilot.press("6")
         await settle(pilot)
 
-    assert snap_compare(app, terminal_size=WIDE, run_before=open_window)
+    assert snap_compare(app, terminal_size=size, run_before=open_window)
