@@ -190,7 +190,8 @@ def ask_openai(server: str, model: str, prompt: Prompt, ids: list[int], sampling
     url = server + "/v1/completions"
     # OpenAI's names: max_tokens, min_tokens (serving_completions.py builds SGLang's params from them).
     params = {("min_tokens" if k == "min_new_tokens" else k): v for k, v in sampling.items() if k != "max_new_tokens"}
-    body = {"model": model, "prompt": ids, "max_tokens": prompt.max_new_tokens, **params}
+    # return_token_ids: SGLang's choices then carry the generated ids (protocol.py, CompletionRequest).
+    body = {"model": model, "prompt": ids, "max_tokens": prompt.max_new_tokens, "return_token_ids": True, **params}
     status, answer = http_json(url, body, timeout)
     if status == 503:
         raise Busy(f"prompt {prompt.id!r}: /v1/completions answered HTTP 503: {answer}", url)

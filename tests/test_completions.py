@@ -44,8 +44,9 @@ def serve(handler_cls) -> tuple[str, ThreadingHTTPServer]:
     return f"http://127.0.0.1:{server.server_address[1]}", server
 
 
-def proxy_without_generate(upstream: str):
-    """A vLLM-like front: everything forwarded to the standin except /generate (404)."""
+def proxy_without_generate(upstream: str, drop_token_ids: bool = False):
+    """A vLLM-like front: everything forwarded to the standin except /generate (404); with
+    `drop_token_ids` its completions carry text only (no `token_ids`)."""
 
     class Handler(BaseHTTPRequestHandler):
         def log_message(self, *args):
@@ -56,6 +57,11 @@ def proxy_without_generate(upstream: str):
                                          headers={"Content-Type": "application/json"})
             with urllib.request.urlopen(req) as r:
                 data, status = r.read(), r.status
+            if drop_token_ids and self.path == "/v1/completions":
+                answer = json.loads(data)
+                for choice in answer["choices"]:
+                    choice.pop("token_ids", None)
+                data = json.dumps(answer).encode()
             self.send_response(status)
             self.send_header("Content-Length", str(len(data)))
             self.end_headers()
@@ -151,18 +157,35 @@ def test_generate_caches_token_ids_then_extract_reads_them(standin, tiny_target,
 
 
 def test_falls_back_to_openai_completions_when_generate_is_404(standin, tmp_path):
+    prompts = prompt_file(tmp_path)
+    run(["--server", standin, "--prompts", str(prompts), "--out", str(tmp_path / "generate.json")])
     url, server = proxy_without_generate(standin)
+    try:
+        _, events = run(["--server", url, "--prompts", str(prompts), "--out", str(tmp_path / "c.json")])
+    finally:
+        server.shutdown()
+        server.server_close()
+    data = json.loads((tmp_path / "c.json").read_text())
+    assert {r["endpoint"] for r in data["prompts"]} == {"v1/completions"}
+    # Greedy there too (OpenAI's default temperature is 1.0), with the server's own ids (return_token_ids).
+    generated = json.loads((tmp_path / "generate.json").read_text())
+    assert [r["completion_ids"] for r in data["prompts"]] == [r["completion_ids"] for r in generated["prompts"]]
+    warnings = [e["msg"] for e in events if e["type"] == "log" and e["level"] == "warning"]
+    assert any("/generate is not served (404)" in w for w in warnings)
+    assert not any("re-tokenised from text" in w for w in warnings)
+
+
+def test_completions_without_token_ids_are_re_tokenised_with_a_warning(standin, tmp_path):
+    url, server = proxy_without_generate(standin, drop_token_ids=True)
     try:
         _, events = run(["--server", url, "--prompts", str(prompt_file(tmp_path)), "--out", str(tmp_path / "c.json")])
     finally:
         server.shutdown()
         server.server_close()
     data = json.loads((tmp_path / "c.json").read_text())
-    assert {r["endpoint"] for r in data["prompts"]} == {"v1/completions"}
     assert all(r["completion_ids"] for r in data["prompts"])
     warnings = [e["msg"] for e in events if e["type"] == "log" and e["level"] == "warning"]
-    assert any("/generate is not served (404)" in w for w in warnings)
-    assert any("re-tokenised from text" in w for w in warnings)
+    assert sum("re-tokenised from text" in w for w in warnings) == 1
 
 
 def test_refuses_to_overwrite_a_cache_for_other_prompts_or_model(standin, tmp_path):
