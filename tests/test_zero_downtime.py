@@ -141,7 +141,7 @@ def test_a_gpu_taken_during_the_route_stops_the_extraction_and_offers_the_window
     assert f"GPU7 on ct200 was taken by pid {thief.pid} (97500 MiB)" in flat
     assert "The window route remains: dflash-ops run --route window" in flat
     _, state = drill.only_run()
-    assert state["steps"]["extract"]["status"] == "failed" and "manifest" not in str(state["facts"].get("window"))
+    assert state["steps"]["extract"]["status"] == "failed" and "manifest" not in str(state["extraction"]["window"])
     handle = state["jobs"]["extract"].get("handle")
     if handle:  # started before it was stopped: it is gone now (or a zombie), never left running
         stat = Path(f"/proc/{handle['pid']}/stat")

@@ -257,7 +257,7 @@ class Engine:
         self.journal(None, ("resumed" if resumed else "started") + f" run {self.run.run_id} "
                      f"({self.route} route, config {self.config.source})")
         for step in route_steps(self.route):  # the views show where a resumed run stands
-            if state.step(step.name).status != "pending":
+            if state.status_of(step.name) != "pending":
                 self._publish_step(step.name)
         self._unsubscribe_telemetry = self.bus.subscribe(self._record_telemetry)
         if self.service_down_by_us:
@@ -1050,9 +1050,9 @@ class Engine:
 
     async def run_stop(self) -> str:
         service = self.config.service
-        if self.state.step("cache").status not in ("done", "skipped"):
+        if self.state.status_of("cache") not in ("done", "skipped"):
             raise StepFailed("stop", "refused: the completions are not cached and verified")
-        if self._acts("stage") and self.state.step("stage").status not in ("done", "skipped"):
+        if self._acts("stage") and self.state.status_of("stage") not in ("done", "skipped"):
             raise StepFailed("stop", "refused: the staged extractor has not reported `staged`")
         manager = await self.hosts.service_manager(CONNECT_TIMEOUT_S)
         argv = manager.stop_argv()

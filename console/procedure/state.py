@@ -170,7 +170,13 @@ class RunState:
         return self.status in RUN_FINISHED
 
     def step(self, name: str) -> StepState:
+        """Step `name`'s record, created pending (for the engine about to run it)."""
         return self.steps.setdefault(name, StepState())
+
+    def status_of(self, name: str) -> str:
+        """Step `name`'s status without creating its record ("pending" when it has none)."""
+        rec = self.steps.get(name)
+        return rec.status if rec is not None else "pending"
 
     def to_json(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
