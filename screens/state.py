@@ -12,10 +12,12 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from console import messages as m
+from console.procedure.steps import STEP_NAMES as STEP_TABLE_NAMES
+from console.procedure.steps import STEPS
 
-STEP_NAMES = ("preflight", "stage", "cache", "stop", "free-vram", "extract", "restart", "evaluate", "report")
+STEP_NAMES = STEP_TABLE_NAMES  # the engine's step table is the one list of steps
 JOURNAL_KEPT = 500
-DOWN_STEPS = ("stop", "free-vram", "extract", "restart")  # the service is down from the stop to the restart's ready
+DOWN_STEPS = tuple(s.name for s in STEPS if s.while_down)  # the service is down from the stop to the restart's ready
 
 
 def event_words(kind: str) -> str:

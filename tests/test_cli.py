@@ -11,7 +11,7 @@ import pytest
 
 from console.cli.main import main
 from console.config import example_config_text
-from console.views.plan import STEPS
+from console.procedure.steps import WINDOW as STEPS  # the engine's step table, window route
 
 ENTRY_POINT = Path(sys.executable).parent / "dflash-ops"
 

@@ -18,11 +18,10 @@ from rich.text import Text
 
 from console.config import Config
 from console.messages import PlanReady
+from console.procedure.steps import ROUTES, STEP_TITLES
 from console.service.control import manager_from_config
 from console.views.tables import FittedTable
 from remote.prompts import DEFAULT_PROMPTS, PromptFileError, load_prompts
-
-STEPS = ("preflight", "stage", "cache", "stop", "extract", "restart", "evaluate", "report")
 
 KERNEL_MEANING = {
     "fast": "fla + causal-conv1d required; fails before touching the GPU if they are missing",
@@ -126,16 +125,17 @@ def procedure_steps(config: Config) -> list[tuple[str, str]]:
         "the layers named in the drafters' configs (their union)"
         if target.layers == "auto" else f"layers {describe_layers(config)}"
     )
-    return [
+    what = dict([
         ("preflight", f"connect to {hosts}; probe {'; '.join(checks)}; compare kernels across hosts "
                       f"and flag asymmetry"),
         ("stage", f"on {target.host}: read the target into host RAM and compile the Triton kernels while "
                   f"the server still serves; then wait for the go"),
         ("cache", f"fetch greedy completions of {count} from the live server at {service.url} "
                   f"(on {service.host}) and verify them; nothing is stopped before this is done"),
-        ("stop", f"on {service.host}: `{commands['stop']}`; wait until {_gpus(config)} hold < "
-                 f"{service.vram_free_mib} MiB each; offer to end exactly the PIDs still holding memory "
-                 f"(TERM, KILL after {service.stop_grace_s:g} s)"),
+        ("stop", f"on {service.host}: `{commands['stop']}`"),
+        ("free-vram", f"on {service.host}: wait until {_gpus(config)} hold < {service.vram_free_mib} MiB each; "
+                      f"offer to end exactly the PIDs still holding memory (TERM, KILL after "
+                      f"{service.stop_grace_s:g} s)"),
         ("extract", f"on {target.host}: load {target.model_path} on the GPUs with kernels={target.kernels} "
                     f"({KERNEL_MEANING[target.kernels]}); save per prompt the hidden states (bf16) of {layers}, "
                     f"the argmax and top-k; release the GPUs first, then flush files"),
@@ -146,7 +146,9 @@ def procedure_steps(config: Config) -> list[tuple[str, str]]:
         ("report", "summary table (drafters side by side"
                    + (f", ratio to {config.reference.name}" if config.reference else ", no reference")
                    + "), per-prompt and per-position acceptance, hidden-state parity, kernels of both hosts"),
-    ]
+    ])
+    # The step table is the one list of steps: a step without a line here still shows, by its title.
+    return [(name, what.get(name, STEP_TITLES[name])) for name in ROUTES["window"]]
 
 
 def _kv_table(title: str, rows: list[tuple[str, str]]) -> Table:
