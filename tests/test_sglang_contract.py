@@ -15,13 +15,15 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from console.service.control import probe_health
 from console.service.sglang_api import ServerAnswerError, SglangClient, parse_prometheus
 from remote import completions
-from remote.drill.sglang_contract import SAMPLING_FIELDS
+from remote.drill.sglang_contract import SAMPLING_FIELDS, resolve_sampling_params
 from remote.prompts import Prompt
-from remote.sglang_sampling import greedy_sampling_params
+from remote.sglang_sampling import GREEDY, NEUTRAL, TEXT_ONLY, PreferredParamsRefused, greedy_sampling_params
 from tests.standin_helpers import running_standin
 
 DATA = Path(__file__).parent / "data" / "sglang"
@@ -297,3 +299,33 @@ async def test_an_older_release_is_read_through_its_get_routes():
         assert health.ready and health.version == "0.4.6" and health.error is None, health
     finally:
         replay.close()
+
+
+# --- the greedy params over any preference ---------------------------------------------------------
+
+_values = st.one_of(st.none(), st.booleans(), st.integers(-5, 500), st.floats(-2, 2, allow_nan=False),
+                    st.text(max_size=4), st.lists(st.integers(0, 50), max_size=3),
+                    st.dictionaries(st.sampled_from(["3", "7"]), st.floats(-100, 100, allow_nan=False), max_size=2))
+_known = st.dictionaries(st.sampled_from(sorted({*GREEDY, *NEUTRAL, *TEXT_ONLY, "max_new_tokens"})), _values, max_size=8)
+
+
+@given(_known, st.integers(1, 64))
+def test_whatever_the_server_prefers_the_request_resolves_to_greedy(preferred, max_new_tokens):
+    """Laid over any preference of known keys as SGLang lays them ({**preferred, **request}), what the
+    worker sends resolves to plain greedy decoding: top_k 1, no penalty, bias, stop or grammar."""
+    sent, _ = greedy_sampling_params(max_new_tokens, preferred)
+    params = resolve_sampling_params(sent, preferred)
+    assert params["top_k"] == 1 and params["max_new_tokens"] == max_new_tokens
+    assert (params["frequency_penalty"], params["presence_penalty"], params["repetition_penalty"],
+            params["min_new_tokens"], params["min_p"], params["top_p"]) == (0.0, 0.0, 1.0, 0, 0.0, 1.0)
+    assert not params["logit_bias"] and not params["stop"] and not params["stop_token_ids"] and not params["stop_regex"]
+    assert params["ignore_eos"] is False and params["n"] == 1 and params["custom_params"] is None
+    assert all(params[k] is None for k in ("json_schema", "regex", "ebnf", "structural_tag", "beam_width"))
+
+
+@given(_known, st.from_regex(r"[a-z_]{3,12}", fullmatch=True), _values)
+def test_a_preference_we_do_not_know_is_always_refused(preferred, unknown, value):
+    if unknown in {*GREEDY, *NEUTRAL, *TEXT_ONLY, "max_new_tokens"}:
+        return
+    with pytest.raises(PreferredParamsRefused, match=f"sets .*{unknown}="):
+        greedy_sampling_params(8, {**preferred, unknown: value})
