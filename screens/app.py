@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import threading
 import time
 from collections.abc import Callable, Iterable
@@ -137,9 +136,9 @@ class ConsoleApp(App[int]):
         if self.start_operator:
             self.operator.start()
         self.set_interval(self.tick_s, self._tick)
-        if self.autostart and not self.read_only:
+        if self.autostart and not self.read_only and (self.resume is not None or not self.operator.unfinished_run()):
             self.run_procedure(resume=self.resume)
-        elif not self.read_only:
+        elif not self.read_only:  # `drill` and `run` too: an unfinished run is offered before anything new
             self._offer_resume()
 
     def on_resize(self, event: events.Resize) -> None:
@@ -172,13 +171,10 @@ class ConsoleApp(App[int]):
         self.push_screen(QuestionModal(question, yes="Resume", no="Not now", id="resume"), callback=answered)
 
     def _left_down(self, run_id: str) -> float | None:
-        """When the unfinished run stopped the service and never saw it ready again: its stop time."""
-        try:
-            state = json.loads((Path(self.operator.run_dir(run_id)) / "state.json").read_text(encoding="utf-8"))
-        except (OSError, ValueError):
-            return None
-        service = state.get("service") or {}
-        return service.get("stopped_at") if service.get("down") else None
+        """When the run stopped the service and never saw it ready again: its stop time (the store's
+        one question, whatever the run's status)."""
+        run = self.operator.left_down()
+        return run.state.service.stopped_at if run is not None and run.run_id == run_id else None
 
     async def _stop_console(self) -> None:
         if self._stopped:
@@ -230,6 +226,8 @@ class ConsoleApp(App[int]):
             self.refresh_banners()  # on every screen, under a modal too: the banner shows through
             if self._quit_when_up and self.state.down_since is None:
                 self.call_later(self._quit_now)
+        elif kind == "job" and self.state.down_since is not None:
+            self.refresh_banners()  # the extraction's rate moves the expected time back
         if kind is None:
             return
         screen = self.screen
