@@ -15,7 +15,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from console.config import dump_toml, load_config
+from console.config import ConfigError, dump_config, dump_toml, load_config, parse_config
 from console.drill.assets import DrillAssets, ensure_assets
 from console.procedure import crosscheck as cc
 from console.service.sglang_api import SglangClient
@@ -350,3 +350,27 @@ def test_a_sampled_request_to_the_speculative_server_is_decoded_plainly(served):
     assert greedy["spec_accept_length"] == greedy["completion_tokens"] / greedy["spec_verify_ct"]
     for params in ({"temperature": 0.8, "sampling_seed": 1}, {"temperature": 0, "stop": ["zzz"]}):
         assert not any(key.startswith("spec_") for key in generate(params)), params
+
+
+# -- the config ------------------------------------------------------------------------------------
+
+def test_the_config_bounds_the_check_and_names_the_served_drafter(drill, tmp_path):
+    config = load_config(write_config(tmp_path / "ops.toml", drill, "http://127.0.0.1:30000"))
+    assert (config.crosscheck.prompts, config.crosscheck.budget_s, config.service.drafter) == (16, 120, None)
+    config = load_config(write_config(tmp_path / "ops.toml", drill, "http://127.0.0.1:30000",
+                                      service={"drafter": "candidate"}, crosscheck={"prompts": 3, "budget_s": 9.5}))
+    assert (config.crosscheck.prompts, config.crosscheck.budget_s, config.service.drafter) == (3, 9.5, "candidate")
+    assert parse_config(dump_config(config)) == config
+
+
+@pytest.mark.parametrize(("sections", "message"), [
+    ({"service": {"drafter": "nobody"}},
+     "`service.drafter`: expected one of the configured drafters (reference, candidate), found \"nobody\""),
+    ({"crosscheck": {"prompts": 0}}, "`crosscheck.prompts`: expected a positive integer (prompts replayed), found 0"),
+    ({"crosscheck": {"budget_s": "60"}}, "`crosscheck.budget_s`: expected a positive number of seconds"),
+    ({"crosscheck": {"prompt": 4}}, "unknown key `crosscheck.prompt`"),
+])
+def test_a_wrong_crosscheck_setting_is_one_line_naming_the_field(drill, tmp_path, sections, message):
+    with pytest.raises(ConfigError) as err:
+        load_config(write_config(tmp_path / "ops.toml", drill, "http://127.0.0.1:30000", **sections))
+    assert message in str(err.value)
