@@ -158,6 +158,7 @@ def test_a_batch_is_answered_by_a_list_in_order(standin, tiny_target: Path):
     ({"input_ids": [1, 2], "sampling_params": {"top_p": 0}}, 400, "value"),
     ({"input_ids": [1, 2], "sampling_params": {"repetition_penalty": 3}}, 400, "value"),
     ({"sampling_params": {}}, 400, "value"),
+    ({"input_ids": [[1, 2], [3, 4]], "rid": ["only-one"]}, 400, "value"),
     ({"input_ids": "abc"}, 400, "validation"),
 ])
 def test_bad_generate_requests_get_sglangs_400s(standin, body, status, shape):

@@ -685,8 +685,10 @@ def make_handler(server: Server) -> type[BaseHTTPRequestHandler]:
             params = self._params(body.get("sampling_params"), len(batch))
             rids = body.get("rid")
             rids = [rids] if isinstance(rids, str) else rids if isinstance(rids, list) else [None] * len(batch)
+            if len(rids) != len(batch):
+                raise value_error(f"The number of rids ({len(rids)}) does not match the batch size ({len(batch)}).")
             answers = []
-            for ids, p, rid in zip(batch, params, rids, strict=False):
+            for ids, p, rid in zip(batch, params, rids, strict=True):
                 generation, meta = server.run(Request(rid or uuid.uuid4().hex, ids, p))
                 if generation.finish_reason.get("type") == "abort" and generation.finish_reason.get("status_code"):
                     raise BadRequest(generation.finish_reason["status_code"],
