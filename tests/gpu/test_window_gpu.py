@@ -18,6 +18,7 @@ import os
 import subprocess
 import sys
 import tempfile
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -44,17 +45,21 @@ STEPS = ("preflight", "stage", "cache", "stop", "free-vram", "extract", "restart
 SLACK_MIB = 2048  # what the training host's other work leaves free beyond the extraction's estimate
 INTRUDER_MIB = 3072  # more than the slack: the extraction would no longer fit
 
-# A process that takes GPU memory when told (one line with a MiB count on stdin), as another user's
-# job would: its CUDA context exists from the start, so the plan counts it.
+# A process that takes GPU memory when told, as another user's job would: `take N` MiB, or `leave N`
+# MiB free on the GPU (measured by the driver, its own context included). Its CUDA context exists
+# from the start, so the plan counts it.
 HOG = """
 import sys, torch
 torch.empty(1, device="cuda")
 held = []
 print("ready", flush=True)
 for line in sys.stdin:
-    held.append(torch.empty(int(line) << 20, dtype=torch.uint8, device="cuda").fill_(1))
+    verb, mib = line.split()
+    if verb == "leave":
+        mib = torch.cuda.mem_get_info()[0] // 2**20 - int(mib)
+    held.append(torch.empty(int(mib) << 20, dtype=torch.uint8, device="cuda").fill_(1))
     torch.cuda.synchronize()
-    print("took", flush=True)
+    print("took", torch.cuda.mem_get_info()[0] // 2**20, flush=True)
 """
 
 
@@ -68,10 +73,13 @@ class Hog:
     def pid(self) -> int:
         return self.proc.pid
 
-    def take(self, mib: int) -> None:
-        self.proc.stdin.write(f"{mib}\n")
+    def take(self, mib: int, verb: str = "take") -> int:
+        """Take `mib` MiB (or leave that much free); returns the MiB left free on the GPU."""
+        self.proc.stdin.write(f"{verb} {mib}\n")
         self.proc.stdin.flush()
-        assert self.proc.stdout.readline().strip() == "took", f"pid {self.pid} could not take {mib} MiB"
+        answer = self.proc.stdout.readline().split()
+        assert answer[:1] == ["took"], f"pid {self.pid} could not {verb} {mib} MiB"
+        return int(answer[1])
 
     def close(self) -> None:
         self.proc.kill()
@@ -105,7 +113,25 @@ def only_new_run(drill: Drill, before: set[str]) -> tuple[str, dict]:
 
     store = RunStore(drill.runs)
     (run_id,) = set(store.run_ids()) - before
-    return run_id, store.open(run_id).state
+    return run_id, store.open(run_id).state.to_json()
+
+
+def wait_new_journal(drill: Drill, before: set[str], prefix: str | tuple[str, ...], proc: subprocess.Popen,
+                     timeout: float = 400) -> dict:
+    """Until the run started after `before` journals a message starting with `prefix` (an older
+    run's journal never answers)."""
+    from console.procedure.store import RunStore
+
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        for run_id in run_ids(drill) - before:
+            for entry in RunStore(drill.runs).open(run_id).read_journal():
+                if entry["message"].startswith(prefix):
+                    return entry
+        if proc.poll() is not None:
+            raise AssertionError(f"the console exited ({proc.returncode}) first:\n{proc.stdout.read()[-4000:]}")
+        time.sleep(0.05)
+    raise TimeoutError(f"no journal entry starting with {prefix!r}")
 
 
 def run_ids(drill: Drill) -> set[str]:
@@ -154,13 +180,13 @@ def test_headless_window_end_to_end_on_the_gpu(gpu_drill: Drill) -> None:
     down_low = min(used(r) for r in samples if r.get("service_down"))
     assert serving > 16384 and down_low < serving - 16384, (serving, down_low)
     # Staged, with the fast kernels bound on the GPU; the restart began at gpu_released.
-    window = state["facts"]["window"]
+    window = state["extraction"]["window"]
     assert window.get("staged") is True, window
     manifest = next(Path(config.hosts["ct129"].workdir).glob(f"windows/{run_id}/states/manifest.json"))
     facts = read_json(manifest)
     assert facts["kernels_fast"] is True and facts["kernel_decision"]["effective"] == "fast"
     service = state["service"]
-    assert state["facts"]["gpu_released_at"] <= service["restart_begun_at"]
+    assert state["extraction"]["gpu_released_at"] <= service["restart_begun_at"]
     results = read_json(drill.runs / run_id / "results" / "results.json")
     assert results["device"].startswith("cuda") and set(results["drafters"]) == {"reference", "candidate"}
     print(f"downtime {service['ready_at'] - service['stopped_at']:.2f} s; window {window}")
@@ -174,7 +200,7 @@ def test_console_killed_mid_extraction_then_resumed_extracts_once(gpu_drill: Dri
                                stderr=subprocess.STDOUT, text=True, env=_env(), cwd=ROOT, stdin=subprocess.DEVNULL)
     try:
         # The go is written: the staged extractor is copying the weights to the GPU, the server down.
-        drill.wait_journal(lambda e: e["message"].startswith("go: the staged extractor"), timeout=400, proc=console)
+        wait_new_journal(drill, before, "go: the staged extractor", console)
         kill(console)
     finally:
         if console.poll() is None:
@@ -204,7 +230,8 @@ def _fill_to_slack(drill: Drill) -> tuple[Hog, int]:
     fit = asyncio.run(_plan_fit(drill))
     assert fit.proposed, fit.why
     filler = Hog()
-    filler.take(fit.free_mib - fit.need_mib - SLACK_MIB)
+    left = filler.take(fit.need_mib + SLACK_MIB, "leave")
+    print(f"the training host's other work leaves {left} MiB free for ~{fit.need_mib} MiB")
     return filler, fit.need_mib
 
 
@@ -218,8 +245,7 @@ def test_zero_downtime_on_the_shared_gpu_completes_and_never_stops_the_server(gp
                                stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=_env(), cwd=ROOT,
                                stdin=subprocess.DEVNULL)
     try:
-        drill.wait_journal(lambda e: e["message"].startswith(("extract: done", "extract: failed")), timeout=400,
-                           proc=console)
+        wait_new_journal(drill, before, ("extract: done", "extract: failed"), console)
         filler.close()  # the evaluation on the same GPU needs room of its own
         out, _ = console.communicate(timeout=400)
     finally:
@@ -229,7 +255,7 @@ def test_zero_downtime_on_the_shared_gpu_completes_and_never_stops_the_server(gp
     assert console.returncode == EXIT_DONE, out[-4000:]
     _, state = only_new_run(drill, before)
     assert state["facts"]["extract_on"]["host"] == "ct200" and state["facts"]["extract_on"]["need_mib"] == need
-    assert "stopped_at" not in state["service"]  # never stopped
+    assert state["service"]["stopped_at"] is None  # never stopped
     assert drill.service_pid() == pid
 
 
@@ -244,7 +270,7 @@ def test_a_real_intruder_mid_extraction_stops_the_route_cleanly_and_offers_the_w
                                stdin=subprocess.DEVNULL)
     try:
         # The extractor has started on ct200 (still importing torch): the intruder takes more than the slack.
-        drill.wait_journal(lambda e: e["message"].startswith("started extract on ct200"), timeout=400, proc=console)
+        wait_new_journal(drill, before, "started extract on ct200", console)
         intruder.take(INTRUDER_MIB)
         out, _ = console.communicate(timeout=300)
     finally:
@@ -263,6 +289,6 @@ def test_a_real_intruder_mid_extraction_stops_the_route_cleanly_and_offers_the_w
         if handle:  # started, then stopped: gone (or a zombie), never left running
             stat = Path(f"/proc/{handle['pid']}/stat")
             assert not stat.exists() or stat.read_text().rsplit(")", 1)[1].split()[0] in ("Z", "X")
-        assert "stopped_at" not in state["service"] and drill.service_pid() == pid  # the server untouched
+        assert state["service"]["stopped_at"] is None and drill.service_pid() == pid  # the server untouched
     finally:
         intruder.close()
