@@ -3,12 +3,25 @@ projection, forecast against measured; and the systemd unit's own history it sta
 
 from __future__ import annotations
 
+import dataclasses
+import io
+import json
+from pathlib import Path
+
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from console.procedure import forecast as fc
+from console.procedure.state import ExtractionState, RunState, ServiceState
+from console.procedure.steps import planned
 from console.service.control import SystemdManager
+from remote import extract, probe
+from remote.events import EventWriter
+from tests.fixtures_models import write_completions
 from tests.test_service_systemd import RecordedSystemctl, Result
+
+DATA = Path(__file__).parent / "data"
 
 # --- the systemd unit's history (recorded systemctl / journalctl output: tests/data/systemd) -------
 
@@ -69,3 +82,372 @@ def test_unit_durations_are_never_negative_nor_from_an_unfinished_transition(sta
         assert got["start_s"] == (active_enter - inactive_exit) / 1e6
     else:
         assert got["start_s"] is None
+
+
+# --- the budget's config: [window] max_downtime_s ------------------------------------------------
+
+def _example_with(window: dict | None) -> str:
+    from console.config import config_to_dict, dump_toml, example_config_text, parse_config
+
+    data = config_to_dict(parse_config(example_config_text()))
+    data.pop("window", None)
+    if window is not None:
+        data["window"] = window
+    return dump_toml(data)
+
+
+def test_the_window_budget_is_read_and_round_trips():
+    from console.config import config_to_dict, example_config_text, parse_config
+
+    assert parse_config(example_config_text()).window.max_downtime_s == 1800  # the example sets one
+    assert parse_config(_example_with(None)).window.max_downtime_s is None  # no budget unless one is set
+    config = parse_config(_example_with({"max_downtime_s": 600}))
+    assert config.window.max_downtime_s == 600
+    assert config_to_dict(config)["window"] == {"max_downtime_s": 600}
+
+
+@pytest.mark.parametrize(("window", "message"), [
+    ({"max_downtime_s": -5}, "`window.max_downtime_s`: expected a positive number of seconds, found -5"),
+    ({"max_downtime_s": "10m"}, "`window.max_downtime_s`: expected a positive number of seconds, found \"10m\""),
+    ({"max_downtime": 600}, "unknown key `window.max_downtime` in dflash-ops.toml; did you mean `max_downtime_s`?"),
+])
+def test_a_bad_window_budget_is_a_clear_error(window, message):
+    from console.config import ConfigError, parse_config
+
+    with pytest.raises(ConfigError) as info:
+        parse_config(_example_with(window), "dflash-ops.toml")
+    assert message in str(info.value)
+
+
+
+# --- fixtures from the real producers ------------------------------------------------------------
+
+class GoWhenStaged(io.StringIO):
+    """The staged worker's event stream; gives the go (the console's job) once `staged` is seen."""
+
+    def __init__(self, go: Path):
+        super().__init__()
+        self.go = go
+
+    def write(self, text: str) -> int:
+        if '"type":"staged"' in text:
+            self.go.touch()
+        return super().write(text)
+
+
+@pytest.fixture(scope="module")
+def staged_run(tiny_target, tmp_path_factory) -> dict:
+    """A real staged extraction of 4 prompts on the tiny target: its `staged` event, its `gpu_released`
+    window figures (what the engine keeps in state.extraction.window) and its `tokens` events."""
+    root = tmp_path_factory.mktemp("staged")
+    completions = write_completions(tiny_target, root / "c.json", n_prompts=4)
+    stream = GoWhenStaged(root / "go")
+    extract.main(EventWriter(stream=stream), ["--model", str(tiny_target), "--completions", str(completions),
+                                              "--out", str(root / "out"), "--layers", "1", "--kernels", "torch",
+                                              "--staged", "--go-file", str(root / "go")])
+    events = [json.loads(line) for line in stream.getvalue().splitlines()]
+    released = next(e for e in events if e["type"] == "gpu_released")
+    prompts = json.loads(completions.read_text())["prompts"]
+    return {"staged": next(e for e in events if e["type"] == "staged"),
+            "window": {k: v for k, v in released.items() if k not in ("type", "seq")},
+            "tokens": [e for e in events if e["type"] == "progress" and e["key"] == "tokens"],
+            "prompt_tokens": tuple(len(p["prompt_ids"]) + len(p["completion_ids"]) for p in prompts)}
+
+
+@pytest.fixture(scope="module")
+def cpu_speeds(tiny_target) -> dict:
+    """This machine's probe speeds: a disk read measured, no CUDA."""
+    return probe.probe(str(tiny_target))["speeds"]
+
+
+@pytest.fixture(scope="module")
+def gpu_speeds(cpu_speeds) -> dict:
+    """A GPU host's: the H2D bandwidth recorded on an H200 (tests/data/probe), this disk read."""
+    return {**cpu_speeds, "h2d": json.loads((DATA / "probe" / "h2d_h200.json").read_text())}
+
+
+async def _history(state: str = "history", journal: str = "journal_ready_monotonic.txt") -> dict:
+    return await SystemdManager(RecordedSystemctl(state, journal=journal), "sglang-qwen").history()
+
+
+@pytest.fixture
+async def systemd_history() -> dict:
+    return await _history()
+
+
+def window_state(run_id: str, created_at: float, phases: dict[str, float], window: dict,
+                 service_host: str = "ct129", extract_host: str = "ct129", route: str = "window") -> dict:
+    """An earlier run's state.json as the engine writes it (the run state's own dataclasses and
+    serialiser, its plan from steps.planned), with the phases' stamps laid end to end."""
+    t = created_at + 30.0
+    stamps = [t]
+    for name in fc.PHASES:
+        t += phases[name]
+        stamps.append(t)
+    hosts = {"stop": service_host, "free-vram": service_host, "extract": extract_host, "restart": service_host}
+    plan = [dataclasses.asdict(step) for step in planned(route, {}, hosts, {}, {})]
+    state = RunState(run_id, created_at, status="done", route=route, plan=plan,
+                     service=ServiceState(stopped_at=stamps[0], stop_returned_at=stamps[1], vram_free_at=stamps[2],
+                                          restart_begun_at=stamps[3], start_issued_at=stamps[3], ready_at=stamps[4]),
+                     extraction=ExtractionState(gpu_released_at=stamps[3], window=dict(window), complete=True))
+    return state.to_json()
+
+
+def inputs(staged_run: dict, **changes) -> fc.ForecastInputs:
+    base = fc.ForecastInputs(run_id="20261201-120000-next", service_host="ct129", extract_host="ct129", staged=True,
+                             prompt_tokens=staged_run["prompt_tokens"], model_bytes=staged_run["staged"]["bytes"],
+                             stop_grace_s=10, staged_event=staged_run["staged"])
+    return dataclasses.replace(base, **changes)
+
+
+# --- the forecast --------------------------------------------------------------------------------
+
+def test_a_first_run_is_forecast_phase_by_phase_each_saying_its_basis(staged_run, cpu_speeds, systemd_history):
+    """No earlier run: the stop and the start from the unit's own systemd history, VRAM free from the
+    stop's grace (an estimate), the extraction from the stage warm-up's measured forward rate; on a
+    CPU host the probe says there is no H2D copy to time, and the forecast says so."""
+    made = fc.forecast(inputs(staged_run, speeds=cpu_speeds, systemd=systemd_history, budget_s=600))
+    stop, free, ext, start = made.phases
+    assert [p.name for p in made.phases] == ["stop", "free-vram", "extract", "start"]
+    assert stop.seconds == pytest.approx(11.22) and "last stop on ct129 (systemd)" in stop.basis and not stop.estimated
+    assert free.seconds == 10 and free.estimated and "stop_grace_s" in free.basis
+    rate = staged_run["staged"]["forward_tokens_per_s"]
+    assert ext.seconds == pytest.approx(sum(staged_run["prompt_tokens"]) / rate)
+    assert ext.estimated and "stage warm-up" in ext.basis and "no CUDA device" in ext.basis
+    assert start.seconds == pytest.approx(75.407118) and "last start on ct129 (systemd" in start.basis
+    assert made.downtime_s == pytest.approx(sum(p.seconds for p in made.phases))
+    assert made.budget_s == 600 and not made.over_budget and fc.refusal(made, inputs(staged_run)) is None
+
+
+def test_a_staged_copy_is_forecast_from_the_probes_h2d_and_a_cold_one_from_its_disk_read(staged_run, gpu_speeds):
+    model_bytes = 54 << 30
+    staged = fc.phase(fc.forecast(inputs(staged_run, speeds=gpu_speeds, model_bytes=model_bytes)), "extract")
+    h2d = gpu_speeds["h2d"]["bytes_per_s"]
+    forward = sum(staged_run["prompt_tokens"]) / staged_run["staged"]["forward_tokens_per_s"]
+    assert staged.seconds == pytest.approx(model_bytes / h2d + forward)
+    assert "54.0 GiB at 54.08 GB/s (the probe's pinned host-to-GPU" in staged.basis
+    made = fc.forecast(inputs(staged_run, speeds=gpu_speeds, model_bytes=model_bytes, staged=False, staged_event=None))
+    cold, start = fc.phase(made, "extract"), fc.phase(made, "start")
+    disk = gpu_speeds["disk_read"]["bytes_per_s"]
+    assert cold.seconds == pytest.approx(model_bytes / disk) and "the probe's disk read" in cold.basis
+    assert "the forward is not forecast: no rate measured yet" in cold.basis and cold.estimated
+    # No systemd history (a command-managed service) and no earlier start: the weights at the read speed,
+    # labelled as an estimate.
+    assert start.estimated and start.basis.startswith("estimate:") and start.seconds == pytest.approx(model_bytes / disk)
+
+
+def _earlier(staged_run: dict, durations: list[dict[str, float]], **kwargs) -> list[dict]:
+    return [window_state(f"20261201-0{i}0000-aaaa", 1_795_000_000.0 + 3600 * i, d, staged_run["window"], **kwargs)
+            for i, d in enumerate(durations)]
+
+
+def test_earlier_runs_on_the_same_hosts_refine_it_median_and_spread(staged_run, cpu_speeds, systemd_history):
+    window = staged_run["window"]
+    runs = [{"stop": 9.0, "free-vram": 1.0, "extract": window["forward_s"] + 4.0, "start": 60.0},
+            {"stop": 12.0, "free-vram": 3.0, "extract": window["forward_s"] + 6.0, "start": 70.0},
+            {"stop": 10.0, "free-vram": 2.0, "extract": window["forward_s"] + 5.0, "start": 90.0}]
+    earlier = _earlier(staged_run, runs)
+    # Runs that do not count: on another host, the zero-downtime route, a damaged state.
+    earlier += _earlier(staged_run, [dict(runs[0], stop=500.0)], service_host="ct300", extract_host="ct300")
+    earlier += _earlier(staged_run, [dict(runs[0], stop=500.0)], route="zero-downtime")
+    earlier += [{"format": "dflash-ops.run/2"}]
+    made = fc.forecast(inputs(staged_run, speeds=cpu_speeds, systemd=systemd_history, earlier=earlier))
+    stop, free, ext, start = made.phases
+    assert (stop.seconds, stop.spread_s, stop.basis) == (10.0, 3.0, "median of 3 earlier runs on ct129")
+    assert (free.seconds, free.spread_s) == (2.0, 2.0) and not free.estimated
+    assert (start.seconds, start.spread_s) == (70.0, 30.0)
+    # The extraction: what it took besides the forward, plus this run's tokens at the measured rate.
+    rate = window["tokens"] / window["forward_s"]
+    assert ext.seconds == pytest.approx(5.0 + sum(staged_run["prompt_tokens"]) / rate)
+    assert ext.spread_s == pytest.approx(2.0) and not ext.estimated and "besides the forward" in ext.basis
+    # Twice the tokens: the forward part doubles, the rest does not.
+    double = fc.forecast(inputs(staged_run, earlier=earlier, prompt_tokens=staged_run["prompt_tokens"] * 2))
+    assert fc.phase(double, "extract").seconds == pytest.approx(5.0 + 2 * sum(staged_run["prompt_tokens"]) / rate)
+    # A cold run does not learn its extraction from staged ones.
+    cold = fc.forecast(inputs(staged_run, earlier=earlier, staged=False, staged_event=None, speeds=cpu_speeds))
+    assert fc.phase(cold, "extract").estimated and fc.phase(cold, "stop").seconds == 10.0
+
+
+phase_seconds = st.floats(0.01, 5000, allow_nan=False)
+a_run = st.fixed_dictionaries({name: phase_seconds for name in fc.PHASES})
+
+
+@settings(max_examples=150, deadline=None)
+@given(runs=st.lists(a_run, min_size=0, max_size=6), budget=st.none() | st.floats(1, 20000))
+def test_a_forecast_lies_within_what_earlier_runs_measured(staged_run, cpu_speeds, runs, budget):
+    """Every phase forecast from earlier runs lies between their shortest and longest; the downtime is
+    the phases' sum; over budget exactly when that sum exceeds the budget."""
+    # A run's extraction holds its forward (the worker's own forward_s), and whatever else it took.
+    runs = [dict(r, extract=staged_run["window"]["forward_s"] + r["extract"]) for r in runs]
+    made = fc.forecast(inputs(staged_run, speeds=cpu_speeds, earlier=_earlier(staged_run, runs), budget_s=budget,
+                              prompt_tokens=(staged_run["window"]["tokens"],)))
+    assert made.downtime_s == pytest.approx(sum(p.seconds for p in made.phases))
+    assert made.over_budget == (budget is not None and made.downtime_s > budget)
+    for p in made.phases:
+        if runs:
+            low, high = min(r[p.name] for r in runs), max(r[p.name] for r in runs)
+            # Up to rounding: stamps are epoch seconds (a microsecond's worth), and the extraction is
+            # rebuilt from its parts (the rest + tokens / rate).
+            slack = 1e-5 + 1e-6 * high
+            assert low - slack <= p.seconds <= high + slack, p
+            assert not p.estimated and "earlier run" in p.basis
+        assert p.seconds >= 0
+
+
+# --- the budget ----------------------------------------------------------------------------------
+
+def test_over_the_budget_the_stop_is_refused_naming_the_budget_the_forecast_and_what_fits(staged_run, cpu_speeds,
+                                                                                            gpu_speeds):
+    window = staged_run["window"]
+    runs = [{"stop": 10.0, "free-vram": 2.0, "extract": window["forward_s"] + 5.0, "start": 60.0}]
+    rate = window["tokens"] / window["forward_s"]
+    many = staged_run["prompt_tokens"] * 50
+    # Room for the other phases (72 s) and the extraction's fixed 5 s, then half the forward.
+    room = sum(many) / rate / 2
+    budget = 72 + 5 + room
+    ask = inputs(staged_run, speeds=cpu_speeds, earlier=_earlier(staged_run, runs), budget_s=budget, prompt_tokens=many,
+                 zero_downtime="ct200 GPU3 (81 GiB free, a copy of the weights, the same kernels)")
+    made = fc.forecast(ask)
+    assert made.over_budget
+    text = fc.refusal(made, ask)
+    assert text.startswith("refused before the stop, the service untouched: the forecast downtime "
+                           f"{made.downtime_s:.0f} s = stop 10 s + free-vram 2 s + extract ")
+    assert f"exceeds the budget [window] max_downtime_s = {budget:g} s" in text
+    assert "the zero-downtime route, no downtime: ct200 GPU3" in text and "--route zero-downtime" in text
+    n = fc.prompts_that_fit(made, ask)
+    assert 0 < n < len(many) and f"fewer prompts: the first {n} of {len(many)}" in text
+    assert sum(many[:n]) <= room * rate * (1 + 1e-9) and sum(many[:n + 1]) > room * rate * (1 - 1e-9)
+    assert "staging" not in text  # it stages already
+    # Cold, where the probe measured an H2D bandwidth: staging is offered with its own forecast.
+    cold = dataclasses.replace(ask, staged=False, speeds=gpu_speeds, model_bytes=54 << 30,
+                               stage_left_out="the target host has 31.2 GiB RAM available, staging needs 56.0 GiB")
+    text = fc.refusal(fc.forecast(cold), cold)
+    assert "staging the weights before the stop: " in text and "the plan left it out: the target host has 31.2" in text
+    nowhere = dataclasses.replace(ask, zero_downtime=None)
+    assert "the zero-downtime route: no host has a free GPU" in fc.refusal(made, nowhere)
+
+
+@settings(max_examples=100, deadline=None)
+@given(tokens=st.lists(st.integers(1, 4000), min_size=1, max_size=40), budget=st.floats(50, 400))
+def test_the_prompts_said_to_fit_do_fit_and_one_more_does_not(staged_run, cpu_speeds, tokens, budget):
+    window = staged_run["window"]
+    runs = [{"stop": 10.0, "free-vram": 2.0, "extract": window["forward_s"] + 5.0, "start": 30.0}]
+    ask = inputs(staged_run, speeds=cpu_speeds, earlier=_earlier(staged_run, runs), budget_s=budget,
+                 prompt_tokens=tuple(tokens))
+    made = fc.forecast(ask)
+    n = fc.prompts_that_fit(made, ask)
+    assert 0 <= n <= len(tokens)
+    assert not fc.forecast(dataclasses.replace(ask, prompt_tokens=tuple(tokens[:n]))).over_budget
+    if n < len(tokens):
+        assert fc.forecast(dataclasses.replace(ask, prompt_tokens=tuple(tokens[:n + 1]))).over_budget
+
+
+# --- during the window ---------------------------------------------------------------------------
+
+def test_the_projection_follows_the_extractions_real_progress(staged_run, cpu_speeds, systemd_history):
+    """Fed the real worker's `tokens` events, the projection puts the service back after the tokens
+    left at the rate measured so far, then the start as forecast; past the budget it says so."""
+    ask = inputs(staged_run, speeds=cpu_speeds, systemd=systemd_history, budget_s=120)
+    made = fc.forecast(ask)
+    events = staged_run["tokens"]
+    progress = fc.ExtractionProgress()
+    before = fc.project(made, ask, down_since=1000.0, now=1001.0)
+    assert before.extract_eta_s is None and before.expected_ready_at == 1000.0 + made.downtime_s
+    assert before.budget_ends_at == 1120.0 and "the forecast" in before.basis
+    progress.add(events[0]["t"], events[0]["done"], events[0]["total"])
+    assert progress.tokens_per_s is None  # one sample: the forecast's rate is used until a second
+    one = fc.project(made, ask, down_since=1000.0, now=1010.0, progress=progress)
+    assert one.extract_eta_s == pytest.approx(progress.left / staged_run["staged"]["forward_tokens_per_s"])
+    for event in events[1:]:
+        progress.add(event["t"], event["done"], event["total"])
+    assert progress.done == progress.total == sum(staged_run["prompt_tokens"]) and progress.left == 0
+    done = fc.project(made, ask, down_since=1000.0, now=1020.0, progress=progress)
+    assert done.extract_eta_s == 0 and done.expected_ready_at == pytest.approx(1020.0 + fc.phase(made, "start").seconds)
+    assert "(measured)" in done.basis and not fc.passes_budget(done)
+    late = fc.project(made, ask, down_since=1000.0, now=1100.0, progress=progress)
+    assert fc.passes_budget(late)  # 1100 + the 75 s start is past 1120
+
+
+@settings(max_examples=200)
+@given(samples=st.lists(st.tuples(st.floats(0.1, 100), st.integers(1, 5000)), min_size=2, max_size=20),
+       now=st.floats(0, 1000), start=st.floats(0, 300))
+def test_a_projection_is_never_in_the_past_and_more_done_is_never_later(staged_run, samples, now, start):
+    ask = inputs(staged_run, earlier=_earlier(staged_run, [{"stop": 1.0, "free-vram": 1.0,
+                                                           "extract": staged_run["window"]["forward_s"] + 1,
+                                                           "start": start + 0.01}]))
+    made = fc.forecast(ask)
+    t, done, progress = 0.0, 0, fc.ExtractionProgress()
+    total = sum(n for _, n in samples)
+    last = None
+    for dt, n in samples:
+        t, done = t + dt, done + n
+        progress.add(t, done, total)
+        projection = fc.project(made, ask, down_since=-50.0, now=now, progress=progress)
+        assert projection.expected_ready_at >= now
+        if progress.tokens_per_s is not None and last is not None and last[1] == progress.tokens_per_s:
+            assert projection.expected_ready_at <= last[0]
+        last = (projection.expected_ready_at, progress.tokens_per_s)
+
+
+# --- forecast against measured -------------------------------------------------------------------
+
+@settings(max_examples=100)
+@given(st.lists(st.tuples(phase_seconds, st.booleans()), min_size=4, max_size=4), st.none() | phase_seconds)
+def test_the_forecast_kept_in_state_reads_back_the_same(phases, budget):
+    made = fc.Forecast("r", sum(s for s, _ in phases),
+                       tuple(fc.ForecastPhase(n, s, f"basis {n}", None if e else s / 2, e)
+                             for n, (s, e) in zip(fc.PHASES, phases, strict=True)), budget,
+                       budget is not None and sum(s for s, _ in phases) > budget)
+    kept = json.loads(json.dumps(fc.to_state(made)))
+    assert fc.from_state("r", kept) == made
+    assert set(kept) >= {"downtime_s", "phases", "basis"} and set(kept["phases"]) == set(fc.PHASES)
+
+
+def test_forecast_against_measured_per_phase_and_across_runs(staged_run, cpu_speeds, systemd_history):
+    window = staged_run["window"]
+    first = {"stop": 11.0, "free-vram": 4.0, "extract": window["forward_s"] + 6.0, "start": 80.0}
+    second = {"stop": 10.0, "free-vram": 2.0, "extract": window["forward_s"] + 5.0, "start": 70.0}
+    older = _earlier(staged_run, [first])
+    ask = inputs(staged_run, speeds=cpu_speeds, systemd=systemd_history, earlier=older,
+                 prompt_tokens=(window["tokens"],))
+    made = fc.forecast(ask)
+    run = RunState.from_json(window_state("20261201-100000-bbbb", 1_795_100_000.0, second, window), "second")
+    run.forecast = fc.to_state(made)
+    rows = fc.against(run.to_json())
+    assert [r.phase for r in rows] == [*fc.PHASES, "downtime"]
+    by = {r.phase: r for r in rows}
+    assert by["stop"].forecast_s == 11.0 and by["stop"].measured_s == pytest.approx(10.0)
+    assert by["stop"].error == pytest.approx(0.1) and by["start"].error == pytest.approx(10 / 70)
+    assert by["downtime"].measured_s == pytest.approx(sum(second.values()))
+    assert by["downtime"].forecast_s == pytest.approx(sum(first.values()))
+    errors = fc.forecast_errors([run.to_json(), *older, {"format": "not a run"}])
+    assert [(run_id, row.phase) for run_id, row in errors] == [("20261201-100000-bbbb", "downtime")]
+    assert fc.against(older[0]) == []  # a run from before the forecast: nothing to compare
+
+
+def test_a_real_drill_run_is_read_as_an_earlier_window(drill, staged_run):
+    """The engine's own state.json from a headless drill run: its phases tile its downtime, and the
+    next run's forecast takes every phase from it (schema drift between the engine and this reader
+    fails here)."""
+    import subprocess
+
+    from tests.window_fixtures import ENTRY_POINT, cli_env
+
+    done = subprocess.run([ENTRY_POINT, "drill", "--headless", "--yes", "--dir", str(drill.dir), "--runs",
+                           str(drill.runs)], capture_output=True, text=True, timeout=300, env=cli_env())
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
+    _, state = drill.only_run()
+    measured = fc.measured_phases(state)
+    assert all(measured[p] is not None and measured[p] >= 0 for p in fc.PHASES), measured
+    service = state["service"]
+    assert sum(measured.values()) == pytest.approx(service["ready_at"] - service["stopped_at"])
+    config = drill.config
+    window = state["extraction"]["window"]
+    ask = fc.ForecastInputs(run_id="next", service_host=config.service.host, extract_host=config.target.host,
+                            staged=bool(window.get("staged")), prompt_tokens=(window["tokens"],),
+                            model_bytes=window.get("bytes"), stop_grace_s=config.service.stop_grace_s,
+                            earlier=[state])
+    made = fc.forecast(ask)
+    for p in made.phases:
+        assert p.basis.startswith(f"the earlier run on {config.service.host}") and not p.estimated, p
+        assert p.seconds == pytest.approx(measured[p.name], abs=1e-5)

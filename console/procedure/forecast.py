@@ -1,0 +1,409 @@
+"""The window's downtime: forecast before the stop, projected during it, measured after it.
+
+Pure (no I/O): the engine gathers the inputs and publishes what comes back.
+
+    forecast(inputs)               -> Forecast: four phases, each saying what it is based on
+    refusal(forecast, inputs)      -> None, or the budget's refusal naming what would fit
+    project(forecast, inputs, ...) -> WindowProjection: when the service is expected back
+    ExtractionProgress             the extraction's tokens done / total and their rate
+    measured_phases(state)         -> the phases as a run measured them
+    against(state)                 -> per phase forecast vs measured (report, `runs`)
+    forecast_errors(states)        -> the forecast's error across runs (bench/window.py)
+    to_state / from_state          `state.json`'s `forecast`
+
+The phases tile the downtime, on the stamps the engine keeps in the run's state:
+stop (service.stopped_at -> stop_returned_at), free-vram (-> vram_free_at), extract
+(-> extraction.gpu_released_at: the worker's start when cold, the copy to the GPU, the forward,
+the release) and start (-> service.ready_at).
+
+Where each phase comes from, best first: earlier runs on the same hosts (median, with their
+spread); the systemd unit's own history (its last stop; its last start to the server's ready
+line); the probe's measured speeds (pinned host-to-GPU bandwidth, disk read) and the forward rate
+the staged worker measured at warm-up; else an estimate, labelled so.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import statistics
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from console.messages import Forecast, ForecastPhase, WindowProjection
+from console.procedure.state import RunState, StateError
+
+PHASES = ("stop", "free-vram", "extract", "start")
+GB = 1e9
+
+
+@dataclass(frozen=True)
+class ForecastInputs:
+    """What the forecast is made from; the engine fills it before the stop (and again for a resume)."""
+
+    run_id: str
+    service_host: str
+    extract_host: str
+    staged: bool  # the plan stages the weights (the window holds only the copy and the forward)
+    prompt_tokens: tuple[int, ...]  # tokens to extract per prompt (prompt + completion), in order
+    model_bytes: int | None = None  # the weights' size (preflight's probe)
+    stop_grace_s: float = 10.0  # [service] stop_grace_s
+    budget_s: float | None = None  # [window] max_downtime_s
+    systemd: Mapping[str, Any] | None = None  # SystemdManager.history() (None for a command manager)
+    speeds: Mapping[str, Any] | None = None  # the extract host's probe `speeds` (remote.probe)
+    staged_event: Mapping[str, Any] | None = None  # the staged worker's `staged` event, once seen
+    earlier: Sequence[Mapping[str, Any]] = ()  # earlier runs' state.json dicts (any order)
+    stage_left_out: str | None = None  # why the plan does not stage, when it does not
+    zero_downtime: str | None = None  # the zero-downtime route's proposal, when a host has room
+
+    @property
+    def tokens(self) -> int:
+        return sum(self.prompt_tokens)
+
+
+@dataclass(frozen=True)
+class ExtractModel:
+    """The extract phase as `fixed_s` (everything but the forward) plus tokens at `tokens_per_s`."""
+
+    fixed_s: float
+    tokens_per_s: float | None
+    basis: str
+    estimated: bool
+    spread_s: float | None = None
+
+    def seconds(self, tokens: int) -> float:
+        return self.fixed_s + (tokens / self.tokens_per_s if self.tokens_per_s else 0.0)
+
+
+# --- what earlier runs measured ----------------------------------------------------------------
+
+def _state(state: Mapping[str, Any] | RunState) -> RunState:
+    return state if isinstance(state, RunState) else RunState.from_json(dict(state), "an earlier run's state")
+
+
+def measured_phases(state: Mapping[str, Any] | RunState) -> dict[str, float | None]:
+    """The phases as the run measured them (seconds); None for a phase it did not go through whole,
+    or whose end the console saw late (it was away: killed and resumed)."""
+    run = _state(state)
+    svc, ext = run.service, run.extraction
+    marks = (svc.stopped_at, svc.stop_returned_at, svc.vram_free_at, ext.gpu_released_at, svc.ready_at)
+    phases: dict[str, float | None] = {}
+    for name, begin, end in zip(PHASES, marks, marks[1:], strict=False):
+        phases[name] = end - begin if begin is not None and end is not None and end >= begin else None
+    if svc.ready_seen_late:
+        phases["start"] = None
+    if run.step("extract").found_on_resume:
+        phases["extract"] = phases["start"] = None
+    return phases
+
+
+def _host_of(run: RunState, step: str) -> str | None:
+    return next((s.get("host") for s in run.plan if s.get("name") == step), None)
+
+
+def _same_hosts(inputs: ForecastInputs) -> list[RunState]:
+    """Earlier window-route runs whose stop and extraction ran on this run's hosts, oldest first."""
+    runs = []
+    for raw in inputs.earlier:
+        try:
+            run = _state(raw)
+        except StateError:
+            continue  # a damaged run is listed by `runs`; it measures nothing here
+        if run.run_id == inputs.run_id or (run.route or "window") != "window":
+            continue
+        if _host_of(run, "stop") == inputs.service_host and _host_of(run, "extract") == inputs.extract_host:
+            runs.append(run)
+    return sorted(runs, key=lambda r: r.created_at)
+
+
+def _staged(run: RunState) -> bool:
+    return bool(run.extraction.window.get("staged"))
+
+
+def _median(values: list[float], what: str, host: str) -> tuple[float, float | None, str]:
+    spread = max(values) - min(values) if len(values) > 1 else None
+    runs = "the earlier run" if len(values) == 1 else f"median of {len(values)} earlier runs"
+    return statistics.median(values), spread, f"{runs} on {host}" + (f" ({what})" if what else "")
+
+
+# --- the forecast ------------------------------------------------------------------------------
+
+def _speed(inputs: ForecastInputs, key: str) -> tuple[float | None, str]:
+    """(bytes per second, what was measured) of the probe's `key` speed, or (None, why not)."""
+    speed = (inputs.speeds or {}).get(key) or {}
+    if speed.get("measured") and speed.get("bytes_per_s"):
+        return float(speed["bytes_per_s"]), str(speed.get("what") or key)
+    return None, str(speed.get("why") or f"the probe measured no {key} speed")
+
+
+def extract_model(inputs: ForecastInputs) -> ExtractModel:
+    """The extract phase: from earlier runs in the same mode (staged or cold) on these hosts, else
+    from the probe's speeds and the stage warm-up's forward rate."""
+    fixed, rates, totals = [], [], []
+    for run in _same_hosts(inputs):
+        measured = measured_phases(run)["extract"]
+        window = run.extraction.window
+        if measured is None or _staged(run) != inputs.staged:
+            continue
+        forward_s, tokens = window.get("forward_s"), window.get("tokens")
+        if forward_s and tokens:
+            fixed.append(max(measured - forward_s, 0.0))
+            rates.append(tokens / forward_s)
+            totals.append(fixed[-1] + inputs.tokens / rates[-1])
+    if fixed:
+        fixed_s, _, runs = _median(fixed, "", inputs.extract_host)
+        rate = statistics.median(rates)
+        spread = max(totals) - min(totals) if len(totals) > 1 else None
+        return ExtractModel(fixed_s, rate, f"{runs}: {fixed_s:.1f} s besides the forward, then "
+                                           f"{inputs.tokens} tokens at {rate:,.0f} tok/s", False, spread)
+    parts, estimated = [], False
+    if inputs.model_bytes is None:
+        copy_s, parts = 0.0, ["the copy is not forecast: the weights' size is unknown"]
+        estimated = True
+    else:
+        key = "h2d" if inputs.staged else "disk_read"
+        bps, what = _speed(inputs, key)
+        if bps is None:
+            copy_s, estimated = 0.0, True
+            parts.append(f"the copy is not forecast ({what})")
+        else:
+            copy_s = inputs.model_bytes / bps
+            source = "pinned host-to-GPU" if inputs.staged else "disk read"
+            parts.append(f"{inputs.model_bytes / 2**30:.1f} GiB at {bps / GB:.2f} GB/s (the probe's {source}: {what})")
+    event = inputs.staged_event or {}
+    rate = float(event["forward_tokens_per_s"]) if event.get("forward_tokens_per_s") else None
+    if rate:
+        parts.append(f"{inputs.tokens} tokens at {rate:,.0f} tok/s ({event.get('forward_rate_basis') or 'stage warm-up'})")
+        estimated = True  # scaled from a few layers: the first window measures it
+    else:
+        parts.append("the forward is not forecast: no rate measured yet (the staged worker's warm-up or an "
+                     "earlier run gives one)")
+        estimated = True
+    return ExtractModel(copy_s, rate, "; ".join(parts), estimated)
+
+
+def _phase_stop(inputs: ForecastInputs, samples: list[float]) -> ForecastPhase:
+    if samples:
+        seconds, spread, basis = _median(samples, "", inputs.service_host)
+        return ForecastPhase("stop", seconds, basis, spread)
+    stop_s = (inputs.systemd or {}).get("stop_s")
+    if stop_s is not None:
+        return ForecastPhase("stop", float(stop_s), f"the unit's last stop on {inputs.service_host} (systemd)")
+    return ForecastPhase("stop", inputs.stop_grace_s, "estimate: the stop's grace ([service] stop_grace_s); "
+                                                      "no stop measured on this host yet", estimated=True)
+
+
+def _phase_free_vram(inputs: ForecastInputs, samples: list[float]) -> ForecastPhase:
+    if samples:
+        seconds, spread, basis = _median(samples, "", inputs.service_host)
+        return ForecastPhase("free-vram", seconds, basis, spread)
+    return ForecastPhase("free-vram", inputs.stop_grace_s,
+                         "estimate: the stop's grace ([service] stop_grace_s): no earlier run measured how long "
+                         "VRAM stays held after the stop", estimated=True)
+
+
+def _phase_start(inputs: ForecastInputs, samples: list[float]) -> ForecastPhase:
+    if samples:
+        seconds, spread, basis = _median(samples, "", inputs.service_host)
+        return ForecastPhase("start", seconds, basis, spread)
+    ready_s = (inputs.systemd or {}).get("ready_s")
+    if ready_s is not None:
+        return ForecastPhase("start", float(ready_s), f"the server's last start on {inputs.service_host} "
+                                                      f"(systemd: the unit's start to its ready line)")
+    bps, what = _speed(inputs, "disk_read")
+    if inputs.model_bytes is not None and bps is not None:
+        return ForecastPhase("start", inputs.model_bytes / bps,
+                             f"estimate: {inputs.model_bytes / 2**30:.1f} GiB of weights at {bps / GB:.2f} GB/s "
+                             f"(the probe's disk read: {what}); the server's own start-up comes on top",
+                             estimated=True)
+    return ForecastPhase("start", 0.0, "not forecast: no earlier start, no systemd history and no read speed",
+                         estimated=True)
+
+
+def forecast(inputs: ForecastInputs) -> Forecast:
+    """The downtime by phase, each with its basis; over budget when above `[window] max_downtime_s`."""
+    measured = [measured_phases(run) for run in _same_hosts(inputs)]
+
+    def samples(name: str) -> list[float]:
+        return [m[name] for m in measured if m[name] is not None]
+
+    model = extract_model(inputs)
+    extract = ForecastPhase("extract", model.seconds(inputs.tokens), model.basis, model.spread_s, model.estimated)
+    phases = (_phase_stop(inputs, samples("stop")), _phase_free_vram(inputs, samples("free-vram")), extract,
+              _phase_start(inputs, samples("start")))
+    total = sum(p.seconds for p in phases)
+    over = inputs.budget_s is not None and total > inputs.budget_s
+    return Forecast(inputs.run_id, total, phases, inputs.budget_s, over)
+
+
+def phase(forecast: Forecast, name: str) -> ForecastPhase:
+    return next(p for p in forecast.phases if p.name == name)
+
+
+def summary(forecast: Forecast) -> str:
+    """One line: '312 s = stop 11 s + free-vram 2 s + extract 180 s + start 119 s (2 estimated)'."""
+    parts = " + ".join(f"{p.name} {p.seconds:.0f} s" for p in forecast.phases)
+    estimated = sum(p.estimated for p in forecast.phases)
+    return f"{forecast.downtime_s:.0f} s = {parts}" + (f" ({estimated} estimated)" if estimated else "")
+
+
+# --- the budget --------------------------------------------------------------------------------
+
+def prompts_that_fit(planned: Forecast, inputs: ForecastInputs) -> int | None:
+    """How many of the prompts (in order) fit the budget with the other phases as forecast; None
+    without a budget or a forward rate to tell."""
+    model = extract_model(inputs)
+    if inputs.budget_s is None or not model.tokens_per_s:
+        return None
+    others = sum(p.seconds for p in planned.phases if p.name != "extract")
+    allowance = (inputs.budget_s - others - model.fixed_s) * model.tokens_per_s
+    fit, tokens = 0, 0
+    for n in inputs.prompt_tokens:
+        if tokens + n > allowance:
+            break
+        tokens += n
+        fit += 1
+    return fit
+
+
+def refusal(planned: Forecast, inputs: ForecastInputs) -> str | None:
+    """None within the budget; else why the stop is refused and what would fit: staging, the
+    zero-downtime route, fewer prompts."""
+    if not planned.over_budget or inputs.budget_s is None:
+        return None
+    fits = []
+    if not inputs.staged:
+        bps, _ = _speed(inputs, "h2d")
+        staged = forecast(dataclasses.replace(inputs, staged=True)) if bps else None
+        if staged is not None:
+            verdict = "fits" if not staged.over_budget else "still over"
+            fits.append(f"staging the weights before the stop: {staged.downtime_s:.0f} s ({verdict})"
+                        + (f"; the plan left it out: {inputs.stage_left_out}" if inputs.stage_left_out else ""))
+        else:
+            fits.append("staging the weights before the stop" + (f" (left out: {inputs.stage_left_out})"
+                                                                  if inputs.stage_left_out else ""))
+    if inputs.zero_downtime:
+        fits.append(f"the zero-downtime route, no downtime: {inputs.zero_downtime} (dflash-ops run --route zero-downtime)")
+    else:
+        fits.append("the zero-downtime route: no host has a free GPU, a copy of the weights and the kernels now")
+    n = prompts_that_fit(planned, inputs)
+    total = len(inputs.prompt_tokens)
+    if n is None:
+        fits.append("fewer prompts: how many cannot be told without a forward rate")
+    elif n == 0:
+        fits.append(f"fewer prompts: not even one of the {total} fits beside the other phases")
+    else:
+        fits.append(f"fewer prompts: the first {n} of {total} ({sum(inputs.prompt_tokens[:n])} tokens) would fit "
+                    f"([prompts] file)")
+    return (f"refused before the stop, the service untouched: the forecast downtime {summary(planned)} exceeds "
+            f"the budget [window] max_downtime_s = {inputs.budget_s:g} s. What would fit: " + "; ".join(fits))
+
+
+# --- during the window -------------------------------------------------------------------------
+
+@dataclass
+class ExtractionProgress:
+    """The extraction's tokens, fed from the worker's `tokens` progress events (t, done, total)."""
+
+    done: int = 0
+    total: int | None = None
+    samples: list[tuple[float, int]] = field(default_factory=list)
+
+    def add(self, t: float, done: int, total: int | None) -> None:
+        self.done, self.total = int(done), (int(total) if total is not None else self.total)
+        self.samples.append((float(t), int(done)))
+
+    @property
+    def tokens_per_s(self) -> float | None:
+        """The rate since the first prompt finished (its compile left out); None before a second."""
+        if len(self.samples) < 2:
+            return None
+        (t0, d0), (t1, d1) = self.samples[0], self.samples[-1]
+        return (d1 - d0) / (t1 - t0) if t1 > t0 and d1 > d0 else None
+
+    @property
+    def left(self) -> int | None:
+        return None if self.total is None else max(self.total - self.done, 0)
+
+
+def project(forecast: Forecast, inputs: ForecastInputs, down_since: float, now: float,
+            progress: ExtractionProgress | None = None) -> WindowProjection:
+    """When the service is expected back: during the extraction, the tokens left at the rate
+    measured so far (else the forecast's) then the start as forecast; before it, the forecast."""
+    start = phase(forecast, "start").seconds
+    budget_ends = down_since + inputs.budget_s if inputs.budget_s is not None else None
+    rate = (progress.tokens_per_s if progress else None) or extract_model(inputs).tokens_per_s
+    if progress is not None and progress.left is not None and rate:
+        eta = progress.left / rate
+        measured = "measured" if progress.tokens_per_s else "forecast"
+        return WindowProjection(forecast.run_id, down_since, now + eta + start, eta, budget_ends,
+                                f"{progress.done}/{progress.total} tokens, {progress.left} left at {rate:,.0f} tok/s "
+                                f"({measured}), then the start ({start:.0f} s: {phase(forecast, 'start').basis})")
+    expected = max(down_since + forecast.downtime_s, now + start)
+    return WindowProjection(forecast.run_id, down_since, expected, None, budget_ends,
+                            f"the forecast: {summary(forecast)}")
+
+
+def passes_budget(projection: WindowProjection) -> bool:
+    """The projected end of the window lies beyond the budget: offer to stop the extraction now."""
+    return projection.budget_ends_at is not None and projection.expected_ready_at > projection.budget_ends_at
+
+
+# --- forecast against measured -----------------------------------------------------------------
+
+def to_state(forecast: Forecast) -> dict[str, Any]:
+    """`state.json`'s `forecast`: {downtime_s, phases: {name: {...}}, basis, budget_s, over_budget}."""
+    return {"downtime_s": forecast.downtime_s, "budget_s": forecast.budget_s, "over_budget": forecast.over_budget,
+            "basis": summary(forecast),
+            "phases": {p.name: {"seconds": p.seconds, "basis": p.basis, "spread_s": p.spread_s,
+                                "estimated": p.estimated} for p in forecast.phases}}
+
+
+def from_state(run_id: str, data: Mapping[str, Any]) -> Forecast:
+    phases = tuple(ForecastPhase(name, float(p["seconds"]), str(p["basis"]), p.get("spread_s"),
+                                 bool(p.get("estimated"))) for name, p in data["phases"].items())
+    return Forecast(run_id, float(data["downtime_s"]), phases, data.get("budget_s"), bool(data.get("over_budget")))
+
+
+@dataclass(frozen=True)
+class PhaseAgainst:
+    """One row of the window's timeline: a phase as forecast and as measured."""
+
+    phase: str  # a phase name, or "downtime" for the whole
+    forecast_s: float | None
+    measured_s: float | None
+    basis: str = ""
+
+    @property
+    def error(self) -> float | None:
+        """(forecast - measured) / measured: positive when the forecast was too long."""
+        if self.forecast_s is None or not self.measured_s:
+            return None
+        return (self.forecast_s - self.measured_s) / self.measured_s
+
+
+def against(state: Mapping[str, Any] | RunState) -> list[PhaseAgainst]:
+    """Per phase forecast vs measured, then the whole downtime; [] for a run without a forecast."""
+    run = _state(state)
+    if not run.forecast:
+        return []
+    planned = from_state(run.run_id, run.forecast)
+    measured = measured_phases(run)
+    rows = [PhaseAgainst(p.name, p.seconds, measured.get(p.name), p.basis) for p in planned.phases]
+    svc = run.service
+    whole = svc.ready_at - svc.stopped_at if svc.ready_at is not None and svc.stopped_at is not None else None
+    return [*rows, PhaseAgainst("downtime", planned.downtime_s, whole, run.forecast.get("basis", ""))]
+
+
+def forecast_errors(states: Iterable[Mapping[str, Any] | RunState]) -> list[tuple[str, PhaseAgainst]]:
+    """(run id, its downtime row) for every run with a forecast and a measured downtime, oldest first."""
+    rows = []
+    for state in states:
+        try:
+            run = _state(state)
+        except StateError:
+            continue
+        whole = next((r for r in against(run) if r.phase == "downtime"), None)
+        if whole is not None and whole.measured_s is not None:
+            rows.append((run.created_at, run.run_id, whole))
+    return [(run_id, row) for _, run_id, row in sorted(rows, key=lambda r: r[0])]
