@@ -374,3 +374,28 @@ def test_a_wrong_crosscheck_setting_is_one_line_naming_the_field(drill, tmp_path
     with pytest.raises(ConfigError) as err:
         load_config(write_config(tmp_path / "ops.toml", drill, "http://127.0.0.1:30000", **sections))
     assert message in str(err.value)
+
+
+def ticking_clock(step: float = 10.0):
+    """A monotonic clock that moves `step` seconds at each look (the budget without waiting for it)."""
+    now = [0.0]
+
+    def clock() -> float:
+        now[0] += step
+        return now[0]
+    return clock
+
+
+@pytest.mark.parametrize(("budget_s", "replayed"), [(25, 2), (35, 3), (5, 0)])
+def test_the_time_budget_bounds_the_replay(served, drill, run_dir, tmp_path, budget_s, replayed):
+    """With a clock moving 10 s at each look, a budget of 25 s fits two prompts: the rest are left out and
+    counted; 5 s fits none, and the result says so."""
+    config = load_config(write_config(tmp_path / "ops.toml", drill, served["reference"].url,
+                                      crosscheck={"budget_s": budget_s}))
+    result = asyncio.run(cc.crosscheck(served["reference"].client(), config, run_dir, {}, clock=ticking_clock()))
+    assert len(result.prompts) == replayed and result.left_out == 4 - replayed
+    if replayed:
+        assert result.tau is not None and result.status == "checked"
+    else:
+        assert result.tau is None and result.status == "out-of-time"
+        assert result.line() == f"no prompt replayed within the time budget of {budget_s} s ([crosscheck] budget_s)"

@@ -30,7 +30,7 @@ from __future__ import annotations
 import json
 import random
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -76,7 +76,7 @@ class PromptCheck:
 class CrossCheck:
     """The cross-check's outcome; `to_json()` is report.json's `online`."""
 
-    status: str  # "checked", "not-speculative", "unknown-drafter"
+    status: str  # "checked", "not-speculative", "unknown-drafter", "out-of-time" (nothing replayed)
     message: str
     drafter: str | None = None
     tau: float | None = None
@@ -115,16 +115,7 @@ class CrossCheck:
 
     def line(self) -> str:
         """One line for the step's journal and the terminal."""
-        if self.status != "checked" or self.tau is None:
-            return self.message
-        offline = "no offline tau" if self.offline_tau is None else f"offline {self.offline_tau:.2f} {_ci_text(self.offline_ci)}"
-        verdict = {True: "agree", False: "DISAGREE", None: "not compared"}[self.agrees]
-        return (f"{self.drafter}: online tau {self.tau:.2f} {_ci_text(self.ci)} vs {offline}: {verdict} "
-                f"({len(self.prompts)} prompts{f', {self.left_out} left out' if self.left_out else ''})")
-
-
-def _ci_text(ci: list[float] | None) -> str:
-    return "[-]" if not ci else f"[{ci[0]:.2f}, {ci[1]:.2f}]"
+        return summary_sentence(self.to_json())
 
 
 # -- the figures ---------------------------------------------------------------------------------
@@ -301,12 +292,14 @@ async def _client_of(source: Any) -> SglangClient:
 
 
 async def crosscheck(source: SglangClient | Any, config: Config, run_dir: str | Path,
-                     facts: Mapping[str, Any] | None = None) -> CrossCheck:
+                     facts: Mapping[str, Any] | None = None,
+                     clock: Callable[[], float] = time.monotonic) -> CrossCheck:
     """Replay the run's cached prompts through the service and put its acceptance beside the offline tau.
 
     `source`: the SGLang client, or the console Session (its service client is used). `facts`: the
     run state's facts (`probes` per host when there; else RUN/probes.json is read). Needs
-    RUN/completions.json; reads RUN/results (the evaluation) when it is there. Raises CrossCheckError
+    RUN/completions.json; reads RUN/results (the evaluation) when it is there. `clock` measures the
+    time budget (seconds, monotonic). Raises CrossCheckError
     (a malformed cache, answer or results) or the client's ServerUnreachable / ServerAnswerError.
     """
     run_dir = Path(run_dir)
@@ -319,18 +312,18 @@ async def crosscheck(source: SglangClient | Any, config: Config, run_dir: str | 
     drafter = served_drafter(config, settings)
     limit, budget_s = config.crosscheck.prompts, config.crosscheck.budget_s
     records = completions["prompts"][:limit]
-    deadline = time.monotonic() + budget_s
+    deadline = clock() + budget_s
     checks: list[PromptCheck] = []
     per_prompt = ((offline or {}).get("drafters", {}).get(drafter) or {}).get("per_prompt") or {}
     for record in records:
-        left = deadline - time.monotonic()
+        left = deadline - clock()
         if left <= 0:
             break
         try:
             answer = await client.within(left).generate(record["prompt_ids"], len(record["completion_ids"]),
                                                         timeout=left)
         except ServerUnreachable as exc:
-            if time.monotonic() >= deadline:
+            if clock() >= deadline:
                 break  # the budget ran out during this request: it is left out, not an error
             raise ServerUnreachable(f"cross-check, prompt {record['id']}: {exc}") from None
         tokens, steps, histogram = read_answer(answer, record["id"])
@@ -342,6 +335,7 @@ async def crosscheck(source: SglangClient | Any, config: Config, run_dir: str | 
                         left_out=len(completions["prompts"]) - len(checks),
                         budget={"prompts": limit, "budget_s": budget_s})
     if not checks:
+        result.status = "out-of-time"
         result.message = f"no prompt replayed within the time budget of {budget_s:g} s ([crosscheck] budget_s)"
         return result
     tokens = [c.completion_tokens for c in checks]
@@ -391,6 +385,40 @@ async def fetch_completions(session: Any, config: Config, run_dir: str | Path, r
     with atomic_path(local) as tmp:
         tmp.write_text(text, encoding="utf-8")
     return local
+
+
+# -- showing it (report.md, the console's Online tab, the command) --------------------------------
+
+PROMPT_HEADERS = ["prompt", "online tau", "verify steps", "tokens", "offline tau", "same tokens as the cache"]
+
+
+def _figure(value: float | None) -> str:
+    return "-" if value is None else f"{value:.2f}"
+
+
+def interval(ci: list[float] | None) -> str:
+    return "[-]" if not ci else f"[{ci[0]:.2f}, {ci[1]:.2f}]"
+
+
+def prompt_rows(online: Mapping[str, Any]) -> list[list[str]]:
+    """Per replayed prompt, the cells under PROMPT_HEADERS, from a result's JSON (report.json's `online`)."""
+    return [[p["id"], _figure(p["online"]), str(p["verify_ct"]), str(p["completion_tokens"]), _figure(p.get("offline")),
+             "yes" if p.get("same_tokens") else "NO"] for p in online.get("prompts") or []]
+
+
+def summary_sentence(online: Mapping[str, Any]) -> str:
+    """The result in one sentence (its message when nothing was measured)."""
+    if online.get("tau") is None:
+        return online.get("message") or "no online check"
+    verdict = {True: "agree", False: "DISAGREE", None: "not compared"}[online.get("agrees")]
+    return (f"served drafter {online.get('drafter') or '?'}: online tau {online['tau']:.2f} {interval(online.get('ci'))} "
+            f"(per-request mean {_figure(online.get('per_request_mean'))}, {len(online.get('prompts') or [])} prompts, "
+            f"{online.get('left_out', 0)} left out) vs offline vanilla tau {_figure(online.get('offline_tau'))} "
+            f"{interval(online.get('offline_ci'))}: {verdict}")
+
+
+def triage_lines(online: Mapping[str, Any]) -> list[str]:
+    return [f"{'SUSPECT ' if t['suspect'] else ''}{t['what']}: {t['found']}" for t in online.get("triage") or []]
 
 
 # -- keeping it ----------------------------------------------------------------------------------
