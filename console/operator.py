@@ -9,12 +9,13 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
+import time
 from pathlib import Path
 
 from console.config import Config
 from console.messages import PlanReady, RunFinished
 from console.procedure.decider import Decider, RefuseAll
-from console.procedure.engine import Engine
+from console.procedure.engine import Engine, ResumeRefused
 from console.procedure.hosts import SessionHosts
 from console.procedure.store import Run, RunStore, RunSummary
 from console.session import MessageBus, Session
@@ -57,6 +58,13 @@ class Operator:
             return run
         if resume:
             return self.store.open(str(resume))
+        left = self.store.left_down()
+        if left is not None:  # a new run would start from a server that is down: the old one comes first
+            since = left.state.service.stopped_at
+            raise ResumeRefused(f"run {left.run_id} left the service down (since "
+                                f"{time.strftime('%H:%M:%S', time.localtime(since or time.time()))}, its run "
+                                f"{left.state.status}): continue it first (--resume {left.run_id}; it restarts the "
+                                f"service), then start a new run")
         return self.store.create(str(self.config.source) if self.config.source else None, self._config_sha())
 
     async def run(self, decider: Decider, resume: str | bool | None = None, route: str | None = None,
@@ -114,6 +122,16 @@ class Operator:
         newest unfinished one (one store query, whatever the run's status)."""
         run = self.store.to_resume()
         return run.run_id if run else None
+
+    async def follow_live_run(self) -> None:
+        """Publish the live run as its store and hosts say (another console's, or `run --headless`'s):
+        what a read-only console and `status --watch` show. Runs until cancelled."""
+        from console.procedure.follower import RunFollower
+
+        def ours(run_id: str) -> bool:
+            return self.engine is not None and self.engine.run.run_id == run_id and self._task is not None
+
+        await RunFollower(self.store, self.bus, self.session, ours).run()
 
     def left_down(self) -> Run | None:
         """The run that left the service down (whatever its status), or None."""

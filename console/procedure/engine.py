@@ -106,7 +106,7 @@ class Refused(Exception):
         self.step = step
 
 
-class ResumeRefused(Exception):
+class ResumeRefused(LookupError):
     """A resume that would be wrong (another route than the run was made for); the message says why."""
 
 
@@ -582,12 +582,15 @@ class Engine:
             held = None
         except (json.JSONDecodeError, UnicodeDecodeError):
             held = {"run_id": "?", "damaged": True}
-        if isinstance(held, dict) and held.get("run_id") not in (None, self.run.run_id):
+        me = self.state.owner
+        same_console = me is not None and (held or {}).get("pid") == me.pid and (held or {}).get("host") == me.host
+        if isinstance(held, dict) and held.get("run_id") is not None and not same_console:
             owner = None
             with contextlib.suppress(TypeError):
                 owner = Owner(**{k: held[k] for k in ("user", "host", "pid", "since", "start_ticks") if k in held})
             alive = owner.alive() if owner is not None else False
-            who = f"run {held.get('run_id')}" + (f" ({owner.describe()})" if owner else "")
+            who = ("this run's earlier console" if held.get("run_id") == self.run.run_id else
+                   f"run {held.get('run_id')}") + (f" ({owner.describe()})" if owner else "")
             if alive is not False:
                 raise StepFailed("preflight", f"{host} is driven by {who} ({path}): one run per inference host at "
                                               f"a time; wait for it, or watch it with dflash-ops console --read-only")

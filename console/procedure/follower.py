@@ -1,0 +1,155 @@
+"""Any console follows the live run: from its store (steps, downtime, journal, owner) and its hosts
+(the running job's progress), whoever drives it: this console, another one, `run --headless`.
+
+A read-only console and `status --watch` see the run a colleague started: its steps, its jobs' bars,
+the DOWN timer and who drives it (run id, user, host, pid, since), or that its console is gone.
+The store is read, never written; a job's events are read from the host, never consumed.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import dataclasses
+import json
+import os
+from collections.abc import Callable
+from typing import Any
+
+from console.messages import Downtime, JournalEntry, LiveRun, StepUpdate
+from console.procedure.store import JOURNAL, Run, RunStore
+from console.session.bus import MessageBus
+from console.ssh.jobs import JobHandle, follow_with_reconnect, job_message
+
+POLL_S = 1.0  # the store is a directory of files: looked at once a second
+
+
+class RunFollower:
+    """Publishes on `bus` what the live run's store and hosts say, once a second.
+
+    `ours(run_id)`: True for the run this console drives itself (its engine publishes it already)."""
+
+    def __init__(self, store: RunStore, bus: MessageBus, session: Any | None = None,
+                 ours: Callable[[str], bool] = lambda run_id: False, interval: float = POLL_S):
+        self.store = store
+        self.bus = bus
+        self.session = session
+        self.ours = ours
+        self.interval = interval
+        self._run_id: str | None = None
+        self._steps: dict[str, tuple] = {}
+        self._down: tuple | None = None
+        self._live: LiveRun | None = None
+        self._journal_at = 0
+        self._job: tuple[str, asyncio.Task] | None = None
+
+    def live(self) -> Run | None:
+        return self.store.to_resume()
+
+    def look(self) -> LiveRun | None:
+        """One look at the store: publishes what changed, returns the live run's summary."""
+        run = self.live()
+        if run is None:
+            if self._live is not None:
+                self._live = None
+                self._stop_job()
+            return None
+        state = run.state
+        if run.run_id != self._run_id:
+            self._run_id, self._steps, self._down = run.run_id, {}, None
+            self._journal_at = max(0, _size(run) - 64 * 1024)  # the recent past, not the whole journal
+            self._stop_job()
+        owner = state.owner
+        live = LiveRun(run.run_id, state.status, owner.describe() if owner else None,
+                       console_gone=state.status == "running" and owner is not None and owner.alive() is False,
+                       service_down=state.service.down, ours=self.ours(run.run_id))
+        if live != self._live:
+            self._live = live
+            self.bus.publish(live)
+        if live.ours:
+            return live
+        for name, rec in state.steps.items():
+            seen = (rec.status, rec.started_at, rec.ended_at, rec.detail)
+            if self._steps.get(name) != seen:
+                self._steps[name] = seen
+                self.bus.publish(StepUpdate(run.run_id, name, rec.status, rec.started_at, rec.ended_at, rec.detail,
+                                            work_s=rec.work_s, decision_s=rec.decision_s,
+                                            found_on_resume=rec.found_on_resume))
+        down = (state.service.stopped_at if state.service.down else None, state.service.ready_at)
+        if down != self._down:
+            self._down = down
+            self.bus.publish(Downtime(run.run_id, *down))
+        self._read_journal(run)
+        self._follow_running_job(run)
+        return live
+
+    def _read_journal(self, run: Run) -> None:
+        path = run.dir / JOURNAL
+        with contextlib.suppress(OSError), open(path, "rb") as f:
+            f.seek(self._journal_at)
+            data = f.read()
+        if not data or b"\n" not in data:
+            return
+        complete = data[:data.rindex(b"\n") + 1]
+        self._journal_at += len(complete)
+        fields = {f.name for f in dataclasses.fields(JournalEntry)}
+        for line in complete.splitlines():
+            with contextlib.suppress(ValueError, TypeError):
+                record = json.loads(line)
+                if isinstance(record, dict) and "message" in record:
+                    known = {k: v for k, v in record.items() if k in fields}
+                    known.setdefault("t", 0.0)
+                    known.setdefault("run_id", run.run_id)
+                    known.setdefault("step", None)
+                    if isinstance(known.get("argv"), list):
+                        known["argv"] = tuple(known["argv"])
+                    self.bus.publish(JournalEntry(**known))
+
+    def _follow_running_job(self, run: Run) -> None:
+        """The bars of the job the other console is following now (the running step's)."""
+        if self.session is None:
+            return
+        running = {name for name, rec in run.state.steps.items() if rec.status == "running"}
+        key = "extract" if running & {"stage", "extract"} else "cache" if "cache" in running else \
+            "evaluate" if "evaluate" in running else None
+        record = run.state.jobs.get(key) if key else None
+        if record is None or record.handle is None:
+            self._stop_job()
+            return
+        if self._job is not None and self._job[0] == record.job_id:
+            return
+        self._stop_job()
+        handle = JobHandle.from_json(record.handle)
+        self._job = (record.job_id, asyncio.create_task(self._relay(handle, record.offset), name="follow-live-job"))
+
+    async def _relay(self, handle: JobHandle, offset: int) -> None:
+        supervisor = self.session.supervisors.get(handle.host)
+        if supervisor is None:
+            return
+        with contextlib.suppress(Exception):
+            async for _, event in follow_with_reconnect(supervisor, handle, offset=offset, stall_timeout=None):
+                message = job_message(handle, event)
+                if message is not None:
+                    self.bus.publish(message)
+
+    def _stop_job(self) -> None:
+        if self._job is not None:
+            self._job[1].cancel()
+            self._job = None
+
+    async def run(self) -> None:
+        """Look once a second until cancelled."""
+        try:
+            while True:
+                with contextlib.suppress(Exception):  # a store being written can be read half-way: next look
+                    self.look()
+                await asyncio.sleep(self.interval)
+        finally:
+            self._stop_job()
+
+
+def _size(run: Run) -> int:
+    try:
+        return os.path.getsize(run.dir / JOURNAL)
+    except OSError:
+        return 0

@@ -1,0 +1,94 @@
+"""Watching and owning a live run, on the drill with real consoles (processes) killed for real:
+any console follows a run another one drives (steps, jobs, DOWN timer, owner); one run per
+inference host at a time (the host-side lock); a killed console's run is offered, never a new one
+over a server it left down, and never under another route."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+from pathlib import Path
+
+from console import messages as m
+from console.operator import Operator
+from console.procedure.engine import EXIT_DONE, EXIT_FAILED, LOCK_FILE
+from console.procedure.follower import RunFollower
+from console.procedure.store import RunStore, RunSummary
+from tests.window_fixtures import Drill, drill, kill  # noqa: F401 - the fixture
+
+EXIT_USAGE = 2
+
+
+def lock_path(d: Drill) -> Path:
+    return Path(d.config.hosts["ct129"].workdir) / LOCK_FILE
+
+
+async def test_a_second_console_follows_the_run_and_a_second_run_is_refused(drill: Drill) -> None:  # noqa: F811
+    console = drill.start_cli("run", "--headless", "--yes")
+    operator = Operator(drill.config, runs_dir=drill.runs, read_only=True)
+    seen: list = []
+    stop_done, bars = asyncio.Event(), asyncio.Event()
+
+    def watch(message) -> None:
+        seen.append(message)
+        if isinstance(message, m.StepUpdate) and message.step == "stop" and message.status == "done":
+            stop_done.set()
+        if isinstance(message, m.JobProgress) and message.worker in ("extract", "completions"):
+            bars.set()
+
+    operator.bus.subscribe(watch)
+    operator.start()
+    follower = asyncio.create_task(RunFollower(operator.store, operator.bus, operator.session, interval=0.2).run())
+    try:
+        await asyncio.to_thread(drill.wait_journal, lambda e: e["message"].startswith("preflight: done"), 240,
+                                console)
+        # One run per inference host: a second run meets the first one's lock, naming it.
+        run_id = RunStore(drill.runs).run_ids()[0]
+        second = await asyncio.to_thread(drill.run_cli, "run", "--headless", "--yes")
+        assert second.returncode == EXIT_FAILED, second.stdout + second.stderr
+        assert f"driven by run {run_id}" in second.stderr and f"pid {console.pid}" in second.stderr
+        async with asyncio.timeout(240):
+            await stop_done.wait()
+            await bars.wait()
+        live = [x for x in seen if isinstance(x, m.LiveRun)]
+        assert live and live[-1].run_id == run_id and f"pid {console.pid}" in live[-1].owner and not live[-1].ours
+        assert any(isinstance(x, m.Downtime) and x.run_id == run_id and x.down_since for x in seen)
+        assert any(isinstance(x, m.JournalEntry) and x.run_id == run_id for x in seen)
+    finally:
+        follower.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await follower
+        await operator.stop()
+    out, _ = await asyncio.to_thread(console.communicate, timeout=300)
+    assert console.returncode == EXIT_DONE, out
+    assert not lock_path(drill).exists()  # released once the run finished with the service up
+
+
+def test_a_killed_consoles_run_comes_first_and_keeps_its_route(drill: Drill) -> None:  # noqa: F811
+    console = drill.start_cli("run", "--headless", "--yes")
+    drill.wait_journal(lambda e: e["message"].startswith("stop: done"), proc=console)
+    kill(console)
+    store = RunStore(drill.runs)
+    (summary,) = store.summaries()
+    assert isinstance(summary, RunSummary) and summary.console_gone and summary.service_down
+    # A new run would start from a server that is down: refused, naming the run that left it down.
+    fresh = drill.run_cli("run", "--headless", "--yes")
+    assert fresh.returncode == EXIT_USAGE and f"run {summary.run_id} left the service down" in fresh.stderr
+    # A resume keeps the route the run was made for.
+    other = drill.run_cli("run", "--headless", "--yes", "--resume", summary.run_id, "--route", "zero-downtime")
+    assert other.returncode == EXIT_USAGE and "a resume keeps its route" in other.stderr
+    assert len(store.run_ids()) == 1
+    held = json.loads(lock_path(drill).read_text())
+    assert held["run_id"] == summary.run_id and held["pid"] == console.pid
+    resumed = drill.run_cli("run", "--headless", "--yes", "--resume")
+    assert resumed.returncode == EXIT_DONE, resumed.stdout + resumed.stderr
+    state = store.open(summary.run_id).state
+    assert state.status == "done" and state.service.stops == 1 and state.service.starts == 1
+    assert any("taking over the lock of this run's earlier console" in e["message"] and "its console is gone" in e["message"]
+               for e in drill.journal())
+    assert not lock_path(drill).exists()
+    # A finished run is never run again.
+    again = drill.run_cli("run", "--headless", "--yes", "--resume", summary.run_id)
+    assert again.returncode == EXIT_USAGE and "a finished run is never resumed" in again.stderr
+    assert store.open(summary.run_id).state.service.stops == 1
