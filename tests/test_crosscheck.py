@@ -134,6 +134,36 @@ def test_reference_drafter_online_tau_agrees_with_the_offline_evaluation(served,
     assert result.line().startswith("served drafter reference: online tau") and result.line().endswith(": agree")
 
 
+def verify_steps_from_dump(path: Path) -> int:
+    """How many verify steps a greedy DFLASH server needs for this prompt, from the evaluator's dump
+    alone: the prefill emits x[P]; at anchor a the drafts accepted are the leading slots whose top-1 is
+    g (as the vanilla walk counts them), capped by the tokens left; r + 1 tokens a step until the
+    cached completion's length. An independent path to the server's spec_verify_ct."""
+    from remote.metrics import load_dump
+
+    dump = load_dump(path)
+    p, n, top1 = dump.prompt_len, dump.num_tokens, dump.topk_ids[:, :, 0]
+    anchor, emitted, steps = p, 1, 0
+    while emitted < n - p:
+        r = 0
+        while r < min(dump.slots, n - 1 - anchor) and int(top1[anchor - p, r]) == int(dump.truth[anchor + r]):
+            r += 1
+        steps, emitted, anchor = steps + 1, emitted + r + 1, anchor + r + 1
+    return steps
+
+
+@pytest.mark.parametrize("drafter", ["reference", "candidate"])
+def test_every_verify_step_the_server_took_is_predicted_by_the_offline_dumps(served, drill, run_dir, tmp_path,
+                                                                            drafter):
+    """Prompt by prompt, the server's spec_verify_ct is exactly what the offline evaluation's drafts and
+    truth predict: the drafter forward, the layers it reads and g agree between the two paths."""
+    result = check(served[drafter], drill, run_dir, tmp_path)
+    assert result.drafter == drafter and result.agrees is True
+    for prompt in result.prompts:
+        assert prompt.same_tokens
+        assert prompt.verify_ct == verify_steps_from_dump(run_dir / "results" / drafter / f"{prompt.id}.safetensors")
+
+
 def test_the_off_by_one_candidate_is_measured_low_online_too(served, drill, run_dir, tmp_path):
     """The candidate's online tau is its own, far below the reference's, and beside its own offline tau."""
     reference = check(served["reference"], drill, run_dir, tmp_path)
