@@ -1,0 +1,517 @@
+"""The window engine over small fakes of the hosts (`tests/engine_fakes.py`): unit tests of its
+decisions, then the crash-point sweep of issue 22: for every point where the engine writes state in
+a window, and for every step's failure, the console dies (or the step fails) there and a new engine
+resumes over the same world and the same run store. Every case ends with the same promises checked
+against the world itself: the service is ready (or the run says exit 3 and the store names it), the
+stop ran at most once, one start per down period, the extraction ran at most once and never again
+once complete, no step is recorded done whose work is not on the host, and the downtime recorded is
+the world's own."""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from console.messages import RunFinished
+from console.procedure.engine import (
+    CRASH_POINTS,
+    EXIT_DOWN,
+    Engine,
+    ResumeRefused,
+    SimulatedCrash,
+)
+from console.procedure.store import RunStore
+from tests.engine_fakes import (
+    INFERENCE,
+    TRAINING,
+    FakeHosts,
+    FakeWorld,
+    Fault,
+    Producers,
+    ScriptedDecider,
+    build_producers,
+    install_clock,
+    write_config,
+)
+
+
+@pytest.fixture(scope="session")
+def producers(tmp_path_factory: pytest.TempPathFactory) -> Producers:
+    return build_producers(tmp_path_factory.mktemp("producers"))
+
+
+class Crasher:
+    """The `crash_at` hook: the console dies at the `nth` time it reaches `point` (its hosts view
+    and its run store go dead with it: nothing after the point reaches the world)."""
+
+    def __init__(self, point: str | None, nth: int = 1):
+        self.point, self.nth, self.seen = point, nth, 0
+        self.fired = False
+        self.hosts: FakeHosts | None = None
+        self.run: Any = None
+
+    def __call__(self, point: str) -> None:
+        if point != self.point or self.fired:
+            return
+        self.seen += 1
+        if self.seen < self.nth:
+            return
+        self.fired = True
+        self.hosts.kill()
+
+        def dead(*args: Any, **kwargs: Any) -> Any:
+            raise SimulatedCrash(f"the console died at {point}")
+        self.run.save = self.run.journal = self.run.record_telemetry = dead
+        raise SimulatedCrash(point)
+
+
+@dataclass
+class Window:
+    """One fake world, its run store, and the consoles that drove it one after the other."""
+
+    root: Path
+    world: FakeWorld
+    store: RunStore
+    run_id: str
+    finished: list[RunFinished] = field(default_factory=list)
+    crashes: list[str] = field(default_factory=list)
+    deciders: list[ScriptedDecider] = field(default_factory=list)
+
+    def state(self) -> Any:
+        return self.store.open(self.run_id).state
+
+    async def console(self, crash: Crasher | None = None, decider: ScriptedDecider | None = None,
+                      **engine_kwargs: Any) -> RunFinished | None:
+        """One console: a new engine over a new view of the same world; None when it died."""
+        self.world.clock.advance(1.0)  # a console starts a moment after the last one died
+        hosts = FakeHosts(self.world)
+        run = self.store.open(self.run_id)
+        decider = decider or ScriptedDecider(self.world.clock)
+        self.deciders.append(decider)
+        crash = crash or Crasher(None)
+        crash.hosts, crash.run = hosts, run
+        engine = Engine(hosts, self.world.config, run, decider, self.store, crash_at=crash, **engine_kwargs)
+        try:
+            finished = await engine.execute()
+        except SimulatedCrash:
+            await self._bury()
+            self.crashes.append(crash.point)
+            return None
+        finally:
+            if crash.fired:
+                await self._bury()
+        self.finished.append(finished)
+        return finished
+
+    async def _bury(self) -> None:
+        """What the dead console left running in this process is ended (a killed process's tasks
+        die with it); the world's own tasks, its jobs and the unit, go on."""
+        current = asyncio.current_task()
+        leftovers = [t for t in asyncio.all_tasks() if t is not current and t not in self.world.tasks]
+        for task in leftovers:
+            task.cancel()
+        await asyncio.gather(*leftovers, return_exceptions=True)
+
+    async def until_finished(self, crashes: list[Crasher], limit: int = 8) -> RunFinished:
+        """Consoles one after the other, each dying at its crash (if it reaches it), until one ends."""
+        for crash in [*crashes, *[None] * limit]:
+            finished = await self.console(crash)
+            if finished is not None:
+                return finished
+        raise AssertionError("no console finished the run")
+
+
+def make_window(root: Path, producers: Producers, monkeypatch: Any, stuck_holder: bool = True,
+                **service: Any) -> Window:
+    # fsync is what a power cut needs; a console's death is simulated in this process, where every
+    # write is visible at once. Without it the sweep's thousands of state writes take seconds, not minutes.
+    monkeypatch.setattr(os, "fsync", lambda fd: None)
+    config = write_config(root, producers, **service)
+    world = FakeWorld(root, config, producers, stuck_holder=stuck_holder)
+    install_clock(monkeypatch, world.clock)
+    store = RunStore(root / "runs")
+    run = store.create(str(config.source), None)
+    return Window(root, world, store, run.run_id)
+
+
+@pytest.fixture
+def window(tmp_path: Path, producers: Producers, monkeypatch: pytest.MonkeyPatch) -> Window:
+    return make_window(tmp_path, producers, monkeypatch)
+
+
+# --- the promises, checked against the world ---------------------------------------------------
+
+
+def assert_promises(w: Window, finished: RunFinished) -> None:
+    world, state, service = w.world, w.state(), w.world.service
+    run_dir = w.store.root / w.run_id
+    # The service ends ready, or the run says exit 3 and the store names it as the one left down.
+    if service.state == "active" and service.ready:
+        assert not state.service.down, "the service is up but the run says it is down"
+    else:
+        assert finished.exit_code == EXIT_DOWN, (finished, service.state)
+        left = w.store.left_down()
+        assert left is not None and left.run_id == w.run_id
+    # The stop ran at most once; one start per down period (exactly one when it came back).
+    assert service.stop_commands <= 1, service.commands
+    for stopped, ready, starts in service.down_periods():
+        assert starts <= 1, f"{starts} starts for the down period from {stopped}: {service.commands}"
+        if ready is not None:
+            assert starts == 1
+    # The extraction: at most one worker got the GPU; none started once one was complete.
+    extractions = world.extraction_jobs()
+    assert sum("holds-gpu" in j.reached for j in extractions) <= 1, [j.reached for j in extractions]
+    complete_at = next((i for i, j in enumerate(extractions) if j.seen("artifact")), None)
+    if complete_at is not None:
+        assert complete_at == len(extractions) - 1, "an extraction was started after one completed"
+    # No step recorded done whose work is not on the host.
+    steps = {name: rec.status for name, rec in state.steps.items()}
+    inference = world.workdir(INFERENCE) / "windows" / w.run_id
+    if steps.get("cache") == "done":
+        assert (inference / "completions.json").is_file()
+    if steps.get("stage") == "done":
+        assert any(j.seen("staged") for j in extractions)
+    if steps.get("stop") == "done":
+        assert service.stop_commands == 1
+    if steps.get("free-vram") == "done":
+        assert world.vram_free_seen, "free-vram done but the service's GPUs were never seen free"
+    if steps.get("extract") == "done":
+        assert (inference / "states" / "manifest.json").is_file()
+    if steps.get("restart") == "done":
+        assert service.state == "active"
+    if steps.get("evaluate") == "done":
+        assert (inference / "eval" / "manifest.json").is_file()
+    if steps.get("report") == "done":
+        assert (run_dir / "report.md").is_file() and (run_dir / "results" / "results.json").is_file()
+    # The downtime recorded is the world's: exact unless the console was away at the ready moment.
+    periods = service.down_periods()
+    if periods and periods[0][1] is not None and state.service.ready_at is not None:
+        stopped, ready, _ = periods[0]
+        assert state.service.stopped_at == stopped
+        if state.service.ready_seen_late:
+            assert state.service.ready_at >= ready
+        else:
+            assert state.service.ready_at == ready, (state.service.ready_at - ready)
+
+
+def fired(w: Window, point: str) -> bool:
+    return point in w.crashes
+
+
+# --- the happy path -------------------------------------------------------------------------------
+
+
+async def test_the_window_runs_to_the_end_over_the_fakes(window: Window) -> None:
+    finished = await window.console()
+    assert finished.exit_code == 0, finished.message
+    state = window.state()
+    assert [state.steps[s].status for s in ("preflight", "stage", "cache", "stop", "free-vram", "extract",
+                                             "restart", "evaluate", "report")] == ["done"] * 9
+    assert window.world.ended == [4243], "the story's leftover scheduler was ended"
+    assert state.headline and all(v is not None for v in state.headline.values())
+    assert_promises(window, finished)
+
+
+# --- the crash-point sweep ---------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("point", CRASH_POINTS)
+async def test_a_console_killed_at_each_crash_point_resumes_to_the_end(window: Window, point: str) -> None:
+    assert await window.console(Crasher(point)) is None, f"the run never reached {point}"
+    finished = await window.console()
+    assert finished is not None and finished.exit_code == 0, finished
+    assert_promises(window, finished)
+    state = window.state()
+    assert all(state.steps[s].status == "done" for s in ("stop", "extract", "restart", "evaluate", "report"))
+    assert len([j for j in window.world.extraction_jobs() if "holds-gpu" in j.reached]) == 1
+
+
+SECOND = [(a, b) for i, a in enumerate(CRASH_POINTS) for b in CRASH_POINTS[i:]]
+
+
+@pytest.mark.parametrize(("first", "second"), SECOND, ids=[f"{a}+{b}" for a, b in SECOND])
+async def test_a_second_crash_during_the_resume(window: Window, first: str, second: str) -> None:
+    """Killed at `first`, then the resuming console killed at `second` (when it gets there: a
+    point already passed is not reached again), then a third console finishes."""
+    assert await window.console(Crasher(first)) is None
+    finished = await window.until_finished([Crasher(second)])
+    assert finished.exit_code == 0, finished
+    assert_promises(window, finished)
+
+
+@settings(max_examples=12, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(crashes=st.lists(st.tuples(st.sampled_from(CRASH_POINTS), st.integers(1, 2)), min_size=1, max_size=4))
+def test_any_sequence_of_crashes_keeps_the_promises(producers: Producers, tmp_path_factory: pytest.TempPathFactory,
+                                                    crashes: list[tuple[str, int]]) -> None:
+    with pytest.MonkeyPatch.context() as monkeypatch:
+        w = make_window(tmp_path_factory.mktemp("seq"), producers, monkeypatch)
+        finished = asyncio.run(w.until_finished([Crasher(p, nth) for p, nth in crashes]))
+    assert finished.exit_code == 0, finished
+    assert_promises(w, finished)
+
+
+# --- every step's failure --------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Failure:
+    name: str
+    faults: tuple[Fault, ...] = ()
+    refuse: frozenset[str] = frozenset()
+    holders_survive: bool = False
+    status: str = "done"  # how the first console's run ends
+    failed_step: str | None = None
+
+
+FAILURES = [
+    Failure("preflight-link", (Fault("connect", "link"),)),
+    Failure("preflight-timeout", (Fault("connect", "timeout", times=99),), status="failed", failed_step="preflight"),
+    Failure("stage-dead", (Fault("extract:staged", "dead"),)),
+    Failure("stage-exit", (Fault("extract:staged", "exit"),)),  # gone before the go: extracted from disk
+    Failure("stage-follow-timeout", (Fault("follow", "timeout", {"kind": "extract-staged"}),), status="failed",
+            failed_step="stage"),
+    Failure("stage-link", (Fault("start_job", "link", {"worker": "extract"}),)),
+    Failure("cache-dead", (Fault("completions:generate", "dead"),), status="failed", failed_step="cache"),
+    Failure("cache-exit", (Fault("completions:generate", "exit"),), status="failed", failed_step="cache"),
+    Failure("cache-stall", (Fault("completions:generate", "stall"),), status="failed", failed_step="cache"),
+    Failure("cache-link", (Fault("write_text", "link", {"path": "prompts.jsonl"}),)),
+    Failure("stop-refused", refuse=frozenset({"stop"}), status="refused", failed_step="stop"),
+    Failure("stop-link-before", (Fault("stop", "link"),)),
+    Failure("stop-link-after", (Fault("stop", "link", after=True),)),
+    Failure("stop-status-timeout", (Fault("status", "timeout"),), status="failed"),
+    Failure("free-vram-refused", refuse=frozenset({"free-vram"}), status="refused", failed_step="free-vram"),
+    Failure("free-vram-stuck", holders_survive=True, status="failed", failed_step="free-vram"),
+    Failure("free-vram-link", (Fault("end_holders", "link"),)),
+    Failure("extract-dead", (Fault("extract:forward", "dead"),), status="failed", failed_step="extract"),
+    Failure("extract-exit", (Fault("extract:forward", "exit"),), status="failed", failed_step="extract"),
+    Failure("extract-dead-after-release", (Fault("extract:gpu_released", "dead"),), status="failed",
+            failed_step="extract"),
+    Failure("extract-link", (Fault("run", "link", {"argv0": "sh"}),)),
+    Failure("extract-follow-timeout", (Fault("follow", "timeout", {"kind": "extract-staged"}, skip=1),), status="failed",
+            failed_step="extract"),
+    Failure("restart-refused", refuse=frozenset({"restart"}), status="refused", failed_step="restart"),
+    Failure("restart-timeout", (Fault("ready", "timeout"),)),
+    Failure("restart-link", (Fault("start", "link"),)),
+    Failure("evaluate-dead", (Fault("evaluate:mid", "dead"),), status="failed", failed_step="evaluate"),
+    Failure("evaluate-exit", (Fault("evaluate:start", "exit"),), status="failed", failed_step="evaluate"),
+    Failure("evaluate-link", (Fault("relay_tree", "link"),)),
+    Failure("report-link", (Fault("fetch_tree", "link"),)),
+]
+
+
+@pytest.mark.parametrize("failure", FAILURES, ids=[f.name for f in FAILURES])
+async def test_every_steps_failure_then_a_new_console(window: Window, failure: Failure) -> None:
+    window.world.faults.extend(dataclasses.replace(f, match=dict(f.match)) for f in failure.faults)
+    window.world.holders_survive = failure.holders_survive
+    first = await window.console(decider=ScriptedDecider(window.world.clock, refuse=set(failure.refuse)))
+    assert first is not None
+    assert first.status == failure.status, first.message
+    state = window.state()
+    if failure.failed_step is not None:
+        assert state.steps[failure.failed_step].status in ("failed", "refused"), state.steps[failure.failed_step]
+    assert not any(j.state == "running" for j in window.world.job_order), "a job of the run was left running"
+    assert_promises(window, first)
+    assert all(f.hit for f in window.world.faults), "an injected fault never fired"
+    # A new console over the finished run: only a restart, when the run left the service down.
+    window.world.faults.clear()
+    if window.store.left_down() is not None:
+        again = await window.console()
+        assert again is not None and again.service_up, again
+        assert_promises(window, again)
+    else:
+        with pytest.raises(ResumeRefused, match="a finished run is never resumed"):
+            await window.console()
+    assert window.world.service.state == "active"
+
+
+# --- the old engine's defects (issue 22 items 1-10 and 13) -------------------------------------------
+
+
+async def test_a_dead_staged_worker_never_counts_as_staged_on_resume(window: Window) -> None:
+    """Item 1: killed after `staged`, the staged worker dies too; the resume stages again (a new
+    attempt, seen alive) before it stops the server, and the window extracts."""
+    assert await window.console(Crasher("staged")) is None
+    (staged,) = window.world.extraction_jobs()
+    window.world.kill_job(staged)
+    await asyncio.sleep(0)
+    finished = await window.console()
+    assert finished.exit_code == 0, finished.message
+    first, second = window.world.extraction_jobs()
+    assert first.state == "dead" and second.seen("staged") and second.seen("artifact")
+    stop_at = window.world.service.commands[0][0]
+    assert stop_at > staged.handle.started_at
+    assert_promises(window, finished)
+
+
+async def test_a_job_dead_after_the_go_is_never_replayed_as_live(window: Window) -> None:
+    """Item 1, second half: the extractor dies after the go while the console is away; the resume
+    follows it from its offset, finds it dead, and restarts the server without extracting twice."""
+    assert await window.console(Crasher("go")) is None
+    (job,) = window.world.extraction_jobs()
+    await window.world.wait_file(Path(job.arg("--go-file")))
+    window.world.kill_job(job)
+    await asyncio.sleep(0)
+    finished = await window.console()
+    assert finished.status == "failed" and "dead" in finished.message, finished.message
+    assert window.world.service.state == "active" and len(window.world.extraction_jobs()) == 1
+    assert window.state().steps["extract"].status == "failed"
+    assert_promises(window, finished)
+
+
+async def test_a_finished_run_is_never_resumed(window: Window) -> None:
+    """Item 2 (and 8's `p`): a run that ended is not run again; one that left the service down is
+    only restarted, and the store names it until then."""
+    assert (await window.console()).exit_code == 0
+    with pytest.raises(ResumeRefused, match="never resumed"):
+        await window.console()
+    assert window.world.service.stop_commands == 1
+
+
+async def test_a_run_refused_with_the_service_down_is_named_by_the_store(window: Window) -> None:
+    """Item 2: failed, refused or cancelled, a run that left the service down is `left_down()`,
+    whatever its status; the next console only restarts it."""
+    refuse = ScriptedDecider(window.world.clock, refuse={"restart"})
+    finished = await window.console(decider=refuse)
+    assert finished.status == "refused" and finished.exit_code == EXIT_DOWN
+    assert window.store.left_down().run_id == window.run_id
+    assert window.store.to_resume().run_id == window.run_id
+    again = await window.console()
+    assert again.service_up and window.store.left_down() is None
+    assert window.world.service.start_commands == 1
+    assert_promises(window, again)
+
+
+async def test_a_resume_cannot_switch_route(window: Window) -> None:
+    """Item 4: the route is fixed when the run is made."""
+    assert await window.console(Crasher("stop-ran")) is None
+    with pytest.raises(ResumeRefused, match="keeps its route"):
+        Engine(FakeHosts(window.world), window.world.config, window.store.open(window.run_id),
+               ScriptedDecider(), window.store, route="zero-downtime")
+    finished = await window.console()
+    assert finished.exit_code == 0
+    assert_promises(window, finished)
+
+
+async def test_two_restarts_at_once_start_the_service_once(window: Window) -> None:
+    """Item 5: the quit modal's "restart, then quit" beside the engine's own restart."""
+    assert await window.console(Crasher("stop-ran")) is None
+    engine = Engine(FakeHosts(window.world), window.world.config, window.store.open(window.run_id),
+                    ScriptedDecider(window.world.clock), window.store)
+    await asyncio.gather(engine.restart_service("the quit modal"), engine.restart_service("the engine"))
+    assert window.world.service.start_commands == 1 and window.world.service.state == "active"
+    assert not window.store.open(window.run_id).state.service.down
+
+
+async def test_a_start_cut_off_is_waited_for_never_started_again(window: Window) -> None:
+    """Item 5: the console dies while the unit loads; the resume finds it activating (or active)
+    and waits; the ready moment it did not see is said so."""
+    window.world.faults.append(Fault("ready", "crash"))
+    assert await window.console() is None
+    assert window.world.service.state == "activating"
+    assert window.world.service.start_commands == 1
+    finished = await window.console()
+    assert finished.exit_code == 0, finished.message
+    assert window.world.service.start_commands == 1
+    assert window.state().service.ready_seen_late
+    assert_promises(window, finished)
+
+
+async def test_the_stops_check_asks_the_host(window: Window) -> None:
+    """Item 6: the saved `down` flag is not trusted: a server started outside the run meanwhile
+    is found running, and nothing more is done to it (never stopped a second time)."""
+    assert await window.console(Crasher("stop-ran")) is None
+    window.world.service.start()
+    while window.world.service.state != "active":
+        await window.world.wait_changed()
+    finished = await window.console()
+    assert finished.status == "failed" and "started outside this run" in finished.message
+    assert window.world.service.stop_commands == 1 and window.world.service.start_commands == 1
+    assert not window.state().service.down
+
+
+async def test_work_time_excludes_decision_time(window: Window) -> None:
+    """Item 7: the operator's think time is decision time; a step done while the console was away
+    is `done`, found on resume, its first start kept."""
+    thinking = ScriptedDecider(window.world.clock, think_s=100.0)
+    assert await window.console(Crasher("reported"), decider=thinking) is None
+    stop = window.state().steps["stop"]
+    assert stop.decision_s == 100.0
+    assert stop.work_s == pytest.approx(4.0)  # STOP_S: the stop's own time
+    finished = await window.console()
+    assert finished.exit_code == 0
+    report = window.state().steps["report"]
+    assert report.status == "done"
+
+
+async def test_a_step_done_while_the_console_was_away_is_found_done(window: Window) -> None:
+    assert await window.console(Crasher("cached")) is None
+    before = window.state().steps["cache"]
+    finished = await window.console()
+    after = window.state().steps["cache"]
+    assert finished.exit_code == 0
+    assert after.status == "done" and after.found_on_resume and after.started_at == before.started_at
+
+
+async def test_a_cancel_right_after_the_stop_marks_the_stop_done(window: Window) -> None:
+    """Item 8: Ctrl-C the moment the stop returned: the stop happened, it is `done`, and the
+    compensation restarts the service."""
+
+    def cancel_at(point: str) -> None:
+        if point == "stop-ran":
+            asyncio.current_task().cancel()
+
+    hosts = FakeHosts(window.world)
+    engine = Engine(hosts, window.world.config, window.store.open(window.run_id), ScriptedDecider(window.world.clock),
+                    window.store, crash_at=cancel_at)
+    finished = await engine.execute()
+    state = window.state()
+    assert finished.status == "cancelled" and state.steps["stop"].status == "done"
+    assert window.world.service.state == "active"
+    assert_promises(window, finished)
+
+
+async def test_one_of_stage_and_cache_failing_cancels_the_other_and_ends_its_job(window: Window) -> None:
+    """Item 9: the cache fails; the staged extractor is not left waiting for a go."""
+    window.world.faults.append(Fault("completions:generate", "exit"))
+    finished = await window.console()
+    state = window.state()
+    assert finished.status == "failed" and state.steps["cache"].status == "failed"
+    assert state.steps["stage"].status == "cancelled"
+    (staged,) = window.world.extraction_jobs()
+    assert staged.state == "exited" and staged.exit_code == 143  # SIGTERM, written as its exit
+    assert window.world.service.stop_commands == 0
+
+
+async def test_an_exception_inside_the_compensation_still_finishes_the_run(window: Window) -> None:
+    """Item 10: the compensation's restart meets an unexpected error: it is journalled, the run
+    still finishes (not `running`), exit 3, and the store names it as left down."""
+    window.world.faults.append(Fault("service_manager", "error", skip=3))
+    finished = await window.console(decider=ScriptedDecider(window.world.clock, refuse={"free-vram"}))
+    state = window.state()
+    assert state.status == "refused" and state.exit_code == EXIT_DOWN == finished.exit_code
+    journal = window.store.open(window.run_id).read_journal()
+    assert any("compensation failed" in e["message"] or "restart failed" in e["message"] for e in journal)
+    assert window.store.left_down().run_id == window.run_id
+
+
+async def test_the_zero_downtime_watcher_never_counts_our_extractor(tmp_path: Path, producers: Producers,
+                                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    """Item 13: the extractor fills the chosen GPU itself; the route must not cancel itself."""
+    w = make_window(tmp_path, producers, monkeypatch)
+    w.world.extract_mib = 81559 - 400  # all of the GPU but what the driver keeps
+    finished = await w.console(route="zero-downtime")
+    assert finished.exit_code == 0, finished.message
+    (job,) = w.world.extraction_jobs()
+    assert job.handle.host == TRAINING and "holds-gpu" in job.reached
+    need = w.state().facts["extract_on"]["need_mib"]
+    assert 81559 - 300 - w.world.extract_mib < need, "our own memory, counted, would leave too little room"
+    assert w.world.service.stop_commands == 0 and w.world.service.start_commands == 0
+    assert w.state().steps["extract"].status == "done"
