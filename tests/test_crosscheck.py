@@ -210,6 +210,7 @@ def test_a_served_drafter_that_is_none_of_the_runs_says_so(served, drill, run_di
     result = asyncio.run(cc.crosscheck(served["reference"].client(), load_config(config_path), run_dir, {}))
     assert result.status == "unknown-drafter" and result.tau is not None and result.agrees is None
     assert "[service] drafter = NAME" in result.message
+    assert result.line().startswith(f"served drafter {drill.reference}: online tau") and result.message in result.line()
 
 
 def test_the_saved_result_reads_back_the_same(served, drill, run_dir, tmp_path):

@@ -411,10 +411,12 @@ def summary_sentence(online: Mapping[str, Any]) -> str:
     if online.get("tau") is None:
         return online.get("message") or "no online check"
     verdict = {True: "agree", False: "DISAGREE", None: "not compared"}[online.get("agrees")]
-    return (f"served drafter {online.get('drafter') or '?'}: online tau {online['tau']:.2f} {interval(online.get('ci'))} "
+    served = online.get("drafter") or (online.get("server") or {}).get("speculative_draft_model_path") or "?"
+    text = (f"served drafter {served}: online tau {online['tau']:.2f} {interval(online.get('ci'))} "
             f"(per-request mean {_figure(online.get('per_request_mean'))}, {len(online.get('prompts') or [])} prompts, "
             f"{online.get('left_out', 0)} left out) vs offline vanilla tau {_figure(online.get('offline_tau'))} "
             f"{interval(online.get('offline_ci'))}: {verdict}")
+    return f"{text} ({online['message']})" if online.get("status") == "unknown-drafter" else text
 
 
 def triage_lines(online: Mapping[str, Any]) -> list[str]:
