@@ -228,6 +228,8 @@ class ConsoleApp(App[int]):
                 self.call_later(self._quit_now)
         elif kind == "job" and self.state.down_since is not None:
             self.refresh_banners()  # the extraction's rate moves the expected time back
+        elif isinstance(payload, m.PlanReady):
+            self.refresh_bindings()  # p reads the run's plan from now on
         if kind is None:
             return
         screen = self.screen

@@ -57,15 +57,19 @@ class JobView:
     worker: str | None = None
     received: dict[str, float] = field(default_factory=dict)  # unit -> when its newest progress came (console clock)
 
+    def eta_key(self) -> str | None:
+        """The counter that measures the work: tokens, else prompts (the one the time left is read from)."""
+        return next((k for k in ("tokens", "prompts") if k in self.bars), None)
+
     def eta_s(self, now: float) -> float | None:
-        """Seconds left by the counter that measures the work (tokens, else prompts): what is left
-        over the measured rate, less the time since that rate was reported; None before a rate."""
-        for key in ("tokens", "prompts"):
-            progress = self.bars.get(key)
-            if progress is not None and progress.total is not None and progress.rate:
-                left = max(0.0, progress.total - progress.done) / progress.rate
-                return max(0.0, left - max(0.0, now - self.received.get(key, now)))
-        return None
+        """Seconds left by the counter that measures the work: what is left over the measured rate,
+        less the time since that rate was reported; None before a rate."""
+        key = self.eta_key()
+        progress = self.bars.get(key) if key else None
+        if progress is None or progress.total is None or not progress.rate:
+            return None
+        left = max(0.0, progress.total - progress.done) / progress.rate
+        return max(0.0, left - max(0.0, now - self.received.get(key, now)))
 
 
 @dataclass
@@ -146,7 +150,9 @@ class ConsoleState:
             return "journal"
         if isinstance(message, m.RunFinished):
             self.finished = message
-            return "run"
+            for job in self.jobs.values():  # the run is over: nothing of it is going any more
+                job.finished = True
+            return "job"
         if isinstance(message, m.ResultsReady):
             self.results = message
             return "run"

@@ -42,10 +42,14 @@ class QuitWhileDownModal(ConsoleModal[str]):
         self.can_restart = can_restart and not restarting
         self.AUTO_FOCUS = "#wait" if restarting else "#restart" if self.can_restart else "#stay"  # never "leave"
 
+    def title_text(self) -> Text:
+        now = self.app.now() if hasattr(self.app, "now") else self.now  # counts on while the question waits
+        return Text(f"The service is down: stopped by this run {duration(now - self.down_since)} "
+                    f"ago ({clock(self.down_since)}).")
+
     def dialog(self) -> ComposeResult:
         with Vertical():
-            yield Static(Text(f"The service is down: stopped by this run {duration(self.now - self.down_since)} "
-                              f"ago ({clock(self.down_since)})."), classes="title")
+            yield Static(self.title_text(), classes="title")
             if self.restarting:
                 yield Static(Text("A restart is under way. Quit once the service is ready, or stay?"))
             else:
@@ -60,6 +64,7 @@ class QuitWhileDownModal(ConsoleModal[str]):
 
     def on_mount(self) -> None:
         self.query_one(f"#{self.AUTO_FOCUS.lstrip('#')}", Button).focus()
+        self.set_interval(1.0, lambda: self.query_one(".title", Static).update(self.title_text()))
 
     def check_action(self, action: str, parameters: tuple[object, ...]) -> bool | None:
         if action == "answer" and parameters:

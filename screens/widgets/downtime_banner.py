@@ -21,6 +21,11 @@ def downtime_text(state: ConsoleState, now: float, can_restart: bool) -> Text:
         late = ready_at < now
         text.append(f" · back ~{clock(ready_at)}")
         text.append(f" ({duration(now - ready_at)} late)" if late else f" (in {duration(ready_at - now)})")
+    else:
+        job = state.extraction()
+        eta = job.eta_s(now) if job is not None else None
+        if eta is not None:  # no estimate of the restart yet: at least when the extraction ends
+            text.append(f" · extraction ~{duration(eta)} left")
     ends = state.window_ends()
     if ends is not None:
         text.append(f" · window ends {clock(ends)}")

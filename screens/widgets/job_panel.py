@@ -27,7 +27,7 @@ def note_of(job: JobView) -> str:
     if job.stalled:
         return job.stalled
     if job.finished:
-        return "finished"
+        return ""  # the title says it finished; its last phase is no longer news
     return job.last_log or (f"phase: {job.phase}" if job.phase else "")
 
 
@@ -151,7 +151,7 @@ class JobSection(Vertical):
             if counter is None:
                 counter = self._counters[key] = Counter(key)
                 box.mount(counter)
-            eta = job.eta_s(now) if key in ("tokens", "prompts") and not job.finished else None
+            eta = job.eta_s(now) if key == job.eta_key() and not job.finished else None
             counter.show(progress, job.bars.get(f"{key}_bytes"), eta)
         self.set_class(job.stalled is not None, "stalled")
         text = note_of(job)

@@ -79,4 +79,7 @@ class ServicePanel(Static):
              now: float) -> None:
         self.set_class(downtime is not None and downtime.down_since is not None, "down")
         shown = service_renderable(view, downtime, startup, now)
-        update_static(self, shown, tuple(t.markup for t in shown.renderables), len(shown.renderables))
+        width = max(1, self.content_region.width or 40)
+        # The rows it takes, wrapped lines counted: a layout pass only when that changes.
+        rows = sum(max(1, -(-t.cell_len // width)) if not t.no_wrap else 1 for t in shown.renderables)
+        update_static(self, shown, tuple(t.markup for t in shown.renderables), rows)

@@ -324,7 +324,10 @@ def test_job_panel_note_only_for_the_live_job_and_no_raw_event_dumps():
     state.apply(m.JobLog("e1", "extract", "ct129", "info", "check", kind="phase"))
     state.apply(m.JobLog("e1", "extract", "ct129", "info", "x", kind="log"))
     state.apply(m.JobExit("e1", "extract", "ct129", 0))
-    assert state.current_jobs()[0].job_id == "e1" and note_of(state.current_jobs()[0]) == "finished"
+    assert state.current_jobs()[0].job_id == "e1" and note_of(state.current_jobs()[0]) == ""  # not "phase check"
+    state.apply(m.JobLog("r1", "relay", "console", "info", "evaluate", kind="phase"))
+    state.apply(m.RunFinished("r", "done", 0, True, "done", "/runs/r"))
+    assert all(job.finished for job in state.jobs.values())  # a job left without its exit is not "going"
 
 
 # --- results ---------------------------------------------------------------------------------------
