@@ -80,9 +80,8 @@ async def check_run(config_path: str, run_dir: Path, state: dict[str, Any]) -> c
     session = Session(config)
     session.start(watch_service=False)
     try:
-        await cc.fetch_completions(session, config, run_dir, state["run_id"], CONNECT_TIMEOUT_S)
-        client = await session.service.client(CONNECT_TIMEOUT_S)
-        return await cc.crosscheck(client, config, run_dir, state.get("facts") or {})
+        return await cc.crosscheck_run(session, config, run_dir, state["run_id"], state.get("facts") or {},
+                                       CONNECT_TIMEOUT_S)
     finally:
         await session.stop()
 
@@ -106,7 +105,7 @@ def run(args: argparse.Namespace) -> int:
         result = asyncio.run(check_run(config_path, run_dir, state))
     except (cc.CrossCheckError, ServerUnreachable, ServerAnswerError, HostError, TimeoutError) as exc:
         raise UsageError(f"crosscheck {run_dir.name}: {exc}") from None
-    path = cc.save(run_dir, result)
+    path = run_dir / cc.CROSSCHECK_FILE
     record_headline(run_dir, result)
     online = result.to_json()
     console.print(result.line(), soft_wrap=True)

@@ -387,6 +387,17 @@ async def fetch_completions(session: Any, config: Config, run_dir: str | Path, r
     return local
 
 
+async def crosscheck_run(session: Any, config: Config, run_dir: str | Path, run_id: str,
+                         facts: Mapping[str, Any] | None = None, timeout: float | None = None) -> CrossCheck:
+    """The engine's and the command's step: RUN/completions.json fetched when missing, the check over
+    the session's service client, RUN/crosscheck.json written. The caller records `result.headline()`
+    in its state and writes the report again (it reads crosscheck.json)."""
+    await fetch_completions(session, config, run_dir, run_id, timeout)
+    result = await crosscheck(await session.service.client(timeout), config, run_dir, facts)
+    save(run_dir, result)
+    return result
+
+
 # -- showing it (report.md, the console's Online tab, the command) --------------------------------
 
 PROMPT_HEADERS = ["prompt", "online tau", "verify steps", "tokens", "offline tau", "same tokens as the cache"]
