@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import os
 import signal
 import sys
 import time
@@ -173,6 +174,12 @@ def open_console(operator: CommandLineRun, resume: str | bool | None, err: Conso
     def refuse_from_now_on() -> None:  # SIGHUP: no one is left to answer the console's questions
         if operator.engine is not None:
             operator.engine.decider = RefuseAll()
+        # ... nor to read its screen: drawn into /dev/null from now on, the console can still end
+        # (writing to a terminal that is gone fails, and Textual would wait on it forever).
+        devnull = os.open(os.devnull, os.O_RDWR)
+        for fd in (0, 1, 2):
+            os.dup2(devnull, fd)
+        os.close(devnull)
 
     def exit_after(finished: Any) -> None:  # a signal asked the console to end: once its run has
         if signalled and isinstance(finished, m.RunFinished):
