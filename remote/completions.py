@@ -140,6 +140,25 @@ def model_info(server: str, timeout: float) -> dict[str, Any]:
     raise ServerError(f"{server} gives no usable /model_info (need model_path): {last}", server)
 
 
+def preferred_sampling_params(server: str, info: dict[str, Any], timeout: float) -> Any:
+    """The server's --preferred-sampling-params: /model_info's (0.5.23, http_server.py model_info), else
+    /server_info's launch argument (a JSON string), else None (older releases have none)."""
+    if "preferred_sampling_params" in info:
+        return info["preferred_sampling_params"]
+    for route in ("/server_info", "/get_server_info"):
+        status, answer = http_json(server + route, timeout=timeout)
+        if status == 200 and isinstance(answer, dict):
+            value = answer.get("preferred_sampling_params")
+            if isinstance(value, str):
+                try:
+                    return json.loads(value)
+                except json.JSONDecodeError:
+                    raise ServerError(f"{server}{route}: preferred_sampling_params is not JSON: {value[:120]!r}",
+                                      server + route) from None
+            return value
+    return None
+
+
 def _int_ids(value: Any) -> list[int] | None:
     if isinstance(value, list) and all(isinstance(t, int) and not isinstance(t, bool) for t in value):
         return value
@@ -331,7 +350,7 @@ def main(events: EventWriter, argv: list[str] | None = None) -> dict[str, Any]:
     prompt_set = load_prompts(args.prompts)
     info = model_info(server, min(args.timeout, 30.0))
     model_path = info["model_path"]
-    preferred = info.get("preferred_sampling_params")
+    preferred = preferred_sampling_params(server, info, min(args.timeout, 30.0))
     try:
         sampling, warnings = greedy_sampling_params(max(p.max_new_tokens for p in prompt_set.prompts), preferred)
     except PreferredParamsRefused as exc:

@@ -80,10 +80,12 @@ def proxy_without_generate(upstream: str, drop_token_ids: bool = False):
     return serve(Handler)
 
 
-def broken_server(model_path: str, generate_answer: bytes | list[tuple[int, bytes]], **model_info):
+def broken_server(model_path: str, generate_answer: bytes | list[tuple[int, bytes]], server_info: dict | None = None,
+                  **model_info):
     """A server whose /model_info is fine (plus `model_info`) and whose /generate answers
     `generate_answer`, or (status, body) from the list in turn (the last one for ever after).
-    Every /generate body it gets is kept in `server.bodies`."""
+    `server_info`: what /server_info answers (else the same as /model_info). Every /generate body it
+    gets is kept in `server.bodies`."""
     answers = [(200, generate_answer)] if isinstance(generate_answer, bytes) else list(generate_answer)
     bodies: list[dict] = []
 
@@ -98,6 +100,9 @@ def broken_server(model_path: str, generate_answer: bytes | list[tuple[int, byte
             self.wfile.write(data)
 
         def do_GET(self):  # noqa: N802
+            if server_info is not None and self.path == "/server_info":
+                self._send(json.dumps(server_info).encode())
+                return
             self._send(json.dumps({"model_path": model_path, **model_info}).encode())
 
         def do_POST(self):  # noqa: N802
@@ -406,3 +411,19 @@ def test_a_run_again_keeps_the_complete_prompts_and_asks_only_the_rest(tiny_targ
         server.shutdown()
         server.server_close()
     assert len(server.bodies) == 2
+
+
+def test_preferred_params_are_read_from_server_info_where_model_info_has_none(tiny_target, tmp_path):
+    """A release whose /model_info does not report them: /server_info's preferred_sampling_params
+    (the launch argument, a JSON string) is read instead, and sent back as greedy needs."""
+    ok = json.dumps({"output_ids": [5, 2], "text": "a", "meta_info": {"finish_reason": {"type": "stop",
+                                                                                     "matched": 2}}}).encode()
+    url, server = broken_server(str(tiny_target), ok,
+                                server_info={"version": "0.5.0", "preferred_sampling_params": '{"ignore_eos": true}'})
+    try:
+        _, events = run(["--server", url, "--prompts", str(prompt_file(tmp_path, n=1)), "--out", str(tmp_path / "c.json")])
+    finally:
+        server.shutdown()
+        server.server_close()
+    assert server.bodies[0]["sampling_params"]["ignore_eos"] is False
+    assert any("the server prefers ignore_eos=true" in e["msg"] for e in events if e["type"] == "log")
