@@ -245,7 +245,15 @@ class PerPromptTable(DataTable):
 
     def on_mount(self) -> None:
         self.fixed_columns = 1
-        self.show_drafter(self.drafter)
+        self.show_drafter(self.fitting_choice(self.app.size.width))
+
+    def fitting_choice(self, width: int) -> str | None:
+        """Every drafter's columns where they fit the screen, else the first candidate's (the one
+        being judged; the reference is its ratio's other half): `d` shows the others."""
+        headers, rows = per_prompt_columns(self.results, None)
+        needed = sum(max([len(h), *(len(r[i]) for r in rows)]) + 2 for i, h in enumerate(headers))
+        candidates = [n for n in self.choices[1:] if n != self.results.get("reference")]
+        return None if needed <= width or not candidates else candidates[0]
 
     def show_drafter(self, drafter: str | None) -> None:
         self.drafter = drafter
@@ -285,7 +293,7 @@ class ResultsScreen(Screen):
         Binding("5", "tab('kernels')", "Kernels", show=False),
         Binding("6", "tab('window-pane')", "Window", show=False),
         Binding("7", "tab('online')", "Online", show=False),
-        Binding("d", "next_drafter", "Drafter's columns"),
+        Binding("d", "next_drafter", "Drafter"),
     ]
 
     def __init__(self, data: RunData) -> None:

@@ -43,7 +43,8 @@ def counter_text(progress: Any, in_bytes: Any = None, eta_s: float | None = None
     else:
         shown_total = f"/{total:g}" if isinstance(total, int | float) else ""
         shown_done = f"{done:g}" if isinstance(done, int | float) else "?"
-        head = f"{key} {shown_done}{shown_total}" + (f"{NBSP}{unit}" if unit and unit != key else "")
+        named = unit and not key.startswith(unit.rstrip("s"))  # 'prompts 1/4', not 'prompts 1/4 prompt'
+        head = f"{key} {shown_done}{shown_total}" + (f"{NBSP}{unit}" if named else "")
         label = getattr(progress, "message", None)
         if label and in_bytes is None:
             details.append(str(label))
