@@ -73,7 +73,7 @@ def check_counts(out: SpecOutput, max_new_tokens: int, eos_id: int) -> None:
         assert meta["spec_num_proposed_drafts"] == out.verify_ct * (out.block_size - 1)
 
 
-@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(max_examples=15, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(prompt=st.lists(st.integers(0, 1 << 20), min_size=1, max_size=40), max_new=st.integers(1, 30),
        which=st.sampled_from([(2, (0,)), (4, (1, 3)), (8, (1, 2, 3))]))
 def test_speculative_greedy_is_plain_greedy(fp32_target, tiny_target, random_drafters, prompt, max_new, which):
