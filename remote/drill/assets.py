@@ -53,7 +53,7 @@ def random_drafters(target: Path, out: Path) -> dict[str, Any]:
     config = AutoConfig.from_pretrained(target)
     mask = int(AutoTokenizer.from_pretrained(target).convert_tokens_to_ids("<|mask|>"))
     layers = config.num_hidden_layers
-    layer_ids = [1, layers // 2, layers - 2]
+    layer_ids = sorted({1, layers // 2, layers - 2})
     drafters = {}
     for seed, name in enumerate(("reference", "candidate")):
         save_random_drafter(out / name, config.hidden_size, config.vocab_size, layer_ids, layers, block_size=16,
