@@ -430,3 +430,19 @@ def test_the_time_budget_bounds_the_replay(served, drill, run_dir, tmp_path, bud
     else:
         assert result.tau is None and result.status == "out-of-time"
         assert result.line() == f"no prompt replayed within the time budget of {budget_s} s ([crosscheck] budget_s)"
+
+
+def test_crosscheck_command_refuses_what_is_not_a_run_and_a_run_without_a_cache(drill, run_dir, hosts, tmp_path,
+                                                                               capsys):
+    from console.cli.main import main
+    from console.procedure.store import RunStore
+
+    assert main(["crosscheck", "20990101-000000-none", "--runs", str(tmp_path / "runs")]) == 2
+    assert "20990101-000000-none: not a run (no state.json there" in capsys.readouterr().err
+    config = write_config(tmp_path / "ops.toml", drill, "http://127.0.0.1:9",
+                          hosts={"ct129": hosts.host_table("ct129"), "ct200": hosts.host_table("ct200")})
+    run = RunStore(tmp_path / "runs").create(str(config), None)
+    assert main(["crosscheck", str(run.dir)]) == 2
+    err = capsys.readouterr().err
+    assert f"windows/{run.run_id}/completions.json: this run cached no completions there" in err
+    assert not (run.dir / cc.CROSSCHECK_FILE).exists()
