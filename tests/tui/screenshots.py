@@ -1,11 +1,13 @@
-"""The user guide's screenshots (SVG, `App.save_screenshot`), taken by driving the console by keys:
+"""The user guide's screenshots (SVG, `App.save_screenshot`), taken by driving the console by keys,
+at 120 x 40 and at 80 x 24 (`-80x24` in the name):
 
     .venv/bin/python -m tests.tui.screenshots docs/
 
 - tui-dashboard.svg: the dashboard mid-window over two real-sized hosts (2 and 8 GPUs; the
   stand-in operator's fixed telemetry, as in the snapshot tests);
-- tui-holders.svg, tui-results.svg, tui-window.svg: the drill (real SSH, the real engine and
-  workers): the holders modal after the stop, the results of that run, and its window timeline.
+- tui-holders.svg, tui-results.svg, tui-per-prompt.svg, tui-window.svg: the drill (real SSH, the
+  real engine and workers): the holders modal after the stop, the results of that run, its per-prompt
+  table and its window timeline.
 """
 
 from __future__ import annotations
@@ -24,27 +26,33 @@ from screens.modals.holders import HoldersModal
 from screens.results import ResultsScreen
 from tests.tui.standin import StandinOperator, fixed_clock, mid_window
 
-SIZE = (120, 40)
+SIZES = ((120, 40), (80, 24))
+SHOTS = ("tui-dashboard.svg", "tui-holders.svg", "tui-results.svg", "tui-per-prompt.svg", "tui-window.svg")
 
 
-async def dashboard(out: Path) -> None:
+def named(name: str, size: tuple[int, int]) -> str:
+    """'tui-holders.svg' at 120 x 40, 'tui-holders-80x24.svg' at 80 x 24."""
+    return name if size == SIZES[0] else name.replace(".svg", f"-{size[0]}x{size[1]}.svg")
+
+
+async def dashboard(out: Path, size: tuple[int, int]) -> None:
     operator = StandinOperator()
     operator.seed(history=600)
     app = ConsoleApp(operator, clock=fixed_clock)
-    async with app.run_test(size=SIZE) as pilot:
+    async with app.run_test(size=size) as pilot:
         await pilot.pause()
         mid_window(operator)
-        await pilot.pause(0.5)
-        app.save_screenshot("tui-dashboard.svg", str(out))
+        await pilot.pause(1.5)  # the tick that shows the extraction's rate in the banner
+        app.save_screenshot(named("tui-dashboard.svg", size), str(out))
 
 
-async def drill(out: Path) -> None:
+async def drill(out: Path, size: tuple[int, int]) -> None:
     with tempfile.TemporaryDirectory() as tmp:
         config = Path(up(Path(tmp) / "drill", fresh=True))
         try:
             app = ConsoleApp(Operator(load_config(config), runs_dir=Path(tmp) / "runs"))
             ended: list = []
-            async with app.run_test(size=SIZE, message_hook=lambda m: ended.append(m)
+            async with app.run_test(size=size, message_hook=lambda m: ended.append(m)
                                     if isinstance(m, ProcedureEnded) else None) as pilot:
                 await pilot.pause(3)
                 await pilot.press("g")
@@ -53,7 +61,7 @@ async def drill(out: Path) -> None:
                     screen = app.screen
                     if isinstance(screen, HoldersModal):
                         await pilot.pause(0.5)
-                        app.save_screenshot("tui-holders.svg", str(out))
+                        app.save_screenshot(named("tui-holders.svg", size), str(out))
                     if isinstance(screen, ConfirmModal | HoldersModal):
                         await pilot.press("y")
                         while app.screen is screen:
@@ -63,10 +71,13 @@ async def drill(out: Path) -> None:
                 while not isinstance(app.screen, ResultsScreen):
                     await pilot.pause(0.05)
                 await pilot.pause(0.5)
-                app.save_screenshot("tui-results.svg", str(out))
+                app.save_screenshot(named("tui-results.svg", size), str(out))
+                await pilot.press("2")
+                await pilot.pause(0.5)
+                app.save_screenshot(named("tui-per-prompt.svg", size), str(out))
                 await pilot.press("6")
                 await pilot.pause(0.5)
-                app.save_screenshot("tui-window.svg", str(out))
+                app.save_screenshot(named("tui-window.svg", size), str(out))
                 await pilot.press("escape", "q")
         finally:
             down(Path(tmp) / "drill")
@@ -74,9 +85,10 @@ async def drill(out: Path) -> None:
 
 def main(argv: list[str]) -> int:
     out = Path(argv[0] if argv else "docs")
-    asyncio.run(dashboard(out))
-    asyncio.run(drill(out))
-    print(f"wrote {', '.join(str(out / n) for n in ('tui-dashboard.svg', 'tui-holders.svg', 'tui-results.svg', 'tui-window.svg'))}")
+    for size in SIZES:
+        asyncio.run(dashboard(out, size))
+        asyncio.run(drill(out, size))
+    print(f"wrote {', '.join(str(out / named(n, size)) for size in SIZES for n in SHOTS)}")
     return 0
 
 
