@@ -39,15 +39,14 @@ EXIT_INTERRUPTED = 130
 class SignalGuard:
     """SIGINT, SIGTERM and SIGHUP while a run is in progress, handled as Ctrl-C is: the first is
     journalled and cancels the run, whose compensation ends our jobs, offers (with --yes: does) the
-    restart and finishes the run; later ones are journalled and change nothing. Python's handlers
-    (not the loop's) so that it covers the console's loop too, which Textual creates; each signal is
-    handed to the running loop, where the run lives."""
+    restart and finishes the run; later ones are journalled and change nothing. SIGHUP says the
+    terminal is gone: see `hang_up`. Python's handlers (not the loop's) so that it covers the
+    console's loop too, which Textual creates; each signal is handed to the running loop, where the
+    run lives."""
 
-    def __init__(self, operator: Operator, say: Callable[[str], None],
-                 on_hangup: Callable[[], None] | None = None, when_idle: Callable[[str], None] | None = None):
+    def __init__(self, operator: Operator, say: Callable[[str], None], when_idle: Callable[[str], None] | None = None):
         self.operator = operator
         self.say = say  # where a signal is told when no run journal is open
-        self.on_hangup = on_hangup  # the terminal is gone: nobody can answer a question any more
         self.when_idle = when_idle  # a signal with no run in progress (the console after its run)
         self.received: list[str] = []
         self._previous: dict[int, Any] = {}
@@ -78,18 +77,34 @@ class SignalGuard:
         else:
             self.say(message)
 
+    def hang_up(self) -> str:
+        """The terminal is gone. Nobody can answer a question any more: one that would wait for an
+        answer is refused from now on (`--yes` still approves), so no restart waits forever. Nobody
+        reads the screen either: what was drawn on the terminal goes to /dev/null from now on (a file
+        or a pipe is kept), since writing to a terminal that is gone fails and Textual would wait on
+        it forever. Returns what the journal says of it."""
+        devnull = os.open(os.devnull, os.O_RDWR)
+        for fd in (0, 1, 2):
+            if os.isatty(fd):
+                os.dup2(devnull, fd)
+        os.close(devnull)
+        engine = self.operator.engine
+        if engine is None or isinstance(engine.decider, ApproveAll):
+            return ""
+        engine.decider = RefuseAll()
+        return "; the terminal is gone, so every question is refused from now on (a restart too)"
+
     def handle(self, name: str) -> None:
         """One signal, on the loop."""
         self.received.append(name)
-        if name == "SIGHUP" and self.on_hangup is not None:
-            self.on_hangup()
+        hung_up = self.hang_up() if name == "SIGHUP" else ""
         if not self.running():
             if self.when_idle is not None:
                 self.when_idle(name)
             return
         if len(self.received) == 1:
             self._journal(f"{name} received: the run is cancelled as Ctrl-C does (with the service down, "
-                          f"the restart comes first)")
+                          f"the restart comes first){hung_up}")
             self.operator.cancel()
         else:
             self._journal(f"{name} received again while the run finishes: ignored, the restart is not "
@@ -108,8 +123,7 @@ async def run_procedure(operator: Operator, decider: Decider, resume: str | bool
     view = HeadlessView(operator.bus, console)
     operator.start()
     try:
-        finished = await operator.run(decider, resume=resume, route=route, no_restart=no_restart,
-                                      one_step=False)
+        finished = await operator.run(decider, resume=resume, route=route, no_restart=no_restart)
     finally:
         view.close()
         await operator.stop()
@@ -120,7 +134,7 @@ async def run_procedure(operator: Operator, decider: Decider, resume: str | bool
 
 def show_results(operator: Operator, run_id: str, console: Console) -> None:
     """The result tables of a finished run (the same as `dflash-ops report` shows)."""
-    from console.cli.report import read_run
+    from console.procedure.results import read_run
     from console.views.report import report_renderables
 
     results_dir = operator.run_dir(run_id) / "results"
@@ -161,34 +175,22 @@ class CommandLineRun(Operator):
                                  no_restart=no_restart or self.no_restart, stage=stage, one_step=one_step or self.step)
 
 
-def open_console(operator: CommandLineRun, resume: str | bool | None, err: Console) -> int:
+def open_console(operator: CommandLineRun, resume: str | bool | None) -> int:
     """The console on a terminal, running the procedure at once. The run is opened here first, so
     that a run store that cannot be written, an unreadable run or nothing to resume is one line and
-    exit 2 before the screen changes."""
+    exit 2 before the screen changes. A signal ends the console once its run has finished."""
     from screens.app import ConsoleApp  # the TUI, unless asked for the terminal
 
     run = operator.open_run(resume)
     app = ConsoleApp(operator, autostart=True, resume=run.run_id)
-    signalled: list[str] = []
+    guard = SignalGuard(operator, say=lambda line: app.notify(line, severity="warning"),
+                        when_idle=lambda name: app.exit(app.return_code or 0))
 
-    def refuse_from_now_on() -> None:  # SIGHUP: no one is left to answer the console's questions
-        if operator.engine is not None:
-            operator.engine.decider = RefuseAll()
-        # ... nor to read its screen: drawn into /dev/null from now on, the console can still end
-        # (writing to a terminal that is gone fails, and Textual would wait on it forever).
-        devnull = os.open(os.devnull, os.O_RDWR)
-        for fd in (0, 1, 2):
-            os.dup2(devnull, fd)
-        os.close(devnull)
-
-    def exit_after(finished: Any) -> None:  # a signal asked the console to end: once its run has
-        if signalled and isinstance(finished, m.RunFinished):
+    def exit_after(finished: Any) -> None:
+        if guard.received and isinstance(finished, m.RunFinished):
             app.exit(finished.exit_code)
 
     unsubscribe = operator.bus.subscribe(exit_after)
-    guard = SignalGuard(operator, say=lambda line: app.notify(line, severity="warning"),
-                        on_hangup=refuse_from_now_on, when_idle=lambda name: app.exit(app.return_code or 0))
-    guard.received = signalled
     try:
         with guard:
             result = app.run()
@@ -206,7 +208,7 @@ def run(args: argparse.Namespace) -> int:
             return asyncio.run(print_plan(Operator(config, runs_dir=args.runs), args.route, err))
         if not args.headless and not args.yes and sys.stdin.isatty():
             operator = CommandLineRun(config, args.runs, args.route, args.no_restart, args.step)
-            return open_console(operator, args.resume, err)
+            return open_console(operator, args.resume)
         decider = choose_decider(args)
         if isinstance(decider, TerminalDecider) and not sys.stdin.isatty() and not args.step:
             err.print("dflash-ops: no terminal to ask on: pass --yes to approve every step, or --step", style="red")
