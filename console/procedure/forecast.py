@@ -97,6 +97,17 @@ def measured_phases(state: Mapping[str, Any] | RunState) -> dict[str, float | No
     return phases
 
 
+# The free-vram step's result when the engine had to end the processes holding VRAM (engine.py).
+ENDED_HOLDERS = "free after ending"
+
+
+def ended_holders(state: Mapping[str, Any] | RunState) -> bool:
+    """Whether VRAM stayed held after the run's stop until its holders were ended (the drill's first
+    stop, the story's): an episode that says little of how long VRAM usually takes to free."""
+    detail = _state(state).step("free-vram").detail or ""
+    return detail.startswith(ENDED_HOLDERS)
+
+
 def _host_of(run: RunState, step: str) -> str | None:
     return next((s.get("host") for s in run.plan if s.get("name") == step), None)
 
@@ -120,10 +131,16 @@ def _staged(run: RunState) -> bool:
     return bool(run.extraction.window.get("staged"))
 
 
-def _median(values: list[float], what: str, host: str) -> tuple[float, float | None, str]:
-    spread = max(values) - min(values) if len(values) > 1 else None
-    runs = "the earlier run" if len(values) == 1 else f"median of {len(values)} earlier runs"
-    return statistics.median(values), spread, f"{runs} on {host}" + (f" ({what})" if what else "")
+def _runs_on(n: int, host: str) -> str:
+    return f"the earlier run on {host}" if n == 1 else f"median of {n} earlier runs on {host}"
+
+
+def _from_earlier(name: str, samples: list[float], host: str) -> ForecastPhase | None:
+    """The phase as the earlier runs measured it (median, and their spread when several)."""
+    if not samples:
+        return None
+    spread = max(samples) - min(samples) if len(samples) > 1 else None
+    return ForecastPhase(name, statistics.median(samples), _runs_on(len(samples), host), spread)
 
 
 # --- the forecast ------------------------------------------------------------------------------
@@ -151,10 +168,9 @@ def extract_model(inputs: ForecastInputs) -> ExtractModel:
             rates.append(tokens / forward_s)
             totals.append(fixed[-1] + inputs.tokens / rates[-1])
     if fixed:
-        fixed_s, _, runs = _median(fixed, "", inputs.extract_host)
-        rate = statistics.median(rates)
+        fixed_s, rate = statistics.median(fixed), statistics.median(rates)
         spread = max(totals) - min(totals) if len(totals) > 1 else None
-        return ExtractModel(fixed_s, rate, f"{runs}: {fixed_s:.1f} s besides the forward, then "
+        return ExtractModel(fixed_s, rate, f"{_runs_on(len(fixed), inputs.extract_host)}: {fixed_s:.1f} s besides the forward, then "
                                            f"{inputs.tokens} tokens at {rate:,.0f} tok/s", False, spread)
     parts, estimated = [], False
     if inputs.model_bytes is None:
@@ -183,9 +199,8 @@ def extract_model(inputs: ForecastInputs) -> ExtractModel:
 
 
 def _phase_stop(inputs: ForecastInputs, samples: list[float]) -> ForecastPhase:
-    if samples:
-        seconds, spread, basis = _median(samples, "", inputs.service_host)
-        return ForecastPhase("stop", seconds, basis, spread)
+    if earlier := _from_earlier("stop", samples, inputs.service_host):
+        return earlier
     stop_s = (inputs.systemd or {}).get("stop_s")
     if stop_s is not None:
         return ForecastPhase("stop", float(stop_s), f"the unit's last stop on {inputs.service_host} (systemd)")
@@ -193,19 +208,24 @@ def _phase_stop(inputs: ForecastInputs, samples: list[float]) -> ForecastPhase:
                                                       "no stop measured on this host yet", estimated=True)
 
 
-def _phase_free_vram(inputs: ForecastInputs, samples: list[float]) -> ForecastPhase:
-    if samples:
-        seconds, spread, basis = _median(samples, "", inputs.service_host)
-        return ForecastPhase("free-vram", seconds, basis, spread)
+def _phase_free_vram(inputs: ForecastInputs, runs: list[RunState]) -> ForecastPhase:
+    measured = [(measured_phases(run)["free-vram"], ended_holders(run)) for run in runs]
+    usual = [s for s, ended in measured if s is not None and not ended]
+    episodes = [s for s, ended in measured if s is not None and ended]
+    if earlier := _from_earlier("free-vram", usual or episodes, inputs.service_host):
+        if usual and episodes:
+            left_out = f"{len(episodes)} run{'s' if len(episodes) > 1 else ''} that ended VRAM holders left out"
+        else:
+            left_out = "every earlier run ended VRAM holders" if episodes else ""
+        return dataclasses.replace(earlier, basis=earlier.basis + (f" ({left_out})" if left_out else ""))
     return ForecastPhase("free-vram", inputs.stop_grace_s,
                          "estimate: the stop's grace ([service] stop_grace_s): no earlier run measured how long "
                          "VRAM stays held after the stop", estimated=True)
 
 
 def _phase_start(inputs: ForecastInputs, samples: list[float]) -> ForecastPhase:
-    if samples:
-        seconds, spread, basis = _median(samples, "", inputs.service_host)
-        return ForecastPhase("start", seconds, basis, spread)
+    if earlier := _from_earlier("start", samples, inputs.service_host):
+        return earlier
     ready_s = (inputs.systemd or {}).get("ready_s")
     if ready_s is not None:
         return ForecastPhase("start", float(ready_s), f"the server's last start on {inputs.service_host} "
@@ -222,14 +242,15 @@ def _phase_start(inputs: ForecastInputs, samples: list[float]) -> ForecastPhase:
 
 def forecast(inputs: ForecastInputs) -> Forecast:
     """The downtime by phase, each with its basis; over budget when above `[window] max_downtime_s`."""
-    measured = [measured_phases(run) for run in _same_hosts(inputs)]
+    runs = _same_hosts(inputs)
+    measured = [measured_phases(run) for run in runs]
 
     def samples(name: str) -> list[float]:
         return [m[name] for m in measured if m[name] is not None]
 
     model = extract_model(inputs)
     extract = ForecastPhase("extract", model.seconds(inputs.tokens), model.basis, model.spread_s, model.estimated)
-    phases = (_phase_stop(inputs, samples("stop")), _phase_free_vram(inputs, samples("free-vram")), extract,
+    phases = (_phase_stop(inputs, samples("stop")), _phase_free_vram(inputs, runs), extract,
               _phase_start(inputs, samples("start")))
     total = sum(p.seconds for p in phases)
     over = inputs.budget_s is not None and total > inputs.budget_s
@@ -407,3 +428,47 @@ def forecast_errors(states: Iterable[Mapping[str, Any] | RunState]) -> list[tupl
         if whole is not None and whole.measured_s is not None:
             rows.append((run.created_at, run.run_id, whole))
     return [(run_id, row) for _, run_id, row in sorted(rows, key=lambda r: r[0])]
+
+
+def inputs_of(run: RunState, earlier: Sequence[Mapping[str, Any] | RunState]) -> ForecastInputs:
+    """The inputs a finished run's forecast would have had from `earlier` runs alone (its hosts, its
+    mode and its tokens as its state says)."""
+    window = run.extraction.window
+    return ForecastInputs(run_id=run.run_id, service_host=_host_of(run, "stop") or "?",
+                          extract_host=_host_of(run, "extract") or "?", staged=_staged(run),
+                          prompt_tokens=(int(window.get("tokens") or 0),), model_bytes=window.get("bytes"),
+                          earlier=[e.to_json() if isinstance(e, RunState) else e for e in earlier])
+
+
+@dataclass(frozen=True)
+class Hindcast:
+    """A finished run's downtime as the runs before it forecast it, against what it measured."""
+
+    position: int  # its place among the runs given, oldest first, from 1
+    run_id: str
+    staged: bool
+    downtime: PhaseAgainst
+
+
+def hindcast(states: Iterable[Mapping[str, Any] | RunState]) -> list[Hindcast]:
+    """Each window run with an earlier one on its hosts, forecast from the runs before it alone (as
+    its own forecast would have been before its stop), oldest first: bench/window.py's error."""
+    runs = []
+    for state in states:
+        try:
+            runs.append(_state(state))
+        except StateError:
+            continue
+    runs.sort(key=lambda r: r.created_at)
+    rows = []
+    for i, run in enumerate(runs):
+        svc = run.service
+        if (run.route or "window") != "window" or svc.stopped_at is None or svc.ready_at is None:
+            continue
+        ask = inputs_of(run, runs[:i])
+        if not _same_hosts(ask):
+            continue
+        made = forecast(ask)
+        rows.append(Hindcast(i + 1, run.run_id, ask.staged, PhaseAgainst(
+            "downtime", made.downtime_s, svc.ready_at - svc.stopped_at, summary(made))))
+    return rows
