@@ -40,6 +40,8 @@ from console.config import load_config  # noqa: E402
 from console.drill.hosts import down, up  # noqa: E402
 from console.operator import Operator  # noqa: E402
 from console.procedure.decider import ApproveAll  # noqa: E402
+from console.procedure.forecast import hindcast  # noqa: E402
+from console.procedure.store import RunStore  # noqa: E402
 
 
 def phases(state: dict[str, Any]) -> dict[str, float]:
@@ -120,6 +122,8 @@ def main() -> int:
             rows["zero-downtime"] = [phases(state)]
             print(f"zero-downtime run: extracted on {state['facts']['extract_on']['host']}; the server was "
                   f"{'STOPPED' if state['service'].get('stopped_at') else 'never stopped'}", file=sys.stderr)
+            # The downtime forecast (issue 21): each run forecast from the runs before it, against its measure.
+            forecasts = hindcast(run.state for run in RunStore(store).readable())
         finally:
             down(drill_dir, say=lambda _: None)
     keys = ("downtime", "stop", "vram_free", "extract", "copy", "forward", "start_ready", "overhead", "limit",
@@ -138,6 +142,9 @@ def main() -> int:
     if args.json:
         Path(args.json).write_text(json.dumps({"gpu": args.gpu, "runs": rows, "medians": medians,
                                                "memory_over_staged_window": memory}, indent=2))
+    print("downtime forecast vs measured, each run from the runs before it (target: within 20 % on the second run): "
+          + ", ".join(f"run {r.position} ({'staged' if r.staged else 'cold'}) {r.downtime.forecast_s:.2f} s vs "
+                      f"{r.downtime.measured_s:.2f} s ({r.downtime.error:+.0%})" for r in forecasts))
     worst = max(medians["staged"]["overhead"], medians["cold"]["overhead"])
     limit = f" (limit {medians['staged']['limit']:.2f} s: stop + copy + forward + server start)" \
         if "limit" in medians["staged"] and args.gpu else ""

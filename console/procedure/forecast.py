@@ -170,17 +170,19 @@ def extract_model(inputs: ForecastInputs) -> ExtractModel:
     if fixed:
         fixed_s, rate = statistics.median(fixed), statistics.median(rates)
         spread = max(totals) - min(totals) if len(totals) > 1 else None
-        return ExtractModel(fixed_s, rate, f"{_runs_on(len(fixed), inputs.extract_host)}: {fixed_s:.1f} s besides the forward, then "
-                                           f"{inputs.tokens} tokens at {rate:,.0f} tok/s", False, spread)
-    parts, estimated = [], False
+        basis = (f"{_runs_on(len(fixed), inputs.extract_host)}: {fixed_s:.1f} s besides the forward, then "
+                 f"{inputs.tokens} tokens at {rate:,.0f} tok/s")
+        return ExtractModel(fixed_s, rate, basis, estimated=False, spread_s=spread)
+    # The first window on these hosts: an estimate whatever it is made of (the forward rate is
+    # scaled from a few layers; the copy's speed is the probe's, not the worker's).
+    parts = []
     if inputs.model_bytes is None:
         copy_s, parts = 0.0, ["the copy is not forecast: the weights' size is unknown"]
-        estimated = True
     else:
         key = "h2d" if inputs.staged else "disk_read"
         bps, what = _speed(inputs, key)
         if bps is None:
-            copy_s, estimated = 0.0, True
+            copy_s = 0.0
             parts.append(f"the copy is not forecast ({what})")
         else:
             copy_s = inputs.model_bytes / bps
@@ -190,12 +192,10 @@ def extract_model(inputs: ForecastInputs) -> ExtractModel:
     rate = float(event["forward_tokens_per_s"]) if event.get("forward_tokens_per_s") else None
     if rate:
         parts.append(f"{inputs.tokens} tokens at {rate:,.0f} tok/s ({event.get('forward_rate_basis') or 'stage warm-up'})")
-        estimated = True  # scaled from a few layers: the first window measures it
     else:
         parts.append("the forward is not forecast: no rate measured yet (the staged worker's warm-up or an "
                      "earlier run gives one)")
-        estimated = True
-    return ExtractModel(copy_s, rate, "; ".join(parts), estimated)
+    return ExtractModel(copy_s, rate, "; ".join(parts), estimated=True)
 
 
 def _phase_stop(inputs: ForecastInputs, samples: list[float]) -> ForecastPhase:
