@@ -840,8 +840,11 @@ class Engine:
                 return outcome
             raise StepFailed(step, f"{handle.worker} on {handle.host} (pid {handle.pid}) said `{until}` but is "
                                    f"{status.state} now" + (f": {status.stderr_tail[-300:]}" if status.stderr_tail else ""))
+        if record.exit_code is not None:  # its `exit` was handled before a crash: nothing follows it
+            outcome["exit"] = record.exit_code
+        events = self.hosts.follow_job(handle, record.offset, CONNECT_TIMEOUT_S) if record.exit_code is None else _none()
         try:
-            async for offset, event in self.hosts.follow_job(handle, record.offset, CONNECT_TIMEOUT_S):
+            async for offset, event in events:
                 kind = event.get("type")
                 self._publish_event(handle, event)
                 record.offset = offset
@@ -1487,6 +1490,12 @@ class Engine:
 
         if isinstance(message, TelemetryUpdate) and message.sample is not None:
             self.run.record_telemetry(message.host, message.sample, {"service_down": self.service_down_by_us})
+
+
+async def _none() -> Any:
+    """No events (an async iterator that ends at once)."""
+    return
+    yield
 
 
 def layer_override(drafter: Any) -> str:
