@@ -892,7 +892,7 @@ class FakeHosts:
                 if event.get("type") == "exit":
                     return
                 continue
-            if job.state == "dead":
+            if job.state != "running":  # gone, and no `exit` after `offset` (as the real follow says)
                 raise JobDead(handle.host, handle, job.stderr)
             if job.stalled:
                 raise JobStalledError(handle.host, handle, 300.0, None, job.stderr)

@@ -31,6 +31,7 @@ from console.procedure.engine import (
 from console.procedure.store import RunStore
 from tests.engine_fakes import (
     INFERENCE,
+    SCHEDULER_PID,
     TRAINING,
     FakeHosts,
     FakeWorld,
@@ -99,23 +100,24 @@ class Window:
         crash = crash or Crasher(None)
         crash.hosts, crash.run = hosts, run
         engine = Engine(hosts, self.world.config, run, decider, self.store, crash_at=crash, **engine_kwargs)
+        before = asyncio.all_tasks()
         try:
             finished = await engine.execute()
         except SimulatedCrash:
-            await self._bury()
+            await self._bury(before)
             self.crashes.append(crash.point)
             return None
         finally:
             if crash.fired:
-                await self._bury()
+                await self._bury(before)
         self.finished.append(finished)
         return finished
 
-    async def _bury(self) -> None:
+    async def _bury(self, before: set[asyncio.Task]) -> None:
         """What the dead console left running in this process is ended (a killed process's tasks
         die with it); the world's own tasks, its jobs and the unit, go on."""
-        current = asyncio.current_task()
-        leftovers = [t for t in asyncio.all_tasks() if t is not current and t not in self.world.tasks]
+        leftovers = [t for t in asyncio.all_tasks() - before if t is not asyncio.current_task()
+                     and t not in self.world.tasks]
         for task in leftovers:
             task.cancel()
         await asyncio.gather(*leftovers, return_exceptions=True)
@@ -232,6 +234,8 @@ async def test_a_console_killed_at_each_crash_point_resumes_to_the_end(window: W
     state = window.state()
     assert all(state.steps[s].status == "done" for s in ("stop", "extract", "restart", "evaluate", "report"))
     assert len([j for j in window.world.extraction_jobs() if "holds-gpu" in j.reached]) == 1
+    assert window.world.ended == [SCHEDULER_PID], "the leftover holder is ended once"
+    assert len([j for j in window.world.job_order if j.kind == "completions"]) == 1, "generated once"
 
 
 SECOND = [(a, b) for i, a in enumerate(CRASH_POINTS) for b in CRASH_POINTS[i:]]
@@ -515,3 +519,33 @@ async def test_the_zero_downtime_watcher_never_counts_our_extractor(tmp_path: Pa
     assert 81559 - 300 - w.world.extract_mib < need, "our own memory, counted, would leave too little room"
     assert w.world.service.stop_commands == 0 and w.world.service.start_commands == 0
     assert w.state().steps["extract"].status == "done"
+
+
+AFTER_THE_STOP = [f for f in FAILURES if f.name in ("free-vram-refused", "free-vram-stuck", "extract-dead",
+                                                    "extract-exit", "stop-status-timeout")]
+
+
+@pytest.mark.parametrize("failure", AFTER_THE_STOP, ids=[f.name for f in AFTER_THE_STOP])
+@pytest.mark.parametrize("point", ["start-issued", "ready"])
+async def test_a_crash_inside_the_compensation_then_a_resume(window: Window, failure: Failure, point: str) -> None:
+    """A step fails after the stop, and the console dies while its compensation restarts the
+    service: the resume still brings the service back, with one start for the down period."""
+    window.world.faults.extend(dataclasses.replace(f, match=dict(f.match)) for f in failure.faults)
+    window.world.holders_survive = failure.holders_survive
+    refusing = ScriptedDecider(window.world.clock, refuse=set(failure.refuse))
+    assert await window.console(Crasher(point), decider=refusing) is None
+    window.world.holders_survive = False
+    finished = await window.until_finished([])
+    assert window.world.service.state == "active", finished
+    assert_promises(window, finished)
+
+
+async def test_a_job_that_failed_before_the_crash_is_reported_as_it_failed(window: Window) -> None:
+    """The extractor exits 2 with its error; the console dies in the compensation. The resume says
+    the worker's own error, not that the job is dead (its `exit` was handled: nothing follows it)."""
+    window.world.faults.append(Fault("extract:forward", "exit"))
+    assert await window.console(Crasher("start-issued")) is None
+    finished = await window.console()
+    assert finished.status == "failed"
+    assert "injected failure after forward" in finished.message and "exit 2" in finished.message, finished.message
+    assert_promises(window, finished)
