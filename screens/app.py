@@ -136,6 +136,7 @@ class ConsoleApp(App[int]):
         if self.start_operator:
             self.operator.start()
         self.set_interval(self.tick_s, self._tick)
+        self.follow_live_run()  # a run another console (or `run --headless`) drives shows here too
         if self.autostart and not self.read_only and (self.resume is not None or not self.operator.unfinished_run()):
             self.run_procedure(resume=self.resume)
         elif not self.read_only:  # `drill` and `run` too: an unfinished run is offered before anything new
@@ -372,6 +373,10 @@ class ConsoleApp(App[int]):
         if self.read_only or self.state.running:
             return
         self.run_procedure(route="zero-downtime")
+
+    @work(exclusive=True, exit_on_error=False, group="follow", description="the live run")
+    async def follow_live_run(self) -> None:
+        await self.operator.follow_live_run()
 
     @work(exclusive=True, exit_on_error=False, group="procedure", description="the plan")
     async def plan_procedure(self) -> m.PlanReady:

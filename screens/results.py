@@ -63,7 +63,7 @@ class RunData:
 def read_run_dir(run_dir: Path) -> RunData:
     """The results (complete, by their manifest), the state and the telemetry log of a run directory.
     A results directory given directly works too (no timeline then). Raises the report's UsageError."""
-    from console.cli.report import read_run
+    from console.procedure.results import read_run
 
     results_dir = run_dir / RESULTS if (run_dir / RESULTS).is_dir() else run_dir
     results, parity, probes = read_run(results_dir)

@@ -18,6 +18,7 @@ from typing import NoReturn
 
 from console.cli.drill import add_parser as add_drill
 from console.config import DEFAULT_CONFIG_NAME, ConfigError, example_config_text, load_config
+from console.procedure.results import ResultsError
 from remote.artifacts import atomic_path
 
 EXIT_USAGE = 2
@@ -247,7 +248,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     run: Callable[[argparse.Namespace], int] = args.run
     try:
         return run(args)
-    except (ConfigError, UsageError) as exc:
+    except (ConfigError, UsageError, ResultsError) as exc:
         print(f"dflash-ops: error: {exc}", file=sys.stderr)
         return EXIT_USAGE
     except OSError as exc:

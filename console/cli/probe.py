@@ -29,7 +29,6 @@ from console.views.probe_table import Asymmetry, find_asymmetries, probe_table
 from remote.artifacts import write_json_atomic
 
 PROBES_FORMAT = "dflash-ops.probes/1"
-PROBES_FILE = "probes.json"  # the name `dflash-ops report` looks for beside results.json
 DEFAULT_TIMEOUT_S = 300.0
 
 Say = Callable[[str], None]

@@ -204,15 +204,14 @@ def read_completions(run_dir: Path) -> dict[str, Any]:
 
 def read_offline(run_dir: Path) -> dict[str, Any] | None:
     """The evaluation's results (RUN/results, complete), as the report reads them; None when absent."""
-    from console.cli.main import UsageError
-    from console.cli.report import read_run
+    from console.procedure.results import ResultsError, read_run
 
     results_dir = run_dir / "results"
     if not (results_dir / "results.json").is_file():
         return None
     try:
         return read_run(results_dir)[0]
-    except UsageError as exc:
+    except ResultsError as exc:
         raise CrossCheckError(str(exc)) from None
 
 

@@ -1265,27 +1265,34 @@ class Engine:
             caps = ",".join(f"{n}={int(chosen['free_mib'][str(g)] * SPLIT_FILL)}MiB" for n, g in enumerate(gpus))
             args += ["--device-map", "auto", "--max-memory", caps]
         env = {} if self.hosts.simulated(host_name) else {"CUDA_VISIBLE_DEVICES": ",".join(map(str, gpus))}
-        watchers: list[asyncio.Task] = []
+        watching: list[asyncio.Task] = []
+        job_started = asyncio.Event()
 
         def watch(handle: JobHandle) -> None:  # from the moment our job exists, its memory is ours
             self.state.extraction.begun_at = self.state.extraction.begun_at or time.time()
             self.run.save()
-            watchers.append(asyncio.create_task(self._gpu_taken(host_name, gpus, chosen["need_mib"])))
-            job_task = asyncio.current_task()
-            watchers[0].add_done_callback(lambda t: job_task.cancel() if not t.cancelled() and t.exception() is None
-                                          else None)
+            watching.append(asyncio.create_task(self._gpu_taken(host_name, gpus, chosen["need_mib"])))
+            job_started.set()
 
+        job = asyncio.create_task(self._job(host_name, "extract", "extract", args, step="extract", env=env,
+                                            started=watch), name="zero-downtime-extract")
         try:
-            outcome = await self._job(host_name, "extract", "extract", args, step="extract", env=env, started=watch)
-        except asyncio.CancelledError:
-            if not watchers or not watchers[0].done() or watchers[0].cancelled():
-                raise
-            asyncio.current_task().uncancel()
-            await self._end_own_jobs()  # stopped cleanly, before the other process meets an OOM
-            raise StepFailed("extract", f"{watchers[0].result()} during the extraction: it was stopped before an "
-                                        f"OOM. The window route remains: dflash-ops run --route window") from None
+            started = asyncio.create_task(job_started.wait())
+            await asyncio.wait({job, started}, return_when=asyncio.FIRST_COMPLETED)
+            started.cancel()
+            if watching:
+                await asyncio.wait({job, watching[0]}, return_when=asyncio.FIRST_COMPLETED)
+            if watching and watching[0].done() and not watching[0].cancelled() and watching[0].exception() is None:
+                # Taken: stopped now, whatever the job says later (a cancel can be swallowed mid-SSH call).
+                job.cancel()
+                with contextlib.suppress(asyncio.CancelledError, Exception):
+                    await job
+                await self._end_own_jobs()  # stopped cleanly, before the other process meets an OOM
+                raise StepFailed("extract", f"{watching[0].result()} during the extraction: it was stopped before "
+                                            f"an OOM. The window route remains: dflash-ops run --route window")
+            outcome = await job
         finally:
-            for task in watchers:
+            for task in (job, *watching):
                 task.cancel()
         result = outcome.get("result") or {}
         return (f"on {host_name} GPU{chosen['gpu']} with the server serving: {result.get('prompts', '?')} prompts, "

@@ -85,33 +85,19 @@ def read_online(out_dir: Path, results_dir: Path) -> dict[str, Any] | None:
     return None
 
 
-def _interval(ci: list[float] | None) -> str:
-    return "-" if not ci else f"[{ci[0]:.2f}, {ci[1]:.2f}]"
-
-
 def online_markdown(online: dict[str, Any]) -> str:
     """report.md's "Online" section: the served drafter's online tau beside its offline tau, per prompt,
     the definitions, and the triage list when they disagree."""
-    lines = ["", "## Online", ""]
-    if online.get("tau") is None:
-        return "\n".join([*lines, online.get("message") or "no online check", ""])
-    offline = online.get("offline_tau")
-    verdict = {True: "agree", False: "**disagree**", None: "not compared"}[online.get("agrees")]
-    lines += [f"Served drafter **{online.get('drafter') or '?'}**: online tau {online['tau']:.2f} "
-              f"{_interval(online.get('ci'))} (per-request mean {online.get('per_request_mean') or 0:.2f}, "
-              f"{len(online.get('prompts') or [])} prompts, {online.get('left_out', 0)} left out) vs offline vanilla "
-              f"tau {'-' if offline is None else f'{offline:.2f}'} {_interval(online.get('offline_ci'))}: {verdict}.",
-              "", f"- online: {online.get('definition')}", f"- offline: {online.get('offline_definition')}",
-              f"- {online.get('agreement')}", "",
-              "| prompt | online tau | verify steps | tokens | offline tau | same tokens as the cache |",
-              "|---|---|---|---|---|---|"]
-    for p in online.get("prompts") or []:
-        offline = "-" if p.get("offline") is None else f"{p['offline']:.2f}"
-        lines.append(f"| {p['id']} | {p['online']:.2f} | {p['verify_ct']} | {p['completion_tokens']} | {offline} | "
-                     f"{'yes' if p.get('same_tokens') else 'NO'} |")
+    from console.procedure.crosscheck import PROMPT_HEADERS, prompt_rows, summary_sentence, triage_lines
+
+    lines = ["", "## Online", "", summary_sentence(online) + "."]
+    if online.get("tau") is not None:
+        lines += ["", f"- online: {online.get('definition')}", f"- offline: {online.get('offline_definition')}",
+                  f"- {online.get('agreement')}", "", "| " + " | ".join(PROMPT_HEADERS) + " |",
+                  "|" + "---|" * len(PROMPT_HEADERS)]
+        lines += ["| " + " | ".join(row) + " |" for row in prompt_rows(online)]
     if online.get("triage"):
-        lines += ["", "Triage (suspects first):", ""]
-        lines += [f"- {'**suspect** ' if t['suspect'] else ''}{t['what']}: {t['found']}" for t in online["triage"]]
+        lines += ["", "Triage (suspects first):", "", *(f"- {line}" for line in triage_lines(online))]
     return "\n".join([*lines, ""])
 
 
@@ -121,7 +107,7 @@ def write_report(results_dir: Path, out_dir: Path | None = None, threshold: floa
     """Write report.md / report.json of the complete evaluation in `results_dir` into `out_dir`
     (default: beside the results). `loaded`: what `read_run` already read. Returns the results and
     the two paths."""
-    from console.cli.report import read_run
+    from console.procedure.results import read_run
 
     out_dir = out_dir or results_dir
     results, parity, probes = loaded or read_run(results_dir)

@@ -12,7 +12,8 @@ from pathlib import Path
 import torch
 
 from console import messages as m
-from console.procedure.store import JOURNAL, STATE, TELEMETRY, Run
+from console.procedure.state import RunState, StepState
+from console.procedure.store import JOURNAL, TELEMETRY, Run
 from remote.drafter import save_random_drafter
 from remote.drill.synthetic import build_copying_setup, random_sequences, write_extraction
 from remote.evaluate import main as evaluate_main
@@ -82,16 +83,16 @@ def build_run(runs_root: Path, evaluation_dir: Path, parity_report: dict | None 
         (directory / "results" / "parity.json").write_text(json.dumps(parity_report))
     results = json.loads((directory / "results" / "results.json").read_text())
     headline = {n: d["tau"]["vanilla"]["macro"] + headline_shift for n, d in results["drafters"].items()}
-    steps, t = {}, created
+    state = RunState(run_id=run_id, created_at=created, status="done", route="window", started=True,
+                     headline=headline)
+    t = created
     for step in PLAN_STEPS:
         took = {"stop": 4, "free-vram": 36, "restart": 96}.get(step.name, step.estimate_s or 1)
-        steps[step.name] = {"status": "done", "started_at": t, "ended_at": t + took}
+        state.steps[step.name] = StepState("done", t, t + took, work_s=took)
         t += took
-    state = {"format": "dflash-ops.run/1", "run_id": run_id, "created_at": created, "status": "done",
-             "route": "window", "steps": steps, "jobs": {}, "facts": {}, "headline": headline,
-             "service": {"stopped_at": STOPPED, "ready_at": READY, "down": False}}
-    (directory / STATE).write_text(json.dumps(state))
+    state.service.stopped_at, state.service.ready_at, state.service.stops, state.service.starts = STOPPED, READY, 1, 1
     run = Run(directory, state)
+    run.save()  # the store's own writer, as the engine saves it
     with (directory / JOURNAL).open("w") as f:
         for entry in (m.JournalEntry(T0, run_id, "stop", "stopped sglang-qwen", host="ct129"),
                       m.JournalEntry(READY, run_id, "restart", "ready after 96.0 s", host="ct129")):

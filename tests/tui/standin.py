@@ -166,14 +166,26 @@ class StandinOperator:
     async def stop(self) -> None:
         self.stopped = True
 
-    def cancel(self) -> None:
+    def cancel(self, leave_down: bool = False) -> None:
         self.cancelled = True
+        self.left_down_on_quit = leave_down
 
     def unfinished_run(self) -> str | None:
         return self.unfinished
 
+    def left_down(self) -> Any:
+        """The real store's answer over the test's runs directory (as `Operator.left_down`)."""
+        return RunStore(self.runs_dir).left_down() if self.runs_dir.is_dir() else None
+
+    async def follow_live_run(self) -> None:
+        """The real follower over the test's runs directory (no hosts to read job bars from)."""
+        from console.procedure.follower import RunFollower
+
+        await RunFollower(RunStore(self.runs_dir), self.bus, ours=lambda run_id: run_id == self.run_id).run()
+
     def runs(self) -> list[RunSummary]:
-        return RunStore(self.runs_dir).summaries() if self.runs_dir.is_dir() else []
+        found = RunStore(self.runs_dir).summaries() if self.runs_dir.is_dir() else []
+        return [s for s in found if isinstance(s, RunSummary)]
 
     def run_dir(self, run_id: str) -> Path:
         return self.runs_dir / run_id

@@ -14,6 +14,7 @@ from textual.message import Message
 from textual.widgets import Sparkline, Static
 
 from console import messages as m
+from console.procedure.store import RunStore
 from console.ssh.hosts import CommandFailed
 from screens.app import ConsoleApp, CoreMessage, ErrorShown, ProcedureEnded
 from screens.decider import DecisionAnswered, DecisionAsked
@@ -283,7 +284,7 @@ async def test_read_only_offers_no_key_that_acts():
             assert app.check_action(action, ()) is False
         await pilot.press("g", "p", "r")
         await pilot.pause()
-        assert not app.workers and op.decisions == []
+        assert [w.group for w in app.workers] == ["follow"] and op.decisions == []  # only watching the live run
         offered = {key for key, active in app.active_bindings.items() if active.enabled}
         assert "q" in offered and not offered & {"g", "p", "r", "c"}
         titles = [c.title for c in app.get_system_commands(app.screen)]
@@ -509,10 +510,10 @@ async def test_events_that_came_under_a_modal_reach_the_log(op: StandinOperator)
 
 
 async def test_an_unfinished_run_that_left_the_service_down_shows_the_banner_at_start(tmp_path: Path):
-    run_id = "20251130-170000-cd34"
-    (tmp_path / run_id).mkdir()
-    (tmp_path / run_id / "state.json").write_text(json.dumps(
-        {"run_id": run_id, "status": "running", "service": {"down": True, "stopped_at": T0 - 600}}))
+    run = RunStore(tmp_path).create(None, None)  # written by the store itself, as the engine does
+    run.state.service.down, run.state.service.stopped_at = True, T0 - 600
+    run.save()
+    run_id = run.run_id
     op = StandinOperator(runs_dir=tmp_path)
     op.unfinished = run_id
     app = app_for(op)
