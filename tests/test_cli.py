@@ -147,19 +147,22 @@ def test_ctrl_c_under_a_question_leaves_the_next_answer_to_the_next_question(tmp
     env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])}
     child = subprocess.Popen([sys.executable, "-c", ASK_TWICE], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                              stderr=subprocess.PIPE, text=True, env=env)
-    seen = ""
+    read: dict[int, str] = {}  # per stream: what came so far
+    taken: dict[int, int] = {}  # per stream: how much of it an earlier wait consumed
 
     def until(fragment: str, stream) -> str:
-        nonlocal seen
-        text = ""
-        while fragment not in text:
+        """What the stream printed after the last wait, up to and including `fragment`."""
+        fd = stream.fileno()
+        while fragment not in read.get(fd, "")[taken.get(fd, 0):]:
             ready, _, _ = select.select([stream], [], [], 60)
-            assert ready, f"no {fragment!r} from the child; so far: {text!r} / {seen!r}"
-            chunk = os.read(stream.fileno(), 4096).decode()
-            assert chunk, f"the child ended before {fragment!r}: {text!r}"
-            text += chunk
-        seen += text
-        return text
+            assert ready, f"no {fragment!r} from the child; so far: {read!r}"
+            chunk = os.read(fd, 4096).decode()
+            assert chunk, f"the child ended before {fragment!r}: {read!r}"
+            read[fd] = read.get(fd, "") + chunk
+        start = taken.get(fd, 0)
+        end = read[fd].index(fragment, start) + len(fragment)
+        taken[fd] = end
+        return read[fd][start:end]
 
     try:
         assert "systemctl stop sglang" in until("Proceed?", child.stderr)
@@ -168,7 +171,7 @@ def test_ctrl_c_under_a_question_leaves_the_next_answer_to_the_next_question(tmp
         assert "systemctl start sglang" in until("Proceed?", child.stderr)
         child.stdin.write("y\n")
         child.stdin.flush()
-        assert "restart answered True" in until("restart answered", child.stdout)
+        assert until("restart answered", child.stdout) and until("\n", child.stdout).strip() == "True"
         until("exited", child.stdout)
         assert child.wait(timeout=60) == 0
     finally:
@@ -215,3 +218,33 @@ def test_a_question_pauses_the_progress_bars_and_stands_on_its_own_lines() -> No
     assert shown[question_at - 1] == "\n"  # on a line of its own, not after a bar's frame
     tail = shown[question_at:]
     assert "command: systemctl stop sglang-qwen" in tail and tail.rstrip().endswith("[c]ontinue without asking:")
+
+
+def test_the_drill_asset_build_reports_its_stages_as_it_goes(tmp_path: Path) -> None:
+    """`ensure_assets` hands each line the build writes to `on_progress` (a stand-in builder that
+    writes two stage lines and a complete entry); on a terminal `build_progress` shows them."""
+    import io
+    import json as json_
+
+    from rich.console import Console
+
+    from console.drill.assets import FORMAT, ensure_assets
+    from console.views.headless import build_progress
+
+    builder = tmp_path / "python"
+    builder.write_text("#!/bin/sh\n# called as: python -m remote.drill.assets OUT\n"
+                       "echo 'building the tiny target' >&2\necho 'fitting the reference and candidate drafters'\n"
+                       f"echo '{json_.dumps({'format': FORMAT, 'drafters': {'reference': {'fit_check_tau': 3.0}}})}' "
+                       '> "$3/assets.json"\n')
+    builder.chmod(0o755)
+    stages: list[str] = []
+    assets = ensure_assets(python=str(builder), root=tmp_path / "cache", say=lambda msg: None, on_progress=stages.append)
+    assert stages == ["building the tiny target", "fitting the reference and candidate drafters"]
+    assert (assets.root / "assets.json").is_file()
+
+    screen = io.StringIO()
+    with build_progress("building the drill's assets", Console(file=screen, force_terminal=True, width=100)) as tell:
+        for line in stages:
+            tell(line)
+    shown = screen.getvalue()
+    assert "building the tiny target" in shown and "fitting the reference and candidate drafters" in shown

@@ -15,6 +15,7 @@ Cache: `platformdirs.user_cache_dir("dflash-ops")/drill`, or `$DFLASH_OPS_DRILL_
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
@@ -22,7 +23,8 @@ import shutil
 import subprocess
 import sys
 import tempfile
-from collections.abc import Callable
+import time
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from importlib import metadata
 from pathlib import Path
@@ -113,9 +115,12 @@ def _say(msg: str) -> None:
 
 
 def ensure_assets(python: str = sys.executable, root: Path | None = None,
-                  say: Callable[[str], None] = _say, timeout_s: float = 600.0, gpu: bool = False) -> DrillAssets:
+                  say: Callable[[str], None] = _say, timeout_s: float = 600.0, gpu: bool = False,
+                  on_progress: Callable[[str], None] | None = None) -> DrillAssets:
     """The drill's assets, built first when the cache has no complete entry for this code.
-    `gpu`: the GPU drill's (the few-GB target, built on this machine's GPU)."""
+    `gpu`: the GPU drill's (the few-GB target, built on this machine's GPU). `on_progress` gets each
+    line the build writes as it writes it (its stage); on a terminal by default a progress line
+    shows it with the time so far (console/views/headless.py: build_progress)."""
     root = root or cache_root()
     key = version_key(gpu)
     found = find_assets(root, key)
@@ -137,11 +142,11 @@ def ensure_assets(python: str = sys.executable, root: Path | None = None,
             f"two drafters) into {entry}")
         log = tmp / "build.log"
         try:
-            with log.open("wb") as out:
-                proc = subprocess.run([python, "-m", "remote.drill.assets", str(tmp), *(["--gpu"] if gpu else [])],
-                                      stdin=subprocess.DEVNULL,
-                                      stdout=out, stderr=subprocess.STDOUT, timeout=timeout_s,
-                                      cwd=Path(remote.__file__).parent.parent)
+            with log.open("wb") as out, _progress(on_progress, "building the drill's assets") as tell:
+                proc = subprocess.Popen([python, "-m", "remote.drill.assets", str(tmp), *(["--gpu"] if gpu else [])],
+                                        stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
+                                        cwd=Path(remote.__file__).parent.parent)
+                _follow(proc, log, tell, timeout_s)
             if proc.returncode != 0 or not (tmp / ASSETS_FILE).is_file():
                 tail = log.read_text(errors="replace")[-2000:]
                 raise AssetsError(f"building the drill's assets failed (exit {proc.returncode}):\n{tail}")
@@ -156,6 +161,44 @@ def ensure_assets(python: str = sys.executable, root: Path | None = None,
         raise AssetsError(f"{entry}: built, but {ASSETS_FILE} cannot be read")
     say(f"drill assets built in {found.facts.get('build_s', '?')} s; fit check taus {found.fit_taus}")
     return found
+
+
+@contextlib.contextmanager
+def _progress(on_progress: Callable[[str], None] | None, title: str) -> Iterator[Callable[[str], None]]:
+    """The caller's progress callback, else on a terminal a progress line (nothing when piped)."""
+    if on_progress is not None:
+        yield on_progress
+    elif sys.stderr.isatty():
+        from console.views.headless import build_progress
+
+        with build_progress(title) as tell:
+            yield tell
+    else:
+        yield lambda line: None
+
+
+def _follow(proc: subprocess.Popen, log: Path, tell: Callable[[str], None], timeout_s: float) -> None:
+    """Wait for the build, telling each new line of its log; kill it past `timeout_s`."""
+    deadline = time.monotonic() + timeout_s
+    seen = 0
+    while True:
+        try:
+            proc.wait(timeout=0.25)
+            done = True
+        except subprocess.TimeoutExpired:
+            done = False
+        text = log.read_bytes()[seen:]
+        complete = text[: text.rfind(b"\n") + 1] if not done else text
+        for line in complete.decode(errors="replace").splitlines():
+            if line.strip():
+                tell(line.strip())
+        seen += len(complete)
+        if done:
+            return
+        if time.monotonic() > deadline:
+            proc.kill()
+            proc.wait()
+            raise subprocess.TimeoutExpired(proc.args, timeout_s)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -7,12 +7,22 @@ anchors); `plan_table` renders a chosen plan (`--plan`).
 
 from __future__ import annotations
 
+import contextlib
 import shlex
 import time
+from collections.abc import Callable, Iterator
 from typing import Any
 
 from rich.console import Console, Group
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TaskID, TextColumn, TimeElapsedColumn
+from rich.progress import (
+    BarColumn,
+    MofNCompleteColumn,
+    Progress,
+    SpinnerColumn,
+    TaskID,
+    TextColumn,
+    TimeElapsedColumn,
+)
 from rich.table import Table
 from rich.text import Text
 
@@ -23,6 +33,24 @@ from console.views.units import duration, mib
 
 STATUS_STYLE = {"done": "green", "skipped": "cyan", "left-out": "dim", "running": "bold", "failed": "bold red",
                 "refused": "yellow", "cancelled": "yellow", "pending": "dim"}
+
+
+@contextlib.contextmanager
+def build_progress(title: str, console: Console | None = None) -> Iterator[Callable[[str], None]]:
+    """A progress line on the terminal for a long build with no counter of its own (the drill's
+    assets): the title, the time so far and the build's last line; each line it writes is kept
+    above. Yields the callback that takes those lines."""
+    progress = Progress(SpinnerColumn(), TextColumn("{task.description}"), TimeElapsedColumn(),
+                        TextColumn("{task.fields[stage]}", style="dim"),
+                        console=console or Console(stderr=True), transient=True)
+    task = progress.add_task(title, stage="")
+
+    def tell(line: str) -> None:
+        progress.console.print(Text(f"  {line}", style="dim"))
+        progress.update(task, stage=line[:60])
+
+    with progress:
+        yield tell
 
 
 def plan_view(plan: m.PlanReady) -> Group:
