@@ -940,7 +940,7 @@ class Engine:
         (when it is another) and the extractor's check against the target passed."""
         host, target = self.config.service.host, self.config.target.host
         window = await self._window_dir(host)
-        verified = await self._verify_completions(host, self._completions_path(window))
+        verified = await self._verify_completions(host, self._completions_path(window), strict=False)
         if verified is None:
             if self.service_down_by_us:
                 raise StepFailed("cache", f"no verified completions at {host}:{self._completions_path(window)} and "
@@ -957,12 +957,14 @@ class Engine:
         service_host = self.config.service.host
         window = await self._window_dir(service_host)
         completions = self._completions_path(window)
-        if await self._verify_completions(service_host, completions) is None:
+        if await self._verify_completions(service_host, completions, strict=False) is None:
             prompts = "\n".join(json.dumps(r) for r in self._prompt_records()) + "\n"
             await self.hosts.write_text(service_host, f"{window}/prompts.jsonl", prompts)
             args = ["--server", self.config.service.url, "--out", completions, "--prompts", f"{window}/prompts.jsonl",
                     "--tokenizer", self.config.target.model_path]
-            await self._job(service_host, "completions", "cache", args, step="cache")
+            key = self.config.service.api_key()  # through the environment, never argv nor the journal
+            await self._job(service_host, "completions", "cache", args, step="cache",
+                            env={"DFLASH_SGLANG_API_KEY": key} if key else None)
         if self.config.target.host != service_host:
             target_window = await self._window_dir(self.config.target.host)
             await self._relay_file(service_host, completions, self.config.target.host,
@@ -989,8 +991,10 @@ class Engine:
         return (f"checked against the target: {result.get('prompts', '?')} prompts, {result.get('tokens', '?')} "
                 f"tokens within vocab {result.get('vocab_size', '?')} and context {result.get('max_position_embeddings', '?')}")
 
-    async def _verify_completions(self, host: str, path: str) -> str | None:
-        """None when there is no cache; else raises unless it matches the prompts and the target."""
+    async def _verify_completions(self, host: str, path: str, strict: bool = True) -> str | None:
+        """None when there is no cache; else raises unless it matches the prompts and the target.
+        Not `strict`: a cache with incomplete generations is None too (the worker run again asks the
+        server for those alone, keeping the complete ones)."""
         try:
             text = await self.hosts.read_text(host, path)
         except FileNotFoundError:
@@ -1007,6 +1011,8 @@ class Engine:
             raise StepFailed("cache", f"{host}:{path} holds prompts {ids}, expected {want}")
         # remote.completions marks an aborted, failed or empty generation incomplete (never complete).
         incomplete = [p for p in data["prompts"] if p.get("complete") is False or not p.get("completion_ids")]
+        if incomplete and not strict and not self.service_down_by_us:
+            return None
         if incomplete:
             why = "; ".join(f"{p.get('id')}: {p.get('incomplete_reason') or 'no completion tokens'}" for p in incomplete)
             raise StepFailed("cache", f"{host}:{path}: incomplete generations ({why}); the server must answer "
@@ -1462,6 +1468,32 @@ class Engine:
         self.bus.publish(ResultsReady(self.run.run_id, str(self.run.dir)))
         self._crash("reported")
         return "; ".join(f"{k} tau {v:.2f}" for k, v in headline.items() if v is not None) + f"; {paths[0]}"
+
+    async def check_crosscheck(self) -> Skip | None:
+        from console.procedure.crosscheck import load
+
+        with contextlib.suppress(Exception):
+            done = load(self.run.dir)
+            if done is not None:
+                return Found(f"already cross-checked: {done.line()}")
+        return None
+
+    async def run_crosscheck(self) -> str:
+        """Bounded (a prompt count and a time budget) and after the service is ready: it never slows
+        the restart. A server that does not decode speculatively gives a one-line "no online check";
+        a check that cannot be made is said, and the run (its work done) still ends done."""
+        from console.views.report import write_report
+
+        try:
+            result = await self.hosts.crosscheck(self.config, self.run.dir, self.run.run_id, self.state.facts)
+        except (HostError, ServiceError, TimeoutError, OSError, ValueError) as exc:
+            self.journal("crosscheck", f"no online check: {exc}", level="warning")
+            return f"no online check: {exc}"
+        self.state.facts["headline_online"] = result.headline()
+        self.run.save()
+        if (self.run.results_dir / "results.json").exists():
+            write_report(self.run.results_dir, self.run.dir)  # report.json's `online`, report.md's "Online"
+        return result.line()
 
     # --- data between hosts -------------------------------------------------------------------
 

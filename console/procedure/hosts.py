@@ -86,6 +86,7 @@ class WindowHosts(Protocol):
     async def wait_first_samples(self, timeout: float) -> None: ...
     async def endpids_argv(self, host: str, holders: Sequence[VramHolder], grace_s: float, sudo: bool) -> list[str]: ...
     async def end_holders(self, host: str, holders: Sequence[VramHolder], grace_s: float, sudo: bool) -> list[EndOutcome]: ...
+    async def crosscheck(self, config: Any, run_dir: Path, run_id: str, facts: dict[str, Any]) -> Any: ...
 
 
 class _FreshClient:
@@ -230,6 +231,12 @@ class SessionHosts:
     async def end_holders(self, host: str, holders: Sequence[VramHolder], grace_s: float, sudo: bool) -> list[EndOutcome]:
         h = await self._host(host)
         return await end_holders(h, await h.resolve_python(), await self.code_dir(host), holders, grace_s, sudo=sudo)
+
+    async def crosscheck(self, config: Any, run_dir: Path, run_id: str, facts: dict[str, Any]) -> Any:
+        """The online cross-check over the session's service client (`console/procedure/crosscheck.py`)."""
+        from console.procedure.crosscheck import crosscheck_run
+
+        return await crosscheck_run(self.session, config, run_dir, run_id, facts, CONNECT_TIMEOUT_S)
 
 
 CONNECT_TIMEOUT_S = 30.0

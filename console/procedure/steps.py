@@ -1,7 +1,9 @@
 """The procedure as data: the steps of each route, and what preflight learned that chooses the plan.
 
-    window:        preflight → stage ‖ cache → stop → free-vram → extract → restart → evaluate → report
-    zero-downtime: preflight → cache → extract → evaluate → report      (the server is never touched)
+    window:        preflight → stage ‖ cache → stop → free-vram → extract → restart → evaluate → report → crosscheck
+    zero-downtime: preflight → cache → extract → evaluate → report → crosscheck  (the server is never touched)
+
+The cross-check comes last: it needs the service ready and the offline tau to stand beside.
 
 `STEPS` below is the only list of steps: every view reads it.
 
@@ -69,6 +71,9 @@ STEPS: tuple[Step, ...] = (
          run="run_evaluate", verify="verify_evaluate", compensate="end our job", after_restart=True),
     Step("report", "fetch the results and write the report", "console", _BOTH, check=None, run="run_report",
          after_restart=True),
+    Step("crosscheck", "replay the cached prompts through the server's own speculative decoding: online tau "
+                       "beside the offline one", "service", _BOTH, check="check_crosscheck", run="run_crosscheck",
+         left_out_when="the server does not decode speculatively (said in one line)", after_restart=True),
 )
 BY_NAME = {step.name: step for step in STEPS}
 ROUTES = {route: tuple(s.name for s in STEPS if route in s.routes) for route in _BOTH}
