@@ -79,6 +79,11 @@ def test_headless_drill_end_to_end(drill: Drill) -> None:
     taus = {name: d["tau"]["vanilla"]["macro"] for name, d in results["drafters"].items()}
     assert taus["reference"] > taus["candidate"] + 2  # the story's off-by-one candidate is visibly worse
     assert (drill.runs / run_id / "report.md").read_text().count("reference") >= 1
+    # The restarted server drafts with the reference: the cross-check measured it, and it agrees.
+    assert state["steps"]["crosscheck"]["status"] == "done", state["steps"]["crosscheck"]
+    online = read_json(drill.runs / run_id / "report.json")["online"]
+    assert online["drafter"] == "reference" and online["agrees"] is True
+    assert state["facts"]["headline_online"]["reference"] == online["tau"]
     assert "Drafter evaluation" in done.stdout  # the tables end the headless output
     telemetry = (drill.runs / run_id / "telemetry.jsonl").read_text().splitlines()
     assert any('"service_down": true' in line for line in telemetry)  # the window's chart has the downtime
