@@ -966,6 +966,32 @@ class FakeHosts:
         self.world.sample(host)
         return outcomes
 
+    async def crosscheck(self, config: Config, run_dir: Path, run_id: str, facts: dict[str, Any]) -> Any:
+        """The online cross-check, the real one (`console.procedure.crosscheck`), against the fake
+        server: it does not decode speculatively, so there is nothing to replay."""
+        from console.procedure.crosscheck import crosscheck, save
+
+        self._call("crosscheck", INFERENCE)
+        if self.world.service.state != "active":
+            raise HostDisconnected(INFERENCE, f"{UNIT} is {self.world.service.state}: no server to ask")
+        result = await crosscheck(_ServerSession(self.world), config, run_dir, facts)
+        save(run_dir, result)
+        return result
+
+
+class _ServerSession:
+    """What the cross-check asks of a session: `service.client()`, a client with `server_info()`."""
+
+    def __init__(self, world: FakeWorld):
+        self.service = self
+        self._world = world
+
+    async def client(self, timeout: float | None = None) -> _ServerSession:
+        return self
+
+    async def server_info(self) -> dict[str, Any]:
+        return {"model_path": str(self._world.config.target.model_path), "speculative_algorithm": None}
+
 
 # --- who answers the engine's questions ------------------------------------------------------------
 

@@ -193,6 +193,8 @@ def assert_promises(w: Window, finished: RunFinished) -> None:
         assert (inference / "eval" / "manifest.json").is_file()
     if steps.get("report") == "done":
         assert (run_dir / "report.md").is_file() and (run_dir / "results" / "results.json").is_file()
+    if steps.get("crosscheck") == "done":
+        assert (run_dir / "crosscheck.json").is_file()
     # The downtime recorded is the world's: exact unless the console was away at the ready moment.
     periods = service.down_periods()
     if periods and periods[0][1] is not None and state.service.ready_at is not None:
