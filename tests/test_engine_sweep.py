@@ -551,3 +551,30 @@ async def test_a_job_that_failed_before_the_crash_is_reported_as_it_failed(windo
     assert finished.status == "failed"
     assert "injected failure after forward" in finished.message and "exit 2" in finished.message, finished.message
     assert_promises(window, finished)
+
+
+async def test_a_resume_keeps_the_original_times_and_journals_no_replayed_event(window: Window) -> None:
+    """Item 7: `gpu_released_at` is not overwritten by a resume, and a log event handled before the
+    crash is not journalled again with a new time."""
+    assert await window.console(Crasher("gpu-released")) is None
+    released = window.state().extraction.gpu_released_at
+    assert released is not None
+    finished = await window.console()
+    assert finished.exit_code == 0
+    assert window.state().extraction.gpu_released_at == released
+    waits = [e for e in window.store.open(window.run_id).read_journal() if "waiting for the go signal" in e["message"]]
+    assert len(waits) == 1, waits
+
+
+async def test_the_early_restarts_failure_is_said_before_the_restart_is_asked_again(window: Window) -> None:
+    """Item 10: the restart begun at gpu_released fails (the link drops); its reason is journalled
+    and the next confirmation says it."""
+    window.world.faults.append(Fault("start", "link"))
+    decider = ScriptedDecider(window.world.clock)
+    finished = await window.console(decider=decider)
+    assert finished.exit_code == 0
+    starts = [c for c in decider.asked if c.step == "restart"]
+    assert len(starts) == 2 and "the last start failed" in starts[1].impact and "link dropped" in starts[1].impact
+    journal = window.store.open(window.run_id).read_journal()
+    assert any("the restart begun at gpu_released failed" in e["message"] for e in journal)
+    assert window.world.service.start_commands == 1
