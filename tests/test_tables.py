@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 from rich.console import Console
 
@@ -199,6 +199,8 @@ drafter_names = st.from_regex(r"[a-z][a-z0-9_.-]{0,27}", fullmatch=True)
 @settings(max_examples=60, deadline=None)
 @given(names=st.lists(drafter_names, min_size=1, max_size=4, unique=True),
        taus=st.lists(st.floats(1.0, 16.0), min_size=4, max_size=4), width=st.sampled_from([40, 80, 120]))
+@example(names=["b00000000000000", "a", "b", "a0"], taus=[1.0] * 4, width=120)  # headers wider than their values
+@example(names=["a000000000000000"], taus=[1.0] * 4, width=40)
 def test_summary_never_cuts_a_drafter_name_or_a_tau(names: list[str], taus: list[float], width: int) -> None:
     """At 40, 80 and 120 columns every drafter's name and its vanilla tau (macro [95% CI] and the ratio)
     stand whole on one line: the table folds its labels, or gives way to one block per metric."""
@@ -215,6 +217,9 @@ def test_summary_never_cuts_a_drafter_name_or_a_tau(names: list[str], taus: list
             shown += f"  {ratio_text(tau['macro'], results['drafters'][names[0]]['tau']['vanilla']['macro'])}"
         assert any(shown in line for line in lines), (shown, text)
     assert "…" not in text
+    provenance = render_at(provenance_table(results), width)  # where a squeezed table lost its first column
+    assert all(any(name in line for line in provenance.splitlines()) for name in names), provenance
+    assert "…" not in provenance
 
 
 def test_a_table_that_fits_folds_only_its_labels() -> None:

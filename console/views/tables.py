@@ -9,6 +9,7 @@ never an unlabelled "DDTree-8".
 
 from __future__ import annotations
 
+import dataclasses
 import os
 from pathlib import Path
 from typing import Any
@@ -416,17 +417,26 @@ class FittedTable(Table):
         for i, h in enumerate(headers):
             if i == fold:
                 self.add_column(h, justify="left", overflow="fold", min_width=LABEL_MIN)
-            else:  # the values whole on one line; a long header wraps between its words above them
+            else:  # the values whole on one line; a longer header wraps between its words (`squeezed`)
+                width = max([_width(row[i]) for row in body] + [cell_len(word) for word in h.split()] or [1])
                 self.add_column(Text(h, no_wrap=False, overflow="fold"), justify="left" if i == 0 else justify,
-                                no_wrap=True, min_width=max([_width(row[i]) for row in body] or [0]))
+                                no_wrap=True, min_width=width)
         for row, style in zip(body, styles, strict=True):
             self.add_row(*row, style=style or None)
+
+    def squeezed(self) -> Table:
+        """This table narrower than its natural width: each value column exactly as wide as its
+        values. A copy, so that measuring this one (Textual sizes a widget by it) stays as it was."""
+        table = Table.__new__(Table)
+        table.__dict__.update(self.__dict__)
+        table.columns = [dataclasses.replace(column, max_width=column.min_width) if column.no_wrap else column
+                         for column in self.columns]
+        return table
 
     def min_table_width(self) -> int:
         """The narrowest width at which every value stays whole: values, padding and borders, and
         the label column folded to `LABEL_MIN`."""
-        widths = [max(column.min_width or 0, *(cell_len(w) for w in str(column.header).split()))
-                  for column in self.columns]
+        widths = [column.min_width or 0 for column in self.columns]
         if self.fold is not None:
             widths[self.fold] = LABEL_MIN
         return sum(widths) + 3 * len(widths) + 1  # one space either side of each cell, the rules between
@@ -445,9 +455,18 @@ class FittedTable(Table):
                     lines.append(Text(line, style=style))
         return lines
 
+    def natural_width(self) -> int:
+        """The width with nothing folded: every label and header on one line."""
+        headers, body, _ = self.rows_shown
+        widths = [max([_width(row[i]) for row in body] + [cell_len(h)]) for i, h in enumerate(headers)]
+        return sum(widths) + 3 * len(widths) + 1
+
     def __rich_console__(self, console: Console, options: ConsoleOptions) -> RenderResult:
         if self.min_table_width() > options.max_width:
             yield from self.blocks(options.max_width)
+            return
+        if self.natural_width() > options.max_width:
+            yield from self.squeezed().__rich_console__(console, options)
         else:
             yield from super().__rich_console__(console, options)
 
