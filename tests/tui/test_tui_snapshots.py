@@ -47,131 +47,107 @@ async def settle(pilot, condition=lambda: True) -> None:
 SIZES = pytest.mark.parametrize("size", [WIDE, NARROW], ids=["120x40", "80x24"])
 
 
+def shot(snap_compare, size: tuple[int, int], scene, runs_dir: Path | None = None) -> bool:
+    """The console over the serving stand-in, `scene(app, op, pilot)` played, then compared."""
+    op = serving(runs_dir)
+    app = ConsoleApp(op, clock=fixed_clock)
+
+    async def before(pilot) -> None:
+        await pilot.pause()
+        await scene(app, op, pilot)
+        await settle(pilot)
+
+    return snap_compare(app, terminal_size=size, run_before=before)
+
+
+async def down_mid_window(app: ConsoleApp, op: StandinOperator, pilot) -> None:
+    """The window 90 s after the stop, published to the running console as the engine would."""
+    mid_window(op)
+    await settle(pilot, lambda: app.state.down_since is not None)
+
+
+async def nothing(app: ConsoleApp, op: StandinOperator, pilot) -> None:
+    pass
+
+
+async def asked(app: ConsoleApp, pilot, confirmation, kind: type) -> None:
+    asyncio.ensure_future(app.decider.decide(confirmation))
+    await settle(pilot, lambda: isinstance(app.screen, kind))
+
+
+async def results_tab(app: ConsoleApp, pilot, key: str | None) -> None:
+    await pilot.press("o")
+    await settle(pilot, lambda: isinstance(app.screen, ResultsScreen))
+    if key:
+        await pilot.press(key)
+
+
 @SIZES
 def test_dashboard_mid_window(snap_compare, size):
     """Down, the extraction going: the banner with the expected time back, the job's time left."""
-    op = serving()
-
-    async def window(pilot) -> None:
-        await pilot.pause()
-        mid_window(op)  # published to the running console, as the engine would
-        await settle(pilot)
-
-    assert snap_compare(ConsoleApp(op, clock=fixed_clock), terminal_size=size, run_before=window)
+    assert shot(snap_compare, size, down_mid_window)
 
 
 @SIZES
 def test_dashboard_serving(snap_compare, size):
-    op = serving()
-    assert snap_compare(ConsoleApp(op, clock=fixed_clock), terminal_size=size, run_before=settle)
+    assert shot(snap_compare, size, nothing)
 
 
 @SIZES
 def test_confirm_stop_modal(snap_compare, size):
-    op = serving()
-    app = ConsoleApp(op, clock=fixed_clock)
-
-    async def ask(pilot) -> None:
+    async def scene(app, op, pilot) -> None:
         await op.plan()
-        asyncio.ensure_future(app.decider.decide(stop_confirmation()))
-        await settle(pilot, lambda: isinstance(app.screen, ConfirmModal))
+        await asked(app, pilot, stop_confirmation(), ConfirmModal)
 
-    assert snap_compare(app, terminal_size=size, run_before=ask)
+    assert shot(snap_compare, size, scene)
 
 
 @SIZES
 def test_holders_modal(snap_compare, size):
     """The command first; at 80 x 24 the body scrolls and the buttons stay on screen."""
-    op = serving()
-    app = ConsoleApp(op, clock=fixed_clock)
-
-    async def ask(pilot) -> None:
-        await pilot.pause()
-        mid_window(op)
+    async def scene(app, op, pilot) -> None:
+        await down_mid_window(app, op, pilot)
         op.publish(stuck_telemetry())
         op.publish(holders_found())
         await settle(pilot)
-        asyncio.ensure_future(app.decider.decide(holders_confirmation()))
-        await settle(pilot, lambda: isinstance(app.screen, HoldersModal))
+        await asked(app, pilot, holders_confirmation(), HoldersModal)
 
-    assert snap_compare(app, terminal_size=size, run_before=ask)
+    assert shot(snap_compare, size, scene)
 
 
 @SIZES
 def test_restart_modal_while_down(snap_compare, size):
     """The restart's impact under the command, the DOWN banner above the modal."""
-    op = serving()
-    app = ConsoleApp(op, clock=fixed_clock)
+    async def scene(app, op, pilot) -> None:
+        await down_mid_window(app, op, pilot)
+        await asked(app, pilot, restart_confirmation(), ConfirmModal)
 
-    async def ask(pilot) -> None:
-        await pilot.pause()
-        mid_window(op)
-        await settle(pilot, lambda: app.state.down_since is not None)
-        asyncio.ensure_future(app.decider.decide(restart_confirmation()))
-        await settle(pilot, lambda: isinstance(app.screen, ConfirmModal))
-
-    assert snap_compare(app, terminal_size=size, run_before=ask)
+    assert shot(snap_compare, size, scene)
 
 
 @SIZES
 def test_quit_while_down_modal(snap_compare, size):
-    op = serving()
-    app = ConsoleApp(op, clock=fixed_clock)
-
-    async def quit_(pilot) -> None:
-        await pilot.pause()
-        mid_window(op)
-        await settle(pilot, lambda: app.state.down_since is not None)
+    async def scene(app, op, pilot) -> None:
+        await down_mid_window(app, op, pilot)
         await pilot.press("q")
         await settle(pilot, lambda: isinstance(app.screen, QuitWhileDownModal))
 
-    assert snap_compare(app, terminal_size=size, run_before=quit_)
+    assert shot(snap_compare, size, scene)
 
 
 @SIZES
 def test_plan_screen(snap_compare, size):
-    op = serving()
-    app = ConsoleApp(op, clock=fixed_clock)
-
-    async def plan(pilot) -> None:
+    async def scene(app, op, pilot) -> None:
         await pilot.press("p")
         await settle(pilot, lambda: isinstance(app.screen, PlanScreen))
 
-    assert snap_compare(app, terminal_size=size, run_before=plan)
+    assert shot(snap_compare, size, scene)
 
 
 @SIZES
-def test_results_summary(snap_compare, size, runs_root: Path):
-    app = ConsoleApp(serving(runs_root), clock=fixed_clock)
+@pytest.mark.parametrize("tab", [None, "2", "6"], ids=["summary", "per-prompt", "window"])
+def test_results(snap_compare, size, tab, runs_root: Path):
+    async def scene(app, op, pilot) -> None:
+        await results_tab(app, pilot, tab)
 
-    async def open_results(pilot) -> None:
-        await pilot.press("o")
-        await settle(pilot, lambda: isinstance(app.screen, ResultsScreen))
-
-    assert snap_compare(app, terminal_size=size, run_before=open_results)
-
-
-@SIZES
-def test_results_per_prompt(snap_compare, size, runs_root: Path):
-    app = ConsoleApp(serving(runs_root), clock=fixed_clock)
-
-    async def per_prompt(pilot) -> None:
-        await pilot.press("o")
-        await settle(pilot, lambda: isinstance(app.screen, ResultsScreen))
-        await pilot.press("2")
-        await settle(pilot)
-
-    assert snap_compare(app, terminal_size=size, run_before=per_prompt)
-
-
-@SIZES
-def test_results_window_timeline(snap_compare, size, runs_root: Path):
-    app = ConsoleApp(serving(runs_root), clock=fixed_clock)
-
-    async def open_window(pilot) -> None:
-        await pilot.press("o")
-        await settle(pilot, lambda: isinstance(app.screen, ResultsScreen))
-        await pilot.press("6")
-        await settle(pilot)
-
-    assert snap_compare(app, terminal_size=size, run_before=open_window)
+    assert shot(snap_compare, size, scene, runs_root)
