@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import json
 import shlex
 import time
@@ -46,10 +47,11 @@ from console.messages import (
     StepUpdate,
     TelemetrySample,
 )
+from console.procedure import forecast as fc
 from console.procedure.decider import Decider
 from console.procedure.fit import SPLIT_FILL, longest_tokens, where_it_fits
 from console.procedure.hosts import WindowHosts
-from console.procedure.state import STEP_ENDED, JobRecord, Owner
+from console.procedure.state import STEP_ENDED, ExtractionState, JobRecord, Owner, ServiceState
 from console.procedure.steps import (
     BY_NAME,
     ROUTES,
@@ -91,11 +93,13 @@ class StepFailed(Exception):
 
 
 class Paused(Exception):
-    """One step was asked for and it is done: the run waits, resumable, for the next."""
+    """One step was asked for and it is done (or the window was cut short at its budget): the run
+    waits, resumable, for the next."""
 
-    def __init__(self, step: str):
+    def __init__(self, step: str, why: str | None = None):
         super().__init__(f"paused after {step}")
         self.step = step
+        self.why = why
 
 
 class Refused(Exception):
@@ -168,6 +172,10 @@ class Engine:
         self._stopped_mono: float | None = None
         self._ran: set[str] = set()  # steps this engine ran (not found satisfied)
         self._resumed = False
+        self._window_forecast: tuple[fc.Forecast, fc.ForecastInputs] | None = None
+        self._progress = fc.ExtractionProgress()
+        self._budget_asked = False
+        self._budget_task: asyncio.Task | None = None
 
     # --- bookkeeping --------------------------------------------------------------------------
 
@@ -248,6 +256,8 @@ class Engine:
         if state.finished and not self.plan_only:
             return await self._restart_only()
         state.route = self.route
+        if state.extraction.partial and state.service.stops and not state.service.down:
+            self._next_window()
         state.status = "running"
         resumed = self._resumed = state.started
         state.started = True
@@ -273,7 +283,7 @@ class Engine:
             await self._steps()
             return "done", "the procedure finished"
         except Paused as exc:
-            return "paused", f"paused after {exc.step}: the next step runs on resume (run --resume)"
+            return "paused", exc.why or f"paused after {exc.step}: the next step runs on resume (run --resume)"
         except Refused as exc:
             return "refused", str(exc)
         except asyncio.CancelledError:
@@ -407,6 +417,11 @@ class Engine:
                 await self._do(unit[0])
             else:
                 await self._side_by_side(unit)
+            partial = self.state.extraction.partial
+            if partial and unit[-1].name in ("restart", "extract") and not self.service_down_by_us:
+                raise Paused(unit[-1].name, f"the window was cut short at its budget: {len(partial['done'])} prompts "
+                                            f"extracted and kept, {len(partial['missing'])} missing; `run --resume "
+                                            f"{self.run.run_id}` extracts only those in the next window, then evaluates")
             if self.one_step and self._ran - ran_before and unit[-1].name != ROUTES[self.route][-1]:
                 raise Paused(unit[-1].name)
 
@@ -507,6 +522,57 @@ class Engine:
         decided = self._decision_s.pop(name, 0.0)
         rec.work_s += max(0.0, time.time() - attempt_started - decided)
         rec.decision_s += decided
+
+    def _next_window(self) -> None:
+        """A run cut short at its budget goes on in a new window: its service record and window steps
+        start over (the earlier window kept in `windows`); the extractor, run again into the same
+        output, keeps the verified prompts and extracts only the missing ones."""
+        state = self.state
+        window_steps = [s.name for s in route_steps(self.route) if s.while_down or s.name == "stage"]
+        state.windows.append({"service": dataclasses.asdict(state.service),
+                              "extraction": dataclasses.asdict(state.extraction),
+                              "steps": {n: dataclasses.asdict(state.steps[n]) for n in window_steps if n in state.steps},
+                              "forecast": state.forecast})
+        missing = state.extraction.partial["missing"]
+        state.service, state.extraction, state.forecast = ServiceState(), ExtractionState(), None
+        for name in window_steps:
+            state.steps.pop(name, None)
+        self._new_attempt("extract")
+        self.run.save()
+        self.journal(None, f"window {len(state.windows) + 1} of run {self.run.run_id}: the {len(missing)} prompts "
+                           f"missing ({', '.join(missing)}) are extracted now; the others are kept")
+
+    async def _forecast_inputs(self, manager: Any | None = None) -> fc.ForecastInputs:
+        facts = self.state.facts
+        tokens = facts.get("prompt_tokens")
+        if not tokens:  # before the cache: the prompts' length estimated from their text
+            tokens = [longest_tokens([p]) for p in self._prompt_records()]
+        history = None
+        if manager is not None and hasattr(manager, "history"):
+            with contextlib.suppress(Exception):
+                history = await manager.history()
+        record = self.state.jobs.get("extract")
+        staged_event = record.result if record is not None and "staged" in record.events_seen else None
+        plan_stage = facts.get("plan_stage", {})
+        return fc.ForecastInputs(
+            run_id=self.run.run_id, service_host=self.config.service.host, extract_host=self._extract_host()[0],
+            staged=self._acts("stage"), prompt_tokens=tuple(int(t) for t in tokens), model_bytes=self.facts.model_bytes,
+            stop_grace_s=self.config.service.stop_grace_s, budget_s=self.config.window.max_downtime_s,
+            systemd=history, speeds=self.facts.probes.get(self.config.target.host, {}).get("speeds"),
+            staged_event=staged_event if isinstance(staged_event, dict) else None,
+            earlier=[r.state.to_json() for r in self._earlier_runs()],
+            stage_left_out=None if plan_stage.get("stage", True) else plan_stage.get("why"),
+            zero_downtime=facts.get("proposal"))
+
+    async def _forecast(self, manager: Any | None = None) -> tuple[fc.Forecast, fc.ForecastInputs]:
+        """The window's downtime by phase, each with its basis; published and kept in the state."""
+        inputs = await self._forecast_inputs(manager)
+        made = fc.forecast(inputs)
+        self.state.forecast = fc.to_state(made)
+        self.run.save()
+        self.bus.publish(made)
+        self._window_forecast = (made, inputs)
+        return made, inputs
 
     # --- preflight ----------------------------------------------------------------------------
 
@@ -730,6 +796,10 @@ class Engine:
                             "estimate_s": s.estimate_s} for s in steps]
         self.run.save()
         self.bus.publish(self.plan)
+        if self.route == "window" and not self.state.service.stops:
+            made, _ = await self._forecast(manager)
+            self.journal("preflight", f"forecast downtime: {fc.summary(made)}"
+                         + "".join(f"; {p.name}: {p.basis}" for p in made.phases))
         for step in steps:
             self.journal("preflight", f"plan: {step.name}: {'acts' if step.acts else 'left out'}: {step.why}"
                          + (f" ({shlex.join(step.argv)} on {step.host})" if step.argv else ""))
@@ -898,6 +968,7 @@ class Engine:
         args = ["--model", target.model_path, "--completions", f"{window_dir}/completions.json",
                 "--out", f"{window_dir}/states", "--layers", ",".join(map(str, self.facts.layers)),
                 "--kernels", target.kernels]
+        args += ["--stop-file", f"{window_dir}/stop"]  # the operator's stop at the budget
         if staged:
             args += ["--staged", "--go-file", f"{window_dir}/go"]
         return args
@@ -923,6 +994,7 @@ class Engine:
 
     async def run_stage(self) -> str:
         window = await self._window_dir(self.config.target.host)
+        await self.hosts.run(self.config.target.host, ["rm", "-f", "--", f"{window}/stop", f"{window}/go"])
         outcome = await self._job(self.config.target.host, "extract", "extract", self._extract_args(window, True),
                                   step="stage", until="staged")
         staged = outcome["until"]
@@ -1022,6 +1094,8 @@ class Engine:
             raise StepFailed("cache", f"{host}:{path} was made by a server serving {model}, not the target "
                                       f"{self.config.target.model_path}")
         self.state.facts["completion_tokens"] = sum(len(p["completion_ids"]) for p in data["prompts"])
+        self.state.facts["prompt_tokens"] = [len(p.get("prompt_ids") or ()) + len(p["completion_ids"])
+                                             for p in data["prompts"]]
         return f"{len(ids)} prompts, {self.state.facts['completion_tokens']} completion tokens"
 
     # --- stop and free VRAM -------------------------------------------------------------------
@@ -1068,12 +1142,14 @@ class Engine:
             raise StepFailed("stop", "refused: the staged extractor has not reported `staged`")
         manager = await self.hosts.service_manager(CONNECT_TIMEOUT_S)
         argv = manager.stop_argv()
-        downtime = self.earlier.get("downtime")
-        impact = (f"{service_name(self.config)} on {service.host} goes down; "
-                  + (f"earlier windows took {downtime:.0f} s" if downtime else
-                     "no earlier window to estimate the downtime from") + self._alternative())
+        made, inputs = await self._forecast(manager)
+        refused = fc.refusal(made, inputs)
+        if refused and not self.state.service.stops:
+            raise StepFailed("stop", refused)
+        impact = (f"{service_name(self.config)} on {service.host} goes down; forecast downtime {fc.summary(made)}"
+                  + (f" (budget {made.budget_s:g} s)" if made.budget_s is not None else "") + self._alternative())
         if not self.state.service.stops and not await self._ask(
-                Confirmation("stop", "stop the service", service.host, tuple(argv), impact, True, downtime)):
+                Confirmation("stop", "stop the service", service.host, tuple(argv), impact, True, made.downtime_s)):
             raise Refused("stop", "stop the service")
         self._crash("stop-asked")
         stream = self.hosts.telemetry(service.host)
@@ -1188,6 +1264,8 @@ class Engine:
         return None
 
     async def verify_extract(self) -> None:
+        if self.state.extraction.partial:
+            return  # a partial extraction is published as such (manifest.partial.json), never as complete
         self.state.extraction.complete = False  # asked of the host, not taken from the run
         if not await self._extraction_complete():
             host_name, _ = self._extract_host()
@@ -1195,6 +1273,8 @@ class Engine:
                                         f"has no complete, sha256-verified manifest")
 
     def _on_extract_event(self, event: dict[str, Any]) -> None:
+        if event.get("type") == "progress" and event.get("key") == "tokens":
+            self._project(event)
         if event.get("type") != "gpu_released":
             return
         extraction = self.state.extraction
@@ -1204,6 +1284,38 @@ class Engine:
         self._gpu_released.set()
         self._crash("gpu-released")
         self._begin_restart()
+
+    def _project(self, event: dict[str, Any]) -> None:
+        """The window's end re-projected from the extraction's rate; past the budget, the operator is
+        offered to stop the extraction now (keeping every prompt extracted) and restart."""
+        svc = self.state.service
+        if self._window_forecast is None or svc.stopped_at is None or not svc.down:
+            return
+        made, inputs = self._window_forecast
+        self._progress.add(time.time(), event.get("done") or 0, event.get("total"))
+        projection = fc.project(made, inputs, svc.stopped_at, time.time(), self._progress)
+        self.bus.publish(projection)
+        if fc.passes_budget(projection) and not self._budget_asked and self._progress.left:
+            self._budget_asked = True
+            self._budget_task = asyncio.create_task(self._offer_budget_stop(projection), name="budget-stop")
+
+    async def _offer_budget_stop(self, projection: Any) -> None:
+        target = self.config.target.host
+        window = await self._window_dir(target)
+        stop_file = f"{window}/stop"
+        argv = ["sh", "-c", f"umask 077; : > {shlex.quote(stop_file)}"]
+        late = projection.expected_ready_at - (projection.budget_ends_at or projection.expected_ready_at)
+        if not await self._ask(Confirmation(
+                "extract", "stop the extraction now and restart the service", target, tuple(argv),
+                f"the window would end {late:.0f} s past its budget ({projection.basis}); every prompt already "
+                f"extracted is kept (complete, verified files) and `run --resume` extracts the rest in the next "
+                f"window", False, None)):
+            return
+        self.state.extraction.stop_asked_at = time.time()
+        self.run.save()
+        await self.hosts.run(target, argv)
+        self.journal("extract", "the extraction stops after the prompt in hand (the budget): the rest in the next "
+                                "window", host=target, level="warning")
 
     def _begin_restart(self) -> None:
         """The restart begins the moment the GPUs are released, not after the files are flushed."""
@@ -1216,6 +1328,8 @@ class Engine:
     async def run_extract(self) -> str:
         if self.route == "zero-downtime":
             return await self._extract_elsewhere()
+        if self._window_forecast is None and self.state.forecast:  # resumed: the stop's forecast stands
+            self._window_forecast = (fc.from_state(self.run.run_id, self.state.forecast), await self._forecast_inputs())
         target = self.config.target.host
         window = await self._window_dir(target)
         extraction = self.state.extraction
@@ -1241,6 +1355,9 @@ class Engine:
             elif state is None or (state != "running" and "staged" not in record.events_seen):
                 staged = False
         if not staged:
+            if self.state.jobs.get("extract") is None or self.state.jobs["extract"].handle is None:
+                await self.hosts.run(target, ["rm", "-f", "--", f"{window}/stop"])  # a new window: no old stop
+
             def begun(_: JobHandle) -> None:
                 extraction.begun_at = extraction.begun_at or time.time()
                 self.run.save()
@@ -1252,6 +1369,13 @@ class Engine:
                                       on_event=self._on_extract_event)
         result = outcome.get("result") or {}
         window_facts = result.get("window", {})
+        if result.get("complete") is False:  # cut short at the budget: kept, never taken as complete
+            missing = [str(x) for x in result.get("prompts_missing", [])]
+            done = [str(x) for x in self.state.facts.get("prompt_ids", []) if str(x) not in missing]
+            self.state.extraction.partial = {"done": done, "missing": missing}
+            self.run.save()
+            return (f"partial at the budget: {result.get('prompts', '?')} prompts kept, {len(missing)} missing: "
+                    f"the rest in the next window (run --resume)")
         return (f"{result.get('prompts', '?')} prompts, {result.get('tokens', '?')} tokens, layers "
                 f"{result.get('layers')}; window {window_facts.get('window_s', '?')} s")
 

@@ -138,6 +138,8 @@ class ExtractionState:
     gpu_released_at: float | None = None
     window: dict[str, Any] = field(default_factory=dict)  # the worker's own window figures
     complete: bool = False  # manifest complete and sha256-verified on the host
+    partial: dict[str, Any] | None = None  # cut short at the budget: {"done": [...], "missing": [...]}
+    stop_asked_at: float | None = None  # the operator chose to stop the extraction at the budget
 
 
 @dataclass
@@ -159,6 +161,7 @@ class RunState:
     facts: dict[str, Any] = field(default_factory=dict)  # what preflight found (layers, probes' digest, ...)
     plan: list[dict[str, Any]] = field(default_factory=list)
     forecast: dict[str, Any] | None = None
+    windows: list[dict[str, Any]] = field(default_factory=list)  # earlier windows of a run cut short at its budget
     headline: dict[str, float | None] = field(default_factory=dict)
     exit_code: int | None = None
     message: str | None = None
