@@ -29,6 +29,8 @@ def test_plan_shows_both_routes_with_their_reasons(drill: Drill) -> None:
     assert "every GPU there serves the model" in out  # ct129: its GPUs are the server's
     assert "GPU7 has 97887 MiB free" in out  # ct200's free GPU
     assert "proposed: zero-downtime: extract on ct200 GPU7" in out and "--route zero-downtime" in out
+    # ct200 is where the drafters live: its kernels are not "compared" with its own.
+    assert "same kernels as ct200" not in out and "the drafters were trained here" in out
 
 
 def test_zero_downtime_never_touches_the_server_and_matches_the_window(drill: Drill) -> None:

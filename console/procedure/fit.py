@@ -81,7 +81,13 @@ def where_it_fits(config: Config, probes: Mapping[str, Mapping[str, Any]],
             fits.append(HostFit(host, False, "every GPU there serves the model", need_mib=need, model_path=path))
             continue
         gpu = max(free, key=lambda i: free[i])
-        kernels_note = f"weights at {path}; same kernels as {', '.join(trained_on) or 'the target host'}"
+        others = [h for h in reference_kernels if h != host]  # never compared with itself
+        if others:
+            kernels_note = f"weights at {path}; same kernels as {', '.join(others)}, where the drafters were trained"
+        elif host in reference_kernels:
+            kernels_note = f"weights at {path}; the drafters were trained here: its kernels are theirs"
+        else:
+            kernels_note = f"weights at {path}; no drafter host's kernels to compare with"
         estimate = f"~{need} MiB (weights + activations of ~{tokens} tokens, estimated)"
         if free[gpu] >= need:
             fits.append(HostFit(host, True, f"GPU{gpu} has {free[gpu]} MiB free for {estimate}; {kernels_note}",
