@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import contextlib
 from typing import TYPE_CHECKING
 
 from textual.app import ComposeResult
 from textual.containers import Horizontal, Vertical, VerticalScroll
+from textual.css.query import NoMatches
 from textual.screen import Screen
 from textual.widgets import Footer, Header
 
@@ -62,6 +64,10 @@ class DashboardScreen(Screen):
         """Repaint what `kind` of change concerns (the state already holds it)."""
         if not self.is_mounted:  # a tick or a message before the panels are composed: on_mount draws all
             return
+        with contextlib.suppress(NoMatches):  # the panels are being removed (the app is closing): nothing to draw
+            self._repaint(kind, payload)
+
+    def _repaint(self, kind: str, payload: object) -> None:
         state, now = self.app.state, self.app.now()
         if kind == "host":
             hosts = [payload.host] if payload is not None and hasattr(payload, "host") else None

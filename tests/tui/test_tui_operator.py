@@ -5,7 +5,9 @@ by the real producers."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import io
+from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
@@ -83,6 +85,14 @@ def footer_keys(app: ConsoleApp) -> set[str]:
     return {key for key, (_, binding, enabled, _) in app.screen.active_bindings.items() if binding.show and enabled}
 
 
+@contextlib.asynccontextmanager
+async def console(op: StandinOperator, size: tuple[int, int], **kw) -> AsyncIterator[tuple[ConsoleApp, object]]:
+    """The console over `op` at `size`, running: (the app, its pilot)."""
+    app = ConsoleApp(op, **kw)
+    async with app.run_test(size=size) as pilot:
+        yield app, pilot
+
+
 def down_operator() -> StandinOperator:
     op = StandinOperator()
     op.seed(history=30)
@@ -95,8 +105,7 @@ def down_operator() -> StandinOperator:
 @SIZES
 async def test_holders_modal_shows_host_and_command_first_banner_above_and_scrolls_by_keys(size):
     op = down_operator()
-    app = ConsoleApp(op, clock=Clock())
-    async with app.run_test(size=size) as pilot:
+    async with console(op, size, clock=Clock()) as (app, pilot):
         await pilot.pause()
         mid_window(op)
         op.publish(stuck_telemetry())
@@ -128,8 +137,7 @@ async def test_holders_modal_shows_host_and_command_first_banner_above_and_scrol
 async def test_the_restart_question_shows_its_impact_and_the_down_count_ticks(size):
     op = down_operator()
     clock = Clock()
-    app = ConsoleApp(op, clock=clock, tick_s=0.05)
-    async with app.run_test(size=size) as pilot:
+    async with console(op, size, clock=clock, tick_s=0.05) as (app, pilot):
         op.publish(m.Downtime(op.run_id, clock.t - 90))
         await until(pilot, lambda: app.state.down_since is not None)
         asyncio.ensure_future(app.decider.decide(restart_confirmation(90)))
@@ -150,8 +158,7 @@ async def test_the_restart_question_shows_its_impact_and_the_down_count_ticks(si
 @SIZES
 async def test_a_second_q_never_leaves_the_service_down(size):
     op = down_operator()
-    app = ConsoleApp(op, clock=Clock())
-    async with app.run_test(size=size) as pilot:
+    async with console(op, size, clock=Clock()) as (app, pilot):
         op.publish(m.Downtime(op.run_id, T0))
         await until(pilot, lambda: app.state.down_since is not None)
         await pilot.press("q")
@@ -189,8 +196,7 @@ class SlowRestart(StandinOperator):
 async def test_quit_during_a_restart_waits_until_ready_and_never_restarts_again(size):
     op = SlowRestart()
     op.seed(history=30)
-    app = ConsoleApp(op, clock=Clock())
-    async with app.run_test(size=size) as pilot:
+    async with console(op, size, clock=Clock()) as (app, pilot):
         op.publish(m.Downtime(op.run_id, T0))
         await until(pilot, lambda: app.state.down_since is not None)
         await pilot.press("r")
@@ -218,8 +224,7 @@ async def test_quit_during_a_restart_waits_until_ready_and_never_restarts_again(
 async def test_the_banner_says_when_the_service_is_back_and_when_the_window_ends(size):
     op = down_operator()
     clock = Clock()
-    app = ConsoleApp(op, clock=clock)
-    async with app.run_test(size=size) as pilot:
+    async with console(op, size, clock=clock) as (app, pilot):
         await pilot.pause()
         mid_window(op)  # extraction at 4/10 prompts, 0.4 prompts/s: 15 s left; the restart ~96 s
         await until(pilot, lambda: app.state.extraction() is not None and app.state.down_since is not None)
@@ -284,8 +289,7 @@ class PlanWithFits(StandinOperator):
 async def test_p_shows_the_plan_as_a_screen_every_step_command_and_the_proposal(size):
     op = PlanWithFits()
     op.seed(history=30)
-    app = ConsoleApp(op, clock=Clock())
-    async with app.run_test(size=size) as pilot:
+    async with console(op, size, clock=Clock()) as (app, pilot):
         await pilot.press("p")
         await until(pilot, lambda: isinstance(app.screen, PlanScreen))
         shown = " ".join(plain(app.screen.query_one("#plan-table", Static).content).split())
@@ -303,8 +307,7 @@ async def test_p_shows_the_plan_as_a_screen_every_step_command_and_the_proposal(
 @SIZES
 async def test_no_plan_hint_never_shows_while_a_run_is_in_progress(size):
     op = down_operator()
-    app = ConsoleApp(op, clock=Clock())
-    async with app.run_test(size=size) as pilot:
+    async with console(op, size, clock=Clock()) as (app, pilot):
         await pilot.pause()
         stepper = app.screen.query_one(Stepper)
         if size[0] >= 110:
@@ -337,8 +340,7 @@ def test_job_panel_note_only_for_the_live_job_and_no_raw_event_dumps():
 async def test_results_pin_the_prompt_column_pick_a_drafter_and_show_provenance(size, runs_root: Path):
     op = StandinOperator(runs_dir=runs_root)
     op.seed()
-    app = ConsoleApp(op, clock=Clock())
-    async with app.run_test(size=size) as pilot:
+    async with console(op, size, clock=Clock()) as (app, pilot):
         await pilot.press("o")
         await until(pilot, lambda: isinstance(app.screen, ResultsScreen))
         screen = app.screen
@@ -379,8 +381,7 @@ async def test_results_pin_the_prompt_column_pick_a_drafter_and_show_provenance(
 async def test_read_only_help_lists_only_keys_that_work_and_r_says_why(size):
     op = StandinOperator(read_only=True)
     op.seed()
-    app = ConsoleApp(op, clock=Clock())
-    async with app.run_test(size=size) as pilot:
+    async with console(op, size, clock=Clock()) as (app, pilot):
         await pilot.press("question_mark")
         await until(pilot, lambda: app.screen.id == "help")
         shown = "\n".join(text_of(w) for w in app.screen.query(Static))
@@ -395,8 +396,7 @@ async def test_read_only_help_lists_only_keys_that_work_and_r_says_why(size):
 
 async def test_r_says_why_when_nothing_is_down():
     op = down_operator()
-    app = ConsoleApp(op, clock=Clock())
-    async with app.run_test(size=(80, 24)) as pilot:
+    async with console(op, (80, 24), clock=Clock()) as (app, pilot):
         await pilot.press("r")
         await until(pilot, lambda: any("not down because of this run" in str(n.message)
                                        for n in app._notifications))
@@ -436,8 +436,7 @@ def test_long_paths_are_shortened_to_their_last_two_parts():
 
 async def test_the_palette_has_help_but_not_textual_keys():
     op = down_operator()
-    app = ConsoleApp(op, clock=Clock())
-    async with app.run_test(size=(120, 40)) as pilot:
+    async with console(op, (120, 40), clock=Clock()) as (app, pilot):
         await pilot.pause()
         titles = [c.title for c in app.get_system_commands(app.screen)]
         assert titles.count("Help") == 1 and "Keys" not in titles
