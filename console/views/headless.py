@@ -16,7 +16,6 @@ from typing import Any
 from rich.console import Console, Group
 from rich.progress import (
     BarColumn,
-    MofNCompleteColumn,
     Progress,
     SpinnerColumn,
     TaskID,
@@ -29,7 +28,7 @@ from rich.text import Text
 from console import messages as m
 from console.procedure.decider import register_live_display
 from console.session import MessageBus
-from console.views.units import duration, mib
+from console.views.units import duration, mib, rate, size
 
 STATUS_STYLE = {"done": "green", "skipped": "cyan", "left-out": "dim", "running": "bold", "failed": "bold red",
                 "refused": "yellow", "cancelled": "yellow", "pending": "dim"}
@@ -97,7 +96,7 @@ class HeadlessView:
                  warnings_only: bool = False):
         self.console = console or Console(stderr=True)
         self.warnings_only = warnings_only  # `--plan`: the journal's warnings and errors, nothing else
-        self.progress = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
+        self.progress = Progress(TextColumn("{task.description}"), BarColumn(), TextColumn("{task.fields[count]}"),
                                  TextColumn("{task.fields[extra]}"), TimeElapsedColumn(),
                                  console=self.console, transient=False) if show_progress else None
         self._tasks: dict[tuple[str, str], TaskID] = {}
@@ -133,7 +132,7 @@ class HeadlessView:
             self._print(Text(f"  {message.level}: {message.message}", style="yellow" if message.level == "warning" else "red"))
         elif isinstance(message, m.HoldersFound):
             for holder in message.holders:
-                self._print(Text(f"  holder: pid {holder.pid} {holder.mib} MiB {holder.user or '?'} "
+                self._print(Text(f"  holder: pid {holder.pid} {mib(holder.mib)} {holder.user or '?'} "
                                  f"{holder.command or '?'}" + (" (was the service's)" if holder.was_service else ""),
                                  style="yellow"))
         elif isinstance(message, m.Downtime):
@@ -152,16 +151,19 @@ class HeadlessView:
             self._print(Text(f"run {message.run_id} {message.status} (exit {message.exit_code}): {message.message}",
                              style=style))
 
-    def _job_progress(self, message: Any) -> None:
+    def _job_progress(self, message: m.JobProgress) -> None:
         if self.progress is None:
             return
-        key = (message.job_id, getattr(message, "key", None) or message.unit)
+        key = (message.job_id, message.key or message.unit)
         total = message.total
-        extra = getattr(message, "label", None) or ""
-        rate = getattr(message, "rate", None)
-        if rate:
-            extra = f"{extra} {rate:.1f} {message.unit}/s".strip()
+        in_bytes = message.unit == "bytes"
+        # n/N, in the console's units for bytes (25.9 GiB / 25.9 GiB), as the dashboard writes it
+        count = (f"{size(message.done)} / {size(total)}" if in_bytes else f"{message.done:g}/{total:g}") \
+            if total is not None else (size(message.done) if in_bytes else f"{message.done:g}")
+        extra = message.message or ""
+        if message.rate:
+            extra = f"{extra} {rate(message.rate) if in_bytes else f'{message.rate:.1f} {message.unit}/s'}".strip()
         if key not in self._tasks:
-            description = f"{message.host} {message.worker} {getattr(message, 'key', None) or message.unit}"
-            self._tasks[key] = self.progress.add_task(description, total=total, extra=extra)
-        self.progress.update(self._tasks[key], completed=message.done, total=total, extra=extra)
+            description = f"{message.host} {message.worker} {message.key or message.unit}"
+            self._tasks[key] = self.progress.add_task(description, total=total, extra=extra, count=count)
+        self.progress.update(self._tasks[key], completed=message.done, total=total, extra=extra, count=count)
