@@ -228,6 +228,7 @@ class PlanReady:
     steps: tuple[PlannedStep, ...]
     fits: tuple[HostFit, ...] = ()
     proposal: str | None = None  # the route the plan proposes, with its reason
+    preview: bool = False  # `p` / `run --plan`: no run was kept, nothing was changed
 
 
 @dataclass(frozen=True)
@@ -240,6 +241,9 @@ class StepUpdate:
     started_at: float | None = None
     ended_at: float | None = None
     detail: str | None = None
+    work_s: float | None = None  # time the step's work took over all its attempts (the operator's answers left out)
+    decision_s: float | None = None  # time spent waiting for the operator's answers
+    found_on_resume: bool = False  # done while the console was away, found so on resume
 
     @property
     def duration_s(self) -> float | None:
@@ -457,3 +461,15 @@ class WindowProjection:
     extract_eta_s: float | None = None
     budget_ends_at: float | None = None
     basis: str = ""
+
+
+@dataclass(frozen=True)
+class LiveRun:
+    """The run driving the hosts now, as any console sees it (its own, or another console's)."""
+
+    run_id: str
+    status: str  # the run's own status: running, paused, failed, ...
+    owner: str | None  # "user@host pid N since HH:MM:SS"
+    console_gone: bool  # its console is no longer running (killed): resume it
+    service_down: bool  # this run stopped the service and it is not back
+    ours: bool  # driven by this console

@@ -23,7 +23,7 @@ import os
 import sys
 import time
 import uuid
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -162,6 +162,9 @@ class RunSummary:
     dir: Path
     service_down: bool = False  # this run stopped the service and it has not been seen ready since
     console_gone: bool = False  # status "running" but its console is no longer there
+    online: dict[str, float] = field(default_factory=dict)  # drafter -> online tau (the cross-check)
+    forecast_s: float | None = None  # the downtime forecast before the stop (of its last window)
+    windows: int = 1  # down periods (more than one when a window was cut short at its budget)
 
 
 @dataclass(frozen=True)
@@ -265,12 +268,16 @@ class RunStore:
 
 def summary_of(run: Run) -> RunSummary:
     s = run.state
-    downtime = None
+    downtimes = [w["service"].get("ready_at", 0) - w["service"].get("stopped_at", 0) for w in s.windows
+                 if w.get("service", {}).get("stopped_at") and w["service"].get("ready_at")]
     if s.service.stopped_at and s.service.ready_at:
-        downtime = s.service.ready_at - s.service.stopped_at
+        downtimes.append(s.service.ready_at - s.service.stopped_at)
     gone = s.status == "running" and s.owner is not None and s.owner.alive() is False
-    return RunSummary(s.run_id, s.created_at, s.status, s.route, downtime, dict(s.headline), s.config, run.dir,
-                      service_down=s.service.down, console_gone=gone)
+    online = s.facts.get("headline_online") if isinstance(s.facts.get("headline_online"), dict) else {}
+    return RunSummary(s.run_id, s.created_at, s.status, s.route, sum(downtimes) if downtimes else None,
+                      dict(s.headline), s.config, run.dir, service_down=s.service.down, console_gone=gone,
+                      online=dict(online), forecast_s=(s.forecast or {}).get("downtime_s"),
+                      windows=len(s.windows) + (1 if s.service.stops else 0) or 1)
 
 
 def default_runs_dir() -> Path:
