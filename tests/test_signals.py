@@ -98,7 +98,7 @@ class Terminal:
 
         self._reader = threading.Thread(target=drain, daemon=True)
         self._reader.start()
-        self._master = master
+        self.master = master
 
     def close(self) -> None:
         import os
@@ -106,7 +106,7 @@ class Terminal:
         if self.proc.poll() is None:
             self.proc.kill()
             self.proc.wait(10)
-        os.close(self._master)
+        os.close(self.master)
 
 
 def wait_entry(drill: Drill, terminal: Terminal, predicate) -> dict:
@@ -175,11 +175,11 @@ def test_sighup_in_the_console_after_the_stop_leaves_nobody_to_approve_the_resta
         deadline = time.monotonic() + 240
         while not any(e["message"].startswith("stop: done") for e in drill.journal()):
             assert time.monotonic() < deadline and terminal.proc.poll() is None, bytes(terminal.screen[-4000:])
-            os.write(terminal._master, b"y")  # approve the stop (and the stuck-VRAM holders) in its modal
+            os.write(terminal.master, b"y")  # approve the stop (and the stuck-VRAM holders) in its modal
             time.sleep(0.5)
         terminal.proc.send_signal(signal.SIGHUP)
-        os.close(terminal._master)  # and the terminal is gone
-        terminal._master = os.open(os.devnull, os.O_RDONLY)
+        os.close(terminal.master)  # and the terminal is gone
+        terminal.master = os.open(os.devnull, os.O_RDONLY)
         assert terminal.proc.wait(240) == EXIT_DOWN
     finally:
         terminal.close()
