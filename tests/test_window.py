@@ -81,7 +81,12 @@ def test_headless_drill_end_to_end(drill: Drill) -> None:
     assert (drill.runs / run_id / "report.md").read_text().count("reference") >= 1
     # The restarted server drafts with the reference: the cross-check measured it, and it agrees.
     assert state["steps"]["crosscheck"]["status"] == "done", state["steps"]["crosscheck"]
-    online = read_json(drill.runs / run_id / "report.json")["online"]
+    report = read_json(drill.runs / run_id / "report.json")
+    # The window as it was forecast before the stop, beside what it measured, per phase.
+    assert [row[0] for row in report["window"]["rows"]] == ["stop", "free-vram", "extract", "start", "downtime"]
+    assert all(row[2] != "-" for row in report["window"]["rows"])  # every phase measured
+    assert "## Window: forecast against measured" in (drill.runs / run_id / "report.md").read_text()
+    online = report["online"]
     assert online["drafter"] == "reference" and online["agrees"] is True
     assert state["facts"]["headline_online"]["reference"] == online["tau"]
     assert "Drafter evaluation" in done.stdout  # the tables end the headless output

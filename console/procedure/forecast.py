@@ -381,8 +381,10 @@ def to_state(forecast: Forecast) -> dict[str, Any]:
 
 
 def from_state(run_id: str, data: Mapping[str, Any]) -> Forecast:
+    # In the window's order (state.json is written with sorted keys).
+    ordered = sorted(data["phases"].items(), key=lambda item: PHASES.index(item[0]) if item[0] in PHASES else len(PHASES))
     phases = tuple(ForecastPhase(name, float(p["seconds"]), str(p["basis"]), p.get("spread_s"),
-                                 bool(p.get("estimated"))) for name, p in data["phases"].items())
+                                 bool(p.get("estimated"))) for name, p in ordered)
     return Forecast(run_id, float(data["downtime_s"]), phases, data.get("budget_s"), bool(data.get("over_budget")))
 
 

@@ -101,6 +101,32 @@ def online_markdown(online: dict[str, Any]) -> str:
     return "\n".join([*lines, ""])
 
 
+WINDOW_HEADERS = ["phase", "forecast", "measured", "error", "forecast's basis"]
+
+
+def window_rows(out_dir: Path) -> list[list[str]] | None:
+    """The window's forecast against what it measured, per phase (a run's own directory only)."""
+    from console.procedure import forecast as fc
+    from console.procedure.store import STATE, RunStore, RunStoreError
+
+    if not (out_dir / STATE).is_file():
+        return None
+    try:
+        state = RunStore(out_dir.parent).open(str(out_dir)).state
+    except RunStoreError:
+        return None
+    rows = fc.against(state)
+    return [[r.phase, f"{r.forecast_s:.1f} s" if r.forecast_s is not None else "-",
+             f"{r.measured_s:.1f} s" if r.measured_s is not None else "-",
+             f"{r.error:+.0%}" if r.error is not None else "-", r.basis] for r in rows] or None
+
+
+def window_markdown(rows: list[list[str]]) -> str:
+    lines = ["", "## Window: forecast against measured", "", "| " + " | ".join(WINDOW_HEADERS) + " |",
+             "|" + "---|" * len(WINDOW_HEADERS), *("| " + " | ".join(row) + " |" for row in rows)]
+    return "\n".join([*lines, ""])
+
+
 def write_report(results_dir: Path, out_dir: Path | None = None, threshold: float = MISMATCH_THRESHOLD,
                  loaded: tuple[dict[str, Any], dict[str, Any] | None, dict[str, dict] | None] | None = None,
                  ) -> tuple[dict[str, Any], tuple[Path, Path]]:
@@ -124,9 +150,16 @@ def write_report(results_dir: Path, out_dir: Path | None = None, threshold: floa
         tables["kernels"] = table_json(kernel_rows(*hosts))
     report = {"format": REPORT_FORMAT, "run_dir": str(results_dir.resolve()), "results": results,
               "parity": parity, "probes": probes, "tables": tables, "warnings": warning_lines(results, threshold)}
+    extra = ""
+    window = window_rows(out_dir)  # a run's report: its window as forecast and as measured
+    if window is not None:
+        report["window"] = {"headers": WINDOW_HEADERS, "rows": window}
+        extra += window_markdown(window)
     online = read_online(out_dir, results_dir)  # the online cross-check (issue 20), when the run has one
     if online is not None:
         report["online"] = online
+        extra += online_markdown(online)
+    if extra:
         with atomic_path(markdown) as tmp:
-            tmp.write_text(markdown.read_text(encoding="utf-8") + online_markdown(online), encoding="utf-8")
+            tmp.write_text(markdown.read_text(encoding="utf-8") + extra, encoding="utf-8")
     return results, (markdown, export_json(report, out_dir / JSON_FILE))
