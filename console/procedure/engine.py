@@ -1191,6 +1191,11 @@ class Engine:
     async def check_free_vram(self) -> Skip | None:
         if self.state.extraction.begun_at or await self._extraction_complete():
             return Found("the extraction already started")
+        svc = self.state.service
+        if svc.start_issued_at is not None:  # the compensation restarted it (a refusal, then a crash): no window now
+            raise StepFailed("free-vram", f"the service was started again at "
+                                          f"{time.strftime('%H:%M:%S', time.localtime(svc.start_issued_at))}, before "
+                                          f"the extraction began: this window is over; nothing more is done")
         return None
 
     async def run_free_vram(self) -> str:
