@@ -95,6 +95,8 @@ def test_headless_drill_end_to_end(drill: Drill) -> None:
     listed = subprocess.run([ENTRY_POINT, "runs", "--runs", str(drill.runs)], capture_output=True, text=True,
                             env=cli_env(), timeout=60)
     assert run_id in listed.stdout and "done" in listed.stdout and "reference" in listed.stdout
+    assert "online tau" in listed.stdout and f"reference {online['tau']:.2f}" in listed.stdout
+    assert f"({state['forecast']['downtime_s']:.1f} s)" in listed.stdout  # the forecast beside the downtime
 
 
 def test_plan_prints_every_step_and_changes_nothing(drill: Drill) -> None:

@@ -227,11 +227,11 @@ def run(args: argparse.Namespace) -> int:
 
 def runs_rows(summaries: list[RunSummary | UnreadableRun]) -> tuple[list[str], list[list[str]], list[str]]:
     """The rows of `runs`: ids, taus and downtimes whole; an unreadable run as such."""
-    headers = ["run", "date", "status", "route", "downtime", "vanilla tau (macro)"]
+    headers = ["run", "date", "status", "route", "downtime (forecast)", "vanilla tau (macro)", "online tau"]
     rows, styles = [], []
     for summary in summaries:
         if isinstance(summary, UnreadableRun):
-            rows.append([summary.run_id, "-", "UNREADABLE", "-", "-", "-"])
+            rows.append([summary.run_id, "-", "UNREADABLE", "-", "-", "-", "-"])
             styles.append("bold red")
             continue
         status = summary.status
@@ -240,9 +240,14 @@ def runs_rows(summaries: list[RunSummary | UnreadableRun]) -> tuple[list[str], l
         if summary.service_down:
             status += ", SERVICE DOWN"
         taus = "\n".join(f"{name} {tau:.2f}" for name, tau in summary.headline.items() if tau is not None) or "-"
+        online = "\n".join(f"{name} {tau:.2f}" for name, tau in summary.online.items() if tau is not None) or "-"
+        downtime = f"{summary.downtime_s:.1f} s" if summary.downtime_s is not None else "-"
+        if summary.forecast_s is not None:
+            downtime += f" ({summary.forecast_s:.1f} s)"
+        if summary.windows > 1:
+            downtime += f", {summary.windows} windows"
         rows.append([summary.run_id, time.strftime("%Y-%m-%d %H:%M", time.localtime(summary.created_at)), status,
-                     summary.route or "-", f"{summary.downtime_s:.1f} s" if summary.downtime_s is not None else "-",
-                     taus])
+                     summary.route or "-", downtime, taus, online])
         styles.append("bold red" if summary.service_down else "")
     return headers, rows, styles
 
