@@ -214,6 +214,11 @@ def _scroll(renderable: Any, id: str, fit: bool = False) -> VerticalScroll:
     return VerticalScroll(shown, id=id, classes="result-scroll")
 
 
+def summary_of(view: Group) -> Table:
+    """The drafters' summary table inside the summary tab's view (after the warnings, if any)."""
+    return next(part for part in view.renderables if isinstance(part, Table))
+
+
 def summary_view(results: dict[str, Any]) -> Group:
     """What `run --headless` shows above the per-prompt table: warnings first, the summary, the layer
     provenance per drafter and the feature soundness per extracted layer."""

@@ -25,7 +25,7 @@ from screens.modals.events import EventsModal
 from screens.modals.holders import HoldersModal
 from screens.modals.quit import QuitWhileDownModal
 from screens.plan import PlanScreen
-from screens.results import PerPromptTable, ResultsScreen
+from screens.results import PerPromptTable, ResultsScreen, summary_of
 from screens.state import ConsoleState, JobView
 from screens.widgets.downtime_banner import DowntimeBanner
 from screens.widgets.event_log import EventLog, short_paths
@@ -347,8 +347,8 @@ async def test_results_pin_the_prompt_column_pick_a_drafter_and_show_provenance(
         await until(pilot, lambda: app.focused is not None and app.focused.id == "summary-table")
         summary = plain(screen.query_one("#summary-table Static").content)
         assert "Layer provenance per drafter" in summary and "target_layer_ids" in summary
-        ratio_styles = [span.style for span in
-                        screen.query_one("#summary-table Static").content.renderables[1].columns[2]._cells[0].spans]
+        summary_table = summary_of(screen.query_one("#summary-table Static").content)
+        ratio_styles = [span.style for span in summary_table.columns[2]._cells[0].spans]
         assert "bold red" in ratio_styles  # the random drafter's ratio to the reference is under 1
         await pilot.press("down")
         await until(pilot, lambda: app.focused.scroll_y > 0)  # the focused pane scrolls at once
