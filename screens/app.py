@@ -218,8 +218,10 @@ class ConsoleApp(App[int]):
             # Someone started it since: what the run's state said is out of date.
             self.post_message(CoreMessage(m.Downtime(self._down_from_store, None), local=True))
             self._down_from_store = None
-        elif self._down_from_store and isinstance(payload, m.Downtime) and not message.local:
-            self._down_from_store = None  # the engine speaks for itself now
+        elif self._down_from_store and isinstance(payload, m.Downtime) and not message.local and self.state.running:
+            # The engine of this console's run speaks for itself now. (The live-run follower only
+            # repeats the same store: a server seen ready still ends that downtime.)
+            self._down_from_store = None
         kind = self.state.apply(payload, self.now())
         self._errors_in(payload)
         if kind == "downtime":
