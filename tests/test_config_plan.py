@@ -53,7 +53,7 @@ def test_example_plan_shows_the_story(example: dict) -> None:
     assert "10: " + ", ".join(SHIPPED_IDS) in text
     assert "warning" not in text
     # The procedure table numbers the steps in order.
-    rows = re.findall(r"│\s*(\d)\s*│\s*([a-z-]+)\s*│", text)
+    rows = re.findall(r"│\s*(\d+)\s*│\s*([a-z-]+)\s*│", text)
     assert rows == [(str(i), step) for i, step in enumerate(STEPS, 1)]
 
 

@@ -17,7 +17,15 @@ from pathlib import Path
 import pytest
 
 from remote.drill import simgpu
-from tests.standin_helpers import GREEDY_PARAMS, free_port, running_standin, start_standin, stop, watch_start
+from tests.standin_helpers import (
+    GREEDY_PARAMS,
+    free_port,
+    running_standin,
+    start_standin,
+    stop,
+    wait_status,
+    watch_start,
+)
 
 KEY = "standin-test-key"
 
@@ -267,10 +275,12 @@ def _wait_used(sim: Path, want: list[int], timeout: float = 20) -> None:
 
 def test_gpu_memory_is_held_while_up_and_released_some_seconds_after_a_stop(tiny_target: Path, tmp_path: Path):
     sim = tmp_path / "gpu.json"
-    proc = start_standin(tiny_target, free_port(), tmp_path / "log", "--gpu-file", str(sim), "--gpu-mib", "40000",
+    port = free_port()
+    proc = start_standin(tiny_target, port, tmp_path / "log", "--gpu-file", str(sim), "--gpu-mib", "40000",
                          "--release-after", "1.5")
     try:
         _wait_used(sim, [40000, 40000])
+        wait_status(f"http://127.0.0.1:{port}/health", 200)  # up: serving, not still loading its weights
         (holder,) = {p["pid"] for p in simgpu.read(sim)["processes"]}
         assert holder != proc.pid  # a child holds it, as SGLang's scheduler process does
         proc.terminate()
@@ -285,11 +295,13 @@ def test_gpu_memory_is_held_while_up_and_released_some_seconds_after_a_stop(tiny
 
 def test_hold_until_killed_keeps_memory_until_the_holder_is_killed(tiny_target: Path, tmp_path: Path):
     sim = tmp_path / "gpu.json"
-    proc = start_standin(tiny_target, free_port(), tmp_path / "log", "--gpu-file", str(sim), "--gpu-mib", "47179",
+    port = free_port()
+    proc = start_standin(tiny_target, port, tmp_path / "log", "--gpu-file", str(sim), "--gpu-mib", "47179",
                          "--hold-until-killed", "--stubborn-holder")
     holder = None
     try:
         _wait_used(sim, [47179, 47179])
+        wait_status(f"http://127.0.0.1:{port}/health", 200)  # up: serving, not still loading its weights
         holder = simgpu.read(sim)["processes"][0]["pid"]
         proc.terminate()
         proc.wait(10)
