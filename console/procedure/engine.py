@@ -50,7 +50,7 @@ from console.messages import (
 from console.procedure import forecast as fc
 from console.procedure.decider import Decider
 from console.procedure.fit import SPLIT_FILL, longest_tokens, where_it_fits
-from console.procedure.hosts import WindowHosts
+from console.procedure.hosts import WindowHosts, reconnect_wait
 from console.procedure.state import STEP_ENDED, ExtractionState, JobRecord, Owner, ServiceState
 from console.procedure.steps import (
     BY_NAME,
@@ -73,7 +73,6 @@ from console.ssh.jobs import JobDead, JobExists, JobHandle, JobStalledError, job
 from remote.prompts import DEFAULT_PROMPTS, load_prompts
 
 EXIT_DONE, EXIT_FAILED, EXIT_USAGE, EXIT_DOWN = 0, 1, 2, 3
-CONNECT_TIMEOUT_S = 30.0
 LINK_RETRIES = 3  # a step whose link drops is run again this many times
 SETTLED = ("done", "skipped", "left-out")
 START_SETTLE_S = 90.0  # a start cut off by a crash settles on the host within about a minute
@@ -144,6 +143,7 @@ class Engine:
                  crash_at: Callable[[str], None] | None = None):
         self.hosts = hosts
         self.config = config
+        self.connect_s = reconnect_wait(config)  # how long a step waits for a dropped host
         self.bus = hosts.bus
         self.run = run
         self.decider = decider
@@ -242,9 +242,9 @@ class Engine:
 
     async def _connected(self, name: str, step: str) -> None:
         try:
-            await self.hosts.connect(name, CONNECT_TIMEOUT_S)
+            await self.hosts.connect(name, self.connect_s)
         except TimeoutError:
-            raise StepFailed(step, f"{name} is not connected after {CONNECT_TIMEOUT_S:.0f} s "
+            raise StepFailed(step, f"{name} is not connected after {self.connect_s:.0f} s "
                                    f"({self.hosts.link_state(name)})") from None
 
     # --- the run ------------------------------------------------------------------------------
@@ -375,21 +375,32 @@ class Engine:
     async def _end_own_jobs(self) -> None:
         """A run that ends without finishing leaves no worker of its own behind: the staged extractor
         would wait for its go forever holding the weights in RAM, and an extraction still on the
-        GPUs would fight the restarting server for them. Ended before the restart."""
+        GPUs would fight the restarting server for them. Ended before the restart, every host at
+        once; a host that cannot be reached is said once, its other jobs not tried (each would wait
+        out the same timeout while the service stays down)."""
+        by_host: dict[str, list[JobHandle]] = {}
         for key, record in self.state.jobs.items():
             if record.handle is None or key.startswith(("probe-", "provenance-", "check")):
                 continue
             handle = JobHandle.from_json(record.handle)
-            try:
-                status = await self.hosts.job_status(handle)
-                if status.state == "running":
-                    status = await self.hosts.cancel_job(handle, grace=5.0)
-                    self.journal(None, f"ended our {handle.worker} job on {handle.host} (pid {handle.pid}): "
-                                       f"{status.state}" + (f", {status.note}" if status.note else ""),
-                                 host=handle.host, level="warning")
-            except (HostError, TimeoutError) as exc:
-                self.journal(None, f"could not end our {handle.worker} job on {handle.host} (pid {handle.pid}): {exc}",
-                             host=handle.host, level="error")
+            by_host.setdefault(handle.host, []).append(handle)
+
+        async def end_on(host: str, handles: list[JobHandle]) -> None:
+            for handle in handles:
+                try:
+                    status = await self.hosts.job_status(handle)
+                    if status.state == "running":
+                        status = await self.hosts.cancel_job(handle, grace=5.0)
+                        self.journal(None, f"ended our {handle.worker} job on {host} (pid {handle.pid}): "
+                                           f"{status.state}" + (f", {status.note}" if status.note else ""),
+                                     host=host, level="warning")
+                except (HostError, TimeoutError) as exc:
+                    left = ", ".join(f"{h.worker} (pid {h.pid})" for h in handles[handles.index(handle):])
+                    self.journal(None, f"could not end our jobs on {host}: {left}: {exc or 'no answer'}",
+                                 host=host, level="error")
+                    return
+
+        await asyncio.gather(*(end_on(host, handles) for host, handles in by_host.items()))
 
     async def _compensate(self, why: str) -> None:
         """After a failure, refusal or cancel: end our jobs, and with the service down because of us,
@@ -774,7 +785,7 @@ class Engine:
                 stage, why = facts["plan_stage"]["stage"], facts["plan_stage"]["why"]
             facts["plan_stage"] = {"stage": stage, "why": why}
             acts["stage"] = (stage, why)
-        manager = await self.hosts.service_manager(CONNECT_TIMEOUT_S)
+        manager = await self.hosts.service_manager(self.connect_s)
         downtime = self.earlier.get("downtime")
         acts["stop"] = (True, f"{service_name(self.config)} on {self.config.service.host} goes down"
                               + (f"; earlier windows took {downtime:.0f} s" if downtime else ""))
@@ -912,7 +923,7 @@ class Engine:
                                    f"{status.state} now" + (f": {status.stderr_tail[-300:]}" if status.stderr_tail else ""))
         if record.exit_code is not None:  # its `exit` was handled before a crash: nothing follows it
             outcome["exit"] = record.exit_code
-        events = self.hosts.follow_job(handle, record.offset, CONNECT_TIMEOUT_S) if record.exit_code is None else _none()
+        events = self.hosts.follow_job(handle, record.offset, self.connect_s) if record.exit_code is None else _none()
         try:
             async for offset, event in events:
                 kind = event.get("type")
@@ -942,7 +953,7 @@ class Engine:
         except (JobDead, JobStalledError) as exc:
             raise StepFailed(step, str(exc)) from None
         except TimeoutError:
-            raise StepFailed(step, f"{handle.host} did not reconnect within {CONNECT_TIMEOUT_S:.0f} s while "
+            raise StepFailed(step, f"{handle.host} did not reconnect within {self.connect_s:.0f} s while "
                                    f"following {handle.worker}") from None
         if until is not None:
             raise StepFailed(step, f"{handle.worker} on {handle.host} exited ({outcome.get('exit')}) before "
@@ -1109,7 +1120,7 @@ class Engine:
         if not service.down:
             return Found(f"stopped by this run at {since}; back since "
                          f"{time.strftime('%H:%M:%S', time.localtime(service.ready_at or time.time()))}")
-        manager = await self.hosts.service_manager(CONNECT_TIMEOUT_S)
+        manager = await self.hosts.service_manager(self.connect_s)
         status = await manager.status()
         if not status.active:
             service.stop_confirmed = True
@@ -1140,7 +1151,7 @@ class Engine:
             raise StepFailed("stop", "refused: the completions are not cached and verified")
         if self._acts("stage") and self.state.status_of("stage") not in ("done", "skipped"):
             raise StepFailed("stop", "refused: the staged extractor has not reported `staged`")
-        manager = await self.hosts.service_manager(CONNECT_TIMEOUT_S)
+        manager = await self.hosts.service_manager(self.connect_s)
         argv = manager.stop_argv()
         made, inputs = await self._forecast(manager)
         refused = fc.refusal(made, inputs)
@@ -1176,7 +1187,7 @@ class Engine:
         return self._irreversible["stop"]
 
     async def verify_stop(self) -> None:
-        manager = await self.hosts.service_manager(CONNECT_TIMEOUT_S)
+        manager = await self.hosts.service_manager(self.connect_s)
         status = await manager.status()
         if status.active:
             raise StepFailed("stop", f"`{shlex.join(manager.stop_argv())}` returned but {manager.name} is still "
@@ -1497,7 +1508,7 @@ class Engine:
                 return
             service = self.config.service
             svc = self.state.service
-            manager = await self.hosts.service_manager(CONNECT_TIMEOUT_S)
+            manager = await self.hosts.service_manager(self.connect_s)
             status = await manager.status()
             started = time.monotonic()
             try:

@@ -115,12 +115,27 @@ class _Deferred:
         return call
 
 
+def reconnect_wait(config: Any) -> float:
+    """How long a step waits for a dropped host to be back: three connection attempts' worth (the
+    hosts' `connect_timeout`), between 10 s and a minute."""
+    longest = max((h.connect_timeout for h in config.hosts.values()), default=10.0)
+    return min(max(3 * longest, 10.0), 60.0)
+
+
 class SessionHosts:
     """`WindowHosts` over the live session's connections (the drill's hosts and real ones alike)."""
 
     def __init__(self, session: Session):
         self.session = session
         self.bus = session.bus
+        self.connect_s = reconnect_wait(session.config)
+
+    async def _connection(self, host: str, wait: Callable[[str, float], Any]) -> Any:
+        """What `wait` gives for `host`; a host not back in time is a HostError naming it."""
+        try:
+            return await wait(host, self.connect_s)
+        except TimeoutError:
+            raise HostError(host, f"not connected within {self.connect_s:.0f} s ({self.link_state(host)})") from None
 
     def simulated(self, host: str) -> bool:
         return bool(self.session.simulated.get(host))
@@ -133,13 +148,16 @@ class SessionHosts:
         await self.session.host(host, timeout)
 
     async def _host(self, host: str) -> Any:
-        return await self.session.host(host, CONNECT_TIMEOUT_S)
+        return await self._connection(host, self.session.host)
+
+    async def _runner_on(self, host: str) -> JobRunner:
+        return await self._connection(host, self.session.runner)
 
     async def workdir(self, host: str) -> str:
-        return await (await self.session.runner(host, CONNECT_TIMEOUT_S)).workdir()
+        return await (await self._runner_on(host)).workdir()
 
     async def code_dir(self, host: str) -> str:
-        return await self.session.code_dir(host, CONNECT_TIMEOUT_S)
+        return await self._connection(host, self.session.code_dir)
 
     async def run(self, host: str, argv: list[str], timeout: float | None = None) -> None:
         await (await self._host(host)).run(argv, timeout=timeout)
@@ -171,17 +189,17 @@ class SessionHosts:
 
     async def start_job(self, host: str, worker: str, args: list[str], env: dict[str, str] | None,
                         job_id: str) -> JobHandle:
-        return await (await self.session.runner(host, CONNECT_TIMEOUT_S)).start(worker, args, env=env, job_id=job_id)
+        return await (await self._runner_on(host)).start(worker, args, env=env, job_id=job_id)
 
     async def find_job(self, host: str, job_id: str) -> JobHandle | None:
-        runner = await self.session.runner(host, CONNECT_TIMEOUT_S)
+        runner = await self._runner_on(host)
         try:
             return await runner.attach(job_id)
         except (FileNotFoundError, KeyError, LookupError):
             return None
 
     async def _runner(self, handle: JobHandle) -> JobRunner:
-        return await self.session.runner(handle.host, CONNECT_TIMEOUT_S)
+        return await self._runner_on(handle.host)
 
     async def job_status(self, handle: JobHandle) -> JobStatus:
         return await (await self._runner(handle)).status(handle)
@@ -200,17 +218,22 @@ class SessionHosts:
         return ""
 
     async def service_manager(self, timeout: float) -> ServiceManager:
-        return await self.session.service.manager(timeout)
+        host = self.session.config.service.host
+        try:
+            return await self.session.service.manager(timeout)
+        except TimeoutError:
+            raise HostError(host, f"not connected within {timeout:.0f} s ({self.link_state(host)}): the service "
+                                  f"manager cannot be asked") from None
 
     async def start_service_and_wait(self, timeout: float, on_progress: Callable[[StartupProgress], Any]) -> ServiceHealth:
-        manager = await self.session.service.manager(CONNECT_TIMEOUT_S)
+        manager = await self.service_manager(self.connect_s)
         host = await self._host(self.session.config.service.host)
-        return await start_and_wait(manager, _FreshClient(self.session, CONNECT_TIMEOUT_S), timeout, host=host,
+        return await start_and_wait(manager, _FreshClient(self.session, self.connect_s), timeout, host=host,
                                     on_progress=on_progress)
 
     async def wait_service_ready(self, timeout: float) -> ServiceHealth:
-        manager = await self.session.service.manager(CONNECT_TIMEOUT_S)
-        return await wait_ready(_FreshClient(self.session, CONNECT_TIMEOUT_S), timeout, manager=manager)
+        manager = await self.service_manager(self.connect_s)
+        return await wait_ready(_FreshClient(self.session, self.connect_s), timeout, manager=manager)
 
     async def check_service(self) -> ServiceView:
         return await self.session.check_service()
@@ -236,7 +259,6 @@ class SessionHosts:
         """The online cross-check over the session's service client (`console/procedure/crosscheck.py`)."""
         from console.procedure.crosscheck import crosscheck_run
 
-        return await crosscheck_run(self.session, config, run_dir, run_id, facts, CONNECT_TIMEOUT_S)
+        return await crosscheck_run(self.session, config, run_dir, run_id, facts, self.connect_s)
 
 
-CONNECT_TIMEOUT_S = 30.0
