@@ -18,6 +18,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
 
+from console.fanout import FanOut
 from console.messages import GpuProcess, GpuReading, TelemetrySample, TelemetryUpdate
 from console.ssh.hosts import resolve_python
 from console.tasks import cancel_and_wait
@@ -259,24 +260,18 @@ class TelemetryStream:
         self.streaming = False
         self.error: str | None = None
         self.starts = 0  # how many times the agent was started (1 + restarts)
-        self._subscribers: list[Subscriber] = []
+        self._subscribers = FanOut("telemetry")
         self._task: asyncio.Task | None = None
 
     def subscribe(self, callback: Subscriber) -> Callable[[], None]:
         """Call `callback(update)` on every sample and stream change; returns an unsubscribe."""
-        self._subscribers.append(callback)
-        return lambda: self._subscribers.remove(callback)
+        return self._subscribers.subscribe(callback)
 
     def set_service(self, service: ServiceIdentity) -> None:
         self.telemetry.service = service
 
     def _publish(self) -> None:
-        update = self.telemetry.update(self.streaming, self.error)
-        for callback in list(self._subscribers):
-            try:
-                callback(update)
-            except Exception:  # noqa: BLE001 - one broken subscriber must not stop telemetry
-                log.exception("telemetry subscriber failed")
+        self._subscribers.publish(self.telemetry.update(self.streaming, self.error))
 
     def start(self) -> asyncio.Task:
         if self._task is None or self._task.done():

@@ -24,6 +24,7 @@ from datetime import UTC, datetime
 from typing import Any, Protocol
 
 from console.config import ServiceConfig
+from console.fanout import FanOut
 from console.messages import ServiceHealth, ServiceStatus, ServiceView, StartupProgress
 from console.service.sglang_api import ServerAnswerError, ServerUnreachable, SglangClient, server_summary
 from console.tasks import cancel_and_wait
@@ -567,14 +568,13 @@ class ServiceMonitor:
         self.interval = interval
         self.want_metrics = want_metrics
         self.last: ServiceView | None = None
-        self._subscribers: list[Callable[[ServiceView], Any]] = []
+        self._subscribers = FanOut("service view")
         self._task: asyncio.Task | None = None
 
     def subscribe(self, callback: Callable[[ServiceView], Any]) -> Callable[[], None]:
         """Call `callback(view)` after every check; returns an unsubscribe. A subscriber that raises
         is logged and skipped, never the end of the monitor."""
-        self._subscribers.append(callback)
-        return lambda: self._subscribers.remove(callback) if callback in self._subscribers else None
+        return self._subscribers.subscribe(callback)
 
     async def check(self) -> ServiceView:
         """One check, published. Never raises for what the manager or the server does: it becomes
@@ -598,11 +598,7 @@ class ServiceMonitor:
         return view
 
     def _publish(self, view: ServiceView) -> None:
-        for callback in list(self._subscribers):
-            try:
-                callback(view)
-            except Exception:  # noqa: BLE001 - one broken subscriber must not stop the monitor
-                log.exception("service view subscriber %r failed", callback)
+        self._subscribers.publish(view)
 
     async def run(self) -> None:
         """Check until cancelled; the next check is armed when the last one has finished."""

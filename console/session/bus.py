@@ -19,6 +19,7 @@ from collections.abc import Callable, Hashable
 from typing import Any
 
 from console import messages as m
+from console.fanout import FanOut
 
 log = logging.getLogger(__name__)
 
@@ -96,19 +97,18 @@ class MessageBus:
     """Publishes the core's typed messages to subscribers, and keeps the last one of each kind."""
 
     def __init__(self) -> None:
-        self._callbacks: list[tuple[Callback, tuple[type, ...]]] = []
+        self._callbacks = FanOut("bus")
         self._streams: set[Subscription] = set()
-        self._failed: set[tuple[int, type]] = set()
         self.last: dict[Hashable, Any] = {}  # the newest message per replace key (or per type)
 
     def subscribe(self, callback: Callback, *types: type) -> Callable[[], None]:
-        entry = (callback, tuple(types))
-        self._callbacks.append(entry)
+        if not types:
+            return self._callbacks.subscribe(callback)
 
-        def unsubscribe() -> None:
-            if entry in self._callbacks:
-                self._callbacks.remove(entry)
-        return unsubscribe
+        def of_these_types(message: Any) -> None:
+            if isinstance(message, types):
+                callback(message)
+        return self._callbacks.subscribe(of_these_types)
 
     def stream(self, *types: type, maxsize: int = 1000) -> Subscription:
         subscription = Subscription(self, tuple(types), maxsize)
@@ -117,15 +117,6 @@ class MessageBus:
 
     def publish(self, message: Any) -> None:
         self.last[replace_key(message) or type(message)] = message
-        for callback, types in list(self._callbacks):
-            if types and not isinstance(message, types):
-                continue
-            try:
-                callback(message)
-            except Exception:  # noqa: BLE001 - one broken view must not stop the engine
-                key = (id(callback), type(message))
-                if key not in self._failed:
-                    self._failed.add(key)
-                    log.exception("a subscriber to %s failed; it stays subscribed", type(message).__name__)
+        self._callbacks.publish(message)  # one broken view never stops the engine
         for subscription in list(self._streams):
             subscription.offer(message)

@@ -14,6 +14,7 @@ import logging
 import time
 from collections.abc import Callable
 
+from console.fanout import FanOut
 from console.messages import HostState, HostStatus
 from console.ssh.hosts import AuthFailed, Host, HostError, HostSpec, UnknownHostKey
 from console.tasks import cancel_and_wait
@@ -36,7 +37,7 @@ class HostSupervisor:
         self.ping_interval = ping_interval
         self.ping_timeout = ping_timeout
         self._state = HostState(spec.name, "connecting", time.time())
-        self._subscribers: list[StateCallback] = []
+        self._subscribers = FanOut("host state")
         self._host: Host | None = None
         self._task: asyncio.Task | None = None
         self._changed = asyncio.Event()
@@ -54,15 +55,9 @@ class HostSupervisor:
 
     def subscribe(self, callback: StateCallback) -> Callable[[], None]:
         """Call `callback(state)` on every change (and once now); returns an unsubscribe function."""
-        self._subscribers.append(callback)
-        self._call(callback, self._state)
-        return lambda: self._subscribers.remove(callback) if callback in self._subscribers else None
-
-    def _call(self, callback: StateCallback, state: HostState) -> None:
-        try:
-            callback(state)
-        except Exception:  # a subscriber's bug must not stop the supervisor
-            log.exception("host state subscriber failed")
+        unsubscribe = self._subscribers.subscribe(callback)
+        self._subscribers.call(callback, self._state)
+        return unsubscribe
 
     def _publish(self, status: HostStatus, *, latency_s: float | None = None,
                  last_error: str | None = None, attempts: int = 0, keep_since: bool = False) -> None:
@@ -70,8 +65,7 @@ class HostSupervisor:
         self._state = HostState(self.spec.name, status, since, latency_s, last_error, attempts)
         self._changed.set()
         self._changed = asyncio.Event()
-        for callback in list(self._subscribers):
-            self._call(callback, self._state)
+        self._subscribers.publish(self._state)
 
     def start(self) -> None:
         """Begin connecting in the background (on the running event loop)."""
