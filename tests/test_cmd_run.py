@@ -4,7 +4,6 @@ through a pipe or on a narrow terminal (ids, taus and commands never cut)."""
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 import shutil
@@ -20,6 +19,7 @@ from hypothesis import strategies as st
 from console.cli.main import main
 from console.procedure.store import STATE, RunStore
 from tests.cli_hosts import ThreadedHosts, write_config
+from tests.small_fs import fill, small_filesystem
 from tests.tui.rundir import build_run, evaluation
 
 ENTRY_POINT = str(Path(sys.executable).parent / "dflash-ops")
@@ -122,39 +122,12 @@ def test_resuming_an_unreadable_run_says_why_exit_2(config: Path, tmp_path: Path
     assert str(store / "20261201-120000-dd04" / STATE) in line and "not JSON" in line
 
 
-def small_filesystem(mount: Path) -> str | None:
-    """Mount a 64 KiB filesystem at `mount`: tmpfs, else an ext2 image on a loop device. Returns
-    what was mounted, or None where this machine allows neither."""
-    mount.mkdir()
-    if subprocess.run(["mount", "-t", "tmpfs", "-o", "size=64k", "tmpfs", str(mount)], capture_output=True).returncode == 0:
-        return "tmpfs"
-    image = mount.with_suffix(".img")
-    image.write_bytes(b"\0" * (256 << 10))
-    if shutil.which("mkfs.ext2") and subprocess.run(["mkfs.ext2", "-q", "-F", str(image)], capture_output=True).returncode == 0 \
-            and subprocess.run(["mount", "-o", "loop", str(image), str(mount)], capture_output=True).returncode == 0:
-        return "loop"
-    return None
-
-
 @pytest.fixture
 def full_disk(tmp_path: Path) -> Iterator[Path]:
     """A real small filesystem, filled to the last byte, created and removed by the test."""
-    mount = tmp_path / "small"
-    kind = small_filesystem(mount)
-    if kind is None:
-        if os.environ.get("CI") == "true":
-            pytest.fail("no small filesystem can be made here (tmpfs and loop mounts refused): the full-disk "
-                        "test must run in CI")
-        pytest.skip("no small filesystem can be made on this machine (tmpfs and loop mounts refused)")
-    try:
-        fd = os.open(mount / "filler", os.O_WRONLY | os.O_CREAT)
-        with contextlib.suppress(OSError):  # until ENOSPC: not one block left
-            while os.write(fd, b"\0" * 512):
-                pass
-        os.close(fd)
+    with small_filesystem(tmp_path / "small", size_kib=64) as mount:
+        fill(mount)
         yield mount
-    finally:
-        subprocess.run(["umount", str(mount)], check=True)
 
 
 @pytest.mark.parametrize("how", [("--headless", "--yes"), ("--plan",)], ids=["headless", "plan"])
