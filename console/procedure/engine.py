@@ -559,7 +559,7 @@ class Engine:
         if not tokens:  # before the cache: the prompts' length estimated from their text
             tokens = [longest_tokens([p]) for p in self._prompt_records()]
         history = None
-        if manager is not None and hasattr(manager, "history"):
+        if manager is not None:  # the unit's last stop and start (None from a command manager)
             with contextlib.suppress(Exception):
                 history = await manager.history()
         record = self.state.jobs.get("extract")

@@ -286,6 +286,10 @@ class CommandManager:
             detail=_output(result)[:200] or None,
         )
 
+    async def history(self) -> None:
+        """User commands keep no record of past stops and starts (systemd's manager has one)."""
+        return None
+
     async def _run(self, argv: list[str]) -> None:
         result = await self.runner.run(argv, check=False, timeout=self.timeout)
         if result.exit_status != 0:
