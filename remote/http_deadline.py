@@ -82,6 +82,11 @@ def request(url: str, data: bytes | None, timeout: float, max_body: int | None =
             with contextlib.suppress(OSError):
                 conn.sock.shutdown(socket.SHUT_RDWR)
 
+    def ran_out(exc: BaseException | None) -> bool:
+        # The socket's own timeout (the same `timeout`, per operation) may fire a moment before the
+        # watchdog does: either one is our deadline, never the server closing the connection.
+        return expired.is_set() or isinstance(exc, TimeoutError)
+
     watchdog = threading.Timer(timeout, expire)
     watchdog.daemon = True
     watchdog.start()
@@ -91,7 +96,7 @@ def request(url: str, data: bytes | None, timeout: float, max_body: int | None =
             conn.request("POST" if data is not None else "GET", target, body=data, headers=sent)
             response = conn.getresponse()
         except (OSError, http.client.HTTPException) as exc:
-            raise HttpDeadlineError("no_answer", url, timeout, expired=expired.is_set(), cause=exc) from None
+            raise HttpDeadlineError("no_answer", url, timeout, expired=ran_out(exc), cause=exc) from None
         status, content_type = response.status, response.getheader("Content-Type", "") or ""
         expected = response.length  # None: chunked, or read until the server closes
         body = bytearray()
@@ -113,7 +118,7 @@ def request(url: str, data: bytes | None, timeout: float, max_body: int | None =
         elif expected is None and expired.is_set():
             cut = True  # read until close: the deadline's shutdown may have ended it
         if cut:
-            raise HttpDeadlineError("cut_short", url, timeout, expired=expired.is_set(), cause=cause, status=status,
+            raise HttpDeadlineError("cut_short", url, timeout, expired=ran_out(cause), cause=cause, status=status,
                                     body=bytes(body), expected=expected)
         return Answer(status, bytes(body), content_type)
     finally:

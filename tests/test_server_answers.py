@@ -174,6 +174,20 @@ async def test_a_stuck_server_is_our_deadline_not_a_closed_connection(raw: RawSe
     assert "(our deadline)" in health.error and "closed the connection" not in health.error
 
 
+async def test_the_socket_timing_out_before_the_watchdog_is_still_our_deadline(raw: RawServer,
+                                                                             monkeypatch: pytest.MonkeyPatch) -> None:
+    """The socket's timeout and the watchdog share one deadline; whichever fires first, the message
+    is the same. Here the watchdog is made late, so the socket's timeout always wins the race."""
+    from remote import http_deadline
+
+    real_timer = threading.Timer
+    monkeypatch.setattr(http_deadline.threading, "Timer", lambda seconds, fn: real_timer(seconds + 30, fn))
+    raw.routes["/health"] = stuck
+    with pytest.raises(ServerUnreachable) as info:
+        await SglangClient(raw.url, timeout=1.0).health()
+    assert str(info.value) == f"{raw.url}/health: no answer within 1 s (our deadline)"
+
+
 async def test_a_line_that_is_not_http_is_an_answer_error(raw: RawServer) -> None:
     raw.routes["/health"] = garbage
     with pytest.raises(ServerAnswerError, match=r"/health: not an HTTP answer: .*SSH-2.0-OpenSSH"):
