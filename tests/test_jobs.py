@@ -124,6 +124,30 @@ async def test_selftest_runs_detached_and_reports_everything(ssh_target: SSHTarg
     assert (await runner.status(handle)).state == "exited"
 
 
+async def test_the_environment_given_reaches_the_worker_but_no_command_line(ssh_target: SSHTarget) -> None:
+    """An API key passed as the worker's environment is never in an argv (the host's process list
+    shows every user's argv); it reaches the worker intact, quotes and spaces included."""
+    secret = "sk-live 'quoted' $(id) `x` \\ end"
+    host = await ssh_target.connect()
+    sent: list[str] = []
+    real_run = host.run
+
+    async def recorded_run(argv, *args, **kwargs):
+        sent.append(" ".join(argv))
+        return await real_run(argv, *args, **kwargs)
+
+    host.run = recorded_run
+    runner = JobRunner(host, poll_interval=0.05, liveness_interval=0.1)
+    handle = await runner.start("drill.selftest", ["--steps", "1", "--interval", "0", "--echo-env", "DFLASH_SGLANG_API_KEY",
+                                                   "EMPTY_ONE"], env={"DFLASH_SGLANG_API_KEY": secret, "EMPTY_ONE": ""})
+    events = await collect(runner, handle)
+    assert events[-2]["data"]["env"] == {"DFLASH_SGLANG_API_KEY": secret, "EMPTY_ONE": ""}
+    assert sent and not any("sk-live" in command for command in sent)
+    assert "sk-live" not in Path(handle.run_dir, "handle.json").read_text()
+    with pytest.raises(ValueError, match="newline"):
+        await runner.start("drill.selftest", [], env={"KEY": "two\nlines"})
+
+
 async def test_a_crash_is_an_error_event_and_a_nonzero_exit(ssh_target: SSHTarget) -> None:
     host = await ssh_target.connect()
     runner = JobRunner(host, poll_interval=0.05, liveness_interval=0.1)

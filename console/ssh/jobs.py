@@ -276,9 +276,11 @@ class JobRunner:
         """
         if not _WORKER_NAME.match(worker):
             raise ValueError(f"worker name {worker!r} is not a module name")
-        for name in env or {}:
+        for name, value in (env or {}).items():
             if not _ENV_NAME.match(name):
                 raise ValueError(f"environment variable name {name!r} is not valid")
+            if "\n" in value or "\0" in value:
+                raise ValueError(f"environment variable {name}: its value holds a newline or NUL")
         if job_id is None:
             job_id = f"{time.strftime('%Y%m%d-%H%M%S')}-{worker}-{uuid.uuid4().hex[:6]}"
         elif not JOB_ID.match(job_id):
@@ -301,7 +303,6 @@ class JobRunner:
                 'sleep 0.01 2>/dev/null || sleep 1; done; shift; exec "$@"')
         command = shlex.join([
             "env", f"DFLASH_EVENTS={run_dir}/events.jsonl", f"DFLASH_RUN_DIR={run_dir}",
-            *(f"{k}={v}" for k, v in (env or {}).items()),
             "setsid", "nohup", "sh", "-c", gate, f"{run_dir}/handle.json", staging, *argv,
         ])
         # One backgrounded simple command, so $! is the worker itself (setsid does not fork: the
@@ -316,6 +317,9 @@ class JobRunner:
             f"if ! mkdir -m 700 {q(staging)} 2>/dev/null; then echo 'being started' >&2; exit {_EXISTS_STATUS}; fi",
             f"if [ -e {q(run_dir)} ]; then rmdir {q(staging)}; echo 'exists' >&2; exit {_EXISTS_STATUS}; fi",
             f"cd {q(code_dir)}",
+            # The caller's environment (an API key among it) comes on stdin, a line per value: an
+            # argv is world-readable in the host's process list, a shell's own variables are not.
+            *(f"IFS= read -r {name}; export {name}" for name in (env or {})),
             # Opened here, not by the child: its directory is renamed while the child starts.
             f"exec 3>{q(staging)}/stdout.log 4>{q(staging)}/stderr.log",
             f"{command} </dev/null >&3 2>&4 3>&- 4>&- &",
@@ -329,7 +333,8 @@ class JobRunner:
             f"mv {q(staging)} {q(run_dir)}",
             f"cat {q(run_dir)}/handle.json",
         ])
-        result = await self.host.run(["sh", "-c", script], check=False)
+        result = await self.host.run(["sh", "-c", script], check=False,
+                                     input="".join(f"{value}\n" for value in (env or {}).values()))
         if result.exit_status == _EXISTS_STATUS:
             how = "is being started" if "being started" in result.stderr else "already exists"
             raise JobExists(self.host.name, f"job {job_id} {how} ({run_dir}): attach to it instead of "

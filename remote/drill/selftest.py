@@ -27,6 +27,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--interval", type=float, default=0.1, help="seconds to sleep per step")
     parser.add_argument("--crash-at", type=int, default=None, help="raise an exception at this step")
     parser.add_argument("--echo", nargs="*", default=[], help="arguments to return in the result")
+    parser.add_argument("--echo-env", nargs="*", default=[], help="environment variables to return in the result")
     parser.add_argument("--stderr", default=None, help="a line to write to stderr before starting")
     parser.add_argument("--ignore-term", action="store_true", help="ignore SIGTERM (to test KILL)")
     parser.add_argument("--sleep-silent", type=float, default=0.0,
@@ -56,7 +57,7 @@ def main(events: EventWriter, argv: list[str] | None = None) -> dict[str, Any]:
         if step == 1 and args.sleep_silent:
             time.sleep(args.sleep_silent)
     return {"echo": args.echo, "pid": os.getpid(), "cwd": os.getcwd(), "sid": os.getsid(0),
-            "handle_at_start": handle_at_start}
+            "handle_at_start": handle_at_start, "env": {name: os.environ.get(name) for name in args.echo_env}}
 
 
 if __name__ == "__main__":
