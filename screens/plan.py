@@ -14,7 +14,7 @@ from textual.screen import Screen
 from textual.widgets import Footer, Header, Static
 
 from console.messages import PlanReady
-from console.views.headless import plan_view
+from console.views.plan import plan_view
 from screens.widgets.downtime_banner import DowntimeBanner
 
 if TYPE_CHECKING:
@@ -36,7 +36,7 @@ class PlanScreen(Screen):
         yield Header(show_clock=False, icon="")
         yield DowntimeBanner()
         with VerticalScroll(id="plan-body"):
-            yield Static(plan_view(self.plan), id="plan-table")
+            yield Static(plan_view(self.plan, commands_whole=False), id="plan-table")
         yield Footer()
 
     def on_mount(self) -> None:

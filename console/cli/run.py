@@ -28,7 +28,7 @@ from console.operator import Operator
 from console.procedure.decider import ApproveAll, Decider, RefuseAll, TerminalDecider
 from console.procedure.store import RunStore, RunStoreError, RunSummary, UnreadableRun
 from console.views.headless import HeadlessView
-from console.views.plan import plan_ready_view
+from console.views.plan import plan_view
 from console.views.status import unreadable_run_line
 from console.views.tables import FittedTable
 
@@ -156,7 +156,7 @@ async def print_plan(operator: Operator, route: str | None, console: Console) ->
     finally:
         view.close()
         await operator.stop()
-    Console().print(plan_ready_view(plan), crop=False)  # commands whole, however wide
+    Console().print(plan_view(plan), crop=False)  # commands whole, however wide
     return 0
 
 

@@ -2,18 +2,17 @@
 
 It subscribes to the session's bus and prints each step's transitions, the journal's warnings and
 errors, the downtime, and rich progress bars for the jobs (weights n/N and bytes, prompts i/N,
-anchors); `plan_table` renders a chosen plan (`--plan`).
+anchors); a chosen plan is `console.views.plan.plan_view`.
 """
 
 from __future__ import annotations
 
 import contextlib
-import shlex
 import time
 from collections.abc import Callable, Iterator
 from typing import Any
 
-from rich.console import Console, Group
+from rich.console import Console
 from rich.progress import (
     BarColumn,
     Progress,
@@ -22,13 +21,13 @@ from rich.progress import (
     TextColumn,
     TimeElapsedColumn,
 )
-from rich.table import Table
 from rich.text import Text
 
 from console import messages as m
 from console.procedure.decider import register_live_display
 from console.session import MessageBus
-from console.views.units import duration, mib, rate, size
+from console.views.plan import plan_view
+from console.views.units import mib, rate, size
 
 STATUS_STYLE = {"done": "green", "skipped": "cyan", "left-out": "dim", "running": "bold", "failed": "bold red",
                 "refused": "yellow", "cancelled": "yellow", "pending": "dim"}
@@ -50,43 +49,6 @@ def build_progress(title: str, console: Console | None = None) -> Iterator[Calla
 
     with progress:
         yield tell
-
-
-def plan_view(plan: m.PlanReady) -> Group:
-    """The plan's steps, where the target fits without the serving GPUs, and the route proposed."""
-    parts: list[Any] = [plan_table(plan)]
-    if plan.fits:
-        fits = Table(title="where the target fits without stopping the server", title_justify="left")
-        for column in ("host", "fits", "GPU", "free", "needs", "why"):
-            fits.add_column(column, overflow="fold", no_wrap=column in ("free", "needs"))
-        for fit in plan.fits:
-            gpus = ",".join(map(str, fit.gpus)) if fit.gpus else ("-" if fit.gpu is None else str(fit.gpu))
-            fits.add_row(fit.host, Text("yes", style="green") if fit.proposed else Text("no", style="dim"),
-                         gpus, "-" if fit.free_mib is None else mib(fit.free_mib),
-                         "-" if fit.need_mib is None else mib(fit.need_mib), fit.why)
-        parts.append(fits)
-    if plan.proposal:
-        parts.append(Text(f"proposed: {plan.proposal}" + ("" if plan.route == "zero-downtime" else
-                                                          " (take it with --route zero-downtime)"), style="bold cyan"))
-    return Group(*parts)
-
-
-def plan_table(plan: m.PlanReady) -> Table:
-    """Every step of the plan: whether it acts and why, where, the exact command, the estimate."""
-    table = Table(title=f"plan ({plan.route} route)", title_justify="left")
-    table.add_column("#", justify="right")
-    table.add_column("step", style="bold", no_wrap=True)
-    table.add_column("acts", no_wrap=True)
-    table.add_column("host", no_wrap=True)
-    table.add_column("why / command", overflow="fold")
-    table.add_column("estimate", justify="right", no_wrap=True)
-    for number, step in enumerate(plan.steps, 1):
-        why = Text(step.why)
-        if step.argv:
-            why.append("\n$ " + shlex.join(step.argv), style="cyan")
-        table.add_row(str(number), step.name, Text("yes", style="green") if step.acts else Text("no", style="dim"),
-                      step.host or "-", why, duration(step.estimate_s))
-    return table
 
 
 class HeadlessView:
@@ -127,7 +89,7 @@ class HeadlessView:
                 line.append(f": {message.detail}")
             self._print(line)
         elif isinstance(message, m.PlanReady):
-            self._print(plan_view(message))
+            self.console.print(plan_view(message), crop=False)  # commands whole, however wide
         elif isinstance(message, m.JournalEntry) and message.level in ("warning", "error"):
             self._print(Text(f"  {message.level}: {message.message}", style="yellow" if message.level == "warning" else "red"))
         elif isinstance(message, m.HoldersFound):

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from rich.console import Group, RenderableType
+from rich.padding import Padding
 from rich.panel import Panel
 from rich.table import Table
 from rich.text import Text
@@ -21,6 +22,7 @@ from console.messages import PlanReady
 from console.procedure.steps import ROUTES, STEP_TITLES
 from console.service.control import manager_from_config
 from console.views.tables import FittedTable
+from console.views.units import duration, mib
 from remote.prompts import DEFAULT_PROMPTS, PromptFileError, load_prompts
 
 KERNEL_MEANING = {
@@ -257,13 +259,17 @@ def render_plan(config: Config) -> RenderableType:
 # `run --plan`: the plan chosen at preflight (a `PlanReady`), for a terminal or a pipe.
 
 
-def plan_ready_view(plan: PlanReady) -> Group:
-    """The chosen plan: per step whether it acts and why, where, the estimate; then each step's
-    literal command whole on a line of its own, as it will run (to read or copy: never folded across
-    table cells, never cut; print with `crop=False` so a line wider than the terminal is left to it
-    to wrap); where the target fits without the serving GPUs, and the route proposed."""
-    rows = [[step.name, "yes" if step.acts else "no", step.host or "-", step.why,
-             f"{step.estimate_s:.0f} s" if step.estimate_s else "-"] for step in plan.steps]
+def plan_view(plan: PlanReady, commands_whole: bool = True) -> Group:
+    """The chosen plan, as `run --plan`, the headless run and the console's `p` screen all show it:
+    per step whether it acts and why, where, the estimate; then each step's literal command on a
+    line of its own, as it will run (never folded across table cells); where the target fits
+    without the serving GPUs, and the route proposed.
+
+    `commands_whole`: each command on one line that is never cut (print with `crop=False`, so that
+    the terminal wraps a line wider than itself and a copy gets the command whole); otherwise (a
+    screen of fixed width) it wraps at the width, between its words where it can."""
+    rows = [[step.name, "yes" if step.acts else "no", step.host or "-", step.why, duration(step.estimate_s)]
+            for step in plan.steps]
     parts: list[RenderableType] = [FittedTable((["step", "acts", "host", "why", "estimate"], rows,
                                                 ["" if step.acts else "dim" for step in plan.steps]),
                                                f"plan ({plan.route} route)", fold=3, justify="left")]
@@ -273,12 +279,15 @@ def plan_ready_view(plan: PlanReady) -> Group:
         for step in commands:
             parts.append(Text(f"  {step.name} on {step.host or '?'}" + ("" if step.acts else " (left out)") + ":",
                               style="bold" if step.acts else "dim"))
-            parts.append(Text(f"    $ {shlex.join(step.argv)}", style="cyan", no_wrap=True, overflow="ignore"))
+            command = f"$ {shlex.join(step.argv)}"
+            parts.append(Text(f"    {command}", style="cyan", no_wrap=True, overflow="ignore") if commands_whole
+                         else Padding(Text(command, style="cyan", overflow="fold"), (0, 0, 0, 4)))
     if plan.fits:
-        rows = [[fit.host, "yes" if fit.proposed else "no", "-" if fit.gpu is None else str(fit.gpu),
-                 "-" if fit.free_mib is None else str(fit.free_mib), "-" if fit.need_mib is None else str(fit.need_mib),
-                 fit.why] for fit in plan.fits]
-        parts.append(FittedTable((["host", "fits", "GPU", "free MiB", "needs MiB", "why"], rows,
+        rows = [[fit.host, "yes" if fit.proposed else "no",
+                 ",".join(map(str, fit.gpus)) if fit.gpus else ("-" if fit.gpu is None else str(fit.gpu)),
+                 mib(fit.free_mib) if fit.free_mib is not None else "-",
+                 mib(fit.need_mib) if fit.need_mib is not None else "-", fit.why] for fit in plan.fits]
+        parts.append(FittedTable((["host", "fits", "GPU", "free", "needs", "why"], rows,
                                   ["green" if fit.proposed else "" for fit in plan.fits]),
                                  "where the target fits without stopping the server", fold=5, justify="left"))
     if plan.proposal:
