@@ -16,6 +16,7 @@ from console.procedure import forecast as fc
 from console.procedure.state import ExtractionState, RunState, ServiceState, StepState
 from console.procedure.steps import planned
 from console.service.control import SystemdManager
+from console.views.units import duration
 from remote import extract, probe
 from remote.events import EventWriter
 from tests.fixtures_models import write_completions
@@ -314,7 +315,7 @@ def test_over_the_budget_the_stop_is_refused_naming_the_budget_the_forecast_and_
     assert made.over_budget
     text = fc.refusal(made, ask)
     assert text.startswith("refused before the stop, the service untouched: the forecast downtime "
-                           f"{made.downtime_s:.0f} s = stop 10 s + free-vram 2 s + extract ")
+                           f"{duration(made.downtime_s)} = stop 10 s + free-vram 2 s + extract ")
     assert f"exceeds the budget [window] max_downtime_s = {budget:g} s" in text
     assert "the zero-downtime route, no downtime: ct200 GPU3" in text and "--route zero-downtime" in text
     n = fc.prompts_that_fit(made, ask)

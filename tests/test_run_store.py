@@ -132,7 +132,7 @@ def test_terminal_decider_y_n_c() -> None:
 
     assert asyncio.run(ask()) == [False, True, True, True]  # "maybe" re-asked, then n; y; c; then no question
     text = out.getvalue()
-    assert "systemctl stop sglang" in text and "[DESTRUCTIVE]" in text and "estimate: 94 s" in text
+    assert "systemctl stop sglang" in text and "[DESTRUCTIVE]" in text and "estimate: 1 min 34 s (earlier runs)" in text
     assert text.count("Proceed?") == 4  # after `c` nothing more is asked
 
 

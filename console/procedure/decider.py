@@ -22,6 +22,7 @@ from collections.abc import Callable, Iterator
 from typing import Protocol, TextIO
 
 from console.messages import Confirmation
+from console.views.units import duration
 
 
 class Decider(Protocol):
@@ -53,7 +54,7 @@ def confirmation_text(c: Confirmation) -> str:
     lines = [f"{c.step}: {c.action} on {c.host}" + ("  [DESTRUCTIVE]" if c.destructive else ""),
              f"  command: {shlex.join(c.argv)}", f"  impact:  {c.impact}"]
     if c.estimate_s is not None:
-        lines.append(f"  estimate: {c.estimate_s:.0f} s (earlier runs)")
+        lines.append(f"  estimate: {duration(c.estimate_s)} (earlier runs)")
     return "\n".join(lines)
 
 

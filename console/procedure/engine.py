@@ -70,6 +70,7 @@ from console.service.vram import VramError, describe_outcomes, others_used, wait
 from console.session import service_name
 from console.ssh.hosts import HostDisconnected, HostError
 from console.ssh.jobs import JobDead, JobExists, JobHandle, JobStalledError, job_message
+from console.views.units import duration
 from remote.prompts import DEFAULT_PROMPTS, load_prompts
 
 EXIT_DONE, EXIT_FAILED, EXIT_USAGE, EXIT_DOWN = 0, 1, 2, 3
@@ -788,7 +789,7 @@ class Engine:
         manager = await self.hosts.service_manager(self.connect_s)
         downtime = self.earlier.get("downtime")
         acts["stop"] = (True, f"{service_name(self.config)} on {self.config.service.host} goes down"
-                              + (f"; earlier windows took {downtime:.0f} s" if downtime else ""))
+                              + (f"; earlier windows took {duration(downtime)}" if downtime else ""))
         role_hosts = {"hosts": None, "target": self.config.target.host, "service": self.config.service.host,
                       "extract": self._extract_host()[0], "eval": self.config.eval.host, "console": None}
         hosts = {s.name: role_hosts[s.host_role] for s in route_steps(self.route) if role_hosts[s.host_role]}
@@ -798,7 +799,7 @@ class Engine:
         proposal = None
         if fit is not None:
             proposal = (f"zero-downtime: extract on {fit.host} GPU{fit.gpu} ({fit.why}); the window route would "
-                        f"stop the server" + (f" for ~{downtime:.0f} s (earlier windows)" if downtime else ""))
+                        f"stop the server" + (f" for ~{duration(downtime)} (earlier windows)" if downtime else ""))
             self.journal("preflight", f"proposed route: {proposal}; chosen: {self.route}"
                          + (" (--route zero-downtime to take it)" if self.route == "window" else ""))
         facts["proposal"] = proposal
@@ -1323,7 +1324,7 @@ class Engine:
         late = projection.expected_ready_at - (projection.budget_ends_at or projection.expected_ready_at)
         if not await self._ask(Confirmation(
                 "extract", "stop the extraction now and restart the service", target, tuple(argv),
-                f"the window would end {late:.0f} s past its budget ({projection.basis}); every prompt already "
+                f"the window would end {duration(late)} past its budget ({projection.basis}); every prompt already "
                 f"extracted is kept (complete, verified files) and `run --resume` extracts the rest in the next "
                 f"window", False, None)):
             return
@@ -1520,7 +1521,7 @@ class Engine:
                 else:
                     argv = manager.start_argv()
                     down = svc.stopped_at
-                    so_far = f"down {time.time() - down:.0f} s so far" if down else "not stopped by this run"
+                    so_far = f"down {duration(time.time() - down)} so far" if down else "not stopped by this run"
                     failed_before = f"; the last start failed: {svc.restart_error}" if svc.restart_error else ""
                     if not await self._ask(Confirmation("restart", "start the service", service.host, tuple(argv),
                                                         f"{reason}: brings {service_name(self.config)} back "

@@ -32,6 +32,7 @@ from typing import Any
 
 from console.messages import Forecast, ForecastPhase, WindowProjection
 from console.procedure.state import RunState, StateError
+from console.views.units import duration
 
 PHASES = ("stop", "free-vram", "extract", "start")
 GB = 1e9
@@ -263,9 +264,9 @@ def phase(forecast: Forecast, name: str) -> ForecastPhase:
 
 def summary(forecast: Forecast) -> str:
     """One line: '312 s = stop 11 s + free-vram 2 s + extract 180 s + start 119 s (2 estimated)'."""
-    parts = " + ".join(f"{p.name} {p.seconds:.0f} s" for p in forecast.phases)
+    parts = " + ".join(f"{p.name} {duration(p.seconds)}" for p in forecast.phases)
     estimated = sum(p.estimated for p in forecast.phases)
-    return f"{forecast.downtime_s:.0f} s = {parts}" + (f" ({estimated} estimated)" if estimated else "")
+    return f"{duration(forecast.downtime_s)} = {parts}" + (f" ({estimated} estimated)" if estimated else "")
 
 
 # --- the budget --------------------------------------------------------------------------------
@@ -298,7 +299,7 @@ def refusal(planned: Forecast, inputs: ForecastInputs) -> str | None:
         staged = forecast(dataclasses.replace(inputs, staged=True)) if bps else None
         if staged is not None:
             verdict = "fits" if not staged.over_budget else "still over"
-            fits.append(f"staging the weights before the stop: {staged.downtime_s:.0f} s ({verdict})"
+            fits.append(f"staging the weights before the stop: {duration(staged.downtime_s)} ({verdict})"
                         + (f"; the plan left it out: {inputs.stage_left_out}" if inputs.stage_left_out else ""))
         else:
             fits.append("staging the weights before the stop" + (f" (left out: {inputs.stage_left_out})"
@@ -359,7 +360,7 @@ def project(forecast: Forecast, inputs: ForecastInputs, down_since: float, now: 
         measured = "measured" if progress.tokens_per_s else "forecast"
         return WindowProjection(forecast.run_id, down_since, now + eta + start, eta, budget_ends,
                                 f"{progress.done}/{progress.total} tokens, {progress.left} left at {rate:,.0f} tok/s "
-                                f"({measured}), then the start ({start:.0f} s: {phase(forecast, 'start').basis})")
+                                f"({measured}), then the start ({duration(start)}: {phase(forecast, 'start').basis})")
     expected = max(down_since + forecast.downtime_s, now + start)
     return WindowProjection(forecast.run_id, down_since, expected, None, budget_ends,
                             f"the forecast: {summary(forecast)}")
