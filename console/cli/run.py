@@ -31,6 +31,7 @@ from console.views.headless import HeadlessView
 from console.views.plan import plan_view
 from console.views.status import unreadable_run_line
 from console.views.tables import FittedTable
+from console.views.units import duration
 
 SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 EXIT_INTERRUPTED = 130
@@ -241,9 +242,9 @@ def runs_rows(summaries: list[RunSummary | UnreadableRun]) -> tuple[list[str], l
             status += ", SERVICE DOWN"
         taus = "\n".join(f"{name} {tau:.2f}" for name, tau in summary.headline.items() if tau is not None) or "-"
         online = "\n".join(f"{name} {tau:.2f}" for name, tau in summary.online.items() if tau is not None) or "-"
-        downtime = f"{summary.downtime_s:.1f} s" if summary.downtime_s is not None else "-"
+        downtime = duration(summary.downtime_s, tenths=True)
         if summary.forecast_s is not None:
-            downtime += f" ({summary.forecast_s:.1f} s)"
+            downtime += f" ({duration(summary.forecast_s, tenths=True)})"
         if summary.windows > 1:
             downtime += f", {summary.windows} windows"
         rows.append([summary.run_id, time.strftime("%Y-%m-%d %H:%M", time.localtime(summary.created_at)), status,

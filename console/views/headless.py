@@ -27,7 +27,7 @@ from console import messages as m
 from console.procedure.decider import register_live_display
 from console.session import MessageBus
 from console.views.plan import plan_view
-from console.views.units import mib, rate, size
+from console.views.units import duration, mib, rate, size
 
 STATUS_STYLE = {"done": "green", "skipped": "cyan", "left-out": "dim", "running": "bold", "failed": "bold red",
                 "refused": "yellow", "cancelled": "yellow", "pending": "dim"}
@@ -82,7 +82,7 @@ class HeadlessView:
             return
         if isinstance(message, m.StepUpdate):
             style = STATUS_STYLE.get(message.status, "")
-            took = f" ({message.duration_s:.1f} s)" if message.duration_s is not None and message.status != "running" else ""
+            took = f" ({duration(message.duration_s, tenths=True)})" if message.duration_s is not None and message.status != "running" else ""
             line = Text(f"[{message.step}] ", style="bold")
             line.append(message.status + took, style=style)
             if message.detail:

@@ -34,6 +34,7 @@ from console.views.tables import (
     warning_lines,
     warnings_block,
 )
+from console.views.units import duration
 from remote.artifacts import atomic_path
 
 REPORT_FORMAT = "dflash-ops.report/1"
@@ -116,8 +117,8 @@ def window_rows(out_dir: Path) -> list[list[str]] | None:
     except RunStoreError:
         return None
     rows = fc.against(state)
-    return [[r.phase, f"{r.forecast_s:.1f} s" if r.forecast_s is not None else "-",
-             f"{r.measured_s:.1f} s" if r.measured_s is not None else "-",
+    return [[r.phase, duration(r.forecast_s, tenths=True),
+             duration(r.measured_s, tenths=True),
              f"{r.error:+.0%}" if r.error is not None else "-", r.basis] for r in rows] or None
 
 

@@ -12,20 +12,16 @@ from rich.table import Table
 from rich.text import Text
 
 from console.messages import GpuReading, HostState, ServiceView, TelemetryUpdate
+from console.views.units import duration
 
 HOLDERS_SHOWN = 3
 COMMAND_CHARS = 60
 
 
 def ago(seconds: float) -> str:
-    """'0.4 s', '12 s', '3 min', '2 h 05 min'."""
-    if seconds < 10:
-        return f"{seconds:.1f} s"
-    if seconds < 120:
-        return f"{seconds:.0f} s"
-    if seconds < 7200:
-        return f"{seconds / 60:.0f} min"
-    return f"{int(seconds // 3600)} h {int(seconds % 3600 // 60):02d} min"
+    """How long ago, or for how long: '0.4 s', '12 s', '3 min 05 s' (`units.duration`, to a tenth
+    under 10 s)."""
+    return duration(seconds, tenths=True)
 
 
 def connection_text(state: HostState, now: float) -> Text:

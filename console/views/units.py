@@ -7,11 +7,14 @@ from __future__ import annotations
 BINARY_UNITS = (("TiB", 1 << 40), ("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10))
 
 
-def duration(seconds: float | None, compact: bool = False) -> str:
+def duration(seconds: float | None, compact: bool = False, tenths: bool = False) -> str:
     """'4 s', '1 min 05 s', '2 h 03 min', '1 d 4 h'; with `compact`, for narrow columns: '4s',
-    '1m05s', '2h03m'. '-' (compact: '') for None; a negative duration counts as 0."""
+    '1m05s', '2h03m'; with `tenths`, under 10 s to a tenth ('0.4 s', for a step's or a reading's
+    age). '-' (compact: '') for None; a negative duration counts as 0."""
     if seconds is None:
         return "" if compact else "-"
+    if tenths and round(seconds, 1) < 10:
+        return f"{max(0.0, seconds):.1f}" + ("s" if compact else " s")
     whole = max(0, int(round(seconds)))
     if whole < 60:
         return f"{whole}s" if compact else f"{whole} s"

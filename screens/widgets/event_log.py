@@ -14,6 +14,7 @@ from textual.binding import Binding
 from textual.widgets import RichLog
 
 from console.messages import JournalEntry
+from console.views.units import duration
 from screens.format import clock
 
 LEVEL_STYLE = {"warning": "yellow", "error": "bold red"}
@@ -42,7 +43,7 @@ def journal_line(entry: JournalEntry, whole: bool = False) -> Text:
     if entry.exit is not None:
         text.append(f"  exit {entry.exit}", style="green" if entry.exit == 0 else "red")
     if entry.duration_s is not None:
-        text.append(f"  {entry.duration_s:.1f} s", style="dim")
+        text.append(f"  {duration(entry.duration_s, tenths=True)}", style="dim")
     return text
 
 

@@ -467,6 +467,19 @@ def test_duration_reads_back_to_its_precision(seconds):
     assert " " not in compact and len(compact) <= 7 or seconds >= 100 * 3600
 
 
+@given(st.floats(0, 86400, allow_nan=False))
+def test_duration_to_a_tenth_under_ten_seconds_and_as_usual_above(seconds):
+    text = duration(seconds, tenths=True)
+    if text.count(" ") == 1 and "." in text:
+        assert seconds < 10 and abs(float(text.split()[0]) - seconds) <= 0.05
+    else:
+        assert text == duration(seconds) and seconds >= 9.95
+
+
+def test_duration_examples():
+    assert [duration(s, tenths=True) for s in (0.04, 4.24, 9.96, 75)] == ["0.0 s", "4.2 s", "10 s", "1 min 15 s"]
+
+
 @given(st.floats(0, 1 << 50, allow_nan=False))
 def test_size_is_binary_and_reads_back(nbytes):
     number, unit = size(nbytes).split()
