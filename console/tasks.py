@@ -3,13 +3,17 @@
 from __future__ import annotations
 
 import asyncio
-import contextlib
 
 
 async def cancel_and_wait(task: asyncio.Task | None) -> None:
-    """Cancel `task` and wait until it has ended (its CancelledError is the expected ending)."""
+    """Cancel `task` and wait until it has ended. Its CancelledError is the expected ending; a
+    cancel of the caller itself while it waits is not swallowed with it."""
     if task is None:
         return
     task.cancel()
-    with contextlib.suppress(asyncio.CancelledError):
+    try:
         await task
+    except asyncio.CancelledError:
+        current = asyncio.current_task()
+        if current is not None and current.cancelling():
+            raise

@@ -283,6 +283,7 @@ class FakeManager:
 
     async def status(self) -> ServiceStatus:
         self._hosts._alive()
+        await self._hosts.answer("status")
         self._hosts._fault("status")
         return self._hosts.world.service.status()
 
@@ -449,6 +450,9 @@ class FakeWorld:
         self.jobs: dict[tuple[str, str], FakeJob] = {}
         self.job_order: list[FakeJob] = []
         self.faults: list[Fault] = []
+        # Cancels the next host calls lose (FakeHosts.answer), and the calls that lost one.
+        self.swallow_cancels = 0
+        self.swallowed: list[str] = []
         self.tasks: set[asyncio.Task] = set()
         self.streams = {name: FakeTelemetry(self, name) for name in config.hosts}
         self.ended: list[int] = []  # pids the console had ended
@@ -755,6 +759,18 @@ class FakeHosts:
         self.calls.append((method, host))
         self._fault(method, host=host, **facts)
 
+    async def answer(self, method: str) -> None:
+        """The call's answer coming back over the link. With `world.swallow_cancels` set, a cancel
+        that lands now is lost, as Python 3.11's `asyncio.wait_for` (asyncssh's wait on each
+        command) loses one that lands as the command completes: the call returns as if none came."""
+        if self.world.swallow_cancels <= 0:
+            return
+        try:
+            await asyncio.sleep(0)
+        except asyncio.CancelledError:
+            self.world.swallow_cancels -= 1
+            self.world.swallowed.append(method)
+
     def simulated(self, host: str) -> bool:
         return True
 
@@ -763,6 +779,7 @@ class FakeHosts:
 
     async def connect(self, host: str, timeout: float) -> None:
         self._call("connect", host)
+        await self.answer("connect")
 
     async def workdir(self, host: str) -> str:
         self._alive()
@@ -775,6 +792,7 @@ class FakeHosts:
     async def run(self, host: str, argv: list[str], timeout: float | None = None) -> None:
         """The few commands the engine runs itself: its directories, the go file, the lock's removal."""
         self._call("run", host, argv0=argv[0])
+        await self.answer("run")
         if argv[:3] == ["mkdir", "-p", "-m"]:
             Path(argv[4]).mkdir(mode=int(argv[3], 8), parents=True, exist_ok=True)
         elif argv[:2] == ["sh", "-c"] and argv[2].startswith("umask 077; : > "):
@@ -790,6 +808,7 @@ class FakeHosts:
 
     async def read_text(self, host: str, path: str) -> str:
         self._call("read_text", host, path=Path(path).name)
+        await self.answer("read_text")
         try:
             return Path(path).read_text()
         except FileNotFoundError:
@@ -797,6 +816,7 @@ class FakeHosts:
 
     async def write_text(self, host: str, path: str, text: str) -> None:
         self._call("write_text", host, path=Path(path).name)
+        await self.answer("write_text")
         Path(path).parent.mkdir(parents=True, exist_ok=True)
         tmp = Path(f"{path}.incoming")
         tmp.write_text(text)
@@ -807,6 +827,7 @@ class FakeHosts:
         from remote.artifacts import read_manifest
 
         self._call("manifest_complete", host)
+        await self.answer("manifest_complete")
         try:
             read_manifest(path, verify=True)
         except ValueError:
@@ -815,6 +836,7 @@ class FakeHosts:
 
     async def relay_file(self, src: str, src_path: str, dst: str, dst_path: str, progress: Any) -> None:
         self._call("relay_file", dst)
+        await self.answer("relay_file")
         Path(dst_path).parent.mkdir(parents=True, exist_ok=True)
         shutil.copyfile(src_path, f"{dst_path}.incoming")
         Path(f"{dst_path}.incoming").replace(dst_path)
@@ -824,6 +846,7 @@ class FakeHosts:
 
     async def relay_tree(self, src: str, src_path: str, dst: str, progress: Any) -> tuple[str, int]:
         self._call("relay_tree", dst)
+        await self.answer("relay_tree")
         files = sorted(p for p in Path(src_path).rglob("*") if p.is_file())
         digest = hashlib.sha256(b"".join(p.relative_to(src_path).as_posix().encode() + p.read_bytes() for p in files))
         path = self.world.workdir(dst) / "relayed" / digest.hexdigest()[:16]
@@ -836,21 +859,25 @@ class FakeHosts:
 
     async def export_heads(self, host: str, model_path: str, out: str) -> None:
         self._call("export_heads", host)
+        await self.answer("export_heads")
         if not Path(out).exists():
             shutil.copytree(model_path, out)
 
     async def fetch_tree(self, host: str, remote_dir: str, local_dir: Path, progress: Any) -> None:
         self._call("fetch_tree", host)
+        await self.answer("fetch_tree")
         shutil.copytree(remote_dir, local_dir, dirs_exist_ok=True)
         progress(1, 1)
 
     async def start_job(self, host: str, worker: str, args: list[str], env: dict[str, str] | None,
                         job_id: str) -> JobHandle:
         self._call("start_job", host, worker=worker)
+        await self.answer("start_job")
         return self.world.start_job(host, worker, args, job_id).handle
 
     async def find_job(self, host: str, job_id: str) -> JobHandle | None:
         self._call("find_job", host)
+        await self.answer("find_job")
         job = self.world.jobs.get((host, job_id))
         return job.handle if job is not None else None
 
@@ -859,12 +886,14 @@ class FakeHosts:
 
     async def job_status(self, handle: JobHandle) -> JobStatus:
         self._call("job_status", handle.host)
+        await self.answer("job_status")
         job = self._job(handle)
         return JobStatus(job.state, job.exit_code, job.stderr)  # type: ignore[arg-type]
 
     async def cancel_job(self, handle: JobHandle, grace: float) -> JobStatus:
         """SIGTERM (the worker writes `exit` 143), waited for."""
         self._call("cancel_job", handle.host)
+        await self.answer("cancel_job")
         job = self._job(handle)
         if job.state == "running" and job.task is not None:
             job.task.cancel(msg="SIGTERM")
@@ -877,6 +906,7 @@ class FakeHosts:
         """(offset after the line, event) from `offset` on, ending after `exit`; JobDead when the
         process is gone without one; JobStalledError when it is alive and silent."""
         self._call("follow_job", handle.host, worker=handle.worker)
+        await self.answer("follow_job")
         job = self._job(handle)
         if self.world.take_fault("follow", host=handle.host, worker=handle.worker, kind=job.kind) is not None:
             raise TimeoutError(f"{handle.host} did not reconnect (injected)")
@@ -904,10 +934,12 @@ class FakeHosts:
 
     async def service_manager(self, timeout: float) -> FakeManager:
         self._call("service_manager", INFERENCE)
+        await self.answer("service_manager")
         return FakeManager(self)
 
     async def start_service_and_wait(self, timeout: float, on_progress: Callable[[StartupProgress], Any]) -> ServiceHealth:
         self._call("start", INFERENCE)
+        await self.answer("start")
         service = self.world.service
         service.start()
         on_progress(StartupProgress("loading", f"{UNIT}: loading"))
@@ -915,6 +947,7 @@ class FakeHosts:
 
     async def wait_service_ready(self, timeout: float) -> ServiceHealth:
         self._call("wait_ready", INFERENCE)
+        await self.answer("wait_ready")
         return await self._ready(timeout)
 
     async def _ready(self, timeout: float) -> ServiceHealth:
@@ -933,6 +966,7 @@ class FakeHosts:
 
     async def check_service(self) -> ServiceView:
         self._call("check_service", INFERENCE)
+        await self.answer("check_service")
         service = self.world.service
         status = service.status()
         return ServiceView(status, service.health() if status.active else None, self.world.clock.time())
@@ -955,6 +989,7 @@ class FakeHosts:
 
     async def end_holders(self, host: str, holders: Sequence[VramHolder], grace_s: float, sudo: bool) -> list[EndOutcome]:
         self._call("end_holders", host)
+        await self.answer("end_holders")
         outcomes = []
         for holder in holders:
             self.world.ended.append(holder.pid)
@@ -972,6 +1007,7 @@ class FakeHosts:
         from console.procedure.crosscheck import crosscheck, save
 
         self._call("crosscheck", INFERENCE)
+        await self.answer("crosscheck")
         if self.world.service.state != "active":
             raise HostDisconnected(INFERENCE, f"{UNIT} is {self.world.service.state}: no server to ask")
         result = await crosscheck(_ServerSession(self.world), config, run_dir, facts)

@@ -20,6 +20,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+import console.procedure.engine as engine_module
 from console.messages import RunFinished
 from console.procedure.engine import (
     CRASH_POINTS,
@@ -482,6 +483,53 @@ async def test_a_cancel_right_after_the_stop_marks_the_stop_done(window: Window)
     assert finished.status == "cancelled" and state.steps["stop"].status == "done"
     assert window.world.service.state == "active"
     assert_promises(window, finished)
+
+
+@pytest.mark.parametrize("point", CRASH_POINTS)
+async def test_a_cancel_lost_on_its_way_is_asked_again(window: Window, point: str,
+                                                       monkeypatch: pytest.MonkeyPatch) -> None:
+    """Ctrl-C (or SIGTERM) at each crash point, and the host call it lands in loses it (Python
+    3.11's wait_for, under asyncssh): the run is cancelled all the same, and compensates; it
+    never goes on to the end as if nobody had asked (a CI run saw exactly that, exit 0)."""
+    monkeypatch.setattr(engine_module, "CANCEL_AGAIN_S", 0.01)
+    window.world.swallow_cancels = 1
+    engines: list[Engine] = []
+
+    def cancel_at(reached: str) -> None:
+        if reached == point:
+            engines[0].cancel()
+
+    engine = Engine(FakeHosts(window.world), window.world.config, window.store.open(window.run_id),
+                    ScriptedDecider(window.world.clock), window.store, crash_at=cancel_at)
+    engines.append(engine)
+    finished = await engine.execute()
+    assert finished.status == "cancelled", (finished, window.world.swallowed)
+    assert_promises(window, finished)
+    if window.world.swallowed:  # where the next call lost it, it was asked again, and taken
+        assert window.world.swallow_cancels == 0
+
+
+def test_the_lost_cancel_sweep_meets_lost_cancels(producers: Producers, tmp_path_factory: pytest.TempPathFactory) -> None:
+    """The sweep above is not vacuous: at most crash points the cancel does land in a host call
+    that loses it."""
+    lost = []
+    for point in CRASH_POINTS:
+        with pytest.MonkeyPatch.context() as monkeypatch:
+            monkeypatch.setattr(engine_module, "CANCEL_AGAIN_S", 0.01)
+            window = make_window(tmp_path_factory.mktemp(point), producers, monkeypatch)
+            window.world.swallow_cancels = 1
+
+            async def once(window: Window = window, point: str = point) -> None:
+                box: list[Engine] = []
+                engine = Engine(FakeHosts(window.world), window.world.config, window.store.open(window.run_id),
+                                ScriptedDecider(window.world.clock), window.store,
+                                crash_at=lambda reached: box[0].cancel() if reached == point else None)
+                box.append(engine)
+                await engine.execute()
+
+            asyncio.run(once())
+            lost += [point] if window.world.swallowed else []
+    assert len(lost) >= len(CRASH_POINTS) // 2, lost
 
 
 async def test_one_of_stage_and_cache_failing_cancels_the_other_and_ends_its_job(window: Window) -> None:

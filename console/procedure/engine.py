@@ -27,6 +27,7 @@ import asyncio
 import contextlib
 import dataclasses
 import json
+import logging
 import shlex
 import time
 from collections.abc import Callable
@@ -70,6 +71,7 @@ from console.service.vram import VramError, describe_outcomes, others_used, wait
 from console.session import service_name
 from console.ssh.hosts import HostDisconnected, HostError
 from console.ssh.jobs import JobDead, JobExists, JobHandle, JobStalledError, job_message
+from console.tasks import cancel_and_wait
 from console.views.units import duration
 from remote.prompts import DEFAULT_PROMPTS, load_prompts
 
@@ -79,6 +81,8 @@ SETTLED = ("done", "skipped", "left-out")
 START_SETTLE_S = 90.0  # a start cut off by a crash settles on the host within about a minute
 LOCK_FILE = "dflash-ops.lock"  # in the service host's workdir: the run driving that host
 QUIET_EVENTS = ("progress", "heartbeat")  # not worth a state write each (replaying them is harmless)
+log = logging.getLogger(__name__)
+CANCEL_AGAIN_S = 0.5  # a cancel the run has not taken yet is asked again this often (Engine.cancel)
 CRASH_POINTS = ("staged", "cached", "stop-asked", "stop-ran", "holders", "go", "gpu-released", "start-issued",
                 "ready", "evaluated", "reported")
 
@@ -177,6 +181,11 @@ class Engine:
         self._progress = fc.ExtractionProgress()
         self._budget_asked = False
         self._budget_task: asyncio.Task | None = None
+        self._task: asyncio.Task | None = None  # the one running `execute`, while it does
+        self._driving = False  # in `_drive`: the steps run, a cancel is taken there
+        self._cancel_asked = False  # while driving: a cancel came, taken or not yet
+        self._cancel_taken = False
+        self._cancel_again: asyncio.TimerHandle | None = None
 
     # --- bookkeeping --------------------------------------------------------------------------
 
@@ -253,6 +262,14 @@ class Engine:
     async def execute(self) -> RunFinished:
         """Run (or resume) the procedure to its end; never raises for a failed step (a
         `SimulatedCrash` from the sweep's hook passes through untouched)."""
+        self._task = asyncio.current_task()
+        try:
+            return await self._execute()
+        finally:
+            self._task = None
+            self._cancel_no_more()
+
+    async def _execute(self) -> RunFinished:
         state = self.state
         if state.finished and not self.plan_only:
             return await self._restart_only()
@@ -276,7 +293,54 @@ class Engine:
         status, message = await self._drive()
         return await self._end(status, message)
 
+    def cancel(self) -> None:
+        """Cancel the run (Ctrl-C, a signal, the console's quit): it then compensates.
+
+        A cancel can be lost on its way: on Python 3.11 `asyncio.wait_for` (asyncssh waits on each
+        command with it) returns the command's result instead when the cancel lands in the moment
+        the command completes. So until the run has taken it, it is asked again every
+        `CANCEL_AGAIN_S`; once taken (compensating), a cancel is one more interruption, which the
+        compensation journals and waits through."""
+        task = self._task
+        if task is None or task.done():
+            return
+        task.cancel()
+        self._cancel_asked = self._cancel_asked or self._driving
+        if self._driving and not self._cancel_taken and self._cancel_again is None:
+            self._cancel_again = asyncio.get_running_loop().call_later(CANCEL_AGAIN_S, self._ask_cancel_again)
+
+    def _ask_cancel_again(self) -> None:
+        self._cancel_again = None
+        if not self._driving or self._cancel_taken or self._task is None or self._task.done():
+            return
+        log.warning("run %s: a cancel was lost on its way (asked again)", self.run.run_id)
+        self.cancel()
+
+    def _cancel_no_more(self) -> None:
+        if self._cancel_again is not None:
+            self._cancel_again.cancel()
+            self._cancel_again = None
+
     async def _drive(self) -> tuple[str, str]:
+        self._driving = True
+        try:
+            ended = await self._drive_steps()
+        finally:
+            self._driving = False
+            self._cancel_no_more()
+        if self._cancel_asked and not self._cancel_taken:
+            # It came as the last step finished, and is still on its way: taken here, so that it
+            # cannot interrupt the run's finish instead (on 3.11 only its delivery clears it).
+            with contextlib.suppress(asyncio.CancelledError):
+                await asyncio.sleep(0)
+            task = asyncio.current_task()
+            while task is not None and task.cancelling():
+                task.uncancel()
+            self.journal(None, f"a cancel came as the last step finished: the run ended {ended[0]} all the same",
+                         level="warning")
+        return ended
+
+    async def _drive_steps(self) -> tuple[str, str]:
         try:
             await self._do(BY_NAME["preflight"])
             if self.plan_only:
@@ -288,9 +352,11 @@ class Engine:
         except Refused as exc:
             return "refused", str(exc)
         except asyncio.CancelledError:
+            self._cancel_taken = True
+            self._cancel_no_more()
             task = asyncio.current_task()
-            if task is not None:
-                task.uncancel()  # the compensation must still be able to wait
+            while task is not None and task.cancelling():
+                task.uncancel()  # every ask of it (one may have been lost): the compensation must still be able to wait
             return "cancelled", "cancelled by the operator"
         except StepFailed as exc:
             return "failed", str(exc)
@@ -424,6 +490,8 @@ class Engine:
 
     async def _steps(self) -> None:
         for unit in units(self.route)[1:]:
+            if self._cancel_asked and not self._cancel_taken:  # asked, and lost on its way: taken now
+                raise asyncio.CancelledError
             ran_before = set(self._ran)
             if len(unit) == 1:
                 await self._do(unit[0])
@@ -1431,9 +1499,8 @@ class Engine:
                 await asyncio.wait({job, watching[0]}, return_when=asyncio.FIRST_COMPLETED)
             if watching and watching[0].done() and not watching[0].cancelled() and watching[0].exception() is None:
                 # Taken: stopped now, whatever the job says later (a cancel can be swallowed mid-SSH call).
-                job.cancel()
-                with contextlib.suppress(asyncio.CancelledError, Exception):
-                    await job
+                with contextlib.suppress(Exception):  # the job's own failure is not the news here
+                    await cancel_and_wait(job)
                 await self._end_own_jobs()  # stopped cleanly, before the other process meets an OOM
                 raise StepFailed("extract", f"{watching[0].result()} during the extraction: it was stopped before "
                                             f"an OOM. The window route remains: dflash-ops run --route window")
