@@ -262,7 +262,8 @@ class Confirmation:
     argv: tuple[str, ...]
     impact: str  # "SGLang on ct129 goes down; earlier windows took 94 s"
     destructive: bool
-    estimate_s: float | None = None  # expected downtime or duration, from earlier runs
+    estimate_s: float | None = None  # expected downtime or duration
+    estimate_basis: str = "earlier runs"  # what `estimate_s` comes from ("forecast": the stop's, by phase)
 
 
 @dataclass(frozen=True)

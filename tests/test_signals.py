@@ -187,3 +187,32 @@ def test_sighup_in_the_console_after_the_stop_leaves_nobody_to_approve_the_resta
     assert state["status"] == "cancelled" and state["service"]["down"]
     assert signal_entries(drill, "SIGHUP") and drill.service_pid() is None
     assert any(e["message"].startswith("refused: start the service") for e in drill.journal())
+
+
+def test_a_terminal_already_gone_when_sighup_comes_still_lets_the_console_end(drill: Drill) -> None:
+    """A closed terminal (tmux kill-server, a dropped ssh): the terminal is hung up first and the
+    SIGHUP comes after, when it no longer answers as a terminal. The console must still stop
+    drawing on it, cancel its run and exit (it hung on, drawing, once its run had ended)."""
+    import os
+    import time
+
+    from tests.window_fixtures import ENTRY_POINT
+
+    terminal = Terminal([ENTRY_POINT, "run", "--config", str(drill.config_path), "--runs", str(drill.runs)])
+    try:
+        wait_entry(drill, terminal, lambda e: e["message"].startswith("started run"))
+        deadline = time.monotonic() + 240
+        while not all(any(e["message"].startswith(f"{step}: done") for e in drill.journal())
+                      for step in ("stage", "cache")):  # the stop's question comes next
+            assert time.monotonic() < deadline and terminal.proc.poll() is None, bytes(terminal.screen[-4000:])
+            time.sleep(0.1)
+        os.close(terminal.master)  # the terminal is gone: its slave side now answers EIO
+        terminal.master = os.open(os.devnull, os.O_RDONLY)
+        terminal.proc.send_signal(signal.SIGHUP)  # then what the kernel sends a hung-up terminal's
+        terminal.proc.send_signal(signal.SIGCONT)  # processes (Textual redraws its screen on it)
+        assert terminal.proc.wait(120) == EXIT_FAILED  # cancelled before the stop; the server untouched
+    finally:
+        terminal.close()
+    _, state = drill.only_run()
+    assert state["status"] in ("cancelled", "refused") and not state["service"]["down"]
+    assert signal_entries(drill, "SIGHUP") and drill.service_pid() is not None

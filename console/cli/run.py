@@ -51,8 +51,13 @@ class SignalGuard:
         self.when_idle = when_idle  # a signal with no run in progress (the console after its run)
         self.received: list[str] = []
         self._previous: dict[int, Any] = {}
+        self._terminal_fds: list[int] = []
+        self._detached = False
 
     def __enter__(self) -> SignalGuard:
+        # Which of stdin/stdout/stderr are the terminal, asked now: once it has hung up it no
+        # longer answers as one (isatty is False), yet writing to it fails.
+        self._terminal_fds = [fd for fd in (0, 1, 2) if os.isatty(fd)]
         self._previous = {sig: signal.signal(sig, self._on_signal) for sig in SIGNALS}
         return self
 
@@ -61,6 +66,11 @@ class SignalGuard:
             signal.signal(sig, previous)
 
     def _on_signal(self, signum: int, frame: FrameType | None) -> None:
+        if signum == signal.SIGHUP:
+            # At once, not on the loop: the kernel's SIGCONT follows a hang-up, on which Textual
+            # starts drawing again; a write to the hung-up terminal would end its writer thread,
+            # and the console would then block on its next write for good.
+            self.detach_terminal()
         try:
             loop = asyncio.get_running_loop()
         except RuntimeError:  # before the loop runs, or after: nothing of ours is in progress
@@ -78,17 +88,23 @@ class SignalGuard:
         else:
             self.say(message)
 
-    def hang_up(self) -> str:
-        """The terminal is gone. Nobody can answer a question any more: one that would wait for an
-        answer is refused from now on (`--yes` still approves), so no restart waits forever. Nobody
-        reads the screen either: what was drawn on the terminal goes to /dev/null from now on (a file
-        or a pipe is kept), since writing to a terminal that is gone fails and Textual would wait on
-        it forever. Returns what the journal says of it."""
+    def detach_terminal(self) -> None:
+        """Nobody reads the screen any more: what was drawn on the terminal goes to /dev/null from
+        now on (a file or a pipe is kept), since writing to a terminal that is gone fails and
+        Textual would wait on it forever."""
+        if self._detached:
+            return
+        self._detached = True
         devnull = os.open(os.devnull, os.O_RDWR)
-        for fd in (0, 1, 2):
-            if os.isatty(fd):
-                os.dup2(devnull, fd)
+        for fd in self._terminal_fds:
+            os.dup2(devnull, fd)
         os.close(devnull)
+
+    def hang_up(self) -> str:
+        """The terminal is gone (its screen detached, `detach_terminal`). Nobody can answer a
+        question any more: one that would wait for an answer is refused from now on (`--yes` still
+        approves), so no restart waits forever. Returns what the journal says of it."""
+        self.detach_terminal()
         engine = self.operator.engine
         if engine is None or isinstance(engine.decider, ApproveAll):
             return ""

@@ -54,7 +54,7 @@ def confirmation_text(c: Confirmation) -> str:
     lines = [f"{c.step}: {c.action} on {c.host}" + ("  [DESTRUCTIVE]" if c.destructive else ""),
              f"  command: {shlex.join(c.argv)}", f"  impact:  {c.impact}"]
     if c.estimate_s is not None:
-        lines.append(f"  estimate: {duration(c.estimate_s)} (earlier runs)")
+        lines.append(f"  estimate: {duration(c.estimate_s)} ({c.estimate_basis})")
     return "\n".join(lines)
 
 

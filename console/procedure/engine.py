@@ -1229,7 +1229,8 @@ class Engine:
         impact = (f"{service_name(self.config)} on {service.host} goes down; forecast downtime {fc.summary(made)}"
                   + (f" (budget {made.budget_s:g} s)" if made.budget_s is not None else "") + self._alternative())
         if not self.state.service.stops and not await self._ask(
-                Confirmation("stop", "stop the service", service.host, tuple(argv), impact, True, made.downtime_s)):
+                Confirmation("stop", "stop the service", service.host, tuple(argv), impact, True, made.downtime_s,
+                             "forecast")):
             raise Refused("stop", "stop the service")
         self._crash("stop-asked")
         stream = self.hosts.telemetry(service.host)

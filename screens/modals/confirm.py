@@ -18,7 +18,8 @@ from console.messages import Confirmation
 from console.views.units import duration
 from screens.modals.base import ConsoleModal
 
-SO_FAR = re.compile(r"down \d+(?:\.\d+)? s so far")  # the engine's frozen count in a restart's impact
+# The engine's frozen count in a restart's impact, as units.duration wrote it ("down 1 min 30 s so far").
+SO_FAR = re.compile(r"down (?:\d+(?:\.\d+)? (?:d|h|min|s) )+so far")
 
 
 class QuestionModal(ConsoleModal[bool]):
@@ -109,7 +110,7 @@ class ConfirmModal(QuestionModal):
         yield Static(self.impact_text(), classes="impact")
         if c.estimate_s is not None:
             what = "estimated downtime" if c.destructive else "estimate"
-            yield Static(Text(f"{what}: {duration(c.estimate_s)} (earlier runs)"), classes="estimate")
+            yield Static(Text(f"{what}: {duration(c.estimate_s)} ({c.estimate_basis})"), classes="estimate")
         if c.destructive:
             yield Static(Text("Destructive: Cancel has the focus.", style="bold red"))
 

@@ -12,8 +12,10 @@ from typing import Any
 
 from console import messages as m
 from console.config import Config, example_config_text, parse_config
+from console.procedure import forecast as fc
 from console.procedure.store import RunStore, RunSummary
 from console.session.bus import MessageBus
+from console.views.units import duration
 
 T0 = 1_764_581_700.0  # 2025-12-01 09:35:00 UTC: every snapshot's clock
 SGLANG = "/root/eval-venv/bin/python -m sglang.launch_server --model-path /root/models/Qwen3.6-27B --tp 2 --port 30000"
@@ -80,16 +82,27 @@ PLAN_STEPS = (
 )
 
 
+STOP_FORECAST = m.Forecast("20251201-093500-ab12", 194.0, (
+    m.ForecastPhase("stop", 11.0, "systemd's last stop of sglang-qwen"),
+    m.ForecastPhase("free-vram", 2.0, "median of 2 earlier runs on ct129"),
+    m.ForecastPhase("extract", 71.0, "median of 2 earlier runs on ct129"),
+    m.ForecastPhase("start", 110.0, "systemd's last start of sglang-qwen"),
+))
+
+
 def stop_confirmation() -> m.Confirmation:
+    """The engine's stop question (console/procedure/engine.py: run_stop), its forecast written by
+    the forecast's own summary."""
     return m.Confirmation("stop", "stop the service", "ct129", ("systemctl", "stop", "sglang-qwen"),
-                          "SGLang on ct129 goes down (3 running, 1 queued requests); earlier windows took 3 min 14 s",
-                          destructive=True, estimate_s=194)
+                          f"sglang-qwen on ct129 goes down; forecast downtime {fc.summary(STOP_FORECAST)}",
+                          destructive=True, estimate_s=STOP_FORECAST.downtime_s, estimate_basis="forecast")
 
 
 def restart_confirmation(so_far: int = 90) -> m.Confirmation:
     """The engine's restart question (console/procedure/engine.py: restart_service)."""
     return m.Confirmation("restart", "start the service", "ct129", ("systemctl", "start", "sglang-qwen"),
-                          f"the extraction finished: brings sglang-qwen back (down {so_far} s so far)", False, 96.0)
+                          f"the extraction finished: brings sglang-qwen back (down {duration(so_far)} so far)", False,
+                          96.0)
 
 
 def holders_found() -> m.HoldersFound:
