@@ -41,6 +41,8 @@ class StepView:
     started_at: float | None = None
     ended_at: float | None = None
     detail: str | None = None
+    work_s: float | None = None  # the step's own work, the operator's answers left out
+    decision_s: float | None = None  # the time its questions waited for the operator
 
 
 @dataclass
@@ -210,6 +212,7 @@ class ConsoleState:
                 before = old[step.name]
                 view.status, view.started_at, view.ended_at, view.detail = (
                     before.status, before.started_at, before.ended_at, before.detail)
+                view.work_s, view.decision_s = before.work_s, before.decision_s
             if not step.acts and view.status == "pending":
                 view.status = "left-out"
             self.steps[step.name] = view
@@ -221,6 +224,7 @@ class ConsoleState:
         view.started_at = update.started_at if update.started_at is not None else view.started_at
         view.ended_at = update.ended_at
         view.detail = update.detail
+        view.work_s, view.decision_s = update.work_s, update.decision_s
 
     def _job(self, message: Any, now: float | None = None) -> str | None:
         """Job messages (console/messages.py: JobProgress, JobLog, JobStalled, JobResult, JobError, JobExit)."""

@@ -308,8 +308,10 @@ def mid_window(op: StandinOperator) -> None:
     now = op.now
     op.publish(m.PlanReady(op.run_id, "window", PLAN_STEPS))
     t = now - 190
-    for name, took in (("preflight", 6), ("stage", 48), ("cache", 35), ("stop", 4), ("free-vram", 11)):
-        op.publish(m.StepUpdate(op.run_id, name, "done", t, t + took))
+    # (step, wall time, of it waiting for the operator's answer): the engine sends both
+    for name, took, asked in (("preflight", 6, 0), ("stage", 48, 0), ("cache", 35, 0), ("stop", 4, 3),
+                              ("free-vram", 11, 0)):
+        op.publish(m.StepUpdate(op.run_id, name, "done", t, t + took, work_s=took - asked, decision_s=asked))
         t += took
     op.publish(m.StepUpdate(op.run_id, "extract", "running", now - 75))
     op.publish(m.Downtime(op.run_id, now - 90))

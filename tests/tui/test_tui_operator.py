@@ -31,7 +31,7 @@ from screens.widgets.downtime_banner import DowntimeBanner
 from screens.widgets.event_log import EventLog, short_paths
 from screens.widgets.host_panel import gpu_line
 from screens.widgets.job_panel import JobPanel
-from screens.widgets.stepper import Stepper
+from screens.widgets.stepper import Stepper, stepper_renderable
 from tests.tui.standin import (
     PLAN_STEPS,
     T0,
@@ -440,6 +440,20 @@ async def test_the_palette_has_help_but_not_textual_keys():
         await pilot.pause()
         titles = [c.title for c in app.get_system_commands(app.screen)]
         assert titles.count("Help") == 1 and "Keys" not in titles
+
+
+def test_a_step_shows_its_own_work_and_the_wait_for_the_operators_answer_apart():
+    """The stop took 0.1 s; its question waited 19 s for the operator: the stepper must not say
+    the stop took 19 s (the engine's StepUpdate carries both)."""
+    state = ConsoleState()
+    state.apply(m.StepUpdate("r1", "stop", "done", started_at=100.0, ended_at=119.2, detail="stopped in 0.1 s",
+                             work_s=0.1, decision_s=19.1))
+    state.apply(m.StepUpdate("r1", "extract", "done", started_at=120.0, ended_at=131.0, work_s=11.0, decision_s=0.0))
+    text = plain(stepper_renderable(state.steps, True, 200.0))
+    lines = {line.split()[1]: line for line in text.splitlines() if len(line.split()) > 1}
+    assert "0s +19s" in lines["stop"] and "19s" not in lines["stop"].replace("+19s", "")
+    assert "11s" in lines["extract"] and "+" not in lines["extract"]
+    assert "+N: waiting for your answer" in text
 
 
 # --- units ---------------------------------------------------------------------------------------
