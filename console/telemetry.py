@@ -323,7 +323,8 @@ class TelemetryStream:
 
         unsubscribe = self.subscribe(check)
         try:
-            return await asyncio.wait_for(future, timeout)
+            async with asyncio.timeout(timeout):  # not wait_for: on 3.11 it drops a cancel that lands as the sample does
+                return await future
         finally:
             unsubscribe()
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 
 import pytest
@@ -135,3 +136,21 @@ def test_agent_command_runs_from_the_code_directory_without_a_shell():
     assert agent_argv("/venv/bin/python", "/home/u/.dflash/code/ab12", 0.5, "/tmp/gpu.json") == [
         "env", "PYTHONPATH=/home/u/.dflash/code/ab12", "/venv/bin/python", "-m", "remote.agent",
         "--interval", "0.5", "--simulate", "/tmp/gpu.json"]
+
+
+async def test_a_cancel_that_lands_as_the_awaited_sample_arrives_is_not_lost():
+    """A step waits for a sample (the VRAM waiter); Ctrl-C lands in the same moment the sample
+    does. On Python 3.11 `asyncio.wait_for` would return the sample and drop the cancel."""
+    from console.telemetry import TelemetryStream
+
+    class Supervisor:
+        name = "ct129"
+
+    stream = TelemetryStream(Supervisor(), code_dir=None)  # type: ignore[arg-type]
+    waiter = asyncio.create_task(stream.wait_for(lambda s: True, timeout=30))
+    await asyncio.sleep(0)  # the waiter is subscribed and waiting
+    stream.telemetry.add_line(sample_line(seq=1, t=1.0))
+    stream._publish()  # the sample arrives: the wait's future is done ...
+    waiter.cancel()  # ... and the cancel lands in the same moment
+    with pytest.raises(asyncio.CancelledError):
+        await waiter

@@ -93,7 +93,9 @@ class HostSupervisor:
                     return host
                 await self._changed.wait()
 
-        return await asyncio.wait_for(wait(), timeout)
+        # asyncio.timeout, not wait_for: on 3.11 wait_for drops a cancel that lands as the wait ends.
+        async with asyncio.timeout(timeout):
+            return await wait()
 
     async def _run(self) -> None:
         delay = self.backoff[0]
