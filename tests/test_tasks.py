@@ -46,3 +46,22 @@ async def test_a_task_that_failed_still_raises_its_error() -> None:
     await asyncio.sleep(0)
     with pytest.raises(ValueError, match="broken"):
         await cancel_and_wait(task)
+
+
+async def test_a_task_that_lost_its_cancel_is_cancelled_again() -> None:
+    """The monitor's first cancel lands inside a call that drops it (Python 3.11's wait_for does,
+    under asyncssh): it goes on as if nothing came. Ending it must not hang."""
+    lost = []
+
+    async def monitor() -> None:
+        try:
+            await asyncio.Event().wait()
+        except asyncio.CancelledError:
+            lost.append(True)  # dropped, as wait_for drops it
+        await asyncio.Event().wait()
+
+    task = asyncio.create_task(monitor())
+    await asyncio.sleep(0)
+    async with asyncio.timeout(10):
+        await cancel_and_wait(task, ask_again_s=0.05)
+    assert lost and task.cancelled()
