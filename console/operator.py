@@ -114,7 +114,7 @@ class Operator:
         unless the operator chose to leave it down (`leave_down`, its own key in the quit modal)."""
         if leave_down and self.engine is not None:
             self.engine.restart_on_failure = False
-        if self.engine is not None and self._task is not None:
+        if self.engine is not None:
             self.engine.cancel()  # asked again until the run takes it (a cancel can be lost on 3.11)
 
     def unfinished_run(self) -> str | None:

@@ -485,6 +485,18 @@ async def test_a_cancel_right_after_the_stop_marks_the_stop_done(window: Window)
     assert_promises(window, finished)
 
 
+async def cancel_at(window: Window, point: str) -> RunFinished:
+    """One console whose run is cancelled (Engine.cancel, as Ctrl-C is) when it reaches `point`,
+    with the first host call the cancel lands in losing it."""
+    window.world.swallow_cancels = 1
+    box: list[Engine] = []
+    engine = Engine(FakeHosts(window.world), window.world.config, window.store.open(window.run_id),
+                    ScriptedDecider(window.world.clock), window.store,
+                    crash_at=lambda reached: box[0].cancel() if reached == point else None)
+    box.append(engine)
+    return await engine.execute()
+
+
 @pytest.mark.parametrize("point", CRASH_POINTS)
 async def test_a_cancel_lost_on_its_way_is_asked_again(window: Window, point: str,
                                                        monkeypatch: pytest.MonkeyPatch) -> None:
@@ -492,17 +504,7 @@ async def test_a_cancel_lost_on_its_way_is_asked_again(window: Window, point: st
     3.11's wait_for, under asyncssh): the run is cancelled all the same, and compensates; it
     never goes on to the end as if nobody had asked (a CI run saw exactly that, exit 0)."""
     monkeypatch.setattr(engine_module, "CANCEL_AGAIN_S", 0.01)
-    window.world.swallow_cancels = 1
-    engines: list[Engine] = []
-
-    def cancel_at(reached: str) -> None:
-        if reached == point:
-            engines[0].cancel()
-
-    engine = Engine(FakeHosts(window.world), window.world.config, window.store.open(window.run_id),
-                    ScriptedDecider(window.world.clock), window.store, crash_at=cancel_at)
-    engines.append(engine)
-    finished = await engine.execute()
+    finished = await cancel_at(window, point)
     assert finished.status == "cancelled", (finished, window.world.swallowed)
     assert_promises(window, finished)
     if window.world.swallowed:  # where the next call lost it, it was asked again, and taken
@@ -517,17 +519,7 @@ def test_the_lost_cancel_sweep_meets_lost_cancels(producers: Producers, tmp_path
         with pytest.MonkeyPatch.context() as monkeypatch:
             monkeypatch.setattr(engine_module, "CANCEL_AGAIN_S", 0.01)
             window = make_window(tmp_path_factory.mktemp(point), producers, monkeypatch)
-            window.world.swallow_cancels = 1
-
-            async def once(window: Window = window, point: str = point) -> None:
-                box: list[Engine] = []
-                engine = Engine(FakeHosts(window.world), window.world.config, window.store.open(window.run_id),
-                                ScriptedDecider(window.world.clock), window.store,
-                                crash_at=lambda reached: box[0].cancel() if reached == point else None)
-                box.append(engine)
-                await engine.execute()
-
-            asyncio.run(once())
+            asyncio.run(cancel_at(window, point))
             lost += [point] if window.world.swallowed else []
     assert len(lost) >= len(CRASH_POINTS) // 2, lost
 

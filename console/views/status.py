@@ -18,11 +18,6 @@ HOLDERS_SHOWN = 3
 COMMAND_CHARS = 60
 
 
-def ago(seconds: float) -> str:
-    """How long ago, or for how long: '0.4 s', '12 s', '3 min 05 s' (`units.duration`, to a tenth
-    under 10 s)."""
-    return duration(seconds, tenths=True)
-
 
 def connection_text(state: HostState, now: float) -> Text:
     """The host's link: 'connected, 1.2 ms', 'reconnecting for 12 s', 'down' (why: `problem_lines`)."""
@@ -32,7 +27,7 @@ def connection_text(state: HostState, now: float) -> Text:
     if state.status == "connecting":
         return Text("connecting...", style="yellow")
     if state.status == "reconnecting":
-        return Text(f"reconnecting for {ago(max(0.0, now - state.since))}", style="yellow")
+        return Text(f"reconnecting for {duration(now - state.since, tenths=True)}", style="yellow")
     return Text("down", style="bold red")
 
 
@@ -95,7 +90,7 @@ def telemetry_text(update: TelemetryUpdate | None) -> Text:
         text.append("SIMULATED", style="bold magenta")
     else:
         text.append(sample.source)
-    age = ago(update.age_s) if update.age_s is not None else "?"
+    age = duration(update.age_s, tenths=True) if update.age_s is not None else "?"
     if update.stale:
         text.append(f", STALE: last sample {age} ago", style="bold yellow")
     else:
@@ -150,7 +145,7 @@ def service_lines(service_name: str, host: str, view: ServiceView | None, now: f
         if status.main_pid:
             state.append(f", pid {status.main_pid}")
         if status.since:
-            state.append(f", up {ago(max(0.0, now - status.since))}")
+            state.append(f", up {duration(now - status.since, tenths=True)}")
     else:
         state = Text(f"NOT RUNNING ({status.state})", style="bold red")
     if status.detail and not status.active:  # e.g. systemd's result, or the status command's first line

@@ -14,8 +14,8 @@ from textual.containers import Horizontal, Vertical
 from textual.widgets import Static
 
 from console.messages import GpuReading, HostState, TelemetryUpdate
-from console.views.status import ago, connection_text, short_command
-from console.views.units import memory_pair
+from console.views.status import connection_text, short_command
+from console.views.units import duration, memory_pair
 from screens.format import update_static
 from screens.widgets.memory_sparkline import MemorySparkline
 
@@ -184,7 +184,7 @@ class HostPanel(Vertical):
         self.set_class(stale, "stale")
         subtitle = ""
         if sample is not None:
-            age = ago(age_s) if age_s is not None else "?"
+            age = duration(age_s, tenths=True) if age_s is not None else "?"
             subtitle = f"STALE: last sample {age} ago" if stale else f"{sample.source}, {age} ago"
         if subtitle != self.border_subtitle:
             self.border_subtitle = subtitle
