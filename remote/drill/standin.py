@@ -56,6 +56,7 @@ the request as SGLang ends it, EOS in place of the bad token and finish `stop` "
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import re
@@ -97,14 +98,27 @@ def log(msg: str) -> None:
     print(f"[{stamp}] {msg}", flush=True)
 
 
+def import_libraries(device: str) -> None:
+    """Import torch and transformers (seconds on a CPU) as the model will use them."""
+    if device == "cpu":
+        # On a CPU: with fla / causal-conv1d installed, transformers would bind kernels that need a GPU.
+        for name in ("fla", "causal_conv1d"):
+            sys.modules.setdefault(name, None)  # type: ignore[arg-type]
+    import torch  # noqa: F401
+    from transformers import AutoModelForCausalLM, AutoTokenizer  # noqa: F401
+
+
+def import_ahead(device: str) -> None:
+    """import_libraries in the background: a failure is left to the model's own import, which names it."""
+    with contextlib.suppress(Exception):  # Model() imports again and reports what is missing
+        import_libraries(device)
+
+
 class Model:
     """The tiny target with its tokenizer, on `device`; generation under a lock (one at a time)."""
 
     def __init__(self, path: Path, dtype: str = "float32", device: str = "cpu"):
-        if device == "cpu":
-            # On a CPU: with fla / causal-conv1d installed, transformers would bind kernels that need a GPU.
-            for name in ("fla", "causal_conv1d"):
-                sys.modules.setdefault(name, None)  # type: ignore[arg-type]
+        import_libraries(device)
         import torch
         from transformers import AutoModelForCausalLM, AutoTokenizer
         from transformers.utils import logging as hf_logging
@@ -347,12 +361,18 @@ class Server:
         """Load the model after the configured delay, logging SGLang's start-up lines."""
         try:
             log(f"Load weight begin. avail mem={simgpu.DEFAULT_TOTAL_MIB / 1024:.2f} GB (simulated)")
+            device = getattr(self.args, "device", "cpu")
+            # The libraries import during the simulated load (a start takes the longer of the two, not
+            # their sum), as SGLang's processes start while the shards are read.
+            importing = threading.Thread(target=import_ahead, args=(device,), name="import", daemon=True)
+            importing.start()
             steps = 4
             for i in range(1, steps + 1):
                 time.sleep(self.args.load_delay / steps)
                 log(f"Loading safetensors checkpoint shards: {i * 100 // steps}% Completed | {i}/{steps}")
+            importing.join()
             begin = time.time()
-            model = Model(self.model_path, self.args.dtype, getattr(self.args, "device", "cpu"))
+            model = Model(self.model_path, self.args.dtype, device)
             log(f"Load weight end. elapsed={time.time() - begin:.2f} s, type={type(model.model).__name__}")
             if self.args.speculative_drafter:
                 from remote.drill.specdecode import load_speculator

@@ -10,7 +10,6 @@ the service down, and quitting then asks first (r restarts it, then the console 
 from __future__ import annotations
 
 import asyncio
-import os
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -18,7 +17,6 @@ import pytest
 
 from console import messages as m
 from console.config import load_config
-from console.drill.assets import CACHE_ENV, ensure_assets
 from console.drill.hosts import down, status, up
 from console.operator import Operator
 from screens.app import ConsoleApp, CoreMessage, ProcedureEnded
@@ -35,20 +33,11 @@ pytestmark = pytest.mark.timeout(600)
 
 
 @pytest.fixture(scope="module")
-def drill_config(pytestconfig: pytest.Config, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
-    cache = getattr(pytestconfig, "cache", None)
-    root = Path(cache.mkdir("drill-assets")) if cache is not None else tmp_path_factory.mktemp("drill-assets")
-    old = os.environ.get(CACHE_ENV)
-    os.environ[CACHE_ENV] = str(root)
-    ensure_assets()
+def drill_config(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
     drill_dir = tmp_path_factory.mktemp("tui-drill")
-    config = Path(up(drill_dir, fresh=True))
+    config = Path(up(drill_dir, fresh=True))  # the assets from the machine's cache, as the console's
     yield config
     down(drill_dir)
-    if old is None:
-        os.environ.pop(CACHE_ENV, None)
-    else:
-        os.environ[CACHE_ENV] = old
 
 
 class Seen(list):
