@@ -1,7 +1,8 @@
 """The drill's rehearsal hosts and assets: real processes, real SSH, the real workers.
 
 One drill (module scope) serves the tests that only look or cycle the service; the test of `down`
-brings up its own. The assets are built once into the pytest cache (rebuilt when their code changes).
+brings up its own. The assets come from the machine's drill cache, as the console's do (built once,
+rebuilt when their code changes).
 """
 
 from __future__ import annotations
