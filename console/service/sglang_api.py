@@ -2,7 +2,9 @@
 
 Endpoints (KERNELS.md, SGLang 0.5.23): `/health` (503 while starting), `/model_info` then the older
 `/get_model_info`, `/server_info` then `/get_server_info`, optional `/metrics` (Prometheus text),
-`/generate`. Every answer is checked: a malformed one raises `ServerAnswerError` naming the
+`/generate`; the memory saver's `/pause_generation`, `/continue_generation`, `/release_memory_occupation`,
+`/resume_memory_occupation` (`console.service.memory_saver`: the tags, modes and `/server_info`'s
+report, re-exported here). Every answer is checked: a malformed one raises `ServerAnswerError` naming the
 endpoint, what was expected and what came back. Blocking http.client calls run in a thread.
 
 Requests carry `Authorization: Bearer KEY` when the client has the server's `--api-key` (SGLang
@@ -29,13 +31,19 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
+from console.service.memory_saver import MEMORY_TAGS, PAUSE_MODES, MemorySaver, check_tags, memory_saver_of
 from remote import http_deadline
 from remote.sglang_sampling import greedy_sampling_params
+
+__all__ = ["MEMORY_TAGS", "PAUSE_MODES", "MemorySaver", "ServerAnswerError", "ServerUnreachable", "SglangClient",
+           "memory_saver_of"]
 
 DEFAULT_TIMEOUT_S = 10.0
 MAX_BODY_BYTES = 64 << 20  # no SGLang answer the console asks for comes near this
 READY_PROMPT_IDS = [1, 2, 3]  # any valid ids: readiness asks for one generated token, not its meaning
 UNAUTHORIZED = "the server wants an API key: set [service] api_key_env"
+CONTROL_TIMEOUT_S = 60.0  # pause in "abort" mode waits (1 s polls) until every request has ended
+MEMORY_TIMEOUT_S = 180.0  # releasing 48 GiB of weights to a CPU backup took 19-20 s on an H200 (issue 26)
 
 
 class ServerAnswerError(Exception):
@@ -206,6 +214,53 @@ class SglangClient:
         """The readiness probe: a one-token generation comes back with one token."""
         data = await self.generate(READY_PROMPT_IDS, 1)
         return len(data["output_ids"]) >= 1
+
+    # SGLang's memory saver routes (http_server.py; auth level ADMIN_OPTIONAL: with only --api-key the
+    # API key, with --admin-api-key that one). Facts and sources: docs/sglang.md, "Pause and release".
+
+    async def _control(self, path: str, body: dict, timeout: float | None) -> HttpAnswer:
+        """POST a control route; anything but a 200 is a ServerAnswerError naming the route and what
+        the server said (a 401: the API key is wanted)."""
+        answer = await self.post(path, body, timeout)
+        if answer.status == 401:
+            raise ServerAnswerError(f"POST {path}: HTTP 401 Unauthorized: {UNAUTHORIZED}"
+                                    + ("; the key given was refused" if self._headers else ""))
+        if answer.status != 200:
+            raise ServerAnswerError(f"POST {path}: HTTP {answer.status}: {_excerpt(answer.body)}")
+        return answer
+
+    async def pause_generation(self, mode: str = "retract", timeout: float | None = CONTROL_TIMEOUT_S) -> dict:
+        """POST /pause_generation. "retract" (ours by default) puts running requests back in the
+        waiting queue, held until /continue_generation; "in_place" holds them with their KV cache
+        (a release then crashes SGLang: it is not idle); "abort" (SGLang's default) fails them. New
+        requests wait at the server's front while it is paused, whatever the mode."""
+        if mode not in PAUSE_MODES:
+            raise ValueError(f"POST /pause_generation: mode {mode!r} is not one of {', '.join(PAUSE_MODES)}")
+        return self._json_object("POST /pause_generation",
+                                 await self._control("/pause_generation", {"mode": mode}, timeout))
+
+    async def continue_generation(self, timeout: float | None = CONTROL_TIMEOUT_S) -> dict:
+        """POST /continue_generation: held requests run again (answered on SGLang's own 200 even when
+        the server was not paused)."""
+        return self._json_object("POST /continue_generation",
+                                 await self._control("/continue_generation", {}, timeout))
+
+    async def release_memory_occupation(self, tags: list[str], timeout: float | None = MEMORY_TIMEOUT_S) -> None:
+        """POST /release_memory_occupation with these tags (named: SGLang takes none for all). SGLang
+        answers 200 with no body; it asserts the server is idle first, and a server that is not
+        (requests running, not paused with "retract") dies, so the client sees the connection close."""
+        tags = check_tags(tags, "POST /release_memory_occupation")
+        await self._control("/release_memory_occupation", {"tags": tags}, timeout)
+
+    async def resume_memory_occupation(self, tags: list[str], timeout: float | None = MEMORY_TIMEOUT_S) -> None:
+        """POST /resume_memory_occupation with these tags. Resume only what was released: SGLang 0.5.23
+        fails (and its server dies) on a tag that is not released."""
+        tags = check_tags(tags, "POST /resume_memory_occupation")
+        await self._control("/resume_memory_occupation", {"tags": tags}, timeout)
+
+    async def memory_saver(self) -> MemorySaver:
+        """The memory saver as /server_info reports it (`memory_saver_of`)."""
+        return memory_saver_of(await self.server_info())
 
 
 _SAMPLE = re.compile(
