@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
+import tempfile
 import time
 from pathlib import Path
 
@@ -17,7 +18,7 @@ from console.messages import PlanReady, RunFinished
 from console.procedure.decider import Decider, RefuseAll
 from console.procedure.engine import Engine, ResumeRefused
 from console.procedure.hosts import SessionHosts
-from console.procedure.store import Run, RunStore, RunSummary
+from console.procedure.store import Run, RunStore, RunSummary, UnfinishedRun, what_next
 from console.session import MessageBus, Session
 
 
@@ -58,14 +59,27 @@ class Operator:
             return run
         if resume:
             return self.store.open(str(resume))
+        self.refuse_new_run()
+        return self.store.create(self._config_path(), self._config_sha())
+
+    def refuse_new_run(self) -> None:
+        """Raises when a new run must not begin: a run left the service down (it comes first: its
+        resume restarts the service), or a run has not finished (resume or discard it: never a second
+        window over its lock and its jobs)."""
         left = self.store.left_down()
         if left is not None:  # a new run would start from a server that is down: the old one comes first
             since = left.state.service.stopped_at
             raise ResumeRefused(f"run {left.run_id} left the service down (since "
-                                f"{time.strftime('%H:%M:%S', time.localtime(since or time.time()))}, its run "
-                                f"{left.state.status}): continue it first (--resume {left.run_id}; it restarts the "
-                                f"service), then start a new run")
-        return self.store.create(str(self.config.source) if self.config.source else None, self._config_sha())
+                                f"{time.strftime('%H:%M:%S', time.localtime(since or time.time()))}): "
+                                f"{what_next(left)}; then start a new run")
+        unfinished = self.store.latest_unfinished()
+        if unfinished is not None:  # never a second window over it (its lock, its jobs): resume or discard it
+            raise UnfinishedRun(unfinished)
+
+    def _config_path(self) -> str | None:
+        """The config's absolute path, recorded in the run: `run --resume`, `status` and `crosscheck`
+        find it from any directory (during an outage too)."""
+        return str(Path(self.config.source).resolve()) if self.config.source else None
 
     async def run(self, decider: Decider, resume: str | bool | None = None, route: str | None = None,
                   no_restart: bool = False, stage: bool | None = None, one_step: bool = False) -> RunFinished:
@@ -84,17 +98,17 @@ class Operator:
 
     async def plan(self, route: str | None = None) -> PlanReady:
         """Preflight only: connect, probe, read the drafters, choose the plan. Changes nothing on the
-        hosts (beyond shipping the worker code) and keeps no run."""
-        run = self.store.create(str(self.config.source) if self.config.source else None, self._config_sha())
-        engine = Engine(SessionHosts(self.session), self.config, run, RefuseAll(), self.store,
-                        restart_on_failure=False, route=route, plan_only=True)
-        try:
+        hosts (beyond shipping the worker code) and keeps no run: its scratch run lives in a temporary
+        directory outside the store, so no other console, `runs` or a resume ever sees it (a plan
+        killed half-way included)."""
+        with tempfile.TemporaryDirectory(prefix="dflash-ops-plan-") as scratch:
+            run = RunStore(scratch).create(self._config_path(), self._config_sha())
+            engine = Engine(SessionHosts(self.session), self.config, run, RefuseAll(), self.store,
+                            restart_on_failure=False, route=route, plan_only=True)
             finished = await engine.execute()
             if engine.plan is None:
                 raise RuntimeError(finished.message)
             return engine.plan
-        finally:
-            _remove_tree(run.dir)
 
     async def restart_service(self, decider: Decider) -> None:
         """Start the service now (asking first): the one key that ends a downtime."""
@@ -143,9 +157,3 @@ class Operator:
 
     def run_dir(self, run_id: str) -> Path:
         return self.store.root / run_id
-
-
-def _remove_tree(path: Path) -> None:
-    import shutil
-
-    shutil.rmtree(path, ignore_errors=True)

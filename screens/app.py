@@ -157,7 +157,9 @@ class ConsoleApp(App[int]):
             return
         if not run_id:
             return
-        question = f"Run {run_id} did not finish. Resume it from its first unsatisfied step?"
+        question = (f"Unfinished run {run_id}: resume / discard. Resume it from its first unsatisfied step? "
+                    f"(Not now: no new window starts while it is unfinished; `dflash-ops run --discard {run_id}` "
+                    "discards it and says what it leaves on the hosts.)")
         down_since = self._left_down(run_id)
         if down_since is not None:  # the banner says so from now on, and r restarts it
             self._down_from_store = run_id

@@ -124,6 +124,27 @@ def test_a_run_without_results_is_refused_saying_why(tmp_path: Path, capsys: pyt
     assert main(["report", str(run.dir)]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and str(run.dir) in err and "no results yet" in err and "running" in err
+    assert f"`dflash-ops run --resume {run.run_id}` continues it" in err
+
+
+@pytest.mark.parametrize("status", ["failed", "refused", "cancelled", "discarded"])
+def test_a_finished_run_without_results_is_never_advised_a_resume(tmp_path: Path, status: str,
+                                                                  capsys: pytest.CaptureFixture[str]):
+    """One rule for finished runs (issue 27, item 10): `report` says what `run --resume` does with it,
+    as `run` and `status` do: a finished run is never resumed (the command would refuse)."""
+    from console.procedure.store import RunStore
+
+    run = RunStore(tmp_path / "runs").create(None, None)
+    run.state.status = status
+    run.save()
+    assert main(["report", str(run.dir)]) == 2
+    err = capsys.readouterr().err
+    assert "--resume" not in err and f"run {run.run_id} ended {status}: a finished run is never resumed" in err
+    run.state.service.down, run.state.service.stopped_at = True, 1.0  # it left the service down: only the restart
+    run.save()
+    assert main(["report", str(run.dir)]) == 2
+    err = capsys.readouterr().err
+    assert f"`dflash-ops run --resume {run.run_id}` restarts the service (a finished run is never run again)" in err
 
 
 @pytest.mark.parametrize("columns", [None, "40", "80"], ids=["piped", "40", "80"])

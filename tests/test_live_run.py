@@ -12,7 +12,7 @@ from pathlib import Path
 
 from console import messages as m
 from console.operator import Operator
-from console.procedure.engine import EXIT_DONE, EXIT_FAILED, LOCK_FILE
+from console.procedure.engine import EXIT_DONE, LOCK_FILE
 from console.procedure.follower import RunFollower
 from console.procedure.store import RunStore, RunSummary
 from tests.window_fixtures import Drill, drill, kill  # noqa: F401 - the fixture
@@ -46,8 +46,11 @@ async def test_a_second_console_follows_the_run_and_a_second_run_is_refused(dril
         # One run per inference host: a second run meets the first one's lock, naming it.
         run_id = RunStore(drill.runs).run_ids()[0]
         second = await asyncio.to_thread(drill.run_cli, "run", "--headless", "--yes")
-        assert second.returncode == EXIT_FAILED, second.stdout + second.stderr
-        assert f"driven by run {run_id}" in second.stderr and f"pid {console.pid}" in second.stderr
+        # Refused before anything is written or sent (issue 27, items 1 and 8), naming who drives it.
+        assert second.returncode == EXIT_USAGE, second.stdout + second.stderr
+        said = " ".join(second.stderr.split())
+        assert f"run {run_id} is in progress" in said and f"pid {console.pid}" in said
+        assert RunStore(drill.runs).run_ids() == [run_id]
         async with asyncio.timeout(240):
             await stop_done.wait()
             await bars.wait()

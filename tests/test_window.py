@@ -165,7 +165,8 @@ def test_console_killed_then_resumed_runs_each_job_once(drill: Drill, moment: st
     if moment == "stop: done":  # the console is gone with the service down: every view still says so
         status = drill.run_cli("status")
         assert status.returncode == 1 and "SERVICE DOWN since" in status.stdout
-        assert "`dflash-ops run --resume` continues it" in " ".join(status.stdout.split())
+        run_id, _ = drill.only_run()
+        assert f"`dflash-ops run --resume {run_id}` continues it" in " ".join(status.stdout.split())
     done = drill.run_cli("run", "--headless", "--yes", "--resume")
     assert done.returncode == EXIT_DONE, done.stdout + done.stderr
     _, state = drill.only_run()

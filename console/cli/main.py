@@ -179,6 +179,9 @@ def _add_run(sub: argparse._SubParsersAction) -> None:
     parser.add_argument("--step", action="store_true", help="ask before each step: y / n / c (continue without asking)")
     parser.add_argument("--resume", nargs="?", const=True, default=None, metavar="RUN",
                         help="continue the latest unfinished run (or RUN) from its first unsatisfied step")
+    parser.add_argument("--discard", nargs="?", const=True, default=None, metavar="RUN",
+                        help="mark the unfinished run (or RUN) discarded, never resumed, and say what it leaves on "
+                             "the hosts (its jobs, files, lock); a run that left the service down is resumed instead")
     parser.add_argument("--no-restart", action="store_true",
                         help="after a failure with the service down, leave it down (exit 3) instead of restarting it")
     parser.add_argument("--route", choices=("window", "zero-downtime"), default=None,

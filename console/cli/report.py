@@ -22,7 +22,7 @@ from rich.text import Text
 
 from console.cli.main import UsageError
 from console.procedure.results import RESULTS_FILE, read_run
-from console.procedure.store import STATE, RunStore, RunStoreError
+from console.procedure.store import STATE, RunStore, RunStoreError, what_next
 from console.views.report import report_renderables, write_report
 from console.views.tables import MISMATCH_THRESHOLD
 
@@ -41,11 +41,11 @@ def evaluation_dirs(given: Path, runs: str | None = None) -> tuple[Path, Path]:
     results = given / "results"
     if not (results / RESULTS_FILE).is_file():
         try:
-            status = store.open(str(given)).state.status
+            run = store.open(str(given))
         except RunStoreError as exc:
-            status = f"unreadable: {exc}"
-        raise UsageError(f"{given}: this run has no results yet (status {status}): its evaluation has not "
-                         f"been fetched; `dflash-ops run --resume {given.name}` continues it")
+            raise UsageError(f"{given}: this run has no results, and its state cannot be read: {exc}") from None
+        raise UsageError(f"{given}: this run has no results yet (status {run.state.status}): its evaluation has not "
+                         f"been fetched; {what_next(run)}")
     return results, given
 
 

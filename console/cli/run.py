@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import os
 import signal
 import sys
@@ -23,10 +24,11 @@ from rich.console import Console
 from rich.text import Text
 
 from console import messages as m
-from console.config import Config, load_config
+from console.cli.config_source import config_for
+from console.config import Config, ConfigError
 from console.operator import Operator
 from console.procedure.decider import ApproveAll, Decider, RefuseAll, TerminalDecider
-from console.procedure.store import RunStore, RunStoreError, RunSummary, UnreadableRun
+from console.procedure.store import Run, RunStore, RunStoreError, RunSummary, UnfinishedRun, UnreadableRun
 from console.views.headless import HeadlessView
 from console.views.plan import plan_view
 from console.views.status import unreadable_run_line
@@ -198,8 +200,11 @@ def open_console(operator: CommandLineRun, resume: str | bool | None) -> int:
     exit 2 before the screen changes. A signal ends the console once its run has finished."""
     from screens.app import ConsoleApp  # the TUI, unless asked for the terminal
 
-    run = operator.open_run(resume)
-    app = ConsoleApp(operator, autostart=True, resume=run.run_id)
+    try:
+        run_id: str | None = operator.open_run(resume).run_id
+    except UnfinishedRun:
+        run_id = None  # the console opens on "unfinished run X: resume / discard", before any new window
+    app = ConsoleApp(operator, autostart=True, resume=run_id)
     guard = SignalGuard(operator, say=lambda line: app.notify(line, severity="warning"),
                         when_idle=lambda name: app.exit(app.return_code or 0))
 
@@ -216,10 +221,51 @@ def open_console(operator: CommandLineRun, resume: str | bool | None) -> int:
     return int(result if result is not None else (app.return_code or 0))
 
 
+def run_named(store: RunStore, resume: str | bool | None) -> Run | None:
+    """The run that `--resume [RUN]` or `--discard [RUN]` names (True: the one a console offers), if
+    it can be read: only to find its recorded config; opening it for real says what is wrong."""
+    try:
+        return store.to_resume() if resume is True else store.open(str(resume)) if resume else None
+    except RunStoreError:
+        return None
+
+
+def discard(args: argparse.Namespace, err: Console) -> int:
+    """`run --discard [RUN]`: mark the unfinished run discarded and say what it leaves on the hosts."""
+    store = RunStore(args.runs)
+    target = args.discard if args.discard is not True else None
+    if target is None:
+        latest = store.latest_unfinished()
+        if latest is None:
+            err.print(f"dflash-ops: error: no unfinished run to discard in {store.root}", style="red", soft_wrap=True)
+            return 2
+        target = latest.run_id
+    workdirs: dict[str, str] = {}
+    service_host = None
+    with contextlib.suppress(ConfigError):  # what it leaves is said all the same, less precisely
+        config = config_for(args.config, run_named(store, target), lambda line: err.print(f"dflash-ops: {line}"))
+        workdirs = {name: host.workdir for name, host in config.hosts.items()}
+        service_host = config.service.host
+    try:
+        discarded, left = store.discard(target, workdirs, service_host)
+    except RunStoreError as exc:
+        err.print(f"dflash-ops: error: {exc}", style="red", soft_wrap=True)
+        return 2
+    out = Console()
+    out.print(Text(f"discarded run {discarded.run_id}: it is never resumed nor offered again. Left on the hosts "
+                   f"(nothing there was touched):"), soft_wrap=True)
+    for line in left:
+        out.print(Text(f"  - {line}"), soft_wrap=True)
+    return 0
+
+
 def run(args: argparse.Namespace) -> int:
-    """`dflash-ops run [--plan] [--headless] [--yes] [--step] [--resume [RUN]]`."""
-    config = load_config(args.config)
+    """`dflash-ops run [--plan] [--headless] [--yes] [--step] [--resume [RUN]] [--discard [RUN]]`."""
     err = Console(stderr=True)
+    if getattr(args, "discard", None):
+        return discard(args, err)
+    say = lambda line: err.print(Text(f"dflash-ops: {line}", style="yellow"), soft_wrap=True)  # noqa: E731
+    config = config_for(args.config, run_named(RunStore(args.runs), args.resume), say)
     try:
         if args.plan:
             return asyncio.run(print_plan(Operator(config, runs_dir=args.runs), args.route, err))
@@ -231,6 +277,8 @@ def run(args: argparse.Namespace) -> int:
             err.print("dflash-ops: no terminal to ask on: pass --yes to approve every step, or --step", style="red")
             return 2
         operator = Operator(config, runs_dir=args.runs)
+        if not args.resume:
+            operator.refuse_new_run()  # an unfinished run first: said before connecting to anything
         guard = SignalGuard(operator, say=lambda line: err.print(Text(f"dflash-ops: {line}", style="yellow")))
         with guard:
             return asyncio.run(run_procedure(operator, decider, args.resume, args.no_restart, args.route, err))

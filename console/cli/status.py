@@ -21,8 +21,9 @@ from rich.console import Console, Group, RenderableType
 from rich.live import Live
 from rich.text import Text
 
-from console.config import Config, load_config
-from console.procedure.store import RunStore, UnreadableRun
+from console.cli.config_source import config_for
+from console.config import Config
+from console.procedure.store import RunStore, UnreadableRun, what_next
 from console.session import Session, service_name
 from console.views.status import status_view, unreadable_run_line
 
@@ -49,15 +50,9 @@ def downtime_line(runs: RunStore) -> Text | None:
         return None
     state = run.state
     since = state.service.stopped_at or time.time()
-    owner = state.owner
-    driver = ""
-    if not state.finished and owner is not None:
-        driver = ("; its console is gone" if owner.alive() is False else f"; driven by {owner.describe()}")
-    how = ("`dflash-ops run --resume` restarts it" if state.finished else
-           "`dflash-ops run --resume` continues it (and restarts the service)")
     return Text(f"SERVICE DOWN since {time.strftime('%H:%M:%S', time.localtime(since))} "
-                f"({time.time() - since:.0f} s): stopped by run {run.run_id}, which {'ended ' + state.status if state.finished else 'has not finished'}"
-                f"{driver}; {how}", style="bold white on red")
+                f"({time.time() - since:.0f} s): stopped by run {run.run_id}; {what_next(run)}",
+                style="bold white on red")
 
 
 async def snapshot(config: Config, console: Console, runs: RunStore | None = None) -> int:
@@ -84,9 +79,11 @@ async def watch(config: Config, console: Console, runs: RunStore | None = None) 
 
 def run(args: argparse.Namespace) -> int:
     """`dflash-ops status [--watch]`."""
-    config = load_config(args.config)
-    console = Console()
     runs = RunStore(getattr(args, "runs", None))
+    err = Console(stderr=True)
+    # During an outage, from any directory: the config of the run that left the service down.
+    config = config_for(args.config, runs.left_down(), lambda line: err.print(f"dflash-ops: {line}", soft_wrap=True))
+    console = Console()
     if not args.watch:
         return asyncio.run(snapshot(config, console, runs))
     with contextlib.suppress(KeyboardInterrupt):  # Ctrl-C is how a watch ends

@@ -44,6 +44,18 @@ class StoreWriteError(RunStoreError):
     """The store could not be written (the message names the path and the OS error)."""
 
 
+class UnfinishedRun(LookupError):
+    """A new run was asked for while an earlier one has not finished: that one comes first (resume
+    or discard it); the message says which and how (`what_next`)."""
+
+    def __init__(self, run: Run):
+        head = (f"run {run.run_id} is in progress" if driven_elsewhere(run.state) is not False
+                else f"unfinished run {run.run_id}: resume / discard")
+        super().__init__(f"{head}. {what_next(run)}; no new run starts while it is unfinished (it may hold the "
+                         f"host's lock and jobs)")
+        self.run_id = run.run_id
+
+
 class Run:
     """One run's directory: its typed state (saved whole), journal and telemetry log."""
 
@@ -241,13 +253,37 @@ class RunStore:
         return None
 
     def left_down(self) -> Run | None:
-        """The run that left the service down, whatever its status (failed, refused and cancelled
-        runs too): the newest whose stop was not followed by the service coming back ready.
-        The banner, `status`, `r`, quit, `drill` and `run` all ask this one question."""
+        """The run that left the service down, or paused with its memory released (the pause
+        route), whatever its status (failed, refused and cancelled runs too): the newest whose stop
+        was not followed by the service coming back ready, or whose pause by its continue.
+        `run.state.service.left_as()` says which ("down" | "paused"). The banner, `status`, `r`,
+        quit, `drill` and `run` all ask this one question."""
         for run in reversed(self.readable()):
-            if run.state.service.down:
+            if run.state.service.left_as() is not None:
                 return run
         return None
+
+    def discard(self, run_id: str, workdirs: dict[str, str] | None = None,
+                service_host: str | None = None) -> tuple[Run, list[str]]:
+        """Mark an unfinished run `discarded` (finished: never resumed, no longer offered) and say
+        what it leaves on the hosts (`left_on_hosts`): nothing there is touched. Refused for a run
+        that left the service down (its resume restarts it) or that a live console drives."""
+        run = self.open(run_id)
+        state = run.state
+        if state.finished:
+            raise RunStoreError(f"run {run.run_id} has already finished ({state.status}): nothing to discard")
+        if state.service.down:
+            raise RunStoreError(f"run {run.run_id} left the service down: it is not discarded; "
+                                f"`dflash-ops run --resume {run.run_id}` restarts the service")
+        if driven_elsewhere(state) is not False:
+            raise RunStoreError(f"{what_next(run)}: it is not discarded")
+        left = left_on_hosts(state, workdirs or {}, service_host)
+        was = state.status
+        state.status, state.exit_code = "discarded", None
+        state.message = f"discarded by {current_user()} (it was {was}); left on the hosts: " + "; ".join(left)
+        run.save()
+        run.journal(None, state.message, level="warning")
+        return run, left
 
     def to_resume(self) -> Run | None:
         """What a new console offers to continue: the run that left the service down, else the
@@ -278,6 +314,61 @@ def summary_of(run: Run) -> RunSummary:
                       dict(s.headline), s.config, run.dir, service_down=s.service.down, console_gone=gone,
                       online=dict(online), forecast_s=(s.forecast or {}).get("downtime_s"),
                       windows=len(s.windows) + (1 if s.service.stops else 0) or 1)
+
+
+def what_next(run: Run) -> str:
+    """What can be done with `run`, one rule said the same way by `run`, `status`, `report`, the
+    console and `discard`: a finished run is never resumed (one that left the service down is only
+    restarted); an unfinished one is resumed or discarded, unless a live console drives it."""
+    s, rid = run.state, run.run_id
+    if s.finished:
+        if s.service.down:
+            return (f"run {rid} ended {s.status} with the service down: `dflash-ops run --resume {rid}` restarts "
+                    f"the service (a finished run is never run again)")
+        return f"run {rid} ended {s.status}: a finished run is never resumed; `dflash-ops run` starts a new one"
+    owner = s.owner
+    alive = driven_elsewhere(s)
+    if owner is not None and alive is not False:
+        where = "" if alive else " (on another machine: cannot tell from here whether it still runs)"
+        return (f"run {rid} is {s.status}, driven by {owner.describe()}{where}: `dflash-ops console --read-only` "
+                f"follows it")
+    gone = ", its console is gone" if s.status == "running" and owner is not None else ""
+    restarts = " and restarts the service" if s.service.down else ""
+    return (f"run {rid} has not finished ({s.status}{gone}): `dflash-ops run --resume {rid}` continues it{restarts}"
+            + ("" if s.service.down else f", `dflash-ops run --discard {rid}` discards it"))
+
+
+def driven_elsewhere(state: RunState) -> bool | None:
+    """Whether a live console drives the run now (None: its console is on another machine, which
+    cannot be told from here; False for a finished or paused run, or one whose console is gone)."""
+    if state.finished or state.status != "running" or state.owner is None:
+        return False
+    return state.owner.alive()
+
+
+def left_on_hosts(state: RunState, workdirs: dict[str, str], service_host: str | None = None) -> list[str]:
+    """What a run leaves on the hosts when it is discarded: its jobs (pid, where their files are),
+    its window directories and the host lock that may still name it. Said, never touched."""
+    left = []
+    for key, job in sorted(state.jobs.items()):
+        handle = job.handle or {}
+        if job.exit_code is not None:
+            left.append(f"job {key} ({job.job_id}) on {job.host}: ended (exit {job.exit_code}), its files in "
+                        f"{handle.get('run_dir', '?')}")
+        elif handle:
+            left.append(f"job {key} ({job.job_id}) on {job.host}: pid {handle.get('pid')}, maybe still running "
+                        f"(not ended: `kill {handle.get('pid')}` on {job.host} ends it), its files in "
+                        f"{handle.get('run_dir', '?')}")
+    hosts = sorted({job.host for job in state.jobs.values()} | set(workdirs))
+    for host in hosts:
+        workdir = workdirs.get(host)
+        if workdir is not None:
+            left.append(f"its window files on {host}: {workdir}/windows/{state.run_id} (if any)")
+    where = (f"{service_host}:{workdirs[service_host]}" if service_host in workdirs
+             else "the service host's workdir")
+    left.append(f"the host lock {where}/dflash-ops.lock if it still names this run (the next run takes it "
+                f"over, its console being gone)")
+    return left
 
 
 def default_runs_dir() -> Path:
