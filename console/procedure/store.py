@@ -272,7 +272,7 @@ class RunStore:
         state = run.state
         if state.finished:
             raise RunStoreError(f"run {run.run_id} has already finished ({state.status}): nothing to discard")
-        if state.service.down:
+        if state.service.down or getattr(state.service, "held", False):  # held: paused by the pause route
             raise RunStoreError(f"run {run.run_id} left the service down: it is not discarded; "
                                 f"`dflash-ops run --resume {run.run_id}` restarts the service")
         if driven_elsewhere(state) is not False:

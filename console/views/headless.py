@@ -62,6 +62,7 @@ class HeadlessView:
                                  TextColumn("{task.fields[extra]}"), TimeElapsedColumn(),
                                  console=self.console, transient=False) if show_progress else None
         self._tasks: dict[tuple[str, str], TaskID] = {}
+        self._ended: dict[str, str] = {}  # steps ended before this run's plan (a resume shows them first)
         self._unsubscribe = bus.subscribe(self.on_message)
         self._unregister = lambda: None
         if self.progress is not None:
@@ -81,6 +82,7 @@ class HeadlessView:
         if self.warnings_only and not isinstance(message, m.JournalEntry):
             return
         if isinstance(message, m.StepUpdate):
+            self._ended[message.step] = message.status
             style = STATUS_STYLE.get(message.status, "")
             took = f" ({duration(message.duration_s, tenths=True)})" if message.duration_s is not None and message.status != "running" else ""
             line = Text(f"[{message.step}] ", style="bold")
@@ -89,7 +91,8 @@ class HeadlessView:
                 line.append(f": {message.detail}")
             self._print(line)
         elif isinstance(message, m.PlanReady):
-            self.console.print(plan_view(message), crop=False)  # commands whole, however wide
+            # commands whole, however wide; a resume's plan: only what it will do
+            self.console.print(plan_view(message, ended=self._ended), crop=False)
         elif isinstance(message, m.JournalEntry) and message.level in ("warning", "error"):
             self._print(Text(f"  {message.level}: {message.message}", style="yellow" if message.level == "warning" else "red"))
         elif isinstance(message, m.HoldersFound):

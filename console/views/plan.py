@@ -7,7 +7,9 @@ evaluation, and what each step of the procedure will do with them. It reads noth
 
 from __future__ import annotations
 
+import dataclasses
 import shlex
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -259,7 +261,10 @@ def render_plan(config: Config) -> RenderableType:
 # `run --plan`: the plan chosen at preflight (a `PlanReady`), for a terminal or a pipe.
 
 
-def plan_view(plan: PlanReady, commands_whole: bool = True) -> Group:
+DONE_EARLIER = ("done", "skipped", "left-out")  # a resume does not do these steps again
+
+
+def plan_view(plan: PlanReady, commands_whole: bool = True, ended: Mapping[str, str] | None = None) -> Group:
     """The chosen plan, as `run --plan`, the headless run and the console's `p` screen all show it:
     per step whether it acts and why, where, the estimate; then each step's literal command on a
     line of its own, as it will run (never folded across table cells); where the target fits
@@ -267,13 +272,20 @@ def plan_view(plan: PlanReady, commands_whole: bool = True) -> Group:
 
     `commands_whole`: each command on one line that is never cut (print with `crop=False`, so that
     the terminal wraps a line wider than itself and a copy gets the command whole); otherwise (a
-    screen of fixed width) it wraps at the width, between its words where it can."""
+    screen of fixed width) it wraps at the width, between its words where it can.
+
+    `ended`: a resumed run's steps already ended before this plan (step -> status): a resume's plan
+    shows only what it will do, so those read "no" (done earlier in this run) and their commands are
+    not listed among those that will run."""
+    earlier = {name: status for name, status in (ended or {}).items() if status in DONE_EARLIER}
+    steps = [dataclasses.replace(step, acts=False, why=f"{earlier[step.name]} earlier in this run: not done again",
+                                 argv=()) if step.name in earlier else step for step in plan.steps]
     rows = [[step.name, "yes" if step.acts else "no", step.host or "-", step.why, duration(step.estimate_s)]
-            for step in plan.steps]
+            for step in steps]
     parts: list[RenderableType] = [FittedTable((["step", "acts", "host", "why", "estimate"], rows,
-                                                ["" if step.acts else "dim" for step in plan.steps]),
+                                                ["" if step.acts else "dim" for step in steps]),
                                                f"plan ({plan.route} route)", fold=3, justify="left")]
-    commands = [step for step in plan.steps if step.argv]
+    commands = [step for step in steps if step.argv]
     if commands:
         parts.append(Text("commands, exactly as they will run:", style="bold"))
         for step in commands:
