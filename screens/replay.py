@@ -1,0 +1,284 @@
+"""`dflash-ops replay`: the console over a past run's recording instead of live hosts.
+
+The same app, dashboard and panels as `console --read-only` (nothing acts on a host): the messages
+come from `console.procedure.replay` (the run's store, in time order) and are folded into the same
+`ConsoleState`; the app's clock is the run's time being shown, so the DOWN timer, the steps'
+durations and the ages read as they did then. A bar above the panels says where the playback stands,
+the last question asked with its answer, and any damage to the store (file and line).
+
+Keys: space pause/play, `.` the next event, `]` / `[` the next / previous step, `+` / `-` the
+speed; `o` the results (opened by themselves at the end). A step is also a command in the palette.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from typing import Any
+
+from rich.console import Group
+from rich.text import Text
+from textual.app import ComposeResult, SystemCommand
+from textual.binding import Binding
+from textual.screen import ModalScreen, Screen
+from textual.widgets import Static
+
+from console import messages as m
+from console.procedure.replay import Event, Player, Recording, damage_report
+from console.session.bus import MessageBus
+from console.views.units import duration
+from screens.app import ConsoleApp
+from screens.dashboard import DashboardScreen
+from screens.format import clock, update_static
+from screens.state import ConsoleState
+
+FRAME_S = 0.1  # how often the playback moves on (real seconds)
+
+
+@dataclass
+class _Service:
+    host: str
+    manager: str = "command"
+    unit: str | None = None
+
+
+@dataclass
+class ReplayConfig:
+    """The part of `Config` the dashboard reads, from the recording (the run's config file may be
+    gone, or changed since): its hosts, and the service's host (the one the stop was asked on)."""
+
+    hosts: dict[str, None]
+    service: _Service
+
+
+def config_of(recording: Recording) -> ReplayConfig:
+    hosts = dict.fromkeys(recording.hosts())
+    plan = next((e.message for e in recording.events if isinstance(e.message, m.PlanReady)), None)
+    stop = next((s.host for s in plan.steps if s.name == "stop" and s.host), None) if plan else None
+    asked = next((e.message.confirmation.host for e in recording.events if isinstance(e.message, m.DecisionMade)
+                  and e.message.confirmation.step == "stop"), None)
+    service_host = stop or asked or next(iter(hosts), "?")
+    hosts.setdefault(service_host)
+    return ReplayConfig(hosts, _Service(service_host))
+
+
+class ReplaySession:
+    """The sparklines' memory history, up to the moment shown."""
+
+    def __init__(self, recording: Recording, now: Callable[[], float]):
+        self.recording, self.now = recording, now
+
+    def history(self, host: str, gpu: int, seconds: float | None = None) -> list[float | None]:
+        return self.recording.history(host, gpu, self.now(), seconds)
+
+
+@dataclass
+class ReplayOperator:
+    """`Operator`'s surface over a recording: nothing to start, no store to look at, nothing that acts."""
+
+    recording: Recording
+    config: ReplayConfig
+    session: ReplaySession
+    bus: MessageBus = field(default_factory=MessageBus)
+    read_only: bool = True
+
+    def start(self) -> None:
+        pass
+
+    async def stop(self) -> None:
+        pass
+
+    def unfinished_run(self) -> str | None:
+        return None
+
+    def left_down(self) -> None:
+        return None
+
+    def runs(self) -> list[Any]:
+        return []
+
+    async def follow_live_run(self) -> None:
+        return None
+
+    async def run(self, *args: Any, **kwargs: Any) -> Any:
+        raise RuntimeError("a replay runs nothing")
+
+    async def plan(self, *args: Any, **kwargs: Any) -> Any:
+        raise RuntimeError("a replay plans nothing")
+
+    async def restart_service(self, *args: Any, **kwargs: Any) -> None:
+        raise RuntimeError("a replay restarts nothing")
+
+    def cancel(self, leave_down: bool = False) -> None:
+        pass
+
+
+def question_lines(decision: m.DecisionMade | None) -> list[Text]:
+    """'asked: stop the service on ct129 · approved (--yes)', then its command: '$ systemctl stop sglang'."""
+    if decision is None:
+        return [Text("no question asked yet", style="dim")]
+    q = decision.confirmation
+    asked = Text(f"asked: {q.action} on {q.host} · ", style="bold")
+    asked.append(f"{'approved' if decision.approved else 'refused'} ({decision.by})",
+                 style="green" if decision.approved else "bold red")
+    return [asked, Text(f"  $ {' '.join(q.argv)}")] if q.argv else [asked]
+
+
+class ReplayBar(Static):
+    """Where the playback stands, the last question and its answer, and the store's damage."""
+
+    DEFAULT_CSS = """
+    ReplayBar { height: auto; background: $boost; padding: 0 1; }
+    """
+
+    def show(self, player: Player, question: m.DecisionMade | None, damage: list[str]) -> None:
+        rec = player.recording
+        head = Text(f"REPLAY {rec.run_id}  ", style="bold")
+        head.append("▶ playing" if player.playing else ("■ end" if player.at_end else "❚❚ paused"),
+                    style="green" if player.playing else "yellow")
+        head.append(f"  ×{player.speed:g}  {clock(player.now)}  "
+                    f"{duration(player.elapsed_s)} / {duration(rec.end - rec.start)}")
+        step = player.current_step()
+        if step:
+            head.append(f"  step {step}")
+        head.append("   space ▶/❚❚  . next  [ ] steps  + - speed", style="dim")
+        lines = [head, *question_lines(question), *(Text(line, style="bold red") for line in damage)]
+        for line in lines:  # one row each, whatever the width: the event log has them whole
+            line.no_wrap, line.overflow = True, "ellipsis"
+        key = tuple(t.plain for t in lines)
+        shown = Group(*lines)
+        update_static(self, shown, key, len(lines))
+
+
+class ReplayDashboard(DashboardScreen):
+    """The dashboard, with the replay's bar on top."""
+
+    def compose(self) -> ComposeResult:
+        yield ReplayBar(id="replay-bar")
+        yield from super().compose()
+
+
+class ReplayApp(ConsoleApp):
+    """The console playing a recording back (read-only)."""
+
+    BINDINGS = [
+        Binding("space", "replay_toggle", "Play/pause", priority=True),
+        Binding("full_stop", "replay_next", "Next event", key_display="."),
+        Binding("right_square_bracket", "replay_next_step", "Next step", key_display="]"),
+        Binding("left_square_bracket", "replay_previous_step", "Step back", key_display="["),
+        Binding("plus,equals_sign", "replay_faster", "Faster", key_display="+"),
+        Binding("minus", "replay_slower", "Slower", key_display="-"),
+    ]
+    REPLAY_ACTIONS = {"replay_toggle", "replay_next", "replay_next_step", "replay_previous_step",
+                      "replay_faster", "replay_slower"}
+
+    def __init__(self, recording: Recording, speed: float = 1.0, clock: Callable[[], float] = time.monotonic,
+                 playing: bool = True, frame_s: float = FRAME_S) -> None:
+        self.player = Player(recording, speed=speed, clock=clock, playing=playing)
+        session = ReplaySession(recording, lambda: self.player.now)
+        operator = ReplayOperator(recording, config_of(recording), session)
+        super().__init__(operator, clock=lambda: self.player.now, start_operator=False)
+        self.recording = recording
+        self.frame_s = frame_s
+        self.question: m.DecisionMade | None = None
+        self.damage = damage_report(recording)
+        self.results_shown = False
+        self.sub_title = f"read-only replay of {recording.run_id}  " + ", ".join(operator.config.hosts)
+
+    def on_mount(self, event: Any) -> None:
+        event.prevent_default()  # not the live console's start: no operator, no live run, no resume offer
+        self.push_screen(ReplayDashboard(id="dashboard"))
+        self.set_interval(self.frame_s, self._frame)
+        self.set_interval(self.tick_s, self._tick)
+        self.call_after_refresh(self._show_bar)
+        if self.damage:
+            self.notify("\n".join(self.damage), title="the run's store is damaged", severity="error", timeout=20)
+
+    # --- playback -------------------------------------------------------------------------------
+
+    def _frame(self) -> None:
+        if self.player.playing:
+            self.show_events(self.player.tick())
+
+    def show_events(self, events: Iterable[Event]) -> None:
+        """Fold the events into the state (a fresh one after a seek back) and repaint what changed."""
+        if self.player.reset:
+            self.state = ConsoleState()
+            self.question = None
+        kinds: set[str] = set()
+        for event in events:
+            message = event.message
+            kind = self.state.apply(message, event.t)
+            if kind:
+                kinds.add(kind)
+            if isinstance(message, m.DecisionMade):
+                self.question = message
+                kinds.add("question")
+            elif isinstance(message, m.RunFinished):
+                self.notify(f"run {message.status} (exit {message.exit_code}): {message.message}",
+                            title=f"run {message.run_id}", severity="information" if message.exit_code == 0 else "error")
+        dashboard = self._dashboard()
+        if dashboard is not None:
+            if self.player.reset or len(kinds) > 2:
+                dashboard.refresh_all()
+            else:
+                for kind in kinds - {"question"}:
+                    dashboard.refresh_part(kind)
+                dashboard.refresh_part("host")  # the sparklines follow the moment shown
+        self.refresh_banners()
+        self._show_bar()
+        if self.player.at_end and not self.results_shown:
+            self.results_shown = True
+            # the results as the run fetched them (a store damaged before that never gets there)
+            if self.state.results is not None and not isinstance(self.screen, ModalScreen):
+                self.open_results(self.recording.run_dir)
+
+    def _dashboard(self) -> DashboardScreen | None:
+        return next((s for s in self.screen_stack if isinstance(s, DashboardScreen)), None)
+
+    def _show_bar(self) -> None:
+        dashboard = self._dashboard()
+        if dashboard is not None and dashboard.is_mounted:
+            dashboard.query_one(ReplayBar).show(self.player, self.question, self.damage)
+
+    def check_action(self, action: str, parameters: tuple[object, ...]) -> bool | None:
+        if action in self.REPLAY_ACTIONS:
+            return not isinstance(self.screen, ModalScreen)
+        return super().check_action(action, parameters)
+
+    def action_replay_toggle(self) -> None:
+        self.player.toggle()
+        self._show_bar()
+
+    def action_replay_next(self) -> None:
+        self.show_events(self.player.step())
+
+    def action_replay_next_step(self) -> None:
+        self.show_events(self.player.next_step())
+
+    def action_replay_previous_step(self) -> None:
+        self.show_events(self.player.previous_step())
+
+    def seek_step(self, name: str) -> None:
+        self.show_events(self.player.seek_step(name))
+
+    def action_replay_faster(self) -> None:
+        self.player.faster()
+        self._show_bar()
+
+    def action_replay_slower(self) -> None:
+        self.player.slower()
+        self._show_bar()
+
+    def get_system_commands(self, screen: Screen) -> Iterable[SystemCommand]:
+        for name, t in self.recording.step_starts():
+            yield SystemCommand(f"Go to step {name}", f"the replay at {clock(t)}, when {name} began",
+                                lambda name=name: self.seek_step(name))
+        yield from super().get_system_commands(screen)
+
+
+def run_replay(recording: Recording, speed: float = 1.0) -> int:
+    """Open the console on `recording`, playing at `speed`; 0 when closed."""
+    ReplayApp(recording, speed=speed).run()
+    return 0

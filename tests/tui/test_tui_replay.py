@@ -1,0 +1,168 @@
+"""`dflash-ops replay` by keys (Pilot): the console over a store the real engine wrote (a headless
+drill, tests/data/replay). Playback starts paused on a clock the test moves, and `frame_s` is an
+hour, so only the keys and the test's own frames move it: no sleeps, nothing timed."""
+
+from __future__ import annotations
+
+import asyncio
+import shutil
+from pathlib import Path
+
+from console import messages as m
+from console.procedure.replay import read_recording
+from console.procedure.store import JOURNAL
+from screens.dashboard import DashboardScreen
+from screens.modals.base import ConsoleModal
+from screens.replay import ReplayApp, ReplayBar
+from screens.results import ResultsScreen
+from screens.widgets.downtime_banner import DowntimeBanner
+from screens.widgets.host_panel import HostPanel
+from screens.widgets.job_panel import JobPanel
+from screens.widgets.stepper import Stepper
+from tests.tui.test_tui_console import text_of
+
+RECORDED = Path(__file__).parents[1] / "data" / "replay" / "20261202-041120-520a"
+SIZE = (160, 50)
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.t = 0.0
+
+    def __call__(self) -> float:
+        return self.t
+
+
+def replay(path: Path = RECORDED) -> tuple[ReplayApp, Clock]:
+    clock = Clock()
+    return ReplayApp(read_recording(path), playing=False, clock=clock, frame_s=3600), clock
+
+
+async def until(pilot, condition, timeout: float = 20.0) -> None:
+    deadline = asyncio.get_running_loop().time() + timeout
+    while not condition():
+        assert asyncio.get_running_loop().time() < deadline, "timed out"
+        await pilot.pause()
+
+
+def bar(app: ReplayApp) -> str:
+    return text_of(app.screen.query_one(ReplayBar))
+
+
+def step_line(app: ReplayApp, name: str) -> str:
+    return next(line for line in text_of(app.screen.query_one(Stepper)).splitlines() if f" {name} " in f" {line} ")
+
+
+async def test_steps_the_down_banner_and_the_questions_with_their_answers():
+    app, _ = replay()
+    async with app.run_test(size=SIZE) as pilot:
+        await until(pilot, lambda: "paused" in bar(app))
+        assert "no question asked yet" in bar(app) and "read-only" in app.sub_title
+        await pilot.press(*"]]]]")  # preflight, stage, cache: to the stop's start
+        await until(pilot, lambda: app.player.current_step() == "stop")
+        assert "running" in step_line(app, "stop") and "done" in step_line(app, "cache")
+        assert "pending" in step_line(app, "extract")
+        banner = app.screen.query_one(DowntimeBanner)
+        assert not banner.has_class("down")
+        for _ in range(10):  # event by event: the question is answered, the service goes down
+            await pilot.press("full_stop")
+            if app.state.down_since is not None:
+                break
+        await until(pilot, lambda: banner.has_class("down"))
+        assert "SERVICE DOWN" in text_of(banner) and "r restarts" not in text_of(banner)
+        assert "asked: stop the service on ct129 · approved (--yes)" in bar(app)
+        assert "\n  $ " in bar(app) and "-m remote.drill.service stop --state" in bar(app)  # the literal command
+        await pilot.press("]")  # free-vram: the leftover process is ended, as approved
+        await until(pilot, lambda: app.player.current_step() == "free-vram")
+        await pilot.press("]")
+        await until(pilot, lambda: "asked: end 1 process holding VRAM" in bar(app))
+        while app.player.current_step() != "evaluate":
+            await pilot.press("]")
+            await pilot.pause()
+        await until(pilot, lambda: not banner.has_class("down"))  # the server was ready again
+        assert "done" in step_line(app, "restart") and "asked: start the service on ct129" in bar(app)
+        jobs = app.screen.query_one(JobPanel)
+        while "evaluate on ct129" not in str(jobs.border_title):  # its job starts a moment after the step
+            await pilot.press("full_stop")
+            await pilot.pause()
+        assert "evaluate" in app.state.jobs[next(reversed(app.state.jobs))].job_id
+        await pilot.press("left_square_bracket")  # into a step: back to its start
+        await until(pilot, lambda: app.player.now == dict(app.recording.step_starts())["evaluate"])
+        assert app.state.jobs == {} or "evaluate" not in " ".join(app.state.jobs)
+        await pilot.press("left_square_bracket")  # at a step's start: the one before, folded again from the start
+        await until(pilot, lambda: app.player.current_step() == "restart")
+        assert "pending" in step_line(app, "evaluate") and "running" in step_line(app, "restart")
+        assert banner.has_class("down")
+
+
+async def test_play_pause_and_the_speed_on_the_clock():
+    app, clock = replay()
+    async with app.run_test(size=SIZE) as pilot:
+        await pilot.press("space")
+        assert app.player.playing
+        clock.t += 5
+        app._frame()
+        await pilot.press("plus")
+        clock.t += 5
+        app._frame()  # 5 s at x1, then 5 s at x2
+        await until(pilot, lambda: "×2" in bar(app))
+        assert abs(app.player.elapsed_s - 15) < 1e-6
+        await pilot.press("space")
+        clock.t += 100
+        app._frame()  # paused: the run's time stands still
+        await until(pilot, lambda: "paused" in bar(app))
+        assert abs(app.player.elapsed_s - 15) < 1e-6
+        # 15 s in: both hosts' telemetry drawn, as the run saw it then (SIMULATED drill GPUs)
+        assert set(app.state.telemetry) == {"ct129", "ct200"}
+        for panel in app.screen.query(HostPanel):
+            assert "connected" in str(panel.border_title) and "SIMULATED" in str(panel.border_title)
+        assert app.state.steps["preflight"].status == "done"  # it took 14 s
+        await pilot.press("minus", "minus")
+        assert app.player.speed == 0.5
+
+
+async def test_the_results_screen_at_the_end():
+    app, _ = replay()
+    async with app.run_test(size=SIZE) as pilot:
+        while not app.player.at_end:
+            await pilot.press("]")
+            await pilot.pause()
+        await until(pilot, lambda: isinstance(app.screen, ResultsScreen))
+        assert app.screen.data.run_dir == RECORDED and app.state.finished.status == "done"
+        await pilot.press("escape")
+        await until(pilot, lambda: isinstance(app.screen, DashboardScreen))
+        assert "■ end" in bar(app) and all(s.status == "done" for s in app.state.steps.values())
+
+
+async def test_keys_that_act_elsewhere_do_nothing():
+    app, _ = replay()
+    async with app.run_test(size=SIZE) as pilot:
+        await pilot.press(*"]]]]..")  # the stop's question answered: a live console would offer r here
+        await until(pilot, lambda: app.state.down_since is not None)
+        at, shown = app.player.position, list(app.state.steps.items())
+        await pilot.press("r", "g", "p", "c", "n", "s")
+        await until(pilot, lambda: any("read-only" in str(n.message) for n in app._notifications))
+        assert [w for w in app.workers if w.group in ("procedure", "service")] == []
+        assert len(app.screen_stack) == 2 and isinstance(app.screen, DashboardScreen)
+        assert app.player.position == at and list(app.state.steps.items()) == shown
+        offered = {key for key, active in app.active_bindings.items() if active.enabled}
+        assert not offered & {"g", "p", "r", "c", "n"}
+        titles = [c.title for c in app.get_system_commands(app.screen)]
+        assert "Go to step extract" in titles and "Restart the service" not in titles
+
+
+async def test_a_damaged_store_plays_to_the_damage_and_says_where(tmp_path: Path):
+    copy = Path(shutil.copytree(RECORDED, tmp_path / RECORDED.name))
+    journal = (copy / JOURNAL).read_text().splitlines(keepends=True)
+    (copy / JOURNAL).write_text("".join(journal[:44]) + journal[44][:30])  # line 45 cut: during the extract
+    app, _ = replay(copy)
+    async with app.run_test(size=SIZE) as pilot:
+        await until(pilot, lambda: "damaged: journal.jsonl line 45: cut mid-write" in bar(app))
+        assert "replayed up to the damage" in bar(app)
+        assert any("damaged" in str(n.message) for n in app._notifications)
+        while not app.player.at_end:
+            await pilot.press("]")
+            await pilot.pause()
+        assert app.player.current_step() == "extract" and app.state.finished is None
+        assert not isinstance(app.screen, ResultsScreen | ConsoleModal)  # it never got to its results
+        assert not [e for e in app.recording.events if isinstance(e.message, m.RunFinished)]
