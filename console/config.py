@@ -191,6 +191,20 @@ class WindowConfig:
     max_downtime_s: float | None = None
 
 
+# What a notification can be sent for (`[notify] events`); console/notify/ says what each one carries.
+NOTIFY_EVENTS: tuple[str, ...] = ("stop-approved", "overrun", "service-back", "run-ended", "left-down")
+
+
+@dataclass(frozen=True)
+class NotifyConfig:
+    """Who is told about the window (apprise URLs: Slack, Matrix, ntfy, e-mail, webhooks), about which
+    events, and when an overrun is worth saying: the downtime past its forecast by `overrun_margin_s`."""
+
+    urls: tuple[str, ...] = ()
+    events: tuple[str, ...] = NOTIFY_EVENTS
+    overrun_margin_s: float = 60
+
+
 @dataclass(frozen=True)
 class Config:
     """The whole validated config. `source` is the file it came from (not part of equality)."""
@@ -204,6 +218,7 @@ class Config:
     crosscheck: CrosscheckConfig = field(default_factory=CrosscheckConfig)
     source: Path | None = field(default=None, compare=False)
     window: WindowConfig = field(default_factory=WindowConfig)
+    notify: NotifyConfig = field(default_factory=NotifyConfig)
 
     @property
     def reference(self) -> DrafterConfig | None:
@@ -412,7 +427,7 @@ def _http_url(v: Any) -> bool:
     return parts.scheme in ("http", "https") and bool(parts.hostname)
 
 
-TOP_KEYS = ("hosts", "service", "target", "prompts", "drafters", "eval", "crosscheck", "window")
+TOP_KEYS = ("hosts", "service", "target", "prompts", "drafters", "eval", "crosscheck", "window", "notify")
 HOST_KEYS = tuple(f.name for f in fields(HostConfig) if f.name != "name")
 SERVICE_KEYS = tuple(f.name for f in fields(ServiceConfig))
 TARGET_KEYS = tuple(f.name for f in fields(TargetConfig))
@@ -421,6 +436,7 @@ DRAFTER_KEYS = tuple(f.name for f in fields(DrafterConfig))
 EVAL_KEYS = tuple(f.name for f in fields(EvalConfig))
 CROSSCHECK_KEYS = tuple(f.name for f in fields(CrosscheckConfig))
 WINDOW_KEYS = tuple(f.name for f in fields(WindowConfig))
+NOTIFY_KEYS = tuple(f.name for f in fields(NotifyConfig))
 
 
 def _hosts(c: _Checker, data: Mapping[str, Any]) -> dict[str, HostConfig]:
@@ -609,6 +625,37 @@ def _window(c: _Checker, data: Mapping[str, Any]) -> WindowConfig:
     )
 
 
+def _notify_url(v: Any) -> bool:
+    """A URL apprise has a plugin for (it parses it the way it will send to it)."""
+    if not _text(v):
+        return False
+    import apprise  # only when there is a [notify] table: the rest of the config needs no apprise
+
+    return apprise.Apprise.instantiate(v, suppress_exceptions=True) is not None
+
+
+def _notify(c: _Checker, data: Mapping[str, Any]) -> NotifyConfig:
+    raw = c.table(data, "notify", "notify", required=False) or {}
+    p = "notify"
+    c.keys(raw, p, NOTIFY_KEYS)
+    urls = c.get(raw, "urls", p, lambda v: isinstance(v, list), "an array of notification URLs", [])
+    for i, url in enumerate(urls):
+        if not _notify_url(url):
+            raise c.wrong(f"{p}.urls[{i}]", "a notification URL apprise knows (json://, ntfy://, slack://, "
+                                            "matrix://, mailto://, ...: see apprise's list of services)", url)
+    events = c.get(raw, "events", p, lambda v: isinstance(v, list) and bool(v),
+                   f"a non-empty array of events ({', '.join(NOTIFY_EVENTS)})", list(NOTIFY_EVENTS))
+    for i, event in enumerate(events):
+        if event not in NOTIFY_EVENTS:
+            raise c.wrong(f"{p}.events[{i}]", f"one of {', '.join(NOTIFY_EVENTS)}", event)
+    return NotifyConfig(
+        urls=tuple(urls),
+        events=tuple(dict.fromkeys(events)),
+        overrun_margin_s=c.get(raw, "overrun_margin_s", p, lambda v: _is_number(v) and v >= 0,
+                               "a number of seconds, 0 or more", 60),
+    )
+
+
 def validate(data: Mapping[str, Any], file: str = DEFAULT_CONFIG_NAME) -> Config:
     """Check parsed TOML `data` against the schema and build a `Config`; raise `ConfigError`."""
     c = _Checker(file)
@@ -626,7 +673,7 @@ def validate(data: Mapping[str, Any], file: str = DEFAULT_CONFIG_NAME) -> Config
     if target.layers == "auto" and not drafters:
         raise c.fail("target.layers", 'a list of layer indices ("auto" reads them from the drafters, and there are none)', '"auto"')
     return Config(hosts=hosts, service=service, target=target, prompts=prompts, drafters=drafters, eval=evaluation,
-                  crosscheck=_crosscheck(c, data), window=_window(c, data))
+                  crosscheck=_crosscheck(c, data), window=_window(c, data), notify=_notify(c, data))
 
 
 _LINE_RE = re.compile(r"\s*\(at line (\d+), column (\d+)\)\s*$")
@@ -734,6 +781,7 @@ def config_to_dict(config: Config) -> dict[str, Any]:
         "eval": _table_dict(config.eval),
         "crosscheck": _table_dict(config.crosscheck),
         "window": _table_dict(config.window),
+        **({"notify": _table_dict(config.notify)} if config.notify.urls else {}),  # no one to tell: no table
     }
 
 

@@ -12,6 +12,7 @@ import hashlib
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 from console.config import Config
 from console.messages import PlanReady, RunFinished
@@ -38,12 +39,22 @@ class Operator:
         self.store = RunStore(runs_dir)
         self.engine: Engine | None = None
         self._task: asyncio.Task | None = None
+        self.notifier: Any = None  # console/notify's Notifier, while started with [notify] urls
 
     def start(self) -> None:
-        """Connect every host, start telemetry and the service watch (on the running loop)."""
+        """Connect every host, start telemetry and the service watch (on the running loop); with
+        `[notify] urls`, the notifier of the runs this console drives (a read-only one drives none)."""
         self.session.start()
+        if self.config.notify.urls and not self.read_only and self.notifier is None:
+            from console.notify import Notifier
+
+            self.notifier = Notifier(self.config, self.store, self.bus)
+            self.notifier.start()
 
     async def stop(self) -> None:
+        if self.notifier is not None:  # what waits (the run's end) gets a few seconds to go out
+            notifier, self.notifier = self.notifier, None
+            await notifier.close()
         await self.session.stop()
 
     def _config_sha(self) -> str | None:

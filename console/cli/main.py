@@ -219,6 +219,7 @@ COMMANDS: list[Subcommand] = [
     Subcommand("crosscheck", lambda sub: __import__("console.cli.crosscheck", fromlist=["add_parser"]).add_parser(sub)),
     Subcommand("drill", add_drill),
     Subcommand("console", lambda sub: __import__("console.cli.console", fromlist=["add_parser"]).add_parser(sub)),
+    Subcommand("serve", lambda sub: __import__("console.cli.serve", fromlist=["add_parser"]).add_parser(sub)),
     Subcommand("replay", lambda sub: __import__("console.cli.replay", fromlist=["add_parser"]).add_parser(sub)),
 ]
 

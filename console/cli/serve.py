@@ -1,0 +1,154 @@
+"""`dflash-ops serve`: the console, read-only, in a browser (textual-serve).
+
+Each browser that opens the page gets its own read-only console (a process of
+`python -m console.cli.serve --app`): the dashboard following the run that drives the hosts, with
+the read-only console's keys only (none stops, starts or ends anything). It binds 127.0.0.1 unless
+told otherwise (reach it with an ssh port forward); any other bind needs the token printed at start:
+the page, its websocket and its files are refused without it (a cookie carries it once the page
+opened with `?token=`). A websocket opened from another site's page (its Origin) is refused too.
+
+textual-serve's `Server` is aiohttp: the token is a middleware added to its application, and the
+page's websocket address is taken from the request (so a forwarded port of any number works).
+"""
+
+from __future__ import annotations
+
+import argparse
+import hmac
+import ipaddress
+import secrets
+import shlex
+import socket
+import sys
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlsplit
+
+from console.config import DEFAULT_CONFIG_NAME, load_config
+
+DEFAULT_PORT = 8765
+COOKIE = "dflash-ops-token"
+
+
+def is_loopback(bind: str) -> bool:
+    if bind == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(bind).is_loopback
+    except ValueError:
+        return False
+
+
+def make_server(command: str, bind: str, port: int, token: str | None, title: str) -> Any:
+    """textual-serve's server for `command`, refusing requests without `token` (None: no token)."""
+    import aiohttp_jinja2
+    from aiohttp import web
+    from textual_serve.server import Server, to_int
+
+    class ConsoleServer(Server):
+        async def _make_app(self) -> web.Application:
+            app = await super()._make_app()
+            app.middlewares.append(guard)
+            return app
+
+        @aiohttp_jinja2.template("app_index.html")
+        async def handle_index(self, request: web.Request) -> dict[str, Any]:
+            here = f"{request.scheme}://{request.host}"
+            socket = ("wss" if request.scheme == "https" else "ws") + f"://{request.host}/ws"
+            return {"font_size": to_int(request.query.get("fontsize", "16"), 16), "app_websocket_url": socket,
+                    "config": {"static": {"url": f"{here}/static/"}}, "application": {"name": self.title}}
+
+        async def on_startup(self, app: web.Application) -> None:
+            pass  # the command says where it serves, with the token (textual-serve's banner would not)
+
+    @web.middleware
+    async def guard(request: web.Request, handler: Any) -> web.StreamResponse:
+        origin = request.headers.get("Origin")
+        if request.path == "/ws" and origin and urlsplit(origin).netloc != request.host:
+            raise web.HTTPForbidden(text=f"dflash-ops serve: a page of {origin} may not open this console\n")
+        if token is None:
+            return await handler(request)
+        given = request.query.get("token") or request.cookies.get(COOKIE) or ""
+        if not hmac.compare_digest(given.encode(), token.encode()):
+            raise web.HTTPForbidden(text="dflash-ops serve: this console needs its token: open the address "
+                                         "`dflash-ops serve` printed at start (…/?token=…)\n")
+        response = await handler(request)
+        if request.query.get("token") and isinstance(response, web.Response):
+            response.set_cookie(COOKIE, token, httponly=True, samesite="Strict")
+        return response
+
+    return ConsoleServer(command, host=bind, port=port, title=title)
+
+
+def app_command(config: Path, runs: str | None) -> str:
+    """The command each browser's console runs (a shell line: textual-serve starts it so)."""
+    argv = [sys.executable, "-m", "console.cli.serve", "--app", "--config", str(config.resolve())]
+    if runs:
+        argv += ["--runs", str(Path(runs).expanduser().resolve())]
+    return shlex.join(argv)
+
+
+def run(args: argparse.Namespace) -> int:
+    from console.cli.main import UsageError
+
+    config = load_config(args.config)  # a bad config is said here, once, not in every browser
+    if args.app:
+        return serve_app(config, args.runs)
+    token = None if is_loopback(args.bind) else secrets.token_urlsafe(24)
+    names = ", ".join(config.hosts)
+    server = make_server(app_command(Path(args.config), args.runs), args.bind, args.port, token,
+                         f"dflash-ops (read-only): {names}")
+    host = socket.getfqdn() if args.bind in ("0.0.0.0", "::") else f"[{args.bind}]" if ":" in args.bind else args.bind
+    url = f"http://{host}:{args.port}/" + (f"?token={token}" if token else "")
+    print(f"dflash-ops serve: the console, read-only, at {url}", flush=True)
+    if token:
+        print("dflash-ops serve: the page is refused without its token (above); keep it to the people "
+              "who may watch", flush=True)
+    else:
+        print(f"dflash-ops serve: from another machine: ssh -N -L {args.port}:127.0.0.1:{args.port} "
+              f"{_this_host()}, then open http://127.0.0.1:{args.port}/", flush=True)
+    try:
+        server.serve()
+    except OSError as exc:  # the port is taken, the address is not this machine's
+        raise UsageError(f"cannot serve on {args.bind}:{args.port}: {exc.strerror or exc}") from None
+    return 0
+
+
+def serve_app(config: Any, runs: str | None) -> int:
+    """One browser's console: read-only, following the live run (textual-serve's web driver)."""
+    from console.operator import Operator
+    from screens.app import run_app
+
+    return run_app(Operator(config, runs_dir=runs, read_only=True))
+
+
+def _this_host() -> str:
+    import getpass
+
+    return f"{getpass.getuser()}@{socket.gethostname()}"
+
+
+def add_parser(sub: argparse._SubParsersAction) -> None:
+    """Register `serve` on the top-level subparsers."""
+    parser = sub.add_parser(
+        "serve", help="the console, read-only, in a browser (for the people who share the window)",
+        description="Serve the console read-only in a browser (textual-serve), following the run that drives "
+                    "the hosts: hosts, GPUs, the service and its DOWN timer, the steps, the jobs, the journal. "
+                    "No key acts on a host. Binds 127.0.0.1 by default (reach it with ssh -L); another "
+                    "--bind needs the token printed at start.")
+    parser.add_argument("--config", default=DEFAULT_CONFIG_NAME, metavar="FILE",
+                        help=f"config file (default ./{DEFAULT_CONFIG_NAME})")
+    parser.add_argument("--port", type=int, default=DEFAULT_PORT, metavar="N",
+                        help=f"the port to serve on (default {DEFAULT_PORT})")
+    parser.add_argument("--bind", default="127.0.0.1", metavar="ADDR",
+                        help="the address to listen on (default 127.0.0.1; any other needs the printed token)")
+    parser.add_argument("--runs", metavar="DIR", default=None,
+                        help="the run store (default: the user data dir's runs/, or $DFLASH_OPS_RUNS)")
+    parser.add_argument("--app", action="store_true", help=argparse.SUPPRESS)  # one browser's console
+    parser.set_defaults(run=run)
+
+
+if __name__ == "__main__":
+    from console.cli.main import main
+
+    sys.exit(main(["serve", *sys.argv[1:]]))

@@ -1,0 +1,168 @@
+"""Which messages of the bus are worth telling the people who share the window, and in what words.
+
+The `Watcher` is fed the bus's messages of the runs this console drives and answers the
+notifications they make; it does no I/O beyond reading a run's state from the store (what a run left
+behind is the store's to say, never a guess from the messages):
+
+    stop-approved  the stop was approved: host, route, forecast downtime (by phase)
+    overrun        the downtime passed its forecast by `[notify] overrun_margin_s` (once per window)
+    service-back   the server is ready again: the measured downtime, beside its forecast
+    run-ended      the run's status, and the headline tau per drafter with the online one beside it
+    left-down      the run ended with the server down (or paused: what the store says), and how to end it
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from console import messages as m
+from console.config import Config
+from console.procedure.forecast import from_state
+from console.views.units import duration
+
+# The steps whose approval takes the server away from its users.
+STOPPING_STEPS = ("stop",)
+
+
+@dataclass(frozen=True)
+class Notification:
+    """One message to every target: `level` is apprise's type (info, success, warning, failure)."""
+
+    event: str
+    run_id: str
+    title: str
+    body: str
+    level: str = "info"
+
+
+@dataclass
+class _Window:
+    """The down period being watched: when it began and what it was forecast to last."""
+
+    run_id: str
+    since: float
+    forecast_s: float | None
+    overrun_said: bool = False
+
+
+def _clock(t: float) -> str:
+    return time.strftime("%H:%M:%S", time.localtime(t))
+
+
+class Watcher:
+    """Turns the bus's messages into notifications; `state_of(run_id)` reads a run's state from the
+    store (None when it cannot be read)."""
+
+    def __init__(self, config: Config, state_of: Callable[[str], Any | None], service: str):
+        self.config = config
+        self.state_of = state_of
+        self.service = service  # "sglang.service on ct129"
+        self.margin_s = config.notify.overrun_margin_s
+        self.run_id: str | None = None  # the run the last step update was about
+        self.window: _Window | None = None
+
+    # --- what the messages say ----------------------------------------------------------------
+
+    def on(self, message: Any) -> list[Notification]:
+        if isinstance(message, m.StepUpdate | m.PlanReady):
+            self.run_id = message.run_id
+        elif isinstance(message, m.DecisionMade):
+            return self._decided(message)
+        elif isinstance(message, m.Downtime):
+            return self._downtime(message)
+        elif isinstance(message, m.RunFinished):
+            return self._finished(message)
+        return []
+
+    def _decided(self, made: m.DecisionMade) -> list[Notification]:
+        asked = made.confirmation
+        if not made.approved or asked.step not in STOPPING_STEPS or self.run_id is None:
+            return []
+        state = self.state_of(self.run_id)
+        route = getattr(state, "route", None) or "window"
+        forecast, phases = asked.estimate_s, ""
+        stored = getattr(state, "forecast", None)
+        if stored:  # state.json's forecast, as the engine wrote it before asking
+            told = from_state(self.run_id, stored)
+            phases = " (" + ", ".join(f"{p.name} {duration(p.seconds)}" for p in told.phases) + ")"
+            forecast = told.downtime_s
+        said = f"forecast downtime {duration(forecast)}{phases}" if forecast is not None else "no forecast"
+        return [Notification(
+            "stop-approved", self.run_id, f"dflash-ops: stopping {self.service}",
+            f"Run {self.run_id} ({route} route): the stop of {self.service} on {asked.host} was approved "
+            f"({made.by}); {said}.\nCommand: {' '.join(asked.argv)}", "warning")]
+
+    def _downtime(self, down: m.Downtime) -> list[Notification]:
+        if down.down_since is not None:
+            if self.window is None or self.window.run_id != down.run_id or self.window.since != down.down_since:
+                state = self.state_of(down.run_id)
+                forecast = (getattr(state, "forecast", None) or {}).get("downtime_s")
+                self.window = _Window(down.run_id, down.down_since, forecast)
+            return []
+        window, self.window = self.window, None
+        if down.restarted_at is None:
+            return []
+        state = self.state_of(down.run_id)
+        since = window.since if window and window.run_id == down.run_id else \
+            getattr(getattr(state, "service", None), "stopped_at", None)
+        if since is None:
+            return []
+        forecast = window.forecast_s if window and window.run_id == down.run_id else \
+            (getattr(state, "forecast", None) or {}).get("downtime_s")
+        against = f" (forecast {duration(forecast)})" if forecast is not None else ""
+        return [Notification(
+            "service-back", down.run_id, f"dflash-ops: {self.service} is back",
+            f"{self.service} is ready again at {_clock(down.restarted_at)}: down {duration(down.restarted_at - since)}"
+            f"{against}, since {_clock(since)} (run {down.run_id}).", "success")]
+
+    def _finished(self, finished: m.RunFinished) -> list[Notification]:
+        state = self.state_of(finished.run_id)
+        headline = dict(getattr(state, "headline", None) or {})
+        facts = getattr(state, "facts", None) or {}
+        online = facts.get("headline_online") if isinstance(facts.get("headline_online"), dict) else {}
+        taus = [f"{name}: tau {tau:.2f}" + (f" (online {online[name]:.2f})" if online.get(name) is not None else "")
+                for name, tau in headline.items() if isinstance(tau, int | float)]
+        results = ("\n" + "\n".join(taus)) if taus else "\nNo drafter was evaluated."
+        level = "success" if finished.status == "done" else "info" if finished.status == "paused" else "failure"
+        notes = [Notification(
+            "run-ended", finished.run_id, f"dflash-ops: run {finished.run_id} {finished.status}",
+            f"Run {finished.run_id} ended {finished.status} (exit {finished.exit_code}): {finished.message}{results}",
+            level)]
+        service = getattr(state, "service", None)
+        down = getattr(service, "down", not finished.service_up) if state is not None else not finished.service_up
+        if down:
+            since = getattr(service, "stopped_at", None)
+            status = getattr(state, "status", finished.status)
+            left = "paused" if status == "paused" else status
+            notes.append(Notification(
+                "left-down", finished.run_id, f"dflash-ops: {self.service} LEFT DOWN by run {finished.run_id}",
+                f"Run {finished.run_id} ended {left} and left {self.service} DOWN"
+                + (f" since {_clock(since)} ({duration(time.time() - since)} ago)" if since else "")
+                + f". `dflash-ops run --resume {finished.run_id}` restarts it (or `r` in the console).", "failure"))
+            self.window = None
+        return notes
+
+    # --- the overrun, on a timer ---------------------------------------------------------------
+
+    def overrun_due(self) -> float | None:
+        """When the current window passes its forecast by the margin (epoch seconds), if one is due."""
+        window = self.window
+        if window is None or window.forecast_s is None or window.overrun_said:
+            return None
+        return window.since + window.forecast_s + self.margin_s
+
+    def overrun(self, now: float) -> list[Notification]:
+        """The overrun notification, once, if the window is still open and past its forecast + margin."""
+        window = self.window
+        due = self.overrun_due()
+        if window is None or due is None or now < due:
+            return []
+        window.overrun_said = True
+        return [Notification(
+            "overrun", window.run_id, f"dflash-ops: {self.service} down longer than forecast",
+            f"{self.service} has been down {duration(now - window.since)} (since {_clock(window.since)}): past its "
+            f"forecast of {duration(window.forecast_s)} by more than the {duration(self.margin_s)} margin "
+            f"(run {window.run_id}).", "warning")]

@@ -1,0 +1,141 @@
+"""The notifier: one subscriber on the core's bus, for the runs this process drives.
+
+The operator that drives runs (the headless run, the console, the drill; never a read-only view)
+starts one when `[notify] urls` names a target. It feeds the bus's messages of its own runs (the
+store names the process that drives a run: a watching console's follower repeats other runs, never
+notified twice) to the `Watcher`, sends what it answers through the `Target` threads, arms the
+overrun timer, and journals every outcome in the run's journal. Nothing here waits on a target: the
+window never waits on a notification, and one that fails is a journal line, not a failed step.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import socket
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+
+from console import messages as m
+from console.config import Config
+from console.notify.events import Notification, Watcher
+from console.notify.sender import Target
+from console.procedure.store import RunStore, RunStoreError
+from console.session.bus import MessageBus
+
+CLOSE_WAIT_S = 5.0  # at the end, what still waits is given this long to go out (the run-ended note)
+
+
+class Notifier:
+    """Tells `config.notify.urls` about the window, from what `bus` carries."""
+
+    def __init__(self, config: Config, store: RunStore, bus: MessageBus,
+                 ours: Callable[[str], bool] | None = None):
+        self.config = config
+        self.store = store
+        self.bus = bus
+        self.events = set(config.notify.events)
+        service = config.service
+        name = service.unit if service.manager == "systemd" else "the server"
+        self.watcher = Watcher(config, self._state_of, f"{name} on {service.host}")
+        self._ours = ours or self._driven_here
+        self._known: set[str] = set()
+        self.targets = [Target(url, self._report) for url in config.notify.urls]
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._unsubscribe: Callable[[], None] | None = None
+        self._timer: asyncio.TimerHandle | None = None
+        self._pending = 0
+        self._idle = threading.Condition()
+
+    def start(self) -> None:
+        """Subscribe (on the running loop: the overrun timer lives there)."""
+        self._loop = asyncio.get_running_loop()
+        self._unsubscribe = self.bus.subscribe(self._on, m.StepUpdate, m.PlanReady, m.DecisionMade, m.Downtime,
+                                               m.RunFinished)
+
+    async def close(self, wait_s: float = CLOSE_WAIT_S) -> None:
+        """Stop listening; give what still waits up to `wait_s` to go out (a target still stuck then
+        is left to its daemon thread: the process does not wait for it)."""
+        if self._unsubscribe is not None:
+            self._unsubscribe()
+            self._unsubscribe = None
+        if self._timer is not None:
+            self._timer.cancel()
+        for target in self.targets:
+            target.close()
+        await asyncio.to_thread(self.wait_sent, wait_s)
+
+    def wait_sent(self, timeout: float) -> bool:
+        """Until every notification posted has been sent or has failed (True), or `timeout`."""
+        with self._idle:
+            return self._idle.wait_for(lambda: self._pending == 0, timeout)
+
+    # --- from the bus ---------------------------------------------------------------------------
+
+    def _state_of(self, run_id: str) -> Any | None:
+        try:
+            return self.store.open(run_id).state
+        except RunStoreError:
+            return None
+
+    def _driven_here(self, run_id: str) -> bool:
+        """The store says this process drives the run (its owner)."""
+        if run_id in self._known:
+            return True
+        owner = getattr(self._state_of(run_id), "owner", None)
+        if owner is not None and owner.pid == os.getpid() and owner.host == socket.gethostname():
+            self._known.add(run_id)
+            return True
+        return False
+
+    def _on(self, message: Any) -> None:
+        run_id = getattr(message, "run_id", None) or self.watcher.run_id  # a decision names no run
+        if run_id is None or not self._ours(run_id):
+            return
+        for notification in self.watcher.on(message):
+            self.send(notification)
+        self._arm()
+
+    def _arm(self) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+        due = self.watcher.overrun_due()
+        if due is not None and self._loop is not None:
+            self._timer = self._loop.call_later(max(0.0, due - time.time()) + 0.05, self._overrun)
+
+    def _overrun(self) -> None:
+        self._timer = None
+        for notification in self.watcher.overrun(time.time()):
+            self.send(notification)
+        self._arm()
+
+    def send(self, notification: Notification) -> None:
+        """To every target, unless its event is not one `[notify] events` names."""
+        if notification.event not in self.events:
+            return
+        with self._idle:
+            self._pending += len(self.targets)
+        for target in self.targets:
+            target.post(notification)
+
+    # --- from the targets' threads ----------------------------------------------------------------
+
+    def _report(self, notification: Notification, target: str, error: str | None) -> None:
+        if error is None:
+            line, level = f"notified {target} ({notification.event}): {notification.title}", "info"
+        else:
+            line, level = f"notification not sent to {target} ({notification.event}): {error}", "warning"
+        entry = None
+        with contextlib.suppress(RunStoreError, OSError):  # the journal is the run's: a run gone says nothing
+            entry = self.store.open(notification.run_id).journal(None, line, level=level)
+        loop = self._loop
+        if entry is not None and loop is not None and not loop.is_closed():
+            with contextlib.suppress(RuntimeError):  # the loop closed meanwhile
+                loop.call_soon_threadsafe(self.bus.publish, entry)
+        with self._idle:
+            self._pending -= 1
+            self._idle.notify_all()

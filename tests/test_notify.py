@@ -1,0 +1,170 @@
+"""Notifications (console/notify/): the `[notify]` table's validation, and the notifier fed the bus's
+messages of a run in a real run store, sending through apprise's `json://` target to a loopback HTTP
+server that records what arrives. A dead target is journalled and holds nothing back. (Every event
+on a real drill window: tests/test_share_window.py.)"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from pathlib import Path
+
+import pytest
+
+from console import messages as m
+from console.config import NOTIFY_EVENTS, ConfigError, dump_config, parse_config
+from console.notify import Notifier
+from console.procedure import forecast as fc
+from console.procedure.state import Owner
+from console.procedure.store import RunStore
+from console.session.bus import MessageBus
+from tests.http_recorder import Recorder, closed_port
+
+BASE = """
+[hosts.ct129]
+address = "10.0.0.129"
+[service]
+host = "ct129"
+unit = "sglang.service"
+[target]
+model_path = "/models/target"
+layers = [1, 2]
+"""
+
+
+def config_with(notify: str):
+    return parse_config(BASE + "\n[notify]\n" + notify, "f.toml")
+
+
+def test_notify_table_defaults_and_round_trip() -> None:
+    config = config_with('urls = ["json://127.0.0.1:8080/hook", "ntfy://ntfy.sh/dflash"]')
+    assert config.notify.events == NOTIFY_EVENTS and config.notify.overrun_margin_s == 60
+    assert parse_config(dump_config(config), "f.toml") == config
+    assert parse_config(BASE, "f.toml").notify.urls == ()  # no table: no one is told
+
+
+@pytest.mark.parametrize(("table", "field", "said"), [
+    ('urls = ["json://127.0.0.1/hook", "nosuch://x"]', "notify.urls[1]", '"nosuch://x"'),
+    ('urls = "json://127.0.0.1/hook"', "notify.urls", "(a string)"),
+    ('urls = []\nevents = ["run-ended", "stop"]', "notify.events[1]", '"stop"'),
+    ("events = []", "notify.events", "[]"),
+    ("overrun_margin_s = -5", "notify.overrun_margin_s", "-5"),
+])
+def test_a_bad_notify_field_is_named(table: str, field: str, said: str) -> None:
+    with pytest.raises(ConfigError) as error:
+        config_with(table)
+    assert error.value.path == field and f"`{field}`" in str(error.value) and said in str(error.value)
+
+
+def test_an_unknown_notify_key_is_named() -> None:
+    with pytest.raises(ConfigError, match=r"unknown key `notify.url` in f.toml; did you mean `urls`\?"):
+        config_with('url = ["json://127.0.0.1/hook"]')
+
+
+def _run(tmp_path: Path, forecast_s: float) -> tuple[RunStore, str]:
+    store = RunStore(tmp_path / "runs")
+    run = store.create(None, None)
+    run.state.owner = Owner.this_process()  # this process drives it: its notifier speaks for it
+    run.state.route = "window"
+    phases = (m.ForecastPhase("stop", forecast_s / 2, "estimate"), m.ForecastPhase("start", forecast_s / 2, "estimate"))
+    run.state.forecast = fc.to_state(m.Forecast(run.run_id, forecast_s, phases))  # as the engine writes it
+    run.state.headline = {"reference": 3.4567, "candidate": 1.2}
+    run.state.facts["headline_online"] = {"reference": 3.41}
+    run.save()
+    return store, run.run_id
+
+
+def _stop_question() -> m.Confirmation:
+    return m.Confirmation("stop", "stop the service", "ct129", ("systemctl", "stop", "sglang.service"),
+                          "SGLang on ct129 goes down", True, estimate_s=0.2, estimate_basis="forecast")
+
+
+async def test_every_event_reaches_a_live_target_and_a_dead_one_is_journalled(tmp_path: Path) -> None:
+    recorder = Recorder()
+    dead = f"json://127.0.0.1:{closed_port()}/hook"
+    config = config_with(f'urls = ["{recorder.url}", "{dead}"]\noverrun_margin_s = 0')
+    store, run_id = _run(tmp_path, forecast_s=0.2)
+    bus = MessageBus()
+    notifier = Notifier(config, store, bus)
+    notifier.start()
+    try:
+        bus.publish(m.StepUpdate(run_id, "stop", "running", started_at=time.time()))
+        bus.publish(m.DecisionMade(_stop_question(), True, "--yes"))
+        down_since = time.time()
+        bus.publish(m.Downtime(run_id, down_since))
+        await asyncio.to_thread(recorder.wait_for, lambda posts: any("longer than" in p["json"]["title"] for p in posts))
+        bus.publish(m.Downtime(run_id, None, down_since + 42.0))
+        run = store.open(run_id)
+        run.state.service.down = True  # the store says the run left it down: both notes come
+        run.state.service.stopped_at = down_since
+        run.state.status = "failed"
+        run.save()
+        bus.publish(m.RunFinished(run_id, "failed", 3, False, "extract: failed", str(store.root / run_id)))
+        posts = await asyncio.to_thread(recorder.wait_for, lambda posts: len(posts) >= 5)
+    finally:
+        await notifier.close()
+        recorder.close()
+    by_title = {p["json"]["title"]: p["json"] for p in posts}
+    assert len(posts) == 5 and all(p["path"] == "/hook" for p in posts)
+    assert all(set(p["json"]) >= {"version", "title", "message", "type"} for p in posts)
+    stop = by_title["dflash-ops: stopping sglang.service on ct129"]
+    assert "window route" in stop["message"] and "ct129" in stop["message"] and "forecast downtime 0 s (stop 0 s, start 0 s)" in stop["message"]
+    assert "systemctl stop sglang.service" in stop["message"] and stop["type"] == "warning"
+    overrun = by_title["dflash-ops: sglang.service on ct129 down longer than forecast"]
+    assert "past its forecast of 0 s by more than the 0 s margin" in overrun["message"]
+    back = by_title["dflash-ops: sglang.service on ct129 is back"]
+    assert "down 42 s (forecast 0 s)" in back["message"] and back["type"] == "success"
+    ended = by_title[f"dflash-ops: run {run_id} failed"]
+    assert "reference: tau 3.46 (online 3.41)" in ended["message"] and "candidate: tau 1.20" in ended["message"]
+    left = by_title[f"dflash-ops: sglang.service on ct129 LEFT DOWN by run {run_id}"]
+    assert f"dflash-ops run --resume {run_id}" in left["message"] and left["type"] == "failure"
+    journal = store.open(run_id).read_journal()
+    failed = [e["message"] for e in journal if e["message"].startswith("notification not sent")]
+    assert len(failed) == 5 and all(f"127.0.0.1:{dead.split(':')[2]}" in line for line in failed)
+    assert all(e["level"] == "warning" for e in journal if e["message"].startswith("notification not sent"))
+    assert sum(e["message"].startswith(f"notified json://127.0.0.1:{recorder.port}/hook") for e in journal) == 5
+
+
+async def test_a_target_that_never_answers_holds_nothing_back(tmp_path: Path) -> None:
+    """Publishing returns while the target still holds the first request: the sends are off the
+    loop. (Were they not, this test would wait on itself: the target answers only after.)"""
+    recorder = Recorder()
+    recorder.hold.clear()
+    config = config_with(f'urls = ["{recorder.url}"]\nevents = ["run-ended"]')
+    store, run_id = _run(tmp_path, forecast_s=10)
+    bus = MessageBus()
+    notifier = Notifier(config, store, bus)
+    notifier.start()
+    try:
+        for _ in range(40):  # more than the target's queue holds: the rest are dropped, and said
+            bus.publish(m.RunFinished(run_id, "done", 0, True, "the procedure finished", str(store.root / run_id)))
+        await asyncio.to_thread(recorder.wait_for, lambda posts: len(posts) == 1)
+        assert not notifier.wait_sent(0)  # still held by the target: the bus went on all the same
+    finally:
+        recorder.hold.set()
+        await notifier.close(wait_s=30)
+        recorder.close()
+    journal = store.open(run_id).read_journal()
+    dropped = [e for e in journal if "notifications already wait for this target" in e["message"]]
+    assert dropped and len(dropped) + sum(e["message"].startswith("notified ") for e in journal) == 40
+
+
+async def test_runs_this_process_does_not_drive_are_not_notified(tmp_path: Path) -> None:
+    recorder = Recorder()
+    config = config_with(f'urls = ["{recorder.url}"]')
+    store, run_id = _run(tmp_path, forecast_s=10)
+    run = store.open(run_id)
+    run.state.owner = Owner("someone", "elsewhere", 1, time.time())  # another console's run, followed here
+    run.save()
+    bus = MessageBus()
+    notifier = Notifier(config, store, bus)
+    notifier.start()
+    try:
+        bus.publish(m.Downtime(run_id, time.time() - 5))
+        bus.publish(m.Downtime(run_id, None, time.time()))
+        bus.publish(m.RunFinished(run_id, "done", 0, True, "the procedure finished", str(store.root / run_id)))
+        assert notifier.wait_sent(5)
+    finally:
+        await notifier.close()
+        recorder.close()
+    assert recorder.posts == []
