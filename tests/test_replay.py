@@ -20,6 +20,7 @@ from console.procedure.store import JOURNAL, STATE, TELEMETRY, Run, RunStore
 
 RECORDED = Path(__file__).parent / "data" / "replay" / "20261202-041120-520a"
 ROUTE = ["preflight", "stage", "cache", "stop", "free-vram", "extract", "restart", "evaluate", "report", "crosscheck"]
+INTERRUPTED = RECORDED.parent / "20261202-042648-ad7a"  # the same drill killed (SIGKILL) after the stop ran
 RECORDING = read_recording(RECORDED)  # read once: the tests that only read it share it
 
 
@@ -82,6 +83,18 @@ def test_the_recorded_run_replays_in_time_order_whole() -> None:
     assert rec.events[-1].message.status == "done" and rec.events[-1].message.exit_code == 0
     assert rec.results_dir == RECORDED / "results"
     assert rec.hosts() == ["ct200", "ct129"]
+
+
+def test_an_interrupted_run_replays_to_where_it_was_killed_with_the_service_down() -> None:
+    rec, state = read_recording(INTERRUPTED), json.loads((INTERRUPTED / STATE).read_text())
+    assert state["status"] == "running" and rec.damage == []  # killed, not damaged: every line whole
+    assert [name for name, _ in rec.step_starts()] == ROUTE[:4]
+    last = {u.step: u for u in of(m.StepUpdate, rec.events)}
+    assert {n: u.status for n, u in last.items()} == {"preflight": "done", "stage": "done", "cache": "done",
+                                                      "stop": "running"}
+    assert [d.down_since for d in of(m.Downtime, rec.events)] == [state["service"]["stopped_at"]]  # never back
+    assert of(m.RunFinished, rec.events) == [] and of(m.ResultsReady, rec.events) == []
+    assert rec.events[-1].source == f"{TELEMETRY}:{len(lines(INTERRUPTED / TELEMETRY))}"
 
 
 def test_the_playback_moves_at_its_speed_on_the_clock_it_is_given() -> None:

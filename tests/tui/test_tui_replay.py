@@ -166,3 +166,17 @@ async def test_a_damaged_store_plays_to_the_damage_and_says_where(tmp_path: Path
         assert app.player.current_step() == "extract" and app.state.finished is None
         assert not isinstance(app.screen, ResultsScreen | ConsoleModal)  # it never got to its results
         assert not [e for e in app.recording.events if isinstance(e.message, m.RunFinished)]
+
+
+async def test_an_interrupted_run_ends_with_the_service_down_and_no_results():
+    app, _ = replay(RECORDED.parent / "20261202-042648-ad7a")  # killed after the stop ran
+    async with app.run_test(size=SIZE) as pilot:
+        while not app.player.at_end:
+            await pilot.press("]")
+            await pilot.pause()
+        banner = app.screen.query_one(DowntimeBanner)
+        await until(pilot, lambda: "■ end" in bar(app) and banner.has_class("down"))
+        assert "running" in step_line(app, "stop") and "pending" in step_line(app, "free-vram")
+        assert isinstance(app.screen, DashboardScreen) and app.state.finished is None
+        await pilot.press("o")  # no results: the run never got to them
+        await until(pilot, lambda: any("no run with results" in str(n.message) for n in app._notifications))
