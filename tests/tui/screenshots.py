@@ -7,7 +7,9 @@ at 120 x 40 and at 80 x 24 (`-80x24` in the name):
   stand-in operator's fixed telemetry, as in the snapshot tests);
 - tui-holders.svg, tui-results.svg, tui-per-prompt.svg, tui-window.svg: the drill (real SSH, the
   real engine and workers): the holders modal after the stop, the results of that run, its per-prompt
-  table and its window timeline.
+  table and its window timeline;
+- tui-replay.svg: `dflash-ops replay` of the recorded drill run (tests/data/replay), paused just after
+  the stop's question was answered: the DOWN banner, the steps, the question and its command.
 """
 
 from __future__ import annotations
@@ -27,7 +29,9 @@ from screens.results import ResultsScreen
 from tests.tui.standin import StandinOperator, fixed_clock, mid_window
 
 SIZES = ((120, 40), (80, 24))
-SHOTS = ("tui-dashboard.svg", "tui-holders.svg", "tui-results.svg", "tui-per-prompt.svg", "tui-window.svg")
+SHOTS = ("tui-dashboard.svg", "tui-holders.svg", "tui-results.svg", "tui-per-prompt.svg", "tui-window.svg",
+         "tui-replay.svg")
+RECORDED = Path(__file__).parents[1] / "data" / "replay" / "20261202-041120-520a"
 
 
 def named(name: str, size: tuple[int, int]) -> str:
@@ -83,11 +87,25 @@ async def drill(out: Path, size: tuple[int, int]) -> None:
             down(Path(tmp) / "drill")
 
 
+async def replay(out: Path, size: tuple[int, int]) -> None:
+    from console.procedure.replay import read_recording
+    from screens.replay import ReplayApp
+
+    app = ReplayApp(read_recording(RECORDED), playing=False, clock=lambda: 0.0, frame_s=3600)
+    async with app.run_test(size=size) as pilot:
+        await pilot.press(*"]]]]")  # to the stop
+        while app.question is None or app.state.down_since is None:
+            await pilot.press("full_stop")
+        await pilot.pause()
+        app.save_screenshot(named("tui-replay.svg", size), str(out))
+
+
 def main(argv: list[str]) -> int:
     out = Path(argv[0] if argv else "docs")
     for size in SIZES:
         asyncio.run(dashboard(out, size))
         asyncio.run(drill(out, size))
+        asyncio.run(replay(out, size))
     print(f"wrote {', '.join(str(out / named(n, size)) for size in SIZES for n in SHOTS)}")
     return 0
 
