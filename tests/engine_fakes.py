@@ -28,6 +28,7 @@ import hashlib
 import json
 import shlex
 import shutil
+import sys
 import time
 import traceback
 from collections.abc import AsyncIterator, Callable, Sequence
@@ -56,6 +57,7 @@ from console.ssh.hosts import HostDisconnected
 from console.ssh.jobs import JobDead, JobExists, JobHandle, JobStalledError, JobStatus
 from console.telemetry import HostTelemetry
 from remote.events import EventWriter, WorkerError
+from tests.fake_sglang import FakeServer, FakeServerClient
 
 INFERENCE, TRAINING = "ct129", "ct200"
 GPU_TOTAL_MIB = 81559
@@ -93,10 +95,16 @@ class _TimeModule:
 
 
 def install_clock(monkeypatch: Any, clock: Clock) -> None:
-    """The engine reads the world's clock (step times, the stop, the ready moment, decision time)."""
+    """The engine and its steps read the world's clock (step times, the stop, the ready moment,
+    decision time): every module of the engine's that imports `time`."""
     import console.procedure.engine as engine_module
+    import console.procedure.steps as steps_module
 
-    monkeypatch.setattr(engine_module, "time", _TimeModule(clock))
+    modules = [engine_module, sys.modules["console.procedure.run_jobs"]]
+    modules += [m for name, m in sorted(sys.modules.items()) if name.startswith(steps_module.__name__ + ".")]
+    for module in modules:
+        if getattr(module, "time", None) is time:
+            monkeypatch.setattr(module, "time", _TimeModule(clock))
 
 
 # --- the real producers' output, built once -----------------------------------------------------
@@ -246,6 +254,7 @@ class FakeService:
         self.world.clock.advance(START_S)
         self.world.gpus[SERVICE_PID] = (INFERENCE, {0: SERVICE_MIB - 2000, 1: SERVICE_MIB - 2000}, "sglang.launch_server")
         self.world.gpus[SCHEDULER_PID] = (INFERENCE, {0: 2000, 1: 2000}, "sglang::scheduler")
+        self.world.server.resume_all()  # a new process: nothing paused, nothing released
         self.ready = True
         self._to("active")
         self.world.sample(INFERENCE)
@@ -440,6 +449,8 @@ class FakeWorld:
         self.producers = producers
         self.clock = Clock()
         self.service = FakeService(self)
+        self.service_host = INFERENCE
+        self.server = FakeServer(self, SERVICE_PID)  # its memory-saver routes (tests/fake_sglang.py)
         self.stuck_holder = stuck_holder  # the first stop leaves the scheduler's VRAM held
         self.holders_survive = False  # ending the holders does not free their VRAM
         self.extract_mib = EXTRACT_MIB  # what the extractor holds on GPU0
@@ -1000,6 +1011,10 @@ class FakeHosts:
             outcomes.append(EndOutcome(holder.pid, "terminated", "ended by SIGTERM", 0.1))
         self.world.sample(host)
         return outcomes
+
+    async def server(self) -> FakeServerClient:
+        self._call("server", INFERENCE)
+        return FakeServerClient(self)
 
     async def crosscheck(self, config: Config, run_dir: Path, run_id: str, facts: dict[str, Any]) -> Any:
         """The online cross-check, the real one (`console.procedure.crosscheck`), against the fake

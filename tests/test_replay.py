@@ -83,6 +83,10 @@ def test_the_recorded_run_replays_in_time_order_whole() -> None:
     assert rec.events[-1].message.status == "done" and rec.events[-1].message.exit_code == 0
     assert rec.results_dir == RECORDED / "results"
     assert rec.hosts() == ["ct200", "ct129"]
+    # the sparklines: ct129's GPU0 held 40000 MiB (simulated) until the leftover holder was ended
+    stop, extract = dict(rec.step_starts())["stop"], dict(rec.step_starts())["extract"]
+    assert set(rec.history("ct129", 0, stop)) == {40000} and rec.history("ct129", 0, extract)[-1] == 0
+    assert len(rec.history("ct129", 0, stop, seconds=3)) < len(rec.history("ct129", 0, stop))
 
 
 def test_an_interrupted_run_replays_to_where_it_was_killed_with_the_service_down() -> None:

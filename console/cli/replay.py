@@ -57,6 +57,14 @@ def describe(event: Event) -> str:
         return f"job {msg.worker} on {msg.host}: exit {msg.code}"
     if isinstance(msg, m.JobLog):
         return f"job {msg.worker} on {msg.host}: {msg.message}"
+    if isinstance(msg, m.HostState):
+        return f"host {msg.host}: {msg.status} (its telemetry flows)"
+    if isinstance(msg, m.PlanReady):
+        return f"plan ({msg.route} route): " + ", ".join(s.name for s in msg.steps if s.acts)
+    if isinstance(msg, m.Forecast):
+        return f"forecast downtime {duration(msg.downtime_s)}"
+    if isinstance(msg, m.ResultsReady):
+        return f"results in {msg.run_dir}/results"
     return type(msg).__name__
 
 

@@ -313,9 +313,11 @@ def runs_rows(summaries: list[RunSummary | UnreadableRun]) -> tuple[list[str], l
             downtime += f", {summary.windows} windows"
         rows.append([summary.run_id, time.strftime("%Y-%m-%d %H:%M", time.localtime(summary.created_at)), status,
                      summary.route or "-", downtime, taus, online])
-        styles.append("bold red" if summary.service_down else "")
+        styles.append("bold red" if summary.service_down or summary.server_paused else "")
     return headers, rows, styles
 
+        if summary.server_paused:
+            status += ", SERVER PAUSED"
 
 def runs(args: argparse.Namespace) -> int:
     """`dflash-ops runs`: earlier runs, newest last; each unreadable one named with its path and why."""

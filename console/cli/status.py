@@ -15,7 +15,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
-import time
 
 from rich.console import Console, Group, RenderableType
 from rich.live import Live
@@ -23,7 +22,7 @@ from rich.text import Text
 
 from console.cli.config_source import config_for
 from console.config import Config
-from console.procedure.store import RunStore, UnreadableRun, what_next
+from console.procedure.store import RunStore, UnreadableRun, left_line, what_next
 from console.session import Session, service_name
 from console.views.status import status_view, unreadable_run_line
 
@@ -48,11 +47,7 @@ def downtime_line(runs: RunStore) -> Text | None:
     run = runs.left_down()
     if run is None:
         return None
-    state = run.state
-    since = state.service.stopped_at or time.time()
-    return Text(f"SERVICE DOWN since {time.strftime('%H:%M:%S', time.localtime(since))} "
-                f"({time.time() - since:.0f} s): stopped by run {run.run_id}; {what_next(run)}",
-                style="bold white on red")
+    return Text(f"{left_line(run)}; {what_next(run)}", style="bold white on red")
 
 
 async def snapshot(config: Config, console: Console, runs: RunStore | None = None) -> int:

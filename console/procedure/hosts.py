@@ -24,7 +24,7 @@ from console.messages import (
 )
 from console.procedure import remote_files
 from console.service.control import start_and_wait, wait_ready
-from console.service.sglang_api import ServerUnreachable
+from console.service.sglang_api import MEMORY_TIMEOUT_S, ServerUnreachable
 from console.service.vram import end_holders, endpids_argv
 from console.session import Session
 from console.session.bus import MessageBus
@@ -88,6 +88,7 @@ class WindowHosts(Protocol):
     async def endpids_argv(self, host: str, holders: Sequence[VramHolder], grace_s: float, sudo: bool) -> list[str]: ...
     async def end_holders(self, host: str, holders: Sequence[VramHolder], grace_s: float, sudo: bool) -> list[EndOutcome]: ...
     async def crosscheck(self, config: Any, run_dir: Path, run_id: str, facts: dict[str, Any]) -> Any: ...
+    async def server(self) -> Any: ...  # the SGLang client (`SglangClient`'s calls): the pause route's requests
 
 
 class _FreshClient:
@@ -255,6 +256,11 @@ class SessionHosts:
     async def end_holders(self, host: str, holders: Sequence[VramHolder], grace_s: float, sudo: bool) -> list[EndOutcome]:
         h = await self._host(host)
         return await end_holders(h, await h.resolve_python(), await self.code_dir(host), holders, grace_s, sudo=sudo)
+
+    async def server(self) -> Any:
+        """The SGLang server's client, taken anew for every request (through the session's forward),
+        with room for the slowest control request (releasing weights to their CPU backup)."""
+        return _FreshClient(self.session, self.connect_s).within(MEMORY_TIMEOUT_S + self.connect_s)
 
     async def crosscheck(self, config: Any, run_dir: Path, run_id: str, facts: dict[str, Any]) -> Any:
         """The online cross-check over the session's service client (`console/procedure/crosscheck.py`)."""

@@ -84,6 +84,7 @@ class Recording:
     damage: list[Damage] = field(default_factory=list)
     state: RunState | None = None
     cut_at: float | None = None  # the damage ends the recording here
+    _memory: dict[tuple[str, int], tuple[list[float], list[int | None]]] | None = field(default=None, repr=False)
 
     @property
     def start(self) -> float:
@@ -116,16 +117,18 @@ class Recording:
 
     def history(self, host: str, gpu: int, until: float, seconds: float | None = None) -> list[float | None]:
         """GPU `gpu` of `host`'s memory used (MiB) in the samples up to `until` (the sparkline)."""
-        out: list[float | None] = []
-        for event in self.events:
-            if event.t > until:
-                break
-            msg = event.message
-            if isinstance(msg, m.TelemetryUpdate) and msg.host == host and msg.sample is not None:
-                if seconds is not None and event.t < until - seconds:
-                    continue
-                out.extend(g.mem_used_mib for g in msg.sample.gpus if g.index == gpu)
-        return out
+        if self._memory is None:  # built once: a repaint looks it up, never walks every sample
+            self._memory = {}
+            for event in self.events:
+                msg = event.message
+                if isinstance(msg, m.TelemetryUpdate) and msg.sample is not None:
+                    for g in msg.sample.gpus:
+                        times, used = self._memory.setdefault((msg.host, g.index), ([], []))
+                        times.append(event.t)
+                        used.append(g.mem_used_mib)
+        times, used = self._memory.get((host, gpu), ([], []))
+        first = bisect.bisect_left(times, until - seconds) if seconds is not None else 0
+        return used[first:bisect.bisect_right(times, until)]
 
     @property
     def results_dir(self) -> Path | None:

@@ -126,6 +126,35 @@ class ServiceState:
     restarted_outside_at: float | None = None  # found running again, started by someone else
     pids_before_stop: list[int] = field(default_factory=list)
     restart_error: str | None = None  # why the last restart failed, shown before it is offered again
+    # The pause route (the server is never stopped): `paused` and `released` mean paused / released
+    # by this run and not yet given back; `held` is either, as `down` is for the stop route.
+    paused: bool = False  # /pause_generation sent by this run, no /continue_generation since
+    paused_at: float | None = None  # the pause was about to be sent: the route's downtime begins here
+    pauses: int = 0  # /pause_generation requests this run sent (counted before each)
+    pause_confirmed: bool = False  # its answer (or /ready's 503 after a lost one) was seen
+    continues: int = 0  # /continue_generation requests this run sent (counted before each)
+    continued_at: float | None = None  # the server took requests again: the route's downtime ends here
+    releasing: list[str] = field(default_factory=list)  # tags asked for, the answer not yet seen
+    released: list[str] = field(default_factory=list)  # tags this run released and has not resumed
+    released_tags: list[str] = field(default_factory=list)  # what this window released (kept after the resume)
+    released_at: float | None = None
+    releases: int = 0  # /release_memory_occupation requests (counted before each)
+    resumes: int = 0  # /resume_memory_occupation requests (counted before each)
+    resuming: list[str] = field(default_factory=list)  # resume asked for, its answer not yet seen
+    resumed_at: float | None = None
+    used_before_release_mib: dict[str, int] = field(default_factory=dict)  # per GPU, before the release
+    used_after_release_mib: dict[str, int] = field(default_factory=dict)  # per GPU, once it was seen
+    probe_tokens: list[int] | None = None  # a greedy /generate's answer before the pause (checked after)
+    give_back_error: str | None = None  # why the last resume / continue failed, shown when offered again
+
+    @property
+    def held(self) -> bool:
+        """Paused or released by this run and not given back (the pause route's `down`)."""
+        return self.paused or bool(self.released) or bool(self.releasing)
+
+    def left_as(self) -> str | None:
+        """How this run left the server, in the words every view uses: "down", "paused" or None."""
+        return "down" if self.down else "paused" if self.held else None
 
 
 @dataclass

@@ -1,11 +1,17 @@
 """The procedure as data: the steps of each route, and what preflight learned that chooses the plan.
 
     window:        preflight → stage ‖ cache → stop → free-vram → extract → restart → evaluate → report → crosscheck
+    pause:         preflight → stage ‖ cache → pause → release → free-vram → extract → resume → continue → evaluate
+                   → report → crosscheck  (the server gives its GPU memory back and takes it again, never stopped)
     zero-downtime: preflight → cache → extract → evaluate → report → crosscheck  (the server is never touched)
 
 The cross-check comes last: it needs the service ready and the offline tau to stand beside.
 
-`STEPS` below is the only list of steps: every view reads it.
+`STEPS` below is the only list of steps: every view reads it. Each step family's check, run, verify
+and compensation lives in a module of its own: `preflight`, `serving` (stage, cache), `stop` (stop,
+free-vram, restart), `pause` (pause, release, the pause route's free-vram, resume, continue),
+`extract`, `results` (evaluate, report, crosscheck); each function takes the engine
+(`console/procedure/engine.py`) as its first argument.
 
 Stage and cache run side by side while the server serves; the stop waits for both. A step is left
 out of a plan with a reason (no `stage` when the target host lacks the RAM to pin the weights), and
@@ -15,11 +21,27 @@ at run time a step whose work is already done is skipped, saying why (resume).
 from __future__ import annotations
 
 import statistics
-from collections.abc import Iterable
-from dataclasses import dataclass, field
+from collections.abc import Awaitable, Callable, Iterable
+from dataclasses import dataclass
 from typing import Any
 
 from console.messages import PlannedStep
+from console.procedure.steps import extract, pause, preflight, results, serving, stop
+from console.procedure.steps.facts import STAGE_RAM_MARGIN, Preflight, size_text, stage_decision
+
+__all__ = ["BY_NAME", "ROUTES", "STAGE_RAM_MARGIN", "STEPS", "STEP_NAMES", "STEP_TITLES", "PAUSE", "WINDOW", "ZERO_DOWNTIME",
+           "Preflight", "Step", "by_route", "estimates", "planned", "route_steps", "size_text", "stage_decision", "units"]
+
+StepCall = Callable[..., Awaitable[Any]]  # (engine) -> the check's verdict, the run's detail, the verify's None
+
+
+def by_route(**calls: StepCall) -> StepCall:
+    """One step that does its work differently on each route (free-vram: the window route ends the
+    stopped server's leftovers, the pause route only waits for the room)."""
+    async def call(engine: Any) -> Any:
+        return await calls[engine.route.replace("-", "_")](engine)
+    call.__name__ = "/".join(f"{route}:{fn.__module__.rsplit('.', 1)[-1]}.{fn.__name__}" for route, fn in calls.items())
+    return call
 
 
 @dataclass(frozen=True)
@@ -27,7 +49,7 @@ class Step:
     """One step of the window, as data. The engine is a loop over `STEPS`; the plan, the stepper,
     `views/plan.py` and the console's state read the same table.
 
-    `check`, `run` and `verify` name the engine's methods: `check` asks the hosts whether the
+    `check`, `run` and `verify` are functions of the engine: `check` asks the hosts whether the
     step's work is already there (a resumed run trusts the hosts, not its saved state) and returns
     why it is satisfied or None; `run` does the work and returns its detail; `verify` confirms the
     work on the host after it ran. `compensate` says what an early end after this step has begun
@@ -39,10 +61,10 @@ class Step:
     title: str
     host_role: str  # "hosts" | "target" | "service" | "extract" | "eval" | "console"
     routes: tuple[str, ...]
-    check: str | None
-    run: str
-    verify: str | None = None
-    compensate: str | None = None  # "end our job" | "restart the service"
+    check: StepCall | None
+    run: StepCall
+    verify: StepCall | None = None
+    compensate: str | None = None  # "end our job" | "restart the service" | "resume and continue the server"
     asks: str | None = None
     left_out_when: str | None = None
     group: str | None = None
@@ -50,34 +72,51 @@ class Step:
     after_restart: bool = False  # runs once the service is back: a resume never re-runs the steps before it
 
 
-_BOTH = ("window", "zero-downtime")
+_ALL = ("window", "pause", "zero-downtime")
+_SERVED = ("window", "pause")  # the routes that extract on the serving GPUs
 STEPS: tuple[Step, ...] = (
-    Step("preflight", "check hosts, service, kernels, drafters and prompts", "hosts", _BOTH,
-         check=None, run="run_preflight"),
+    Step("preflight", "check hosts, service, kernels, drafters and prompts", "hosts", _ALL,
+         check=None, run=preflight.run_preflight),
     Step("stage", "read the target into host RAM and warm the kernels while the server serves", "target",
-         ("window",), check="check_stage", run="run_stage", compensate="end our job",
+         _SERVED, check=serving.check_stage, run=serving.run_stage, compensate="end our job",
          left_out_when="the target host lacks the RAM to pin the weights (or --no-stage)", group="serving"),
-    Step("cache", "cache greedy completions from the live server", "service", _BOTH,
-         check="check_cache", run="run_cache", verify="verify_cache", compensate="end our job", group="serving"),
-    Step("stop", "stop the service", "service", ("window",), check="check_stop", run="run_stop",
-         verify="verify_stop", compensate="restart the service", asks="stop the service", while_down=True),
-    Step("free-vram", "wait until the service's GPUs are free", "service", ("window",), check="check_free_vram",
-         run="run_free_vram", asks="end the processes still holding VRAM", while_down=True),
-    Step("extract", "extract the target's hidden states", "extract", _BOTH, check="check_extract",
-         run="run_extract", verify="verify_extract", compensate="end our job", while_down=True),
-    Step("restart", "start the service and wait until it is ready", "service", ("window",), check="check_restart",
-         run="run_restart", asks="start the service", while_down=True),
-    Step("evaluate", "evaluate the drafters on the extracted states", "eval", _BOTH, check="check_evaluate",
-         run="run_evaluate", verify="verify_evaluate", compensate="end our job", after_restart=True),
-    Step("report", "fetch the results and write the report", "console", _BOTH, check=None, run="run_report",
+    Step("cache", "cache greedy completions from the live server", "service", _ALL,
+         check=serving.check_cache, run=serving.run_cache, verify=serving.verify_cache, compensate="end our job",
+         group="serving"),
+    Step("stop", "stop the service", "service", ("window",), check=stop.check_stop, run=stop.run_stop,
+         verify=stop.verify_stop, compensate="restart the service", asks="stop the service", while_down=True),
+    Step("pause", "pause the server's generation (requests held, none failed)", "service", ("pause",),
+         check=pause.check_pause, run=pause.run_pause, compensate="resume and continue the server",
+         asks="pause the server's generation", while_down=True),
+    Step("release", "release the GPU memory the extraction needs (the KV cache first)", "service", ("pause",),
+         check=pause.check_release, run=pause.run_release, compensate="resume and continue the server",
+         asks="release the server's memory", while_down=True),
+    Step("free-vram", "wait until the service's GPUs are free", "service", _SERVED,
+         check=by_route(window=stop.check_free_vram, pause=pause.check_room),
+         run=by_route(window=stop.run_free_vram, pause=pause.run_room),
+         asks="end the processes still holding VRAM (window route; the pause route ends none)", while_down=True),
+    Step("extract", "extract the target's hidden states", "extract", _ALL, check=extract.check_extract,
+         run=extract.run_extract, verify=extract.verify_extract, compensate="end our job", while_down=True),
+    Step("restart", "start the service and wait until it is ready", "service", ("window",), check=stop.check_restart,
+         run=stop.run_restart, asks="start the service", while_down=True),
+    Step("resume", "give the server its memory back and see it on the GPUs", "service", ("pause",),
+         check=pause.check_resume, run=pause.run_resume, verify=pause.verify_resume,
+         asks="give the server its memory back", while_down=True),
+    Step("continue", "let the server take requests again; /health and a greedy /generate as before the pause",
+         "service", ("pause",), check=pause.check_continue, run=pause.run_continue, verify=pause.verify_continue,
+         asks="let the server take requests again", while_down=True),
+    Step("evaluate", "evaluate the drafters on the extracted states", "eval", _ALL, check=results.check_evaluate,
+         run=results.run_evaluate, verify=results.verify_evaluate, compensate="end our job", after_restart=True),
+    Step("report", "fetch the results and write the report", "console", _ALL, check=None, run=results.run_report,
          after_restart=True),
     Step("crosscheck", "replay the cached prompts through the server's own speculative decoding: online tau "
-                       "beside the offline one", "service", _BOTH, check="check_crosscheck", run="run_crosscheck",
+                       "beside the offline one", "service", _ALL, check=results.check_crosscheck,
+         run=results.run_crosscheck,
          left_out_when="the server does not decode speculatively (said in one line)", after_restart=True),
 )
 BY_NAME = {step.name: step for step in STEPS}
-ROUTES = {route: tuple(s.name for s in STEPS if route in s.routes) for route in _BOTH}
-WINDOW, ZERO_DOWNTIME = ROUTES["window"], ROUTES["zero-downtime"]
+ROUTES = {route: tuple(s.name for s in STEPS if route in s.routes) for route in _ALL}
+WINDOW, PAUSE, ZERO_DOWNTIME = ROUTES["window"], ROUTES["pause"], ROUTES["zero-downtime"]
 STEP_NAMES = tuple(s.name for s in STEPS)  # every step of every route, in order
 STEP_TITLES = {s.name: s.title for s in STEPS}
 
@@ -97,53 +136,6 @@ def units(route: str) -> list[tuple[Step, ...]]:
     return out
 
 
-# Host RAM the staged worker needs beyond the weights it pins (Python, torch, the writer's buffers).
-STAGE_RAM_MARGIN = 2 << 30
-
-
-@dataclass
-class Preflight:
-    """What preflight found; the plan is chosen from it (and saved in the run's state)."""
-
-    layers: list[int] = field(default_factory=list)
-    layer_sources: dict[str, str] = field(default_factory=dict)  # drafter -> "config.json" | "override"
-    drafters: dict[str, dict[str, Any]] = field(default_factory=dict)  # name -> its config facts
-    probes: dict[str, dict[str, Any]] = field(default_factory=dict)
-    model_bytes: int | None = None
-    ram_available: int | None = None
-    service_ready: bool = False
-    service_model: str | None = None
-    warnings: list[str] = field(default_factory=list)
-
-    def to_json(self) -> dict[str, Any]:
-        return {"layers": self.layers, "layer_sources": self.layer_sources, "drafters": self.drafters,
-                "model_bytes": self.model_bytes, "ram_available": self.ram_available,
-                "service_ready": self.service_ready, "service_model": self.service_model,
-                "warnings": self.warnings}
-
-
-def stage_decision(facts: Preflight) -> tuple[bool, str]:
-    """Whether to stage the weights in pinned host RAM, and why (said in the plan either way)."""
-    if facts.model_bytes is None or facts.ram_available is None:
-        return False, "left out: the probe could not tell the model's size or the host's free RAM"
-    need = facts.model_bytes + STAGE_RAM_MARGIN
-    gib = 1 << 30
-    if facts.ram_available < need:
-        return False, (f"left out: the target host has {facts.ram_available / gib:.1f} GiB RAM available, "
-                       f"staging needs {need / gib:.1f} GiB (weights {facts.model_bytes / gib:.1f} GiB + margin); "
-                       f"the weights are read from disk inside the window instead")
-    return True, (f"{facts.ram_available / gib:.1f} GiB RAM available for {size_text(facts.model_bytes)} of "
-                  f"weights: read and warmed before the stop, so the window holds only the copy and the forward")
-
-
-def size_text(n: int) -> str:
-    """Bytes in the unit an operator reads at a glance: '54.2 GiB', '38.1 MiB'."""
-    for unit, scale in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
-        if n >= scale:
-            return f"{n / scale:.1f} {unit}"
-    return f"{n} B"
-
-
 def estimates(earlier_states: Iterable[dict[str, Any]]) -> dict[str, float]:
     """Median duration of each step (and of the downtime, key "downtime") over earlier finished runs."""
     durations: dict[str, list[float]] = {}
@@ -158,6 +150,8 @@ def estimates(earlier_states: Iterable[dict[str, Any]]) -> dict[str, float]:
         service = state.get("service", {})
         if service.get("stopped_at") is not None and service.get("ready_at") is not None:
             durations.setdefault("downtime", []).append(service["ready_at"] - service["stopped_at"])
+        if service.get("paused_at") is not None and service.get("continued_at") is not None:
+            durations.setdefault("pause-downtime", []).append(service["continued_at"] - service["paused_at"])
     return {name: statistics.median(values) for name, values in durations.items()}
 
 

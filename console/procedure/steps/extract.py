@@ -1,0 +1,255 @@
+"""extract: the target's hidden states, from the staged worker (go) or cold from disk, on the target
+host or (zero-downtime) on another host with room; the restart begins at `gpu_released`, and past
+the budget the operator is offered to stop the extraction and keep what is done."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import shlex
+import time
+from functools import partial
+from typing import TYPE_CHECKING, Any
+
+from console.messages import Confirmation, TelemetrySample
+from console.procedure import forecast as fc
+from console.procedure import run_jobs
+from console.procedure.fit import SPLIT_FILL
+from console.procedure.outcomes import Found, Skip, StepFailed
+from console.procedure.steps import between_hosts, stop
+from console.service.vram import others_used
+from console.ssh.jobs import JobHandle
+from console.tasks import cancel_and_wait
+from console.views.units import duration
+
+if TYPE_CHECKING:
+    from console.procedure.engine import Engine
+
+
+def extract_args(engine: Engine, window_dir: str, staged: bool) -> list[str]:
+    target = engine.config.target
+    args = ["--model", target.model_path, "--completions", f"{window_dir}/completions.json",
+            "--out", f"{window_dir}/states", "--layers", ",".join(map(str, engine.facts.layers)),
+            "--kernels", target.kernels]
+    args += ["--stop-file", f"{window_dir}/stop"]  # the operator's stop at the budget
+    if staged:
+        args += ["--staged", "--go-file", f"{window_dir}/go"]
+    return args
+
+
+async def extraction_complete(engine: Engine) -> bool:
+    """The states' manifest on the extraction host is complete and its files match their sha256."""
+    if engine.state.extraction.complete:
+        return True
+    if "extract" not in engine.state.jobs:
+        return False
+    host_name, _ = engine._extract_host()
+    window = await engine._window_dir(host_name)
+    if await engine.hosts.manifest_complete(host_name, f"{window}/states"):
+        engine.state.extraction.complete = True
+        engine.run.save()
+        return True
+    return False
+
+
+async def check_extract(engine: Engine) -> Skip | None:
+    if await extraction_complete(engine):
+        host_name, _ = engine._extract_host()
+        engine._gpu_released.set()
+        return Found(f"already extracted (manifest complete, sha256 verified): "
+                     f"{host_name}:{await engine._window_dir(host_name)}/states")
+    return None
+
+
+async def verify_extract(engine: Engine) -> None:
+    if engine.state.extraction.partial:
+        return  # a partial extraction is published as such (manifest.partial.json), never as complete
+    engine.state.extraction.complete = False  # asked of the host, not taken from the run
+    if not await extraction_complete(engine):
+        host_name, _ = engine._extract_host()
+        raise StepFailed("extract", f"the extractor finished but {host_name}:{await engine._window_dir(host_name)}/states "
+                                    f"has no complete, sha256-verified manifest")
+
+
+def _on_extract_event(engine: Engine, event: dict[str, Any]) -> None:
+    if event.get("type") == "progress" and event.get("key") == "tokens":
+        _project(engine, event)
+    if event.get("type") != "gpu_released":
+        return
+    extraction = engine.state.extraction
+    extraction.gpu_released_at = extraction.gpu_released_at or time.time()
+    extraction.window = {k: v for k, v in event.items() if k not in ("type", "seq")}
+    engine.run.save()
+    engine._gpu_released.set()
+    engine._crash("gpu-released")
+    stop.begin_restart(engine)
+
+
+def _project(engine: Engine, event: dict[str, Any]) -> None:
+    """The window's end re-projected from the extraction's rate; past the budget, the operator is
+    offered to stop the extraction now (keeping every prompt extracted) and restart."""
+    svc = engine.state.service
+    if engine._window_forecast is None or svc.stopped_at is None or not svc.down:
+        return
+    made, inputs = engine._window_forecast
+    engine._progress.add(time.time(), event.get("done") or 0, event.get("total"))
+    projection = fc.project(made, inputs, svc.stopped_at, time.time(), engine._progress)
+    engine.bus.publish(projection)
+    if fc.passes_budget(projection) and not engine._budget_asked and engine._progress.left:
+        engine._budget_asked = True
+        engine._budget_task = asyncio.create_task(_offer_budget_stop(engine, projection), name="budget-stop")
+
+
+async def _offer_budget_stop(engine: Engine, projection: Any) -> None:
+    target = engine.config.target.host
+    window = await engine._window_dir(target)
+    stop_file = f"{window}/stop"
+    argv = ["sh", "-c", f"umask 077; : > {shlex.quote(stop_file)}"]
+    late = projection.expected_ready_at - (projection.budget_ends_at or projection.expected_ready_at)
+    if not await engine._ask(Confirmation(
+            "extract", "stop the extraction now and restart the service", target, tuple(argv),
+            f"the window would end {duration(late)} past its budget ({projection.basis}); every prompt already "
+            f"extracted is kept (complete, verified files) and `run --resume` extracts the rest in the next "
+            f"window", False, None)):
+        return
+    engine.state.extraction.stop_asked_at = time.time()
+    engine.run.save()
+    await engine.hosts.run(target, argv)
+    engine.journal("extract", "the extraction stops after the prompt in hand (the budget): the rest in the next "
+                            "window", host=target, level="warning")
+
+
+async def run_extract(engine: Engine) -> str:
+    if engine.route == "zero-downtime":
+        return await _extract_elsewhere(engine)
+    if engine._window_forecast is None and engine.state.forecast:  # resumed: the stop's forecast stands
+        engine._window_forecast = (fc.from_state(engine.run.run_id, engine.state.forecast), await engine._forecast_inputs())
+    target = engine.config.target.host
+    window = await engine._window_dir(target)
+    extraction = engine.state.extraction
+    record = engine.state.jobs.get("extract")
+    staged = engine._acts("stage") and record is not None
+    if record is not None and "gpu_released" in record.events_seen:
+        stop.begin_restart(engine)  # released before a crash: the restart need not wait for the follow
+    if staged:
+        state = await run_jobs.job_state(engine, "extract")
+        if state != "running" and extraction.begun_at is None and "staged" in record.events_seen:
+            engine.journal("extract", f"the staged extractor (pid {record.pid}) is gone before the go: extracting "
+                                    f"from disk instead", host=target, level="warning")
+            run_jobs.new_attempt(engine, "extract")
+            staged = False
+        elif state == "running" and extraction.go_sent_at is None:
+            extraction.begun_at = extraction.begun_at or time.time()
+            engine.run.save()
+            await engine.hosts.run(target, ["sh", "-c", f"umask 077; : > {shlex.quote(window + '/go')}"])
+            extraction.go_sent_at = time.time()
+            engine.run.save()
+            engine.journal("extract", "go: the staged extractor copies the weights to the GPU", host=target)
+            engine._crash("go")
+        elif state is None or (state != "running" and "staged" not in record.events_seen):
+            staged = False
+    if not staged:
+        if engine.state.jobs.get("extract") is None or engine.state.jobs["extract"].handle is None:
+            await engine.hosts.run(target, ["rm", "-f", "--", f"{window}/stop"])  # a new window: no old stop
+
+        def begun(_: JobHandle) -> None:
+            extraction.begun_at = extraction.begun_at or time.time()
+            engine.run.save()
+            engine._crash("go")
+        outcome = await run_jobs.job(engine, target, "extract", "extract", extract_args(engine, window, False), step="extract",
+                                  on_event=partial(_on_extract_event, engine), started=begun)
+    else:
+        outcome = await run_jobs.job(engine, target, "extract", "extract", extract_args(engine, window, True), step="extract",
+                                  on_event=partial(_on_extract_event, engine))
+    result = outcome.get("result") or {}
+    window_facts = result.get("window", {})
+    if result.get("complete") is False:  # cut short at the budget: kept, never taken as complete
+        missing = [str(x) for x in result.get("prompts_missing", [])]
+        done = [str(x) for x in engine.state.facts.get("prompt_ids", []) if str(x) not in missing]
+        engine.state.extraction.partial = {"done": done, "missing": missing}
+        engine.run.save()
+        return (f"partial at the budget: {result.get('prompts', '?')} prompts kept, {len(missing)} missing: "
+                f"the rest in the next window (run --resume)")
+    return (f"{result.get('prompts', '?')} prompts, {result.get('tokens', '?')} tokens, layers "
+            f"{result.get('layers')}; window {window_facts.get('window_s', '?')} s")
+
+
+async def _extract_elsewhere(engine: Engine) -> str:
+    """The zero-downtime route: extract on the host with room while the server keeps serving."""
+    host_name, model_path = engine._extract_host()
+    chosen = engine.state.facts["extract_on"]
+    window = await engine._window_dir(host_name)
+    if host_name != engine.config.service.host:
+        service_window = await engine._window_dir(engine.config.service.host)
+        await between_hosts.relay_file(engine, engine.config.service.host, f"{service_window}/completions.json", host_name,
+                               f"{window}/completions.json", "extract")
+    args = extract_args(engine, window, False)
+    args[args.index("--model") + 1] = model_path
+    gpus = chosen.get("gpus") or [chosen["gpu"]]
+    if len(gpus) > 1:  # a device_map split, each GPU capped at what it had free (renumbered from 0)
+        caps = ",".join(f"{n}={int(chosen['free_mib'][str(g)] * SPLIT_FILL)}MiB" for n, g in enumerate(gpus))
+        args += ["--device-map", "auto", "--max-memory", caps]
+    env = {} if engine.hosts.simulated(host_name) else {"CUDA_VISIBLE_DEVICES": ",".join(map(str, gpus))}
+    watching: list[asyncio.Task] = []
+    job_started = asyncio.Event()
+
+    def watch(handle: JobHandle) -> None:  # from the moment our job exists, its memory is ours
+        engine.state.extraction.begun_at = engine.state.extraction.begun_at or time.time()
+        engine.run.save()
+        watching.append(asyncio.create_task(_gpu_taken(engine, host_name, gpus, chosen["need_mib"])))
+        job_started.set()
+
+    job = asyncio.create_task(run_jobs.job(engine, host_name, "extract", "extract", args, step="extract", env=env,
+                                        started=watch), name="zero-downtime-extract")
+    try:
+        started = asyncio.create_task(job_started.wait())
+        await asyncio.wait({job, started}, return_when=asyncio.FIRST_COMPLETED)
+        started.cancel()
+        if watching:
+            await asyncio.wait({job, watching[0]}, return_when=asyncio.FIRST_COMPLETED)
+        if watching and watching[0].done() and not watching[0].cancelled() and watching[0].exception() is None:
+            # Taken: stopped now, whatever the job says later (a cancel can be swallowed mid-SSH call).
+            with contextlib.suppress(Exception):  # the job's own failure is not the news here
+                await cancel_and_wait(job)
+            await engine._end_own_jobs()  # stopped cleanly, before the other process meets an OOM
+            raise StepFailed("extract", f"{watching[0].result()} during the extraction: it was stopped before "
+                                        f"an OOM. The window route remains: dflash-ops run --route window")
+        outcome = await job
+    finally:
+        for task in (job, *watching):
+            task.cancel()
+    result = outcome.get("result") or {}
+    return (f"on {host_name} GPU{chosen['gpu']} with the server serving: {result.get('prompts', '?')} prompts, "
+            f"{result.get('tokens', '?')} tokens, layers {result.get('layers')}")
+
+
+async def _gpu_taken(engine: Engine, host: str, gpus: list[int], need_mib: int) -> str:
+    """Returns (says why) once other processes leave the chosen GPUs less room than the extraction
+    needs. Our own job's memory is not counted: its pid is read anew for every sample."""
+    stream = engine.hosts.telemetry(host)
+    fill = 1.0 if len(gpus) == 1 else SPLIT_FILL
+
+    def ours() -> list[int]:
+        record = engine.state.jobs.get("extract")
+        return [record.pid] if record is not None and record.pid else []
+
+    def room(sample: TelemetrySample) -> int | None:
+        readings = [g for g in sample.gpus if g.index in gpus and g.mem_total_mib is not None]
+        if len(readings) != len(gpus):
+            return None
+        used = others_used(sample, gpus, ours())
+        if any(used.get(g.index) is None for g in readings):
+            return None
+        return sum(int((g.mem_total_mib - used[g.index]) * fill) for g in readings)
+
+    def short(sample: TelemetrySample) -> bool:
+        left = room(sample)
+        return left is not None and left < need_mib
+
+    latest = stream.telemetry.latest
+    sample = latest if latest is not None and short(latest) else await stream.wait_for(short, timeout=1e9)
+    names = "+".join(f"GPU{g}" for g in gpus)
+    mine = ours()
+    others = [f"pid {p.pid} ({p.mib} MiB)" for p in sample.processes if p.gpu in gpus and p.pid not in mine]
+    return (f"{names} on {host} was taken by {', '.join(others) or 'another process'}: "
+            f"{room(sample)} MiB left, ~{need_mib} MiB needed")

@@ -1,0 +1,505 @@
+"""The pause route's own steps: the server process is never stopped.
+
+    pause → release → free-vram → extract → resume → continue
+
+`pause` sends `POST /pause_generation {"mode": "retract"}` (running requests go back to the queue and
+wait; none fails), `release` gives back only the GPU memory the extraction needs (`kv_cache` and
+`cuda_graph` when the extraction fits beside the resident weights; `weights` too only when it must,
+and only when the server keeps a CPU backup of them), free-vram waits for that room (the server's
+own processes are never offered for ending), the extraction runs, `resume` takes back exactly the
+tags released and sees the memory back on the GPUs, and `continue` lets the held requests run, then
+checks that `/health` passes and that a greedy `/generate` answers the same tokens as before the
+pause. Each change asks the Decider with the literal request.
+
+Every failure, refusal, cancel and crash after the pause ends in resume + continue (`give_back`,
+called by the engine's compensation as the stop route's restart is): one continue per pause, one
+resume per release. Facts on SGLang's routes: docs/sglang.md.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from typing import TYPE_CHECKING, Any
+
+from console.messages import Confirmation, TelemetrySample
+from console.procedure.fit import SPLIT_FILL, need_mib
+from console.procedure.outcomes import Found, Refused, Skip, StepFailed
+from console.service.memory_saver import CUDA_GRAPH, KV_CACHE, WEIGHTS, MemorySaver
+from console.service.sglang_api import ServerAnswerError
+from console.session import service_name
+from console.views.units import duration
+
+if TYPE_CHECKING:
+    from console.procedure.engine import Engine
+
+PROBE_IDS = [1, 2, 3, 4, 5, 6, 7, 8]  # any valid ids: the same greedy request before the pause and after
+PROBE_TOKENS = 8
+MEMORY_BACK_S = 60.0  # the resumed memory is seen on the GPUs within this (the KV cache takes < 1 s)
+MEMORY_BACK_SHARE = 0.8  # of what the release freed, seen used again after the resume
+SAVER_HINT = ("add --enable-memory-saver (and --enable-weights-cpu-backup) to the server's start command: one "
+              "restart, at a time you choose, and later windows need no restart at all")
+
+
+def _url(engine: Engine, path: str) -> str:
+    return engine.config.service.url.rstrip("/") + path
+
+
+def request_argv(engine: Engine, path: str, body: dict[str, Any]) -> tuple[str, ...]:
+    """The literal request, as the Decider shows it: POST http://…/release_memory_occupation {"tags": [...]}."""
+    return ("POST", _url(engine, path), json.dumps(body))
+
+
+def _gpus(engine: Engine, sample: TelemetrySample) -> list[int]:
+    return list(engine.config.service.gpus) or [g.index for g in sample.gpus]
+
+
+def _used(engine: Engine, sample: TelemetrySample | None) -> dict[str, int]:
+    """Used MiB per service GPU in `sample` (keys as strings: the state is JSON)."""
+    if sample is None:
+        return {}
+    gpus = _gpus(engine, sample)
+    return {str(g.index): int(g.mem_used_mib) for g in sample.gpus if g.index in gpus and g.mem_used_mib is not None}
+
+
+def _latest(engine: Engine) -> TelemetrySample | None:
+    return engine.hosts.telemetry(engine.config.service.host).telemetry.latest
+
+
+def extraction_need_mib(engine: Engine) -> int | None:
+    """What the extraction needs on the service's GPUs (fit.py's estimate), None when unknown."""
+    from console.procedure.fit import longest_tokens
+
+    model = engine.facts.probes.get(engine.config.target.host, {}).get("model", {})
+    if not model.get("tensor_bytes"):
+        return None
+    tokens = engine.state.facts.get("prompt_tokens")
+    longest = max(tokens) if tokens else longest_tokens(engine._prompt_records())
+    return need_mib(int(model["tensor_bytes"]), int(longest), int(model.get("hidden_size") or 0),
+                    len(engine.facts.layers), int(model.get("vocab_size") or 0))
+
+
+def release_plan(saver: MemorySaver, free_mib: int | None, gpus: int, need: int | None) -> tuple[list[str] | None, str]:
+    """The tags to release and why; (None, why) when the route is not possible on this server.
+
+    The KV cache and CUDA graphs when the extraction fits beside the resident weights; the weights
+    too only when it must, and only with a CPU backup of them (else they would be lost)."""
+    if not saver.enabled:
+        return None, f"the server runs without the memory saver: {SAVER_HINT}"
+    light = [KV_CACHE, CUDA_GRAPH]
+    if saver.memory_gib is None or free_mib is None or need is None:
+        return light, ("the KV cache and CUDA graphs (the server reports no memory usage: free-vram waits for the "
+                       "room the extraction needs)")
+    per_tag = {tag: int(saver.memory_gib.get(tag, 0.0) * 1024) * gpus for tag in (KV_CACHE, CUDA_GRAPH, WEIGHTS)}
+    usable = SPLIT_FILL if gpus > 1 else 1.0
+    beside = int((free_mib + per_tag[KV_CACHE] + per_tag[CUDA_GRAPH]) * usable)
+    if beside >= need:
+        return light, (f"the KV cache and CUDA graphs ({per_tag[KV_CACHE] + per_tag[CUDA_GRAPH]} MiB): the "
+                       f"extraction (~{need} MiB) fits beside the resident weights ({beside} MiB then free)")
+    with_weights = int((free_mib + sum(per_tag.values())) * usable)
+    if with_weights < need:
+        return None, (f"the extraction needs ~{need} MiB; even releasing the weights too frees only {with_weights} MiB "
+                      f"on the service's GPUs")
+    if not saver.weights_cpu_backup:
+        return None, (f"the extraction needs ~{need} MiB, the KV cache and CUDA graphs free {beside} MiB: the weights "
+                      f"would go too, and the server keeps no CPU backup of them (--enable-weights-cpu-backup)")
+    return [*light, WEIGHTS], (f"the KV cache, CUDA graphs and weights ({sum(per_tag.values())} MiB; the weights to "
+                               f"their CPU backup): the extraction (~{need} MiB) does not fit beside them")
+
+
+async def plan_release(engine: Engine) -> tuple[list[str] | None, str]:
+    """The release the plan proposes (kept in the run's facts: a resumed run keeps its plan)."""
+    kept = engine.state.facts.get("plan_release")
+    if kept is not None:
+        return kept["tags"], kept["why"]
+    server = await engine.hosts.server()
+    saver = await server.memory_saver()
+    sample = _latest(engine)
+    used = _used(engine, sample)
+    free = None
+    if sample is not None and used:
+        totals = {str(g.index): g.mem_total_mib for g in sample.gpus if g.mem_total_mib is not None}
+        free = sum(totals[g] - used[g] for g in used if g in totals)
+    tags, why = release_plan(saver, free, max(1, len(used)), extraction_need_mib(engine))
+    engine.state.facts["plan_release"] = {"tags": tags, "why": why, "weights_cpu_backup": saver.weights_cpu_backup}
+    engine.run.save()
+    return tags, why
+
+
+# --- pause ----------------------------------------------------------------------------------------
+
+
+async def _paused_now(engine: Engine) -> bool | None:
+    """Whether the server is paused, by SGLang's /ready (503 while paused, 200 serving); None when it
+    cannot tell (a release without /ready answers 404)."""
+    status = await (await engine.hosts.server()).ready()
+    return True if status == 503 else False if status == 200 else None
+
+
+async def check_pause(engine: Engine) -> Skip | None:
+    svc = engine.state.service
+    if svc.pauses == 0:
+        return None
+    if svc.paused and not svc.pause_confirmed:  # sent, its answer never seen: asked of the server
+        now = await _paused_now(engine)
+        if now is False:
+            engine.journal("pause", "the pause sent earlier had not landed (/ready answers 200): sent again",
+                           level="warning")
+            return None
+        svc.pause_confirmed = True
+        engine.run.save()
+    since = time.strftime("%H:%M:%S", time.localtime(svc.paused_at or time.time()))
+    if svc.paused:
+        return Found(f"paused by this run at {since}")
+    return Found(f"paused by this run at {since}; taking requests again since "
+                 f"{time.strftime('%H:%M:%S', time.localtime(svc.continued_at or time.time()))}")
+
+
+async def run_pause(engine: Engine) -> str:
+    if engine.state.status_of("cache") not in ("done", "skipped"):
+        raise StepFailed("pause", "refused: the completions are not cached and verified")
+    if engine._acts("stage") and engine.state.status_of("stage") not in ("done", "skipped"):
+        raise StepFailed("pause", "refused: the staged extractor has not reported `staged`")
+    tags, why = await plan_release(engine)
+    if tags is None:
+        raise StepFailed("pause", f"the pause route is not possible: {why}")
+    server = await engine.hosts.server()
+    svc = engine.state.service
+    if svc.probe_tokens is None:  # the greedy answer the resumed server must give again
+        svc.probe_tokens = list((await server.generate(PROBE_IDS, PROBE_TOKENS))["output_ids"])
+        engine.run.save()
+    body = {"mode": "retract"}
+    forecast = engine.earlier.get("pause-downtime")
+    impact = (f"{service_name(engine.config)} on {engine.config.service.host} holds its requests (running ones go "
+              f"back to its queue, new ones wait; none fails) until /continue_generation; the process is never "
+              f"stopped" + (f"; earlier pauses took {duration(forecast)}" if forecast else ""))
+    if not await engine._ask(Confirmation("pause", "pause the server's generation", engine.config.service.host,
+                                          request_argv(engine, "/pause_generation", body), impact, False, forecast)):
+        raise Refused("pause", "pause the server's generation")
+    svc.paused_at = svc.paused_at or time.time()
+    svc.paused, svc.pause_confirmed = True, False
+    svc.pauses += 1
+    engine.run.keep_going_on_write_errors = True  # from here on a full disk must not keep it paused
+    engine.run.save()  # before the request: a crash during it still knows the server may be paused
+    engine._publish_downtime()
+    await server.pause_generation("retract")
+    svc.pause_confirmed = True
+    engine.run.save()
+    engine._irreversible["pause"] = "paused (retract): requests held, none failed"
+    engine.journal("pause", "POST /pause_generation {\"mode\": \"retract\"}: paused", host=engine.config.service.host)
+    engine._crash("paused")
+    return engine._irreversible["pause"]
+
+
+# --- release --------------------------------------------------------------------------------------
+
+
+async def check_release(engine: Engine) -> Skip | None:
+    svc = engine.state.service
+    if svc.releasing:
+        await _settle_releasing(engine)
+    if svc.released_tags:
+        return Found(f"released {', '.join(svc.released_tags)} at "
+                     f"{time.strftime('%H:%M:%S', time.localtime(svc.released_at or time.time()))}")
+    return None
+
+
+async def _settle_releasing(engine: Engine) -> None:
+    """A release whose answer was never seen (the link dropped, the console died): whether the memory
+    left is read from the GPUs, never guessed (a tag resumed that was not released, or released
+    twice, ends SGLang's scheduler)."""
+    svc = engine.state.service
+    before = svc.used_before_release_mib
+    now = _used(engine, _latest(engine))
+    if not before or not now:
+        raise StepFailed("release", f"the release of {', '.join(svc.releasing)} was sent but its answer never "
+                                    f"came, and no GPU readings tell whether the memory left: look at the server "
+                                    f"(nvidia-smi) and resume it by hand if so")
+    freed = sum(before.get(g, 0) - used for g, used in now.items())
+    tags = svc.releasing
+    if freed > 1024:
+        svc.released, svc.released_tags = list(tags), list(tags)
+        svc.released_at = svc.released_at or time.time()
+        svc.used_after_release_mib = now
+        engine.journal("release", f"the release of {', '.join(tags)} had landed: {freed} MiB left the GPUs",
+                       level="warning")
+    else:
+        engine.journal("release", f"the release of {', '.join(tags)} had not landed (the GPUs hold what they held)",
+                       level="warning")
+    svc.releasing = []
+    engine.run.save()
+
+
+async def run_release(engine: Engine) -> str:
+    tags, why = await plan_release(engine)
+    if tags is None:
+        raise StepFailed("release", f"not possible: {why}")
+    server = await engine.hosts.server()
+    saver = await server.memory_saver()
+    refused = saver.why_not(tags)
+    if refused:
+        raise StepFailed("release", f"{refused}; {SAVER_HINT}")
+    svc = engine.state.service
+    body = {"tags": tags}
+    impact = (f"{service_name(engine.config)} on {engine.config.service.host} gives back {why}; it stays paused, "
+              f"its process and " + ("its weights (copied to CPU memory)" if WEIGHTS in tags else "its weights")
+              + " stay; /resume_memory_occupation takes exactly these back")
+    if not await engine._ask(Confirmation("release", f"release the server's {' and '.join(tags)}",
+                                          engine.config.service.host,
+                                          request_argv(engine, "/release_memory_occupation", body), impact,
+                                          WEIGHTS in tags)):
+        raise Refused("release", f"release the server's {' and '.join(tags)}")
+    svc.used_before_release_mib = _used(engine, _latest(engine))
+    svc.releasing = list(tags)
+    svc.releases += 1
+    engine.run.save()  # before the request: a crash during it knows a release may have landed
+    started = time.monotonic()
+    await server.release_memory_occupation(tags)
+    svc.released, svc.released_tags, svc.releasing = list(tags), list(tags), []
+    svc.released_at = time.time()
+    engine.run.save()
+    took = time.monotonic() - started
+    engine.journal("release", f"POST /release_memory_occupation {json.dumps(body)}: released in {took:.2f} s",
+                   host=engine.config.service.host, duration_s=round(took, 3))
+    engine._crash("released")
+    return f"released {', '.join(tags)} in {took:.2f} s"
+
+
+# --- free-vram (the pause route's: wait for the room, end nothing) ----------------------------------
+
+
+async def check_room(engine: Engine) -> Skip | None:
+    if engine.state.extraction.begun_at is not None:
+        return Found("the extraction already started")
+    from console.procedure.steps.extract import extraction_complete
+
+    if await extraction_complete(engine):
+        return Found("the extraction already finished")
+    return None
+
+
+async def run_room(engine: Engine) -> str:
+    """Waits until the service's GPUs have the room the extraction needs. The server's own processes
+    hold the resident weights on purpose: they are never offered for ending."""
+    need = extraction_need_mib(engine)
+    service = engine.config.service
+    stream = engine.hosts.telemetry(service.host)
+
+    def room(sample: TelemetrySample) -> int | None:
+        gpus = _gpus(engine, sample)
+        readings = [g for g in sample.gpus if g.index in gpus and g.mem_total_mib and g.mem_used_mib is not None]
+        if not readings:
+            return None
+        fill = SPLIT_FILL if len(readings) > 1 else 1.0
+        return sum(int((g.mem_total_mib - g.mem_used_mib) * fill) for g in readings)
+
+    def enough(sample: TelemetrySample) -> bool:
+        left = room(sample)
+        return left is not None and (need is None or left >= need)
+
+    started = time.monotonic()
+    latest = stream.telemetry.latest
+    try:
+        sample = latest if latest is not None and enough(latest) else await stream.wait_for(enough, service.vram_wait_s)
+    except TimeoutError:
+        latest = stream.telemetry.latest
+        raise StepFailed("free-vram", f"the service's GPUs have {room(latest) if latest else '?'} MiB free after "
+                                      f"{service.vram_wait_s:g} s, the extraction needs ~{need} MiB; the server's "
+                                      f"memory is given back now") from None
+    svc = engine.state.service
+    svc.used_after_release_mib = _used(engine, sample)
+    svc.vram_free_at = time.time()
+    engine.run.save()
+    return (f"{room(sample)} MiB free on the service's GPUs after {time.monotonic() - started:.1f} s"
+            + (f" (the extraction needs ~{need} MiB)" if need else ""))
+
+
+# --- resume and continue ----------------------------------------------------------------------------
+
+
+def _memory_back(engine: Engine, sample: TelemetrySample | None) -> bool | None:
+    """Whether the released memory is seen used again on the GPUs; None when nothing tells."""
+    svc = engine.state.service
+    before, after = svc.used_before_release_mib, svc.used_after_release_mib
+    now = _used(engine, sample)
+    freed = {g: before[g] - after.get(g, before[g]) for g in before}
+    if not before or not after or not now or sum(freed.values()) <= 0:
+        return None
+    return all(now.get(g, 0) >= after.get(g, 0) + int(MEMORY_BACK_SHARE * max(0, f)) for g, f in freed.items())
+
+
+async def _settle_resuming(engine: Engine) -> None:
+    """A resume whose answer was never seen: whether it landed is read from the GPUs (a tag resumed
+    twice ends SGLang's scheduler: KeyError in `offload_tags.remove`)."""
+    svc = engine.state.service
+    stream = engine.hosts.telemetry(engine.config.service.host)
+    try:
+        sample = await stream.wait_for(lambda s: _memory_back(engine, s) is not False, 2 * stream_interval(engine))
+    except TimeoutError:
+        sample = _latest(engine)
+    back = _memory_back(engine, sample)
+    if back is None:
+        raise StepFailed("resume", f"the resume of {', '.join(svc.resuming)} was sent but its answer never came, "
+                                   f"and no GPU readings tell whether the memory came back: look at the server "
+                                   f"(nvidia-smi) before resuming it by hand")
+    if back:
+        svc.released = []
+        svc.resumed_at = svc.resumed_at or time.time()
+        engine.journal("resume", f"the resume of {', '.join(svc.resuming)} had landed: the memory is back",
+                       level="warning")
+    else:
+        engine.journal("resume", f"the resume of {', '.join(svc.resuming)} had not landed: sent again",
+                       level="warning")
+    svc.resuming = []
+    engine.run.save()
+
+
+def stream_interval(engine: Engine) -> float:
+    telemetry = engine.hosts.telemetry(engine.config.service.host).telemetry
+    return float(getattr(telemetry, "interval", 1.0) or 1.0)
+
+
+async def check_resume(engine: Engine) -> Skip | None:
+    svc = engine.state.service
+    if svc.releasing:
+        await _settle_releasing(engine)
+    if svc.resuming:
+        await _settle_resuming(engine)
+    if svc.released:
+        return None
+    if svc.releases == 0:
+        return Skip("nothing was released by this run")
+    return Found(f"{', '.join(svc.released_tags)} resumed at "
+                 f"{time.strftime('%H:%M:%S', time.localtime(svc.resumed_at or time.time()))}")
+
+
+async def run_resume(engine: Engine, reason: str = "the extraction finished") -> str:
+    svc = engine.state.service
+    tags = list(svc.released)
+    server = await engine.hosts.server()
+    body = {"tags": tags}
+    failed_before = f"; the last attempt failed: {svc.give_back_error}" if svc.give_back_error else ""
+    if not await engine._ask(Confirmation("resume", "give the server its memory back", engine.config.service.host,
+                                          request_argv(engine, "/resume_memory_occupation", body),
+                                          f"{reason}: {service_name(engine.config)} takes back {', '.join(tags)}"
+                                          f"{failed_before}", False, engine.earlier.get("resume"))):
+        raise Refused("resume", "give the server its memory back")
+    svc.resumes += 1
+    svc.resuming = list(tags)
+    engine.run.save()  # before the request: a crash during it knows a resume may have landed
+    started = time.monotonic()
+    try:
+        await server.resume_memory_occupation(tags)
+    except (ServerAnswerError, ValueError) as exc:  # answered, and not a 200: it did not resume
+        svc.resuming = []
+        svc.give_back_error = str(exc) or type(exc).__name__
+        engine.run.save()
+        raise
+    except Exception as exc:  # no answer seen: settled from the GPUs before anything is sent again
+        svc.give_back_error = str(exc) or type(exc).__name__
+        engine.run.save()
+        raise
+    svc.released, svc.resuming = [], []
+    svc.resumed_at = time.time()
+    svc.give_back_error = None
+    engine.run.save()
+    took = time.monotonic() - started
+    engine.journal("resume", f"POST /resume_memory_occupation {json.dumps(body)}: resumed in {took:.2f} s",
+                   host=engine.config.service.host, duration_s=round(took, 3))
+    engine._crash("resumed")
+    return f"resumed {', '.join(tags)} in {took:.2f} s"
+
+
+async def verify_resume(engine: Engine) -> None:
+    """The memory is seen back on the GPUs (telemetry), not assumed from the answer."""
+    stream = engine.hosts.telemetry(engine.config.service.host)
+    latest = stream.telemetry.latest
+    if _memory_back(engine, latest) is None or _memory_back(engine, latest):
+        return  # back, or nothing measured to compare with (the continue's checks still run)
+    try:
+        await stream.wait_for(lambda sample: _memory_back(engine, sample) is True, MEMORY_BACK_S)
+    except TimeoutError:
+        svc = engine.state.service
+        raise StepFailed("resume", f"the server answered the resume, but its GPUs show {_used(engine, _latest(engine))} "
+                                   f"MiB used after {MEMORY_BACK_S:g} s ({svc.used_before_release_mib} before the "
+                                   f"release)") from None
+
+
+async def check_continue(engine: Engine) -> Skip | None:
+    svc = engine.state.service
+    if svc.pauses == 0:
+        return Skip("the server was not paused by this run")
+    if not svc.paused:
+        return Found(f"taking requests again since "
+                     f"{time.strftime('%H:%M:%S', time.localtime(svc.continued_at or time.time()))}")
+    return None
+
+
+async def run_continue(engine: Engine, reason: str = "its memory is back") -> str:
+    svc = engine.state.service
+    if svc.released:
+        raise StepFailed("continue", f"{', '.join(svc.released)} still released: the server is resumed first")
+    server = await engine.hosts.server()
+    if svc.continues > 0 and await _paused_now(engine) is False:  # sent before, its answer lost: it landed
+        engine.journal("continue", "the continue sent earlier had landed (/ready answers 200)", level="warning")
+        return _continued(engine)
+    if not await engine._ask(Confirmation("continue", "let the server take requests again", engine.config.service.host,
+                                          request_argv(engine, "/continue_generation", {}),
+                                          f"{reason}: the held requests run again", False)):
+        raise Refused("continue", "let the server take requests again")
+    svc.continues += 1
+    engine.run.save()
+    try:
+        await server.continue_generation()
+    except Exception as exc:
+        svc.give_back_error = str(exc) or type(exc).__name__
+        engine.run.save()
+        raise
+    return _continued(engine)
+
+
+def _continued(engine: Engine) -> str:
+    svc = engine.state.service
+    svc.paused = False
+    svc.continued_at = time.time()
+    svc.give_back_error = None
+    engine.run.save()
+    engine._publish_downtime()
+    engine.hosts.poke_service()
+    held = svc.continued_at - (svc.paused_at or svc.continued_at)
+    engine.journal("continue", f"POST /continue_generation: taking requests again after {duration(held)} paused",
+                   host=engine.config.service.host)
+    engine._crash("continued")
+    return f"taking requests again: paused {duration(held)}"
+
+
+async def verify_continue(engine: Engine) -> None:
+    """Serving again, verified: /health passes and a greedy /generate answers the same tokens as
+    the one sent before the pause (the weights came back whole)."""
+    server = await engine.hosts.server()
+    status = await server.health()
+    if status != 200:
+        raise StepFailed("continue", f"GET /health answers {status} after the continue")
+    expected = engine.state.service.probe_tokens
+    if expected is None:
+        return
+    got = list((await server.generate(PROBE_IDS, PROBE_TOKENS))["output_ids"])
+    if got != expected:
+        raise StepFailed("continue", f"the server answers other greedy tokens than before the pause ({got} after, "
+                                     f"{expected} before): its weights may not have come back whole")
+
+
+async def give_back(engine: Engine, reason: str) -> None:
+    """The pause route's compensation: resume exactly what this run released, then continue, each
+    once. Called after any failure, refusal or cancel after the pause, and by `run --resume` of a
+    run that left the server paused."""
+    svc = engine.state.service
+    if svc.releasing:
+        await _settle_releasing(engine)
+    if svc.resuming:
+        await _settle_resuming(engine)
+    if svc.released:
+        await run_resume(engine, reason)
+        await verify_resume(engine)
+    if svc.paused:
+        await run_continue(engine, reason)

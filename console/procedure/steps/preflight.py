@@ -1,0 +1,281 @@
+"""preflight: every host connected, the inference host's lock taken, the probes (kernels, RAM, the
+model's size), the drafters' provenance, the service up and serving the target, where a
+zero-downtime extraction would fit, and the plan chosen from what was found."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import shlex
+from typing import TYPE_CHECKING, Any
+
+from console.messages import PlanReady
+from console.procedure import forecast as fc
+from console.procedure import run_jobs
+from console.procedure import steps as table  # the step table (this module is one of its families)
+from console.procedure.fit import longest_tokens, where_it_fits
+from console.procedure.outcomes import StepFailed
+from console.procedure.state import Owner
+from console.procedure.steps import pause
+from console.procedure.steps.facts import layer_override, same_model, stage_decision
+from console.session import service_name
+from console.views.units import duration
+
+if TYPE_CHECKING:
+    from console.procedure.engine import Engine
+
+LOCK_FILE = "dflash-ops.lock"  # in the service host's workdir: the run driving that host
+
+
+async def run_preflight(engine: Engine) -> str:
+    config = engine.config
+    for name in config.hosts:
+        await engine._connected(name, "preflight")
+    if not engine.plan_only:
+        await take_host_lock(engine)
+    prompts = engine._prompt_records()  # bad prompt files fail here, before anything else
+    engine.state.facts["prompt_ids"] = [p["id"] for p in prompts]
+    # Facts from every host at once: probes (kernels, RAM, model size), drafter configs, the service.
+    probes, drafters, view = await asyncio.gather(_probe_all(engine), _read_drafters(engine),
+                                                  engine.hosts.check_service())
+    engine.facts.probes = probes
+    engine.facts.drafters = drafters
+    target_probe = probes.get(config.target.host, {})
+    model = target_probe.get("model", {})
+    if model.get("exists") is False:
+        raise StepFailed("preflight", f"{config.target.model_path} does not exist on {config.target.host}")
+    if model.get("error"):
+        raise StepFailed("preflight", f"the target on {config.target.host}: {model['error']}")
+    engine.facts.model_bytes = model.get("tensor_bytes")
+    engine.facts.ram_available = target_probe.get("ram", {}).get("available")
+    kernels = target_probe.get("kernels", {})
+    if config.target.kernels == "fast" and not kernels.get("fast") and not engine.hosts.simulated(config.target.host):
+        raise StepFailed("preflight", f"kernels = \"fast\" but {config.target.host} binds "
+                                      f"{', '.join(f'{k}={v}' for k, v in kernels.get('bound', {}).items()) or 'nothing'}")
+    engine.facts.layers = _layers(engine, drafters)
+    for name, facts in drafters.items():
+        overridden = facts.get("layers_source") == "override"
+        engine.journal("preflight", f"drafter {name} on {facts.get('host')}: target layers {facts.get('target_layer_ids')}"
+                     + (f" from the config's override (the checkpoint says {facts.get('config_target_layer_ids')})"
+                        if overridden else " from its config.json")
+                     + f", fc width {facts.get('fc_width')}, block size {facts.get('block_size')}, "
+                       f"mask token {facts.get('mask_token_id')}, hidden {facts.get('hidden_size')}",
+                     level="warning" if overridden else "info")
+    # The service must be up and serving the target before anything is cached from it (a resumed
+    # run that stopped it already is the exception).
+    if not engine.service_down_by_us and not engine.server_held_by_us:
+        if view.status is None:
+            raise StepFailed("preflight", f"the service manager on {config.service.host} did not answer: {view.error}")
+        if not view.status.active or view.health is None or not view.health.ready:
+            why = view.error or (view.health.error if view.health else None) or view.status.state
+            raise StepFailed("preflight", f"{service_name(config)} on {config.service.host} is not up and "
+                                          f"ready ({why}); the window starts from a live server")
+        engine.facts.service_ready = True
+        engine.facts.service_model = view.health.model_path
+        if view.health.model_path and not same_model(view.health.model_path, config.target.model_path):
+            raise StepFailed("preflight", f"the server serves {view.health.model_path}, the target is "
+                                          f"{config.target.model_path}: completions would come from another model")
+    await _where_it_fits(engine, prompts)
+    engine.state.facts["preflight"] = engine.facts.to_json()
+    engine.state.facts["layers"] = engine.facts.layers
+    engine.run.save()
+    if not engine.plan_only:
+        (engine.run.dir / "probes.json").write_text(json.dumps({"format": "dflash-ops.probes/1", "hosts": probes}))
+    await _choose_plan(engine)
+    return f"{len(engine.config.hosts)} hosts, layers {engine.facts.layers}"
+
+
+async def _lock_path(engine: Engine) -> str:
+    return f"{await engine.hosts.workdir(engine.config.service.host)}/{LOCK_FILE}"
+
+
+async def take_host_lock(engine: Engine) -> None:
+    """One run per inference host: the lock in its workdir names the run and its console. A lock
+    whose console is gone is taken over, saying so; a live (or unknowable) one refuses."""
+    host = engine.config.service.host
+    path = await _lock_path(engine)
+    mine = {"run_id": engine.run.run_id, **(engine.state.owner.__dict__ if engine.state.owner else {})}
+    try:
+        held = json.loads(await engine.hosts.read_text(host, path))
+    except FileNotFoundError:
+        held = None
+    except (json.JSONDecodeError, UnicodeDecodeError):
+        held = {"run_id": "?", "damaged": True}
+    me = engine.state.owner
+    same_console = me is not None and (held or {}).get("pid") == me.pid and (held or {}).get("host") == me.host
+    if isinstance(held, dict) and held.get("run_id") is not None and not same_console:
+        owner = None
+        with contextlib.suppress(TypeError):
+            owner = Owner(**{k: held[k] for k in ("user", "host", "pid", "since", "start_ticks") if k in held})
+        alive = owner.alive() if owner is not None else False
+        who = ("this run's earlier console" if held.get("run_id") == engine.run.run_id else
+               f"run {held.get('run_id')}") + (f" ({owner.describe()})" if owner else "")
+        if alive is not False:
+            raise StepFailed("preflight", f"{host} is driven by {who} ({path}): one run per inference host at "
+                                          f"a time; wait for it, or watch it with dflash-ops console --read-only")
+        engine.journal("preflight", f"taking over the lock of {who} on {host}: its console is gone", host=host,
+                     level="warning")
+    await engine.hosts.write_text(host, path, json.dumps(mine))
+
+
+async def release_host_lock(engine: Engine) -> None:
+    host = engine.config.service.host
+    with contextlib.suppress(Exception):
+        path = await _lock_path(engine)
+        held = json.loads(await engine.hosts.read_text(host, path))
+        if held.get("run_id") == engine.run.run_id:
+            await engine.hosts.run(host, ["rm", "-f", "--", path])
+
+
+async def _where_it_fits(engine: Engine, prompts: list[dict[str, Any]]) -> None:
+    """Which hosts could extract without the serving GPUs; the zero-downtime route needs one."""
+    await engine.hosts.wait_first_samples(15.0)
+    samples = {name: engine.hosts.telemetry(name).telemetry.latest for name in engine.config.hosts}
+    engine.fits = where_it_fits(engine.config, engine.facts.probes, samples, longest_tokens(prompts),
+                              len(engine.facts.layers))
+    for fit in engine.fits:
+        engine.journal("preflight", f"zero-downtime on {fit.host}: {'fits' if fit.proposed else 'no'}: {fit.why}")
+    chosen = engine.state.facts.get("extract_on")
+    if engine.route == "zero-downtime" and chosen is None:
+        fit = next((f for f in engine.fits if f.proposed), None)
+        if fit is None:
+            raise StepFailed("preflight", "the zero-downtime route needs a host with room, the weights and "
+                                          "the same kernels; none has: " + "; ".join(f"{f.host}: {f.why}" for f in engine.fits))
+        gpus = list(fit.gpus or (fit.gpu,))
+        sample = samples[fit.host]
+        free = {g.index: (g.mem_total_mib or 0) - (g.mem_used_mib or 0) for g in sample.gpus}
+        engine.state.facts["extract_on"] = {"host": fit.host, "gpu": fit.gpu, "gpus": gpus,
+                                          "model_path": fit.model_path, "need_mib": fit.need_mib,
+                                          "free_mib": {str(i): free.get(i, 0) for i in gpus}}
+        engine.journal("preflight", f"route zero-downtime: extracting on {fit.host} GPU{fit.gpu}; the server is "
+                                  f"never touched")
+
+
+async def _probe_all(engine: Engine) -> dict[str, dict[str, Any]]:
+    async def probe(name: str) -> tuple[str, dict[str, Any]]:
+        args = ["--workdir", await engine.hosts.workdir(name)]
+        path = engine.config.target.path_on(name)
+        if path is not None:
+            args += ["--model", path]
+        outcome = await run_jobs.job(engine, name, "probe", f"probe-{name}", args, step="preflight", fresh=True)
+        if not isinstance(outcome.get("result"), dict):
+            raise StepFailed("preflight", f"the probe on {name} gave no facts: {outcome.get('error')}")
+        return name, outcome["result"]
+    return dict(await asyncio.gather(*(probe(name) for name in engine.config.hosts)))
+
+
+async def _read_drafters(engine: Engine) -> dict[str, dict[str, Any]]:
+    """Each drafter's provenance, checked where it lives (`remote.drafter --provenance`): every
+    config field the forward uses, `target_layer_ids` (required, or the config's explicit
+    override), the fc width from the weights, finite weights. One job per drafter host."""
+    by_host: dict[str, list[Any]] = {}
+    for drafter in engine.config.drafters:
+        by_host.setdefault(drafter.host, []).append(drafter)
+
+    async def check(host_name: str, drafters: list[Any]) -> dict[str, dict[str, Any]]:
+        args = [arg for d in drafters for arg in ("--provenance", f"{d.name}={d.path}")]
+        args += [arg for d in drafters if d.layers for arg in ("--layers-override", layer_override(d))]
+        outcome = await run_jobs.job(engine, host_name, "drafter", f"provenance-{host_name}", args, step="preflight",
+                                  fresh=True)
+        found = (outcome.get("result") or {}).get("drafters")
+        if not isinstance(found, dict):
+            raise StepFailed("preflight", f"the drafter check on {host_name} gave no provenance")
+        for drafter in drafters:
+            found[drafter.name] = {**found[drafter.name], "host": host_name}
+        return found
+
+    results = await asyncio.gather(*(check(h, ds) for h, ds in by_host.items()))
+    return {name: facts for found in results for name, facts in found.items()}
+
+
+def _layers(engine: Engine, drafters: dict[str, dict[str, Any]]) -> list[int]:
+    if engine.config.target.layers != "auto":
+        return sorted(set(engine.config.target.layers))
+    layers = sorted({int(i) for d in drafters.values() for i in d["target_layer_ids"]})
+    if not layers:
+        raise StepFailed("preflight", "layers = \"auto\" but no drafter is configured to take them from")
+    return layers
+
+
+async def _choose_plan(engine: Engine) -> None:
+    acts: dict[str, tuple[bool, str]] = {}
+    facts = engine.state.facts
+    if engine.route in ("window", "pause"):
+        stage, why = stage_decision(engine.facts)
+        if engine.stage_override is False:
+            stage, why = False, "left out: --no-stage (the weights are read inside the window)"
+        if "stage" in facts.get("plan_stage", {}):  # a resumed run keeps its plan
+            stage, why = facts["plan_stage"]["stage"], facts["plan_stage"]["why"]
+        facts["plan_stage"] = {"stage": stage, "why": why}
+        acts["stage"] = (stage, why)
+    manager = await engine.hosts.service_manager(engine.connect_s)
+    downtime = engine.earlier.get("downtime")
+    acts["stop"] = (True, f"{service_name(engine.config)} on {engine.config.service.host} goes down"
+                          + (f"; earlier windows took {duration(downtime)}" if downtime else ""))
+    role_hosts = {"hosts": None, "target": engine.config.target.host, "service": engine.config.service.host,
+                  "extract": engine._extract_host()[0], "eval": engine.config.eval.host, "console": None}
+    hosts = {s.name: role_hosts[s.host_role] for s in table.route_steps(engine.route) if role_hosts[s.host_role]}
+    argvs = {"stop": manager.stop_argv(), "restart": manager.start_argv()}
+    if engine.route == "pause":
+        acts.update(await _pause_acts(engine))
+        tags = facts["plan_release"]["tags"]
+        argvs = {"pause": list(pause.request_argv(engine, "/pause_generation", {"mode": "retract"})),
+                 "release": list(pause.request_argv(engine, "/release_memory_occupation", {"tags": tags})),
+                 "resume": list(pause.request_argv(engine, "/resume_memory_occupation", {"tags": tags})),
+                 "continue": list(pause.request_argv(engine, "/continue_generation", {}))}
+    elif engine.route == "window":
+        await _say_pause_route(engine)
+    steps = table.planned(engine.route, acts, hosts, argvs, engine.earlier)
+    fit = next((f for f in engine.fits if f.proposed), None)
+    proposal = None
+    if fit is not None:
+        proposal = (f"zero-downtime: extract on {fit.host} GPU{fit.gpu} ({fit.why}); the window route would "
+                    f"stop the server" + (f" for ~{duration(downtime)} (earlier windows)" if downtime else ""))
+        engine.journal("preflight", f"proposed route: {proposal}; chosen: {engine.route}"
+                     + (" (--route zero-downtime to take it)" if engine.route == "window" else ""))
+    facts["proposal"] = proposal
+    engine.plan = PlanReady(engine.run.run_id, engine.route, steps, tuple(engine.fits), proposal, preview=engine.plan_only)
+    engine.state.plan = [{"name": s.name, "acts": s.acts, "why": s.why, "host": s.host, "argv": list(s.argv),
+                        "estimate_s": s.estimate_s} for s in steps]
+    engine.run.save()
+    engine.bus.publish(engine.plan)
+    if engine.route == "window" and not engine.state.service.stops:
+        made, _ = await engine._forecast(manager)
+        engine.journal("preflight", f"forecast downtime: {fc.summary(made)}"
+                     + "".join(f"; {p.name}: {p.basis}" for p in made.phases))
+    for step in steps:
+        engine.journal("preflight", f"plan: {step.name}: {'acts' if step.acts else 'left out'}: {step.why}"
+                     + (f" ({shlex.join(step.argv)} on {step.host})" if step.argv else ""))
+
+
+async def _pause_acts(engine: Engine) -> dict[str, tuple[bool, str]]:
+    """The pause route's plan: what is released and why; not possible (the reason said) without the
+    memory saver, or when the extraction would need weights the server keeps no backup of."""
+    tags, why = await pause.plan_release(engine)
+    if tags is None:
+        raise StepFailed("preflight", f"the pause route is not possible on this server: {why}")
+    earlier = engine.earlier.get("pause-downtime")
+    server = f"{service_name(engine.config)} on {engine.config.service.host}"
+    return {"pause": (True, f"{server} holds its requests (running ones go back to its queue; none fails); its "
+                            f"process is never stopped" + (f"; earlier pauses took {duration(earlier)}" if earlier else "")),
+            "release": (True, f"releases {why}"),
+            "free-vram": (True, "waits for the room the extraction needs; the server's own processes stay"),
+            "resume": (True, f"takes back exactly {', '.join(tags)}; the memory is seen back on the GPUs"),
+            "continue": (True, "the held requests run; /health and a greedy /generate answer as before the pause")}
+
+
+async def _say_pause_route(engine: Engine) -> None:
+    """On the stop route, one line on whether the pause route would be possible (the server's memory
+    saver): without it, the one change that makes later windows need no restart."""
+    try:
+        server = await engine.hosts.server()
+        saver = await server.memory_saver()
+    except Exception as exc:  # the plan goes on: this line is advice
+        engine.journal("preflight", f"pause route: could not ask the server ({exc})", level="warning")
+        return
+    if saver.enabled:
+        engine.state.facts["pause_route"] = "possible: the server runs with the memory saver (--route pause)"
+    else:
+        engine.state.facts["pause_route"] = f"not possible: {pause.SAVER_HINT}"
+    engine.journal("preflight", f"pause route: {engine.state.facts['pause_route']}")

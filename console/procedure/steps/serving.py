@@ -1,0 +1,149 @@
+"""The steps that run while the server serves, side by side: stage (read the target into host RAM and
+warm the kernels, then wait for the go) and cache (greedy completions from the live server,
+verified and checked against the target)."""
+
+from __future__ import annotations
+
+import json
+from typing import TYPE_CHECKING
+
+from console.procedure import run_jobs
+from console.procedure.outcomes import Found, LeftOut, Skip, StepFailed
+from console.procedure.steps import between_hosts, extract
+from console.procedure.steps.facts import same_model, size_text
+
+if TYPE_CHECKING:
+    from console.procedure.engine import Engine
+
+
+async def check_stage(engine: Engine) -> Skip | None:
+    if not engine._acts("stage"):
+        return LeftOut(engine.state.facts["plan_stage"]["why"])
+    if await extract.extraction_complete(engine):
+        return Found("the extraction already finished")
+    if engine.state.service.stops:
+        return Skip("the service was stopped already: the extraction reads the weights itself if the staged "
+                    "worker is gone")
+    record = engine.state.jobs.get("extract")
+    if record is not None and "staged" in record.events_seen:
+        if await run_jobs.job_state(engine, "extract") == "running":
+            return Found(f"staged worker pid {record.pid} alive on {record.host}, waiting for the go")
+        engine.journal("stage", f"the staged worker pid {record.pid} on {record.host} is gone: staging again",
+                     host=record.host, level="warning")
+        run_jobs.new_attempt(engine, "extract")
+    elif record is not None and await run_jobs.job_state(engine, "extract") in ("dead", "exited"):
+        run_jobs.new_attempt(engine, "extract")
+    return None
+
+
+async def run_stage(engine: Engine) -> str:
+    window = await engine._window_dir(engine.config.target.host)
+    await engine.hosts.run(engine.config.target.host, ["rm", "-f", "--", f"{window}/stop", f"{window}/go"])
+    outcome = await run_jobs.job(engine, engine.config.target.host, "extract", "extract", extract.extract_args(engine, window, True),
+                              step="stage", until="staged")
+    staged = outcome["until"]
+    engine.state.extraction.staged_pid = outcome["handle"].pid
+    engine.run.save()
+    engine._crash("staged")
+    return (f"{size_text(staged.get('bytes', 0))} in host RAM, kernels warmed "
+            f"({staged.get('warmup_s', 0):.1f} s); waiting for the go")
+
+
+def _completions_path(engine: Engine, window: str) -> str:
+    return f"{window}/completions.json"
+
+
+async def check_cache(engine: Engine) -> Skip | None:
+    """Satisfied when the completions on the service host verify, a copy is on the target host
+    (when it is another) and the extractor's check against the target passed."""
+    host, target = engine.config.service.host, engine.config.target.host
+    window = await engine._window_dir(host)
+    verified = await _verify_completions(engine, host, _completions_path(engine, window), strict=False)
+    if verified is None:
+        if engine.service_down_by_us:
+            raise StepFailed("cache", f"no verified completions at {host}:{_completions_path(engine, window)} and "
+                                      f"the service is down: restart it and run again")
+        return None
+    if target != host and await _verify_completions(engine,
+            target, _completions_path(engine, await engine._window_dir(target))) is None:
+        return None
+    if not engine.state.facts.get("checked_against_target"):
+        return None
+    return Found(f"already cached and verified: {verified}")
+
+
+async def run_cache(engine: Engine) -> str:
+    service_host = engine.config.service.host
+    window = await engine._window_dir(service_host)
+    completions = _completions_path(engine, window)
+    if await _verify_completions(engine, service_host, completions, strict=False) is None:
+        prompts = "\n".join(json.dumps(r) for r in engine._prompt_records()) + "\n"
+        await engine.hosts.write_text(service_host, f"{window}/prompts.jsonl", prompts)
+        args = ["--server", engine.config.service.url, "--out", completions, "--prompts", f"{window}/prompts.jsonl",
+                "--tokenizer", engine.config.target.model_path]
+        key = engine.config.service.api_key()  # through the environment, never argv nor the journal
+        await run_jobs.job(engine, service_host, "completions", "cache", args, step="cache",
+                        env={"DFLASH_SGLANG_API_KEY": key} if key else None)
+    if engine.config.target.host != service_host:
+        target_window = await engine._window_dir(engine.config.target.host)
+        await between_hosts.relay_file(engine, service_host, completions, engine.config.target.host,
+                               f"{target_window}/completions.json", "cache")
+    checked = await _check_against_target(engine)
+    engine.state.facts["checked_against_target"] = True
+    engine.run.save()
+    engine._crash("cached")
+    return f"{len(engine.state.facts['prompt_ids'])} completions cached and verified; {checked}"
+
+
+async def verify_cache(engine: Engine) -> None:
+    window = await engine._window_dir(engine.config.service.host)
+    if await _verify_completions(engine, engine.config.service.host, _completions_path(engine, window)) is None:
+        raise StepFailed("cache", f"{engine.config.service.host}:{_completions_path(engine, window)} was not written")
+
+
+async def _check_against_target(engine: Engine) -> str:
+    """The extractor's own check phase, run now while the server serves (no GPU): token ids inside
+    the target's vocabulary, lengths within its context, finish reasons, the layers."""
+    window = await engine._window_dir(engine.config.target.host)
+    args = ["--check-only", "--model", engine.config.target.model_path, "--completions",
+            f"{window}/completions.json", "--layers", ",".join(map(str, engine.facts.layers))]
+    outcome = await run_jobs.job(engine, engine.config.target.host, "extract", "check", args, step="cache", fresh=True)
+    result = outcome.get("result") or {}
+    return (f"checked against the target: {result.get('prompts', '?')} prompts, {result.get('tokens', '?')} "
+            f"tokens within vocab {result.get('vocab_size', '?')} and context {result.get('max_position_embeddings', '?')}")
+
+
+async def _verify_completions(engine: Engine, host: str, path: str, strict: bool = True) -> str | None:
+    """None when there is no cache; else raises unless it matches the prompts and the target.
+    Not `strict`: a cache with incomplete generations is None too (the worker run again asks the
+    server for those alone, keeping the complete ones)."""
+    try:
+        text = await engine.hosts.read_text(host, path)
+    except FileNotFoundError:
+        return None
+    try:
+        data = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise StepFailed("cache", f"{host}:{path}: not JSON ({exc})") from None
+    if not isinstance(data, dict) or not isinstance(data.get("prompts"), list):
+        raise StepFailed("cache", f"{host}:{path}: not a completions file (no `prompts` list)")
+    ids = [p.get("id") for p in data["prompts"]]
+    want = engine.state.facts["prompt_ids"]
+    if ids != want:
+        raise StepFailed("cache", f"{host}:{path} holds prompts {ids}, expected {want}")
+    # remote.completions marks an aborted, failed or empty generation incomplete (never complete).
+    incomplete = [p for p in data["prompts"] if p.get("complete") is False or not p.get("completion_ids")]
+    if incomplete and not strict and not engine.service_down_by_us:
+        return None
+    if incomplete:
+        why = "; ".join(f"{p.get('id')}: {p.get('incomplete_reason') or 'no completion tokens'}" for p in incomplete)
+        raise StepFailed("cache", f"{host}:{path}: incomplete generations ({why}); the server must answer "
+                                  f"them in full before it is stopped")
+    model = data.get("model_path")
+    if model and not same_model(model, engine.config.target.model_path):
+        raise StepFailed("cache", f"{host}:{path} was made by a server serving {model}, not the target "
+                                  f"{engine.config.target.model_path}")
+    engine.state.facts["completion_tokens"] = sum(len(p["completion_ids"]) for p in data["prompts"])
+    engine.state.facts["prompt_tokens"] = [len(p.get("prompt_ids") or ()) + len(p["completion_ids"])
+                                         for p in data["prompts"]]
+    return f"{len(ids)} prompts, {engine.state.facts['completion_tokens']} completion tokens"

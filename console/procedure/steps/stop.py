@@ -1,0 +1,257 @@
+"""The window route's stop, free-vram and restart: the service goes down once, its GPUs are seen free
+(the leftover holders ended only with the operator's yes), and it is started once per down period."""
+
+from __future__ import annotations
+
+import asyncio
+import shlex
+import time
+from typing import TYPE_CHECKING
+
+from console.messages import Confirmation, HoldersFound
+from console.procedure import forecast as fc
+from console.procedure.outcomes import Found, Refused, Skip, StepFailed
+from console.procedure.steps import extract, preflight
+from console.service.control import ReadyTimeout, ServiceError
+from console.service.vram import describe_outcomes, wait_vram_free
+from console.session import service_name
+from console.ssh.hosts import HostError
+from console.views.units import duration
+
+if TYPE_CHECKING:
+    from console.procedure.engine import Engine
+
+
+async def check_stop(engine: Engine) -> Skip | None:
+    """Satisfied once this run stopped the service; the host is asked, never the saved flag alone."""
+    service = engine.state.service
+    if not service.stops:
+        return None
+    since = time.strftime('%H:%M:%S', time.localtime(service.stopped_at or time.time()))
+    if not service.down:
+        return Found(f"stopped by this run at {since}; back since "
+                     f"{time.strftime('%H:%M:%S', time.localtime(service.ready_at or time.time()))}")
+    manager = await engine.hosts.service_manager(engine.connect_s)
+    status = await manager.status()
+    if not status.active:
+        service.stop_confirmed = True
+        engine.run.save()
+        return Found(f"stopped by this run at {since}; {manager.name} is {status.state} on "
+                     f"{engine.config.service.host} (asked now)")
+    if service.start_issued_at is not None:  # our own restart is under way: the restart step waits for it
+        return Found(f"stopped by this run at {since}; our start is under way ({status.state})")
+    if service.stop_returned_at is None:
+        engine.journal("stop", f"the stop began at {since} but {manager.name} still runs ({status.state}): the "
+                             f"console died before the stop took effect; stopping it now", level="warning")
+        return None
+    service.down = False
+    service.restarted_outside_at = time.time()
+    engine.run.save()
+    engine._publish_downtime()
+    raise StepFailed("stop", f"{manager.name} on {engine.config.service.host} is running again ({status.state}), "
+                             f"started outside this run after its stop at {since}: the extraction would fight it "
+                             f"for the GPUs; nothing more is done")
+
+
+def _alternative(engine: Engine) -> str:
+    proposal = engine.state.facts.get("proposal")
+    return f"; the alternative: {proposal} (dflash-ops run --route zero-downtime)" if proposal else ""
+
+
+async def run_stop(engine: Engine) -> str:
+    service = engine.config.service
+    if engine.state.status_of("cache") not in ("done", "skipped"):
+        raise StepFailed("stop", "refused: the completions are not cached and verified")
+    if engine._acts("stage") and engine.state.status_of("stage") not in ("done", "skipped"):
+        raise StepFailed("stop", "refused: the staged extractor has not reported `staged`")
+    manager = await engine.hosts.service_manager(engine.connect_s)
+    argv = manager.stop_argv()
+    made, inputs = await engine._forecast(manager)
+    refused = fc.refusal(made, inputs)
+    if refused and not engine.state.service.stops:
+        raise StepFailed("stop", refused)
+    impact = (f"{service_name(engine.config)} on {service.host} goes down; forecast downtime {fc.summary(made)}"
+              + (f" (budget {made.budget_s:g} s)" if made.budget_s is not None else "") + _alternative(engine))
+    if not engine.state.service.stops and not await engine._ask(
+            Confirmation("stop", "stop the service", service.host, tuple(argv), impact, True, made.downtime_s,
+                         "forecast")):
+        raise Refused("stop", "stop the service")
+    engine._crash("stop-asked")
+    stream = engine.hosts.telemetry(service.host)
+    svc = engine.state.service
+    svc.pids_before_stop = sorted(getattr(stream.telemetry, "seen_service_pids", ()) or ())
+    svc.stopped_at = svc.stopped_at or time.time()
+    svc.down = True
+    svc.stops += 1
+    engine._stopped_mono = time.monotonic()
+    engine.run.keep_going_on_write_errors = True  # from here on a full disk must not keep it down
+    engine.run.save()  # before the command: a crash during the stop still knows the service may be down
+    engine._publish_downtime()
+    started = time.monotonic()
+    try:
+        await manager.stop()
+        svc.stop_returned_at = time.time()
+        engine._irreversible["stop"] = f"stopped in {time.monotonic() - started:.1f} s"
+        engine.run.save()
+    finally:
+        engine.journal("stop", "stop command ran", host=service.host, argv=list(argv),
+                     duration_s=round(time.monotonic() - started, 3))
+        engine.hosts.poke_service()
+    engine._crash("stop-ran")
+    return engine._irreversible["stop"]
+
+
+async def verify_stop(engine: Engine) -> None:
+    manager = await engine.hosts.service_manager(engine.connect_s)
+    status = await manager.status()
+    if status.active:
+        raise StepFailed("stop", f"`{shlex.join(manager.stop_argv())}` returned but {manager.name} is still "
+                                 f"{status.state}")
+    engine.state.service.stop_confirmed = True
+    engine.run.save()
+
+
+def staged_exclude(engine: Engine) -> list[int]:
+    pid = engine.state.extraction.staged_pid
+    return [pid] if pid and engine.config.target.host == engine.config.service.host else []
+
+
+async def check_free_vram(engine: Engine) -> Skip | None:
+    if engine.state.extraction.begun_at or await extract.extraction_complete(engine):
+        return Found("the extraction already started")
+    svc = engine.state.service
+    if svc.start_issued_at is not None:  # the compensation restarted it (a refusal, then a crash): no window now
+        raise StepFailed("free-vram", f"the service was started again at "
+                                      f"{time.strftime('%H:%M:%S', time.localtime(svc.start_issued_at))}, before "
+                                      f"the extraction began: this window is over; nothing more is done")
+    return None
+
+
+async def run_free_vram(engine: Engine) -> str:
+    service = engine.config.service
+    stream = engine.hosts.telemetry(service.host)
+    exclude = staged_exclude(engine)
+    after = engine._stopped_mono if engine._stopped_mono is not None else time.monotonic()  # a new process: fresh samples
+    known = engine.state.service.pids_before_stop
+    result = await wait_vram_free(stream, service.gpus, service.vram_free_mib, service.vram_wait_s, stopped_at=after,
+                                  service_pids=known, exclude=exclude)
+    if result.free:
+        _vram_free_now(engine)
+        return f"free after {result.waited_s:.1f} s ({result.used})"
+    holders = result.holders
+    engine.bus.publish(HoldersFound(service.host, holders, result.used, service.vram_free_mib))
+    engine.journal("free-vram", f"VRAM still held after {result.waited_s:.0f} s ({result.used}): "
+                 + "; ".join(f"pid {h.pid} {h.mib} MiB {h.command or '?'}" for h in holders), level="warning")
+    hidden = [h for h in holders if not h.visible]
+    holders = tuple(h for h in holders if h.visible)  # a pid that names no GPU process here is never signalled
+    for h in hidden:
+        engine.journal("free-vram", f"pid {h.pid} ({h.mib} MiB) is not visible from this namespace "
+                                  f"({h.visible_reason or 'no /dev/nvidia* file open'}): left alone", level="warning")
+    if not holders:
+        raise StepFailed("free-vram", f"VRAM still held ({result.used}) and no process that holds it can be "
+                                      f"ended from here" + (f" ({len(hidden)} not visible from this namespace: "
+                                                            f"end them on the host itself)" if hidden else ""))
+    argv = await engine.hosts.endpids_argv(service.host, holders, service.stop_grace_s, service.sudo)
+    action = f"end {len(holders)} process{'es' if len(holders) > 1 else ''} holding VRAM"
+    impact = ", ".join(f"pid {h.pid} ({h.mib} MiB, {h.command or '?'}"
+                       + (", was the service's" if h.was_service else "") + ")" for h in holders)
+    if not await engine._ask(Confirmation("free-vram", action, service.host, tuple(argv),
+                                        f"SIGTERM, then SIGKILL after {service.stop_grace_s:g} s: {impact}", True)):
+        raise Refused("free-vram", action)
+    outcomes = await engine.hosts.end_holders(service.host, holders, service.stop_grace_s, service.sudo)
+    for line in describe_outcomes(outcomes):
+        engine.journal("free-vram", line, host=service.host)
+    engine._crash("holders")
+    result = await wait_vram_free(stream, service.gpus, service.vram_free_mib, service.vram_wait_s,
+                                  stopped_at=time.monotonic(), service_pids=known, exclude=exclude)
+    if not result.free:
+        raise StepFailed("free-vram", f"VRAM still held after ending the holders ({result.used})")
+    _vram_free_now(engine)
+    return f"free after ending {len(outcomes)} holder(s) ({result.used})"
+
+
+def _vram_free_now(engine: Engine) -> None:
+    engine.state.service.vram_free_at = time.time()
+    engine.run.save()
+
+
+def begin_restart(engine: Engine) -> None:
+    """The restart begins the moment the GPUs are released, not after the files are flushed."""
+    if engine.route == "window" and engine.service_down_by_us and engine._restart_task is None:
+        engine.state.service.restart_begun_at = engine.state.service.restart_begun_at or time.time()
+        engine.run.save()
+        engine._restart_task = asyncio.create_task(restart_service(engine, reason="the extraction released the GPUs"),
+                                                 name="restart-at-gpu-released")
+
+
+async def check_restart(engine: Engine) -> Skip | None:
+    service = engine.state.service
+    if not service.stops:
+        return Skip("the service was not stopped by this run")
+    if not service.down and engine._restart_task is None:
+        return Found(f"ready {(service.ready_at or 0) - (service.stopped_at or 0):.1f} s after the stop")
+    return None
+
+
+async def run_restart(engine: Engine) -> str:
+    if engine._restart_task is not None:
+        task, engine._restart_task = engine._restart_task, None
+        try:
+            await task  # begun at gpu_released
+        except (Refused, StepFailed, HostError, ServiceError, ReadyTimeout) as exc:
+            engine.journal("restart", f"the restart begun at gpu_released failed: {exc}", level="error")
+    if engine.service_down_by_us:
+        await restart_service(engine, reason="the extraction finished")
+    service = engine.state.service
+    return f"ready {(service.ready_at or 0) - (service.stopped_at or 0):.1f} s after the stop"
+
+
+async def restart_service(engine: Engine, reason: str) -> None:
+    """Start the service (asking first) and wait until it is ready; the downtime ends then.
+
+    One start per down period: the manager is asked first, and a service already active or
+    activating (our start cut off by a crash, a quit modal's restart, another console) is
+    waited for, never started again. Calls are serialized."""
+    async with engine._restart_lock:
+        if not engine.service_down_by_us:
+            return
+        service = engine.config.service
+        svc = engine.state.service
+        manager = await engine.hosts.service_manager(engine.connect_s)
+        status = await manager.status()
+        started = time.monotonic()
+        try:
+            if status.active or status.state in ("activating", "reloading"):
+                engine.journal("restart", f"{manager.name} is already {status.state}: waiting until it is ready, "
+                                        f"not starting it again", host=service.host)
+                health = await engine.hosts.wait_service_ready(service.ready_timeout_s)
+                svc.ready_seen_late = svc.start_issued_at is not None and engine._restart_task is None
+            else:
+                argv = manager.start_argv()
+                down = svc.stopped_at
+                so_far = f"down {duration(time.time() - down)} so far" if down else "not stopped by this run"
+                failed_before = f"; the last start failed: {svc.restart_error}" if svc.restart_error else ""
+                if not await engine._ask(Confirmation("restart", "start the service", service.host, tuple(argv),
+                                                    f"{reason}: brings {service_name(engine.config)} back "
+                                                    f"({so_far}){failed_before}", False,
+                                                    engine.earlier.get("restart"))):
+                    raise Refused("restart", "start the service")
+                svc.start_issued_at = time.time()
+                svc.starts += 1
+                engine.run.save()
+                engine._crash("start-issued")
+                health = await engine.hosts.start_service_and_wait(service.ready_timeout_s, engine.bus.publish)
+        except (ServiceError, ReadyTimeout, HostError, TimeoutError) as exc:
+            svc.restart_error = str(exc) or type(exc).__name__
+            engine.run.save()
+            raise
+        svc.down = False
+        svc.ready_at = time.time()
+        svc.restart_error = None
+        engine.run.save()
+        engine.journal("restart", f"ready after {time.monotonic() - started:.1f} s ({health.model or 'model ?'})",
+                     host=service.host, argv=manager.start_argv(), duration_s=round(time.monotonic() - started, 3))
+        engine._publish_downtime()
+        engine.hosts.poke_service()
+        await preflight.release_host_lock(engine)
+        engine._crash("ready")

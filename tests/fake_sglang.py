@@ -1,0 +1,173 @@
+"""A fake of SGLang's memory-saver routes for the engine's sweep (no GPU here): the server of the
+fake world (`tests/engine_fakes.py`), answering as SGLang 0.5.23's source does
+(entrypoints/http_server.py, managers/scheduler_components/weight_updater.py; docs/sglang.md):
+
+- `/pause_generation` "retract": running requests go back to the queue, held (none fails);
+  calling it again while paused changes nothing;
+- `/release_memory_occupation`: asserts the server is idle (paused, or nothing running): a server
+  that is not dies, as SGLang's scheduler does on the failed assert; a tag released twice is
+  paused twice in torch_memory_saver (recorded as a violation);
+- `/resume_memory_occupation`: a tag that is not released is `offload_tags.remove`d and raises
+  KeyError in the scheduler (it dies: recorded as a violation);
+- `/continue_generation`: 200, paused or not.
+
+Every violation is recorded (`violations`) and the sweep asserts there is none. The memory moves
+with the tags: the server process's GPU memory in the world shrinks at a release and grows back at a
+resume, so the telemetry the engine reads sees it leave and come back.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import TYPE_CHECKING, Any
+
+from console.service.memory_saver import MemorySaver
+from console.service.sglang_api import ServerAnswerError
+
+if TYPE_CHECKING:
+    from tests.engine_fakes import FakeHosts, FakeWorld
+
+# Per GPU, what the server process holds by tag (its 38000 MiB: weights, KV cache, CUDA graphs).
+TAGS_MIB = {"weights": 24000, "kv_cache": 12000, "cuda_graph": 2000}
+REQUEST_S = 0.05  # one request's round trip on the world's clock (releasing the KV cache took 0.03-0.06 s)
+
+
+class FakeServer:
+    def __init__(self, world: FakeWorld, service_pid: int):
+        self.world = world
+        self.service_pid = service_pid
+        self.memory_saver = True
+        self.weights_cpu_backup = True
+        self.paused = False
+        self.released: set[str] = set()
+        self.running = 0  # requests running now (a load the test sets)
+        self.held = 0  # requests retracted to the queue by a pause, waiting
+        self.weights_intact = True
+        self.dead: str | None = None  # why the scheduler died
+        self.calls: list[tuple[float, str, Any]] = []  # (time, route, body)
+        self.violations: list[str] = []
+
+    def _log(self, route: str, body: Any) -> None:
+        self.calls.append((self.world.clock.time(), route, body))
+
+    def count(self, route: str) -> int:
+        return sum(1 for _, r, _ in self.calls if r == route)
+
+    def _die(self, why: str) -> None:
+        self.dead = why
+        self.violations.append(why)
+        raise ServerAnswerError(f"the server closed the connection: its scheduler died ({why})")
+
+    def _move(self, tags: list[str], sign: int) -> None:
+        host, per_gpu, command = self.world.gpus[self.service_pid]
+        for gpu in per_gpu:
+            per_gpu[gpu] += sign * sum(TAGS_MIB[t] for t in tags)
+        self.world.gpus[self.service_pid] = (host, per_gpu, command)
+
+    def pause(self, mode: str) -> dict:
+        self._log("pause_generation", {"mode": mode})
+        if self.dead:
+            self._die(self.dead)
+        if not self.paused and mode == "retract":
+            self.held, self.running = self.held + self.running, 0
+        self.paused = True
+        return {}
+
+    def release(self, tags: list[str]) -> None:
+        self._log("release_memory_occupation", {"tags": tags})
+        if self.running and not self.paused:
+            self._die("release_memory_occupation should be called only when server is idle")
+        twice = [t for t in tags if t in self.released]
+        if twice:
+            self._die(f"released twice: {twice}")
+        self.released |= set(tags)
+        if "weights" in tags and not self.weights_cpu_backup:
+            self.weights_intact = False  # without a CPU backup the weights' contents are gone
+        if self.memory_saver:
+            self._move(tags, -1)
+            self.world.sample(self.world.service_host)
+
+    def resume(self, tags: list[str]) -> None:
+        self._log("resume_memory_occupation", {"tags": tags})
+        missing = [t for t in tags if t not in self.released]
+        if missing:
+            self._die(f"KeyError: resume of {missing}, never released")
+        self.released -= set(tags)
+        if self.memory_saver:
+            self._move(tags, +1)
+            self.world.sample(self.world.service_host)
+
+    def resume_all(self) -> None:
+        """The unit started again: a new process holds all its memory, nothing paused or released."""
+        self.paused, self.released, self.dead = False, set(), None
+
+    def continue_(self) -> dict:
+        self._log("continue_generation", {})
+        self.paused = False
+        self.running, self.held = self.running + self.held, 0
+        return {}
+
+    def serving(self) -> bool:
+        service = self.world.service
+        return service.state == "active" and service.ready and not self.paused and not self.released \
+            and self.dead is None
+
+    def saver(self) -> MemorySaver:
+        gib = {tag: mib / 1024 for tag, mib in TAGS_MIB.items()}
+        return MemorySaver(self.memory_saver, self.weights_cpu_backup, gib if self.memory_saver else None)
+
+    def generate(self, input_ids: list[int], max_new_tokens: int) -> dict:
+        if self.paused or self.dead or self.released:
+            self.violations.append("a /generate sent while the server was paused or released would wait forever")
+            raise ServerAnswerError("POST /generate: no answer (the server is paused)")
+        seed = 0 if self.weights_intact else 5
+        return {"output_ids": [(sum(input_ids) + 7 * i + seed) % 31 for i in range(max_new_tokens)]}
+
+
+class FakeServerClient:
+    """What `WindowHosts.server()` gives one console: `SglangClient`'s calls over the fake world,
+    dead with its console, each call a place a fault can be injected (`where` = the method's name;
+    a fault with `after` lands the request and then drops the answer)."""
+
+    def __init__(self, hosts: FakeHosts):
+        self._hosts = hosts
+        self._server: FakeServer = hosts.world.server
+
+    async def _call(self, method: str, body: Any, do: Any) -> Any:
+        hosts = self._hosts
+        fault = hosts._fault(method)
+        hosts._alive()
+        await hosts.answer(method)
+        hosts._alive()
+        hosts.world.clock.advance(REQUEST_S)
+        result = do()
+        hosts.world.changed()
+        if fault is not None:  # it landed, then the answer was lost
+            from tests.engine_fakes import raise_fault
+
+            raise_fault(fault, f"POST /{method} {json.dumps(body)}", hosts.world.service_host)
+        return result
+
+    async def pause_generation(self, mode: str = "retract") -> dict:
+        return await self._call("pause_generation", {"mode": mode}, lambda: self._server.pause(mode))
+
+    async def continue_generation(self) -> dict:
+        return await self._call("continue_generation", {}, self._server.continue_)
+
+    async def release_memory_occupation(self, tags: list[str]) -> None:
+        return await self._call("release_memory_occupation", {"tags": tags}, lambda: self._server.release(list(tags)))
+
+    async def resume_memory_occupation(self, tags: list[str]) -> None:
+        return await self._call("resume_memory_occupation", {"tags": tags}, lambda: self._server.resume(list(tags)))
+
+    async def memory_saver(self) -> MemorySaver:
+        return await self._call("server_info", {}, self._server.saver)
+
+    async def ready(self) -> int:
+        return await self._call("ready", {}, lambda: 200 if self._server.serving() else 503)
+
+    async def health(self) -> int:
+        return await self._call("health", {}, lambda: 200 if self._server.serving() else 503)
+
+    async def generate(self, input_ids: list[int], max_new_tokens: int) -> dict:
+        return await self._call("generate", {}, lambda: self._server.generate(input_ids, max_new_tokens))
