@@ -177,6 +177,7 @@ class RunSummary:
     online: dict[str, float] = field(default_factory=dict)  # drafter -> online tau (the cross-check)
     forecast_s: float | None = None  # the downtime forecast before the stop (of its last window)
     windows: int = 1  # down periods (more than one when a window was cut short at its budget)
+    server_paused: bool = False  # the pause route: this run paused the server (or released its memory), not given back
 
 
 @dataclass(frozen=True)
@@ -313,7 +314,24 @@ def summary_of(run: Run) -> RunSummary:
     return RunSummary(s.run_id, s.created_at, s.status, s.route, sum(downtimes) if downtimes else None,
                       dict(s.headline), s.config, run.dir, service_down=s.service.down, console_gone=gone,
                       online=dict(online), forecast_s=(s.forecast or {}).get("downtime_s"),
-                      windows=len(s.windows) + (1 if s.service.stops else 0) or 1)
+                      windows=len(s.windows) + (1 if s.service.stops else 0) or 1,
+                      server_paused=s.service.left_as() == "paused")
+
+
+def left_line(run: Run) -> str:
+    """How `run` left the server, in one line every view says the same way: "SERVICE DOWN since
+    09:31:02 (94 s): stopped by run X" or "PAUSED: memory released by run X (kv_cache, cuda_graph)
+    since 09:31:02 (12 s)"."""
+    svc = run.state.service
+    if svc.left_as() == "paused":
+        since = svc.paused_at or svc.released_at or time.time()
+        released = svc.released or svc.releasing
+        what = (f"memory released by run {run.run_id} ({', '.join(released)})" if released
+                else f"requests held by run {run.run_id}")
+        return f"PAUSED: {what} since {time.strftime('%H:%M:%S', time.localtime(since))} ({time.time() - since:.0f} s)"
+    since = svc.stopped_at or time.time()
+    return (f"SERVICE DOWN since {time.strftime('%H:%M:%S', time.localtime(since))} ({time.time() - since:.0f} s): "
+            f"stopped by run {run.run_id}")
 
 
 def what_next(run: Run) -> str:
@@ -328,6 +346,8 @@ def what_next(run: Run) -> str:
         return f"run {rid} ended {s.status}: a finished run is never resumed; `dflash-ops run` starts a new one"
     owner = s.owner
     alive = driven_elsewhere(s)
+    if s.service.paused_at and s.service.continued_at:  # the pause route: pause -> continue
+        downtimes.append(s.service.continued_at - s.service.paused_at)
     if owner is not None and alive is not False:
         where = "" if alive else " (on another machine: cannot tell from here whether it still runs)"
         return (f"run {rid} is {s.status}, driven by {owner.describe()}{where}: `dflash-ops console --read-only` "
