@@ -20,6 +20,7 @@ from console import messages as m
 from console.messages import Confirmation
 from console.operator import Operator
 from console.procedure.engine import EXIT_DONE, EXIT_DOWN, EXIT_FAILED
+from console.procedure.replay import read_recording
 from tests.window_fixtures import ENTRY_POINT, Drill, cli_env, kill, read_json
 
 pytestmark = pytest.mark.timeout(600)
@@ -92,6 +93,14 @@ def test_headless_drill_end_to_end(drill: Drill) -> None:
     assert "Drafter evaluation" in done.stdout  # the tables end the headless output
     telemetry = (drill.runs / run_id / "telemetry.jsonl").read_text().splitlines()
     assert any('"service_down": true' in line for line in telemetry)  # the window's chart has the downtime
+    # The replay reads what this engine wrote (tests/data/replay is a recording of such a store): whole,
+    # every step begun, the three questions with their answers, down then back, the run's end last.
+    recording = read_recording(drill.runs / run_id)
+    assert recording.damage == [] and sorted(name for name, _ in recording.step_starts()) == sorted(state["steps"])
+    asked = [e.message for e in recording.events if isinstance(e.message, m.DecisionMade)]
+    assert [(d.confirmation.step, d.approved) for d in asked] == [("stop", True), ("free-vram", True), ("restart", True)]
+    assert [e.message.down_since is None for e in recording.events if isinstance(e.message, m.Downtime)] == [False, True]
+    assert isinstance(recording.events[-1].message, m.RunFinished) and recording.events[-1].message.status == "done"
     listed = subprocess.run([ENTRY_POINT, "runs", "--runs", str(drill.runs)], capture_output=True, text=True,
                             env=cli_env(), timeout=60)
     assert run_id in listed.stdout and "done" in listed.stdout and "reference" in listed.stdout
