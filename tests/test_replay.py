@@ -187,6 +187,15 @@ def test_a_journal_cut_mid_line_replays_up_to_it_and_says_where(copy: Path) -> N
     assert [name for name, _ in rec.step_starts()] == ROUTE[:5]
 
 
+def test_a_journal_line_that_is_json_but_no_entry_is_damage_too(copy: Path) -> None:
+    journal = lines(copy / JOURNAL)
+    journal[20] = json.dumps({"t": "yesterday", "message": "preflight: done"}) + "\n"  # line 21
+    (copy / JOURNAL).write_text("".join(journal))
+    rec = read_recording(copy)
+    assert [(d.file, d.line) for d in rec.damage] == [(JOURNAL, 21)] and "needs a message and a time" in rec.damage[0].why
+    assert [name for name, _ in rec.step_starts()] == ["preflight"] and rec.cut_at == json.loads(journal[19])["t"]
+
+
 def test_a_line_the_store_marked_as_cut_by_a_crash_is_not_damage(copy: Path) -> None:
     with open(copy / JOURNAL, "a") as f:
         f.write('{"t": 1, "message": "a line a crash cu')

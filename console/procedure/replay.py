@@ -260,9 +260,11 @@ def read_recording(run_dir: Path | str) -> Recording:
     entries: list[tuple[int, m.JournalEntry]] = []
     for number, record in journal:
         entry = journal_entry(record, run_id)
-        if entry is not None and isinstance(entry.t, int | float):
-            entries.append((number, entry))
-            add(Event(float(entry.t), entry, f"{JOURNAL}:{number}"))
+        if entry is None or not isinstance(entry.t, int | float) or isinstance(entry.t, bool):
+            journal_damage = Damage(JOURNAL, number, "not a journal entry (it needs a message and a time, t)")
+            break
+        entries.append((number, entry))
+        add(Event(float(entry.t), entry, f"{JOURNAL}:{number}"))
     events.extend(_from_journal(run_id, entries, state))
     if state is not None:
         events.extend(_from_state(run_id, run_dir, state, entries, events))
