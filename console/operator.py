@@ -64,10 +64,7 @@ class Operator:
     def open_run(self, resume: str | bool | None) -> Run:
         """A new run, or the one to resume (`True`: the latest unfinished one)."""
         if resume is True:
-            run = self.store.to_resume()
-            if run is None:
-                raise LookupError(f"no unfinished run to resume in {self.store.root}")
-            return run
+            return self.store.run_to_resume()  # a damaged newer run is named, never passed over
         if resume:
             return self.store.open(str(resume))
         self.refuse_new_run()

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from console.cli.run import EXIT_PAUSED
 from console.procedure.engine import EXIT_DONE, EXIT_FAILED
 from console.procedure.store import RunStore
 from tests.window_fixtures import Drill, drill, read_json  # noqa: F401 - the fixture
@@ -41,7 +42,7 @@ def test_a_window_cut_short_keeps_its_prompts_and_the_next_window_extracts_the_r
     window = Path(drill.config.hosts["ct129"].workdir) / "windows" / run_id
     (window / "stop").touch()  # the operator's stop at the budget, before the staged worker's first prompt
     out, _ = console.communicate(timeout=300)
-    assert console.returncode == EXIT_DONE, out
+    assert console.returncode == EXIT_PAUSED, out  # not done: a script must tell it from a finished run
     _, state = drill.only_run()
     assert state["status"] == "paused" and not state["service"]["down"]  # the service came back
     assert state["extraction"]["partial"]["missing"] and "cut short at its budget" in state["message"]

@@ -9,6 +9,7 @@ import os
 import shutil
 import subprocess
 import sys
+import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -120,6 +121,58 @@ def test_resuming_an_unreadable_run_says_why_exit_2(config: Path, tmp_path: Path
     assert "Traceback" not in done.stderr
     (line,) = done.stderr.strip().splitlines()
     assert str(store / "20261201-120000-dd04" / STATE) in line and "not JSON" in line
+
+
+@pytest.fixture(scope="module")
+def offline_config(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A config whose hosts are never reached (what is tested is said before connecting)."""
+    table = {"address": "127.0.0.1", "port": 9, "user": "nobody", "connect_timeout": 1}
+    return write_config(tmp_path_factory.mktemp("offline") / "dflash-ops.toml", {"ct129": table, "ct200": table})
+
+
+def a_real_state() -> bytes:
+    """state.json as the store writes it for an unfinished run."""
+    import tempfile
+
+    with tempfile.TemporaryDirectory() as root:
+        run = RunStore(root).create("/etc/dflash-ops.toml", None)
+        run.state.status, run.state.started = "running", True
+        run.save()
+        return (run.dir / STATE).read_bytes()
+
+
+REAL_STATE = a_real_state()
+damaged_latest = st.one_of(
+    # cut mid-write (0 bytes included; the closing brace gone, not only the final newline)
+    st.integers(0, len(REAL_STATE.rstrip()) - 1).map(lambda cut: REAL_STATE[:cut]),
+    st.sampled_from([b"", b"[]", b"null", b"0", b'"running"']),
+    st.binary(min_size=1, max_size=64),
+)
+
+
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(content=damaged_latest, older=st.booleans())
+def test_a_damaged_latest_run_is_named_by_resume_never_passed_over(offline_config: Path, tmp_path: Path,
+                                                                   content: bytes, older: bool,
+                                                                   capsys: pytest.CaptureFixture[str]) -> None:
+    """`run --resume` with the latest run's state.json damaged (cut, 0 bytes, `[]`, `null`, random
+    bytes): that run may be the one that left the service down, so it is named with its path and why
+    (as `runs` does), never answered with "no unfinished run to resume" nor passed over for an older
+    run; exit 2 before anything is connected."""
+    store = tmp_path / f"store-{uuid.uuid4().hex[:6]}"
+    if older:
+        kept = RunStore(store).create(str(offline_config), None)
+        kept.state.status = "paused"
+        kept.save()
+    damaged = store / "29991231-235959-ffff"  # the newest id
+    damaged.mkdir(parents=True)
+    (damaged / STATE).write_bytes(content)
+    assert main(["run", "--headless", "--yes", "--resume", "--config", str(offline_config), "--runs", str(store)]) == 2
+    err = " ".join(capsys.readouterr().err.split())
+    assert "no unfinished run to resume" not in err
+    assert f"run {damaged.name} cannot be resumed: {damaged / STATE}" in err
+    if older:
+        assert f"`dflash-ops run --resume {kept.run_id}` resumes the older run" in err
 
 
 @pytest.fixture

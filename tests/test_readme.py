@@ -84,3 +84,14 @@ def test_readme_error_examples_are_real(
     Path("dflash-ops.toml").write_text(text.replace(old, new, 1))
     assert main(["config", "check"]) == 2
     assert capsys.readouterr().err.rstrip("\n") in _readme_error_examples()
+
+
+def test_the_exit_status_table_names_every_status_run_returns() -> None:
+    """The README's table of `run`'s exit statuses has a row for each (a paused run is not done: 4)."""
+    from console.cli.run import EXIT_PAUSED
+    from console.procedure.engine import EXIT_DONE, EXIT_DOWN, EXIT_FAILED, EXIT_USAGE
+
+    text = (Path(__file__).parent.parent / "README.md").read_text()
+    rows = dict(re.findall(r"^\| (\d) \| (.+) \|$", text, flags=re.MULTILINE))
+    assert set(rows) == {str(c) for c in (EXIT_DONE, EXIT_FAILED, EXIT_USAGE, EXIT_DOWN, EXIT_PAUSED)}
+    assert rows[str(EXIT_PAUSED)].startswith("paused with the service up")

@@ -1,7 +1,7 @@
 """`dflash-ops run` (the procedure, headless or with terminal prompts) and `dflash-ops runs`.
 
-Exit codes: 0 done; 1 failed (or refused), the service up; 2 usage or config; 3 failed with the
-service down. Ctrl-C cancels the procedure; after the stop the restart is then performed (unless
+Exit codes: 0 done; 1 failed (or refused), the service up; 2 usage or config; 3 failed (or paused)
+with the service down; 4 paused with the service up (`run --resume` continues it). Ctrl-C cancels the procedure; after the stop the restart is then performed (unless
 `--no-restart`), and the exit code says whether the service is still down. SIGTERM (`kill`) and
 SIGHUP (the terminal closed) are handled as Ctrl-C is, journalled; a second signal while the run
 compensates is journalled too and changes nothing, so a restart is never abandoned half-way.
@@ -37,6 +37,7 @@ from console.views.units import duration
 
 SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 EXIT_INTERRUPTED = 130
+EXIT_PAUSED = 4  # paused, the service up: `run --resume` continues it (a window cut short at its budget)
 
 
 class SignalGuard:
@@ -148,6 +149,15 @@ async def run_procedure(operator: Operator, decider: Decider, resume: str | bool
         await operator.stop()
     if finished.status == "done":
         show_results(operator, finished.run_id, Console())
+    return exit_status(finished)
+
+
+def exit_status(finished: m.RunFinished) -> int:
+    """The run's exit status; a run paused with the service up (a window cut short at its budget,
+    one step done) is not done: EXIT_PAUSED, so that a script tells it from a finished run and
+    resumes it (paused with the service down stays 3)."""
+    if finished.status == "paused" and finished.exit_code == 0:
+        return EXIT_PAUSED
     return finished.exit_code
 
 
@@ -279,6 +289,8 @@ def run(args: argparse.Namespace) -> int:
         operator = Operator(config, runs_dir=args.runs)
         if not args.resume:
             operator.refuse_new_run()  # an unfinished run first: said before connecting to anything
+        else:
+            operator.open_run(args.resume)  # nothing to resume, or a damaged run: said before connecting
         guard = SignalGuard(operator, say=lambda line: err.print(Text(f"dflash-ops: {line}", style="yellow")))
         with guard:
             return asyncio.run(run_procedure(operator, decider, args.resume, args.no_restart, args.route, err))
@@ -304,6 +316,8 @@ def runs_rows(summaries: list[RunSummary | UnreadableRun]) -> tuple[list[str], l
             status += " (console gone)"
         if summary.service_down:
             status += ", SERVICE DOWN"
+        if summary.server_paused:
+            status += ", SERVER PAUSED"
         taus = "\n".join(f"{name} {tau:.2f}" for name, tau in summary.headline.items() if tau is not None) or "-"
         online = "\n".join(f"{name} {tau:.2f}" for name, tau in summary.online.items() if tau is not None) or "-"
         downtime = duration(summary.downtime_s, tenths=True)
@@ -316,8 +330,6 @@ def runs_rows(summaries: list[RunSummary | UnreadableRun]) -> tuple[list[str], l
         styles.append("bold red" if summary.service_down or summary.server_paused else "")
     return headers, rows, styles
 
-        if summary.server_paused:
-            status += ", SERVER PAUSED"
 
 def runs(args: argparse.Namespace) -> int:
     """`dflash-ops runs`: earlier runs, newest last; each unreadable one named with its path and why."""

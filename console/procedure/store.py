@@ -291,6 +291,26 @@ class RunStore:
         newest unfinished one."""
         return self.left_down() or self.latest_unfinished()
 
+    def unreadable(self) -> list[UnreadableRun]:
+        """Every run directory whose state cannot be read, oldest first, each with why."""
+        return [s for s in self.summaries() if isinstance(s, UnreadableRun)]
+
+    def run_to_resume(self) -> Run:
+        """What `run --resume` (no RUN) continues: `to_resume()`. A damaged state.json newer than it
+        (or any, when nothing readable is left to resume) may be the run to resume, the one that left
+        the service down: it is named with why it cannot be resumed, never passed over in silence."""
+        run = self.to_resume()
+        damaged = [u for u in self.unreadable() if run is None or u.run_id > run.run_id]
+        if damaged:
+            older = (f"; `dflash-ops run --resume {run.run_id}` resumes the older run {run.run_id}" if run is not None
+                     else "")
+            raise RunStoreError("; ".join(f"run {u.run_id} cannot be resumed: {u.why}" for u in damaged)
+                                + " (it may be the run that left the service down: repair its state.json, or move "
+                                  f"its directory out of {self.root}){older}")
+        if run is None:
+            raise LookupError(f"no unfinished run to resume in {self.root}")
+        return run
+
     def summaries(self) -> list[RunSummary | UnreadableRun]:
         out: list[RunSummary | UnreadableRun] = []
         for run_id in self.run_ids():
@@ -309,6 +329,8 @@ def summary_of(run: Run) -> RunSummary:
                  if w.get("service", {}).get("stopped_at") and w["service"].get("ready_at")]
     if s.service.stopped_at and s.service.ready_at:
         downtimes.append(s.service.ready_at - s.service.stopped_at)
+    if s.service.paused_at and s.service.continued_at:  # the pause route: pause -> continue
+        downtimes.append(s.service.continued_at - s.service.paused_at)
     gone = s.status == "running" and s.owner is not None and s.owner.alive() is False
     online = s.facts.get("headline_online") if isinstance(s.facts.get("headline_online"), dict) else {}
     return RunSummary(s.run_id, s.created_at, s.status, s.route, sum(downtimes) if downtimes else None,
@@ -346,8 +368,6 @@ def what_next(run: Run) -> str:
         return f"run {rid} ended {s.status}: a finished run is never resumed; `dflash-ops run` starts a new one"
     owner = s.owner
     alive = driven_elsewhere(s)
-    if s.service.paused_at and s.service.continued_at:  # the pause route: pause -> continue
-        downtimes.append(s.service.continued_at - s.service.paused_at)
     if owner is not None and alive is not False:
         where = "" if alive else " (on another machine: cannot tell from here whether it still runs)"
         return (f"run {rid} is {s.status}, driven by {owner.describe()}{where}: `dflash-ops console --read-only` "
