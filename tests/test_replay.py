@@ -229,6 +229,18 @@ def test_without_state_json_the_journal_and_telemetry_still_replay(copy: Path) -
     assert of(m.PlanReady, rec.events) == [] and of(m.RunFinished, rec.events) == []
 
 
+def test_without_state_json_nothing_after_a_damaged_telemetry_line_is_read(copy: Path) -> None:
+    (copy / STATE).unlink()
+    samples = lines(copy / TELEMETRY)
+    first_down = next(i for i, line in enumerate(samples) if json.loads(line)["service_down"])
+    samples[first_down - 1] = "{}\n"  # the line before the first sample taken with the service down
+    (copy / TELEMETRY).write_text("".join(samples))
+    rec = read_recording(copy)
+    assert [(d.file, d.line) for d in rec.damage] == [(STATE, None), (TELEMETRY, first_down)]
+    assert of(m.Downtime, rec.events) == []  # the later samples' service_down marks are not read
+    assert rec.cut_at == json.loads(samples[first_down - 2])["t"]
+
+
 def test_an_empty_directory_has_nothing_to_replay(tmp_path: Path) -> None:
     with pytest.raises(ReplayError, match="nothing to replay"):
         read_recording(tmp_path)

@@ -244,15 +244,15 @@ def read_recording(run_dir: Path | str) -> Recording:
     events: list[Event] = []
     add = events.append
 
-    for number, record in telemetry:
+    for index, (number, record) in enumerate(telemetry):
         t = record.get("t")
         try:
             update = telemetry_update(record)
+            if not isinstance(t, int | float):
+                raise ValueError("no time, t")
         except (SampleError, TypeError, ValueError) as exc:
             telemetry_damage = Damage(TELEMETRY, number, f"not a telemetry sample ({exc})")
-            break
-        if not isinstance(t, int | float):
-            telemetry_damage = Damage(TELEMETRY, number, "no time (t)")
+            telemetry = telemetry[:index]  # nothing after the damage is read
             break
         add(Event(float(t), update, f"{TELEMETRY}:{number}"))
     _connected(events)
@@ -278,7 +278,7 @@ def read_recording(run_dir: Path | str) -> Recording:
     if journal_damage is not None:
         ends.append(max((e.t for _, e in entries), default=float("-inf")))
     if telemetry_damage is not None:
-        ends.append(max((e.t for e in events if e.source.startswith(TELEMETRY)), default=float("-inf")))
+        ends.append(max((float(r["t"]) for _, r in telemetry), default=float("-inf")))
     if ends:
         cut_at = min(ends)
         events = [e for e in events if e.t <= cut_at]
