@@ -245,6 +245,8 @@ class ReplayApp(ConsoleApp):
     def check_action(self, action: str, parameters: tuple[object, ...]) -> bool | None:
         if action in self.REPLAY_ACTIONS:
             return not isinstance(self.screen, ModalScreen)
+        if action == "runs":
+            return False  # the store's other runs: `dflash-ops runs`, then a replay of each
         return super().check_action(action, parameters)
 
     def action_replay_toggle(self) -> None:

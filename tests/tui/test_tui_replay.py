@@ -140,13 +140,13 @@ async def test_keys_that_act_elsewhere_do_nothing():
         await pilot.press(*"]]]]..")  # the stop's question answered: a live console would offer r here
         await until(pilot, lambda: app.state.down_since is not None)
         at, shown = app.player.position, list(app.state.steps.items())
-        await pilot.press("r", "g", "p", "c", "n", "s")
+        await pilot.press("r", "g", "p", "c", "n", "s", "h")
         await until(pilot, lambda: any("read-only" in str(n.message) for n in app._notifications))
         assert [w for w in app.workers if w.group in ("procedure", "service")] == []
         assert len(app.screen_stack) == 2 and isinstance(app.screen, DashboardScreen)
         assert app.player.position == at and list(app.state.steps.items()) == shown
         offered = {key for key, active in app.active_bindings.items() if active.enabled}
-        assert not offered & {"g", "p", "r", "c", "n"}
+        assert not offered & {"g", "p", "r", "c", "n", "h"}
         titles = [c.title for c in app.get_system_commands(app.screen)]
         assert "Go to step extract" in titles and "Restart the service" not in titles
 
