@@ -2,10 +2,9 @@
 Debian's chromium through playwright) and the notifications (apprise's `json://` target posting to
 a loopback server that records what arrives, beside a dead target on a closed port).
 
-The run is driven in-process by an operator whose decider holds the restart's question until the
-browser has seen the window and the overrun notification has come, so both are seen during the
-downtime, whatever the machine's load. A second, short run is cancelled after its stop with the
-service left down (the left-down notification), then the service is restarted."""
+The run is driven in-process, a step at a time as the console's `n` does, until it pauses after the
+stop with the service down (the left-down notification): the browser and the overrun are seen
+during that downtime whatever the machine's load; then the run is resumed to its end."""
 
 from __future__ import annotations
 
@@ -24,6 +23,7 @@ from console import messages as m
 from console.config import load_config
 from console.operator import Operator
 from console.procedure.store import RunStore
+from console.views.units import duration
 from tests.http_recorder import Recorder, closed_port
 from tests.window_fixtures import ENTRY_POINT, Drill, cli_env, drill  # noqa: F401 - the fixture
 
@@ -44,19 +44,16 @@ SCREEN_TEXT = """() => { const t = window.__terminal; if (!t) return '';
     lines.push(line ? line.translateToString(true) : ''); } return lines.join('\\n'); }"""
 
 
-class Holding:
-    """Approves every question; the restart's waits until `release` is set (the window stays open)."""
+class Approving:
+    """Approves every question (as --yes), keeping them."""
 
     name = "test"
 
     def __init__(self) -> None:
-        self.release = asyncio.Event()
         self.asked: list[m.Confirmation] = []
 
     async def decide(self, confirmation: m.Confirmation) -> bool:
         self.asked.append(confirmation)
-        if confirmation.step == "restart":
-            await self.release.wait()
         return True
 
 
@@ -82,11 +79,11 @@ def start_serve(config: Path, runs: Path, port: int, *extra: str) -> tuple[subpr
     return proc, f"http://127.0.0.1:{port}/{found.group(2) or ''}"
 
 
-async def screen_until(page, *words: str, timeout: float = 120) -> str:
-    """The page's terminal text once every word is on it."""
+async def screen_until(page, *words: str, pattern: str = "", timeout: float = 120) -> str:
+    """The page's terminal text once every word (and `pattern`, a regex) is on it."""
     text = ""
     async with asyncio.timeout(timeout):
-        while not all(word in text for word in words):
+        while not (all(word in text for word in words) and re.search(pattern, text)):
             await asyncio.sleep(0.2)
             text = await page.evaluate(SCREEN_TEXT)
     return text
@@ -111,47 +108,42 @@ async def test_the_window_in_a_browser_and_its_notifications(drill: Drill, tmp_p
     served, url = start_serve(config_path, drill.runs, free_port())
     guarded, guarded_url = start_serve(config_path, drill.runs, free_port(), "--bind", "0.0.0.0")
     operator = Operator(load_config(config_path), runs_dir=drill.runs)
-    decider = Holding()
+    decider = Approving()
     operator.start()
     try:
         async with async_playwright() as playwright:
             browser = await playwright.chromium.launch(executable_path=CHROMIUM)
             page, answer = await opened(browser, url)
             assert answer.status == 200 and "?token=" not in url  # loopback: no token
-            run = asyncio.create_task(operator.run(decider))
-            # The dashboard in the browser, during the downtime: hosts, the DOWN banner, the steps.
-            await screen_until(page, "SERVICE DOWN", "ct129", "ct200", "SIMULATED", "preflight", "free-vram",
-                                      "extract", "restart", "read-only")
-            await page.screenshot(path=str(tmp_path / "browser-view.png"))
-            # No key in the browser acts on a host: r says why not, s and the console's acting keys do nothing.
-            await page.click("#terminal")
-            for key in ("r", "s", "g", "c", "n"):
-                await page.keyboard.press(key)
-            await screen_until(page, "read-only: this console restarts nothing", timeout=30)
-            assert drill.service_pid() is None  # still down: nothing restarted it
-            assert len(RunStore(drill.runs).run_ids()) == 1  # and no run was started from the page
             # Any other bind: the page, its files and its websocket are refused without the token.
             token_page, refused = await opened(browser, re.sub(r"\?token=.*", "", guarded_url))
             assert refused.status == 403 and "needs its token" in await token_page.content()
             assert "?token=" in guarded_url and (await token_page.goto(guarded_url)).status == 200
-            await screen_until(token_page, "SERVICE DOWN", "ct129")
+            # Step by step (stage and cache, then the stop): paused with the service down.
+            paused = await operator.run(decider, one_step=True)
+            run_id = paused.run_id
+            while not RunStore(drill.runs).open(run_id).state.service.down:
+                assert paused.status == "paused" and paused.service_up, paused
+                paused = await operator.run(decider, resume=run_id, one_step=True)
+            assert paused.status == "paused" and not paused.service_up and paused.exit_code == 3, paused
+            # The dashboard in the browser during the downtime: hosts, the DOWN banner, the steps.
+            await screen_until(page, "SERVICE DOWN", "ct129", "ct200", "SIMULATED", "preflight", "free-vram",
+                               "extract", "restart", "read-only", pattern=r"stop\s+done")
+            await page.screenshot(path=str(tmp_path / "browser-view.png"))
+            # No key in the browser acts on a host: r says why not, s and the console's acting keys do nothing.
+            await page.click("#terminal")
+            for key in ("r", "s", "g", "n", "c"):
+                await page.keyboard.press(key)
+            await screen_until(page, "read-only: this console restarts nothing", timeout=30)
+            await screen_until(token_page, "SERVICE DOWN", "ct129")  # its websocket opened with the token
             await browser.close()
+        state = RunStore(drill.runs).open(run_id).state
+        assert state.service.down and state.status == "paused"  # nothing restarted it or resumed the run
+        assert len(RunStore(drill.runs).run_ids()) == 1  # and no run was started from the page
         # The downtime ran past its forecast (+ 0 s margin): said while it lasts.
         await asyncio.to_thread(recorder.wait_for, lambda posts: any("longer than" in p["json"]["title"] for p in posts))
-        decider.release.set()
-        finished = await run
+        finished = await operator.run(decider, resume=run_id)
         assert finished.status == "done" and finished.exit_code == 0, finished.message
-        first = finished.run_id
-        # A second run cancelled after its stop, the service left down; then restarted.
-        def cancel_after_stop(message: object) -> None:
-            if isinstance(message, m.StepUpdate) and message.step == "stop" and message.status == "done":
-                operator.cancel(leave_down=True)
-        unsubscribe = operator.bus.subscribe(cancel_after_stop)
-        decider.release.set()
-        left = await operator.run(decider)
-        unsubscribe()
-        assert left.status == "cancelled" and not left.service_up
-        await operator.restart_service(decider)
     finally:
         await operator.stop()  # sends what still waits
         for proc in (served, guarded):
@@ -159,29 +151,29 @@ async def test_the_window_in_a_browser_and_its_notifications(drill: Drill, tmp_p
             proc.wait(30)
         recorder.close()
     posts = [p["json"] for p in recorder.posts]
-    titles = [p["title"] for p in posts]
     service = "the server on ct129"
-    assert titles == [f"dflash-ops: stopping {service}", f"dflash-ops: {service} down longer than forecast",
-                      f"dflash-ops: {service} is back", f"dflash-ops: run {first} done",
-                      f"dflash-ops: stopping {service}", f"dflash-ops: run {left.run_id} cancelled",
-                      f"dflash-ops: {service} LEFT DOWN by run {left.run_id}", f"dflash-ops: {service} is back"], titles
+    assert [p["title"] for p in posts] == [
+        f"dflash-ops: stopping {service}", f"dflash-ops: {service} LEFT DOWN by run {run_id}",
+        f"dflash-ops: {service} down longer than forecast", f"dflash-ops: {service} is back",
+        f"dflash-ops: run {run_id} done"], posts
     assert all(set(p) >= {"version", "title", "message", "type"} for p in posts)
-    state = RunStore(drill.runs).open(first).state
-    stop, overrun, back, ended = posts[:4]
-    assert f"Run {first} (window route)" in stop["message"] and "on ct129 was approved" in stop["message"]
+    state = RunStore(drill.runs).open(run_id).state
+    stop, left, overrun, back, ended = posts
+    assert f"Run {run_id} (window route)" in stop["message"] and "on ct129 was approved" in stop["message"]
     assert re.search(r"forecast downtime \d+ s \(stop \d+ s, free-vram \d+ s, extract \d+ s, start \d+ s\)",
-                     stop["message"]) and "remote.drill.service stop" in stop["message"]
+                     stop["message"]) and "remote.drill.service stop" in stop["message"], stop
+    assert f"Run {run_id} paused and left {service} DOWN since" in left["message"] and left["type"] == "failure"
+    assert f"dflash-ops run --resume {run_id}" in left["message"]
     assert "past its forecast of" in overrun["message"] and "0 s margin" in overrun["message"]
-    assert re.search(r"down \d+ s \(forecast \d+ s\)", back["message"]), back["message"]
+    measured = state.service.ready_at - state.service.stopped_at
+    assert f"down {duration(measured)} (forecast {duration(state.forecast['downtime_s'])})" in back["message"], back
     online = state.facts["headline_online"]
+    assert online and ended["type"] == "success"
     for name, tau in state.headline.items():
         said = f"{name}: tau {tau:.2f}" + (f" (online {online[name]:.2f})" if name in online else "")
-        assert said in ended["message"]
-    assert "(online " in ended["message"] and ended["type"] == "success"
-    assert f"dflash-ops run --resume {left.run_id}" in posts[6]["message"] and posts[6]["type"] == "failure"
+        assert said in ended["message"], ended
     # The dead target: every notification journalled as not sent, and the window still ended done.
-    for run_id, count in ((first, 4), (left.run_id, 4)):
-        journal = RunStore(drill.runs).open(run_id).read_journal()
-        failed = [e for e in journal if e["message"].startswith(f"notification not sent to json://127.0.0.1:{dead}/hook")]
-        assert len(failed) == count and all(e["level"] == "warning" for e in failed), [e["message"] for e in journal]
+    journal = RunStore(drill.runs).open(run_id).read_journal()
+    failed = [e for e in journal if e["message"].startswith(f"notification not sent to json://127.0.0.1:{dead}/hook")]
+    assert len(failed) == 5 and all(e["level"] == "warning" for e in failed), [e["message"] for e in journal]
     assert (tmp_path / "browser-view.png").stat().st_size > 10_000

@@ -7,8 +7,9 @@ behind is the store's to say, never a guess from the messages):
     stop-approved  the stop was approved: host, route, forecast downtime (by phase)
     overrun        the downtime passed its forecast by `[notify] overrun_margin_s` (once per window)
     service-back   the server is ready again: the measured downtime, beside its forecast
-    run-ended      the run's status, and the headline tau per drafter with the online one beside it
-    left-down      the run ended with the server down (or paused: what the store says), and how to end it
+    run-ended      the run's status, and the headline tau per drafter with the online one beside it (a
+                   paused run has not ended: `run --resume` goes on with it)
+    left-down      the run ended or paused with the server down (the store's answer), and how to end it
 """
 
 from __future__ import annotations
@@ -126,24 +127,22 @@ class Watcher:
         taus = [f"{name}: tau {tau:.2f}" + (f" (online {online[name]:.2f})" if online.get(name) is not None else "")
                 for name, tau in headline.items() if isinstance(tau, int | float)]
         results = ("\n" + "\n".join(taus)) if taus else "\nNo drafter was evaluated."
-        level = "success" if finished.status == "done" else "info" if finished.status == "paused" else "failure"
-        notes = [Notification(
-            "run-ended", finished.run_id, f"dflash-ops: run {finished.run_id} {finished.status}",
-            f"Run {finished.run_id} ended {finished.status} (exit {finished.exit_code}): {finished.message}{results}",
-            level)]
+        notes = []
+        if finished.status != "paused":  # a paused run has not ended: `run --resume` goes on with it
+            notes.append(Notification(
+                "run-ended", finished.run_id, f"dflash-ops: run {finished.run_id} {finished.status}",
+                f"Run {finished.run_id} ended {finished.status} (exit {finished.exit_code}): {finished.message}"
+                f"{results}", "success" if finished.status == "done" else "failure"))
         service = getattr(state, "service", None)
         down = getattr(service, "down", not finished.service_up) if state is not None else not finished.service_up
-        if down:
+        if down:  # the store's answer (the run that left it down), whatever the run's status
             since = getattr(service, "stopped_at", None)
-            status = getattr(state, "status", finished.status)
-            left = "paused" if status == "paused" else status
             notes.append(Notification(
                 "left-down", finished.run_id, f"dflash-ops: {self.service} LEFT DOWN by run {finished.run_id}",
-                f"Run {finished.run_id} ended {left} and left {self.service} DOWN"
-                + (f" since {_clock(since)} ({duration(time.time() - since)} ago)" if since else "")
+                f"Run {finished.run_id} {getattr(state, 'status', None) or finished.status} and left {self.service} "
+                f"DOWN" + (f" since {_clock(since)} ({duration(time.time() - since)} ago)" if since else "")
                 + f". `dflash-ops run --resume {finished.run_id}` restarts it (or `r` in the console).", "failure"))
-            self.window = None
-        return notes
+        return notes  # a window left open is still watched: its overrun, and the server back
 
     # --- the overrun, on a timer ---------------------------------------------------------------
 
