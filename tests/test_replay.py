@@ -241,6 +241,15 @@ def test_without_state_json_nothing_after_a_damaged_telemetry_line_is_read(copy:
     assert rec.cut_at == json.loads(samples[first_down - 2])["t"]
 
 
+def test_a_state_json_whose_plan_is_damaged_is_named_and_the_journal_still_replays(copy: Path) -> None:
+    state = json.loads((copy / STATE).read_text())
+    state["plan"][0].pop("name")
+    (copy / STATE).write_text(json.dumps(state))
+    rec = read_recording(copy)
+    assert [(d.file, d.line) for d in rec.damage] == [(STATE, None)] and "KeyError: 'name'" in rec.damage[0].why
+    assert len(of(m.JournalEntry, rec.events)) == len(lines(copy / JOURNAL)) and len(of(m.DecisionMade, rec.events)) == 3
+
+
 def test_an_empty_directory_has_nothing_to_replay(tmp_path: Path) -> None:
     with pytest.raises(ReplayError, match="nothing to replay"):
         read_recording(tmp_path)

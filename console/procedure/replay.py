@@ -267,7 +267,12 @@ def read_recording(run_dir: Path | str) -> Recording:
         add(Event(float(entry.t), entry, f"{JOURNAL}:{number}"))
     events.extend(_from_journal(run_id, entries, state))
     if state is not None:
-        events.extend(_from_state(run_id, run_dir, state, entries, events))
+        try:
+            events.extend(list(_from_state(run_id, run_dir, state, entries, events)))
+        except (KeyError, TypeError, ValueError, AttributeError) as exc:  # a plan or forecast not in its shape
+            state_damage = Damage(STATE, None, f"a damaged run state ({type(exc).__name__}: {exc}): "
+                                               "replayed from the journal and telemetry alone")
+            events.extend(_downtime_from_telemetry(run_id, telemetry))
     elif telemetry:
         events.extend(_downtime_from_telemetry(run_id, telemetry))
 
