@@ -796,3 +796,36 @@ def test_only_what_the_extraction_needs_is_released(free: int, backup: bool, tag
     assert chosen == tags, why
     if tags is None:
         assert "--enable-weights-cpu-backup" in why
+
+
+@pytest.mark.parametrize(("room", "saver", "route"), [(True, True, "zero-downtime"), (False, True, "pause"),
+                                                      (False, False, "window")])
+async def test_route_auto_takes_the_least_harm(window: Window, room: bool, saver: bool, route: str) -> None:
+    """`--route auto`: zero-downtime where another host has room, else pause where the server runs
+    with the memory saver, else the stop route; fixed for the run, and a resume keeps it."""
+    if not room:
+        window.world.gpus[9999] = (TRAINING, {0: 81000, 1: 81000}, "python train.py")
+    window.world.server.memory_saver = saver
+    window.route = "auto"
+    assert await window.console(Crasher("cached")) is None
+    finished = await window.console()
+    assert finished.exit_code == 0, finished.message
+    state = window.state()
+    assert state.route == route and state.facts["route_chosen"]["route"] == route, state.facts["route_chosen"]
+    if route == "zero-downtime":  # the states are on the other host; the server never touched
+        assert window.world.service.commands == [] and window.world.server.calls == []
+    else:
+        (assert_pause_promises if route == "pause" else assert_promises)(window, finished)
+
+
+async def test_the_pause_is_forecast_by_phase_and_refused_over_its_budget(paused: Window) -> None:
+    """The pause's forecast (pause -> continue) names its basis per phase: issue 26's measurements
+    on an H200 until this host has its own; `[window] max_downtime_s` refuses the pause before it."""
+    config = paused.world.config
+    paused.world.config = dataclasses.replace(config, window=dataclasses.replace(config.window, max_downtime_s=0.01))
+    refused = await paused.console()
+    assert refused.status == "failed" and "exceeds the budget" in refused.message, refused.message
+    assert paused.world.server.calls == [] and paused.world.server.serving()
+    phases = paused.state().facts["pause_forecast"]["phases"]
+    assert set(phases) == {"pause", "release", "free-vram", "extract", "resume", "continue"}
+    assert "issue 26" in phases["release"]["basis"] and phases["release"]["seconds"] == pytest.approx(0.12)

@@ -184,12 +184,13 @@ def _add_run(sub: argparse._SubParsersAction) -> None:
                              "the hosts (its jobs, files, lock); a run that left the service down is resumed instead")
     parser.add_argument("--no-restart", action="store_true",
                         help="after a failure with the service down, leave it down (exit 3) instead of restarting it")
-    parser.add_argument("--route", choices=("window", "pause", "zero-downtime"), default=None,
+    parser.add_argument("--route", choices=("window", "pause", "zero-downtime", "auto"), default=None,
                         help="the route: window (the default: stop the server, extract, restart), pause (the server "
                              "started with --enable-memory-saver pauses, releases the GPU memory the extraction "
                              "needs, then resumes and continues: never stopped, requests held, none failed) or "
                              "zero-downtime (extract on a host with a free GPU, a copy of the weights and the "
-                             "drafters' kernels; the plan proposes it when one has, and the stop's question names it)")
+                             "drafters' kernels; the plan proposes it when one has, and the stop's question names it); auto takes the "
+                             "least harm these hosts allow: zero-downtime, else pause, else window")
     _add_runs_option(parser)
     parser.set_defaults(run=_cmd_run)
 

@@ -111,8 +111,10 @@ class Engine:
         self.stage_override = stage  # None: the plan decides from the target host's RAM
         self.one_step = one_step  # run the next unsatisfied step (stage + cache together), then pause
         self.crash_at = crash_at  # the crash-point sweep's hook (raises SimulatedCrash at a named point)
-        if route is not None and route not in ROUTES:
-            raise ValueError(f"unknown route {route!r}: expected one of {', '.join(ROUTES)}")
+        if route is not None and route not in (*ROUTES, "auto"):
+            raise ValueError(f"unknown route {route!r}: expected one of {', '.join(ROUTES)} or auto")
+        if route == "auto" and run.state.started and run.state.route:
+            route = run.state.route  # chosen when the run was made: a resume keeps it
         if route is not None and run.state.started and run.state.route not in (None, route):
             raise ResumeRefused(f"run {run.run_id} was made for the {run.state.route} route: a resume keeps "
                                 f"its route (asked for {route})")

@@ -22,7 +22,8 @@ import json
 import time
 from typing import TYPE_CHECKING, Any
 
-from console.messages import Confirmation, TelemetrySample
+from console.messages import Confirmation, Forecast, ForecastPhase, TelemetrySample
+from console.procedure import forecast as fc
 from console.procedure.fit import SPLIT_FILL, need_mib
 from console.procedure.outcomes import Found, Refused, Skip, StepFailed
 from console.service.memory_saver import CUDA_GRAPH, KV_CACHE, WEIGHTS, MemorySaver
@@ -37,6 +38,10 @@ PROBE_IDS = [1, 2, 3, 4, 5, 6, 7, 8]  # any valid ids: the same greedy request b
 PROBE_TOKENS = 8
 MEMORY_BACK_S = 60.0  # the resumed memory is seen on the GPUs within this (the KV cache takes < 1 s)
 MEMORY_BACK_SHARE = 0.8  # of what the release freed, seen used again after the resume
+# Issue 26's measurements on an H200 (torch_memory_saver 0.0.10): the basis until this host has its own.
+MEASURED_H200 = {"release": {KV_CACHE: 0.06, CUDA_GRAPH: 0.06, WEIGHTS: 20.0},
+                 "resume": {KV_CACHE: 0.17, CUDA_GRAPH: 0.17, WEIGHTS: 7.0}}
+CONTROL_S = 0.1  # a pause or continue request's round trip (an estimate)
 SAVER_HINT = ("add --enable-memory-saver (and --enable-weights-cpu-backup) to the server's start command: one "
               "restart, at a time you choose, and later windows need no restart at all")
 
@@ -126,6 +131,38 @@ async def plan_release(engine: Engine) -> tuple[list[str] | None, str]:
     return tags, why
 
 
+async def pause_forecast(engine: Engine, tags: list[str]) -> Forecast:
+    """The pause route's downtime (pause → continue) by phase, each with its basis: earlier pause
+    runs' own step times, else issue 26's measurements on an H200 (said so); the extraction as the
+    window's forecast has it. Over budget above `[window] max_downtime_s`."""
+    from console.procedure.steps import estimates
+
+    earlier = estimates(r.state.to_json() for r in engine._earlier_runs() if r.state.route == "pause")
+    runs = sum(1 for r in engine._earlier_runs() if r.state.route == "pause")
+
+    def phase(step: str, fallback: float, basis: str) -> ForecastPhase:
+        if step in earlier:
+            return ForecastPhase(step, earlier[step], f"median of {runs} earlier pause runs")
+        return ForecastPhase(step, fallback, basis, estimated=True)
+
+    def h200(kind: str) -> tuple[float, str]:
+        seconds = sum(MEASURED_H200[kind][t] for t in tags)
+        return seconds, ("measured on an H200 (issue 26, torch_memory_saver 0.0.10): "
+                         + ", ".join(f"{t} {MEASURED_H200[kind][t]:g} s" for t in tags))
+
+    window = fc.forecast(await engine._forecast_inputs())
+    extract = fc.phase(window, "extract")
+    phases = (phase("pause", CONTROL_S, "estimate: one control request"),
+              phase("release", *h200("release")),
+              phase("free-vram", 1.0, "estimate: one telemetry sample sees the memory free"),
+              ForecastPhase("extract", extract.seconds, extract.basis, extract.spread_s, extract.estimated),
+              phase("resume", *h200("resume")),
+              phase("continue", CONTROL_S, "estimate: one control request"))
+    total = sum(p.seconds for p in phases)
+    budget = engine.config.window.max_downtime_s
+    return Forecast(engine.run.run_id, total, phases, budget, budget is not None and total > budget)
+
+
 # --- pause ----------------------------------------------------------------------------------------
 
 
@@ -163,18 +200,25 @@ async def run_pause(engine: Engine) -> str:
     tags, why = await plan_release(engine)
     if tags is None:
         raise StepFailed("pause", f"the pause route is not possible: {why}")
+    made = await pause_forecast(engine, tags)
+    engine.state.facts["pause_forecast"] = fc.to_state(made)
+    engine.run.save()
+    if made.over_budget and engine.state.service.pauses == 0:
+        raise StepFailed("pause", f"refused before the pause, the server untouched: the forecast pause "
+                                  f"{fc.summary(made)} exceeds the budget [window] max_downtime_s = {made.budget_s:g} s")
     server = await engine.hosts.server()
     svc = engine.state.service
     if svc.probe_tokens is None:  # the greedy answer the resumed server must give again
         svc.probe_tokens = list((await server.generate(PROBE_IDS, PROBE_TOKENS))["output_ids"])
         engine.run.save()
     body = {"mode": "retract"}
-    forecast = engine.earlier.get("pause-downtime")
     impact = (f"{service_name(engine.config)} on {engine.config.service.host} holds its requests (running ones go "
               f"back to its queue, new ones wait; none fails) until /continue_generation; the process is never "
-              f"stopped" + (f"; earlier pauses took {duration(forecast)}" if forecast else ""))
+              f"stopped; forecast pause {fc.summary(made)}"
+              + (f" (budget {made.budget_s:g} s)" if made.budget_s is not None else ""))
     if not await engine._ask(Confirmation("pause", "pause the server's generation", engine.config.service.host,
-                                          request_argv(engine, "/pause_generation", body), impact, False, forecast)):
+                                          request_argv(engine, "/pause_generation", body), impact, False,
+                                          made.downtime_s, "forecast")):
         raise Refused("pause", "pause the server's generation")
     svc.paused_at = svc.paused_at or time.time()
     svc.paused, svc.pause_confirmed = True, False

@@ -136,6 +136,8 @@ async def _where_it_fits(engine: Engine, prompts: list[dict[str, Any]]) -> None:
                               len(engine.facts.layers))
     for fit in engine.fits:
         engine.journal("preflight", f"zero-downtime on {fit.host}: {'fits' if fit.proposed else 'no'}: {fit.why}")
+    if engine.route == "auto":
+        await _choose_route(engine)
     chosen = engine.state.facts.get("extract_on")
     if engine.route == "zero-downtime" and chosen is None:
         fit = next((f for f in engine.fits if f.proposed), None)
@@ -255,10 +257,13 @@ async def _pause_acts(engine: Engine) -> dict[str, tuple[bool, str]]:
     tags, why = await pause.plan_release(engine)
     if tags is None:
         raise StepFailed("preflight", f"the pause route is not possible on this server: {why}")
-    earlier = engine.earlier.get("pause-downtime")
+    made = await pause.pause_forecast(engine, tags)
+    engine.journal("preflight", f"forecast pause (pause -> continue): {fc.summary(made)}"
+                   + "".join(f"; {p.name}: {p.basis}" for p in made.phases))
     server = f"{service_name(engine.config)} on {engine.config.service.host}"
     return {"pause": (True, f"{server} holds its requests (running ones go back to its queue; none fails); its "
-                            f"process is never stopped" + (f"; earlier pauses took {duration(earlier)}" if earlier else "")),
+                            f"process is never stopped; forecast {duration(made.downtime_s)} paused"
+                            + (" (OVER the budget)" if made.over_budget else "")),
             "release": (True, f"releases {why}"),
             "free-vram": (True, "waits for the room the extraction needs; the server's own processes stay"),
             "resume": (True, f"takes back exactly {', '.join(tags)}; the memory is seen back on the GPUs"),
@@ -279,3 +284,26 @@ async def _say_pause_route(engine: Engine) -> None:
     else:
         engine.state.facts["pause_route"] = f"not possible: {pause.SAVER_HINT}"
     engine.journal("preflight", f"pause route: {engine.state.facts['pause_route']}")
+
+
+async def _choose_route(engine: Engine) -> None:
+    """`--route auto`: the least harm these hosts allow, fixed for the run from here: zero-downtime
+    where another host has room, else pause where the server runs with the memory saver (and the
+    extraction fits what it can release), else the stop route."""
+    fit = next((f for f in engine.fits if f.proposed), None)
+    if fit is not None:
+        route, why = "zero-downtime", f"{fit.host} has room ({fit.why})"
+    else:
+        try:
+            tags, release_why = await pause.plan_release(engine)
+        except Exception as exc:  # the server could not say: the stop route, saying why
+            tags, release_why = None, f"the server's memory saver could not be asked ({exc})"
+        if tags is not None:
+            route, why = "pause", f"no host has room for zero-downtime; the server releases {release_why}"
+        else:
+            engine.state.facts.pop("plan_release", None)
+            route, why = "window", f"no host has room for zero-downtime; pause: {release_why}"
+    engine.route = engine.state.route = route
+    engine.state.facts["route_chosen"] = {"route": route, "why": why}
+    engine.run.save()
+    engine.journal("preflight", f"route auto: {route}: {why}")
