@@ -11,8 +11,8 @@ Read from SGLang's source (facts and paths in docs/sglang.md); written here, not
 - a body FastAPI cannot parse into `GenerateReqInput` is HTTP 400 in the `ErrorResponse` shape
   (http_server.py, the `RequestValidationError` handler), and so is any HTTPException, e.g. a 503
   abort: `{"object": "error", "message", "type", "param": null, "code"}`;
-- `--api-key`: 401 `{"error": "Unauthorized"}` except on /health*, /ready*, /metrics*
-  (utils/auth.py, `decide_request_auth`).
+- `--api-key`: 401 `{"error": "Unauthorized"}` except on /health*, /ready*, /metrics*; the admin
+  routes (ADMIN_OPTIONAL) want `--admin-api-key` instead when it is set (utils/auth.py, `decide_request_auth`).
 """
 
 from __future__ import annotations
@@ -192,9 +192,18 @@ def error_response(status: int, message: str, kind: str | None = None) -> dict[s
 PUBLIC_PREFIXES = ("/health", "/ready", "/metrics")
 
 
-def allowed(path: str, method: str, authorization: str | None, api_key: str | None) -> bool:
-    """utils/auth.py's decision for a NORMAL endpoint with only --api-key configured."""
-    if method == "OPTIONS" or not api_key or path.startswith(PUBLIC_PREFIXES):
-        return True
+def _bearer(authorization: str | None, key: str) -> bool:
     scheme, _, token = (authorization or "").partition(" ")
-    return scheme.lower() == "bearer" and token == api_key
+    return scheme.lower() == "bearer" and token == key
+
+
+def allowed(path: str, method: str, authorization: str | None, api_key: str | None,
+            admin_api_key: str | None = None, level: str = "normal") -> bool:
+    """utils/auth.py's decision (decide_request_auth) for a NORMAL or an ADMIN_OPTIONAL endpoint: the
+    public prefixes always pass; ADMIN_OPTIONAL wants the admin key when one is set, else the API key
+    when one is set, else nothing; NORMAL wants the API key when one is set (not the admin key)."""
+    if method == "OPTIONS" or path.startswith(PUBLIC_PREFIXES):
+        return True
+    if level == "admin_optional" and admin_api_key:
+        return _bearer(authorization, admin_api_key)
+    return not api_key or _bearer(authorization, api_key)

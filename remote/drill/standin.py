@@ -74,7 +74,8 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
-from remote.drill import simgpu
+from remote.drill import memory_saver, simgpu
+from remote.drill.memory_saver import MemorySaver, Refused
 from remote.drill.sglang_contract import (
     ContractError,
     allowed,
@@ -117,7 +118,8 @@ def import_ahead(device: str) -> None:
 class Model:
     """The tiny target with its tokenizer, on `device`; generation under a lock (one at a time)."""
 
-    def __init__(self, path: Path, dtype: str = "float32", device: str = "cpu"):
+    def __init__(self, path: Path, dtype: str = "float32", device: str = "cpu",
+                 region: Any = lambda tag: contextlib.nullcontext()):
         import_libraries(device)
         import torch
         from transformers import AutoModelForCausalLM, AutoTokenizer
@@ -133,7 +135,9 @@ class Model:
         self.device = device
         self.tokenizer = AutoTokenizer.from_pretrained(path)
         # bfloat16 computes as SGLang serves and as the extractor reads; float32 is the default.
-        self.model = AutoModelForCausalLM.from_pretrained(path, dtype=getattr(torch, dtype)).to(device).eval()
+        model = AutoModelForCausalLM.from_pretrained(path, dtype=getattr(torch, dtype))
+        with region("weights"):  # the memory saver's weights region (torch_memory_saver on the GPU)
+            self.model = model.to(device).eval()
         self.eos_id = self.tokenizer.eos_token_id
         config_eos = getattr(self.model.config, "eos_token_id", None)
         self.eos_ids = {self.eos_id, *(config_eos if isinstance(config_eos, list) else [config_eos])} - {None}
@@ -161,6 +165,8 @@ class Request:
     input_ids: list[int]
     params: dict[str, Any]
     aborted: threading.Event = field(default_factory=threading.Event)
+    retractions: int = 0  # times a retract pause gave its KV cache back (meta_info num_retractions)
+    checkpoint: Any = None  # before each forward pass: parks while paused; True when retracted
 
 
 def _process_logits(torch: Any, logits: Any, tokens: list[int], output: list[int], params: dict[str, Any],
@@ -229,7 +235,12 @@ def generate(model: Model, request: Request) -> tuple[Generation, dict[str, Any]
         return generate_tokens(model, request), {}
     max_new = params["max_new_tokens"] if params["max_new_tokens"] is not None else 128
     stops = set(params["stop_token_ids"] or []) | (set() if params["ignore_eos"] else model.eos_ids)
-    out = model.speculator.generate(request.input_ids, max_new, stops, request.aborted.is_set)
+    def aborted() -> bool:  # asked before each step: a pause parks it there (no KV cache to give back)
+        if request.checkpoint is not None:
+            request.checkpoint()
+        return request.aborted.is_set()
+
+    out = model.speculator.generate(request.input_ids, max_new, stops, aborted)
     reason: dict[str, Any] = {"type": "length", "length": max_new}
     if out.finish == "abort":
         reason = {"type": "abort", "message": "Aborted", "status_code": None, "err_type": None}
@@ -261,6 +272,9 @@ def generate_tokens(model: Model, request: Request) -> Generation:
         step = torch.tensor([tokens], device=model.device)
         cache = None
         while True:
+            if request.checkpoint is not None and request.checkpoint():
+                # retracted by a pause: its KV cache was given back; recomputed from every token so far
+                cache, step = None, torch.tensor([tokens], device=model.device)
             if request.aborted.is_set():
                 return Generation(output, {"type": "abort", "message": "Aborted", "status_code": None, "err_type": None})
             out = model.model(input_ids=step, past_key_values=cache, use_cache=True)
@@ -339,6 +353,7 @@ class Server:
         self.finished: deque[list[int]] = deque(maxlen=PREFIX_MEMORY)
         self.counter_lock = threading.Lock()
         self.gpu_worker: subprocess.Popen | None = None
+        self.saver = MemorySaver(self, args)  # pause, continue, release, resume (remote.drill.memory_saver)
 
     @property
     def url(self) -> str:
@@ -372,15 +387,18 @@ class Server:
                 log(f"Loading safetensors checkpoint shards: {i * 100 // steps}% Completed | {i}/{steps}")
             importing.join()
             begin = time.time()
-            model = Model(self.model_path, self.args.dtype, device)
+            self.saver.start_on_gpu()
+            model = Model(self.model_path, self.args.dtype, device, self.saver.region)
             log(f"Load weight end. elapsed={time.time() - begin:.2f} s, type={type(model.model).__name__}")
             if self.args.speculative_drafter:
                 from remote.drill.specdecode import load_speculator
 
-                model.speculator = load_speculator(model.model, self.model_path, self.args.speculative_drafter)
+                with self.saver.region("weights"):  # the draft model's weights are released with the target's
+                    model.speculator = load_speculator(model.model, self.model_path, self.args.speculative_drafter)
                 log(f"DFLASH draft model loaded from {self.args.speculative_drafter}, "
                     f"block size {model.speculator.block_size}")
             model.nan_after = self.args.nan_after
+            self.saver.allocate_pools(model)
             if self.args.skip_server_warmup or self.args.flap_health:
                 self.up()  # SGLang's --skip-server-warmup: Up at once (before any request can be served)
             self.model = model
@@ -448,13 +466,19 @@ class Server:
             "preferred_sampling_params": json.dumps(self.preferred) if self.preferred else None,
             "max_queued_requests": args.max_queued_requests,
             "skip_server_warmup": False,
+            "enable_memory_saver": self.saver.enabled,
+            "enable_weights_cpu_backup": self.saver.weights_cpu_backup,
             "startup_time": self.started_at,
-            "internal_states": [{"last_gen_throughput": self.throughput()}],
+            "internal_states": [{"last_gen_throughput": self.throughput(), "enable_memory_saver": self.saver.enabled,
+                                 "enable_weights_cpu_backup": self.saver.weights_cpu_backup,
+                                 "memory_usage": self.saver.memory_usage()}],
             "version": VERSION,
             "frontend": "python",
             "standin": True,
             "pid": os.getpid(),
             "gpu_worker_pid": self.gpu_worker.pid if self.gpu_worker else None,
+            "released": sorted(self.saver.released), "paused": self.saver.front_paused,
+            "requests": {"running": len(self.running), "waiting": len(self.waiting), "held": self.saver.held},
             "started_at": self.started_at,
             "ready_at": self.ready_at,
             "speculative_algorithm": None,
@@ -501,6 +525,7 @@ class Server:
         """Queue `request` for the model (one at a time, like one scheduler batch of one), generate,
         and return its generation and SGLang's meta_info."""
         assert self.model is not None
+        self.saver.wait_at_front()  # a paused server holds new requests before they are queued
         begin = time.time()
         with self.counter_lock:
             limit = self.args.max_queued_requests
@@ -510,14 +535,15 @@ class Server:
             self.waiting[request.rid] = request
             cached = self.cached_prefix(request.input_ids)
         with self.model.lock:
-            with self.counter_lock:
-                self.waiting.pop(request.rid, None)
-                self.running[request.rid] = request
             try:
+                request.checkpoint = lambda: self.saver.checkpoint(request, self.args.step_delay)
+                request.checkpoint()  # it runs from here (waiting -> running), unless the scheduler is paused
                 generation, speculative = generate(self.model, request)
             finally:
                 with self.counter_lock:
                     self.running.pop(request.rid, None)
+                    self.waiting.pop(request.rid, None)
+                self.saver.finished(request)
         elapsed = time.time() - begin
         with self.counter_lock:
             self.prompt_tokens += len(request.input_ids)
@@ -531,7 +557,7 @@ class Server:
             "finish_reason": generation.finish_reason,
             "prompt_tokens": len(request.input_ids),
             "weight_version": "default",
-            "num_retractions": 0,
+            "num_retractions": request.retractions,
             "reasoning_tokens": 0,
             "completion_tokens": len(generation.output_ids),
             "cached_tokens": cached,
@@ -539,6 +565,22 @@ class Server:
             **speculative,  # SGLang's spec_* fields when the request was decoded speculatively
         }
         return generation, meta
+
+    def flush_cache(self) -> None:
+        """The prefix cache is emptied (a KV cache release flushes it)."""
+        with self.counter_lock:
+            self.finished.clear()
+
+    def die(self, reason: str) -> None:
+        """End the server as a failing SGLang scheduler does (scheduler.py, run_scheduler_process: the
+        exception logged, SIGQUIT to the server, which kills its process tree): no answer is sent."""
+        log(f"Scheduler hit an exception: Traceback (most recent call last):\n{reason}")
+        log("SIGQUIT received. It usually means one child failed.")
+        sys.stdout.flush()
+        if self.gpu_worker is not None:
+            with contextlib.suppress(OSError):
+                self.gpu_worker.kill()  # kill_process_tree: the scheduler's memory goes with it
+        os.kill(os.getpid(), signal.SIGKILL)
 
     def abort(self, rid: str | None, abort_all: bool) -> None:
         with self.counter_lock:
@@ -550,6 +592,8 @@ class Server:
         """/health's check (http_server.py, health_generate): any output within the timeout counts,
         so a busy model is healthy; else a one-token generation must answer in time."""
         assert self.model is not None
+        if self.saver.front_paused and not self.saver.unpaused_within(timeout):
+            return False  # its one-token request waited at a paused front until the timeout
         if self.running:
             return True
         request = Request(f"HEALTH_CHECK_{uuid.uuid4().hex}", [0], resolve_sampling_params(
@@ -584,7 +628,9 @@ def make_handler(server: Server) -> type[BaseHTTPRequestHandler]:
             self.wfile.write(data)
 
         def _authorized(self, path: str) -> bool:
-            if allowed(path, self.command, self.headers.get("Authorization"), server.args.api_key):
+            level = "admin_optional" if path in memory_saver.CONTROL_ROUTES else "normal"
+            if allowed(path, self.command, self.headers.get("Authorization"), server.args.api_key,
+                       server.args.admin_api_key, level):
                 return True
             self._send(401, {"error": "Unauthorized"})
             return False
@@ -595,8 +641,10 @@ def make_handler(server: Server) -> type[BaseHTTPRequestHandler]:
                 return
             if path in ("/health", "/health_generate"):
                 self._health()
-            elif path == "/ready":
-                self._send(200 if server.status == "Up" else 503)
+            elif path == "/ready":  # tokenizer_manager.is_ready: up, healthy and not paused
+                self._send(200 if server.status == "Up" and not server.saver.front_paused else 503)
+            elif path in memory_saver.GET_TOO:
+                self.do_POST()
             elif path in ("/model_info", "/get_model_info"):
                 self._send(200, server.model_info())
             elif path in ("/server_info", "/get_server_info"):
@@ -607,7 +655,7 @@ def make_handler(server: Server) -> type[BaseHTTPRequestHandler]:
                                                              "root": server.served_name}]})
             elif path == "/metrics" and server.args.metrics:
                 self._send(200, server.metrics_text(), "text/plain; version=0.0.4; charset=utf-8")
-            elif path in POST_ROUTES:
+            elif path in POST_ROUTES or path in memory_saver.CONTROL_ROUTES:
                 self._send(405, {"detail": "Method Not Allowed"})
             else:
                 self._send(404, {"detail": "Not Found"})
@@ -631,7 +679,7 @@ def make_handler(server: Server) -> type[BaseHTTPRequestHandler]:
             raw = self.rfile.read(length) if length else b""
             if not self._authorized(path):
                 return
-            if path not in POST_ROUTES:
+            if path not in POST_ROUTES and path not in memory_saver.CONTROL_ROUTES:
                 self._send(405 if path in GET_ROUTES else 404,
                            {"detail": "Method Not Allowed" if path in GET_ROUTES else "Not Found"})
                 return
@@ -644,7 +692,13 @@ def make_handler(server: Server) -> type[BaseHTTPRequestHandler]:
                     raise validation_error(f"Input should be a valid dictionary, got {type(body).__name__}")
                 if server.model is None:  # only with --flap-health: the port opened before the weights
                     raise BadRequest(503, error_response(503, server.load_error or "the model is still loading"))
-                if path == "/generate":
+                if path in memory_saver.CONTROL_ROUTES:
+                    try:
+                        self._send(*memory_saver.answer(server.saver, path, body))
+                    except Refused as exc:
+                        raise (validation_error(str(exc)) if exc.status == 400 else
+                               BadRequest(exc.status, error_response(exc.status, str(exc)))) from None
+                elif path == "/generate":
                     self._send(200, self._generate(body))
                 elif path == "/v1/completions":
                     self._send(200, self._completions(body))
@@ -806,8 +860,21 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--nan-after", type=int, metavar="N",
                         help="a fault: logits turn NaN after N generated tokens (SGLang ends such a request as "
                              "stop 'NaN happened')")
+    parser.add_argument("--step-delay", type=float, default=0.0, metavar="S",
+                        help="seconds added to each decode step (a slower model: requests stay in flight)")
     parser.add_argument("--skip-server-warmup", action="store_true", help="SGLang's: up once loaded, no warm-up request")
     parser.add_argument("--api-key", help="SGLang's --api-key: required as a Bearer token on all but /health, /ready, /metrics")
+    parser.add_argument("--admin-api-key", help="SGLang's --admin-api-key: required instead of --api-key on the "
+                        "admin routes (here: pause, continue, release, resume)")
+    parser.add_argument("--enable-memory-saver", action="store_true",
+                        help="SGLang's: release_memory_occupation gives GPU memory back (simulated, or "
+                             "torch_memory_saver on --device cuda)")
+    parser.add_argument("--enable-weights-cpu-backup", action="store_true",
+                        help="SGLang's: released weights are kept in CPU memory and come back as they were")
+    parser.add_argument("--kv-cache-mib", type=int, metavar="MIB",
+                        help="the KV cache's MiB per GPU (default: 35 %% of --gpu-mib simulated, none on cuda)")
+    parser.add_argument("--cuda-graph-mib", type=int, metavar="MIB",
+                        help="the CUDA graphs' MiB per GPU (default: 3 %% of --gpu-mib simulated, none on cuda)")
     parser.add_argument("--preferred-sampling-params", help="SGLang's: a JSON object laid under each request's")
     parser.add_argument("--max-queued-requests", type=int, help="SGLang's: past this many waiting, a 503 abort")
     parser.add_argument("--speculative-drafter", metavar="PATH",
@@ -820,6 +887,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         return args
     if not args.model or args.port is None:
         parser.error("--model and --port are required")
+    if args.gpu_file and sum(m or 0 for m in (args.kv_cache_mib, args.cuda_graph_mib)) > args.gpu_mib:
+        parser.error(f"--kv-cache-mib + --cuda-graph-mib exceed --gpu-mib {args.gpu_mib}")
     if args.preferred_sampling_params is not None:
         try:
             preferred = json.loads(args.preferred_sampling_params)
