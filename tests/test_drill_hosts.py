@@ -104,7 +104,7 @@ def test_up_prints_a_loadable_config_last_and_is_idempotent(drill: DrillLayout, 
                            text=True, timeout=30)
     assert shown.returncode == 0
     assert f"(pid {first.pid})" in shown.stdout and str(drill.config) in shown.stdout
-    assert f"running, pid {first.service_pid}, /health 200" in shown.stdout
+    assert f"running, pid {first.service_pid}, /health 200, memory saver on" in shown.stdout
 
     # The console sees two simulated hosts and the service up.
     from console.cli.main import main
@@ -116,6 +116,24 @@ def test_up_prints_a_loadable_config_last_and_is_idempotent(drill: DrillLayout, 
     assert len(hosts) == 2 and all("connected" in line and "SIMULATED" in line for line in hosts)
     assert f"on ct129: running, pid {first.service_pid}" in out and "/health 200, ready" in out
     assert "0 / 97887 MiB" in out  # ct200's free GPU beside the seven the training run holds
+
+
+async def test_the_drills_server_runs_with_the_memory_saver_unless_told_not_to(drill: DrillLayout, tmp_path: Path):
+    """`drill up` (the default): the pause route's case; `--no-memory-saver` (on `drill` and `drill
+    up`) writes the other one."""
+    from console.cli.main import build_parser
+    from console.drill.config import service_commands
+    from console.service.sglang_api import SglangClient
+
+    saver = await SglangClient(load_config(drill.config).service.url).memory_saver()
+    assert saver.enabled and saver.weights_cpu_backup and saver.memory_gib and saver.memory_gib["kv_cache"] > 0
+    start = " ".join(service_commands(DrillLayout.at(tmp_path, memory_saver=False), sys.executable, 1)["start"])
+    assert "--enable-memory-saver" not in start and "--kv-cache-mib" not in start
+    assert "--enable-memory-saver --enable-weights-cpu-backup" in " ".join(
+        service_commands(DrillLayout.at(tmp_path), sys.executable, 1)["start"])
+    for argv in (["drill", "up", "--no-memory-saver"], ["drill", "--headless", "--no-memory-saver"]):
+        assert build_parser().parse_args(argv).no_memory_saver is True
+    assert build_parser().parse_args(["drill", "up"]).no_memory_saver is False
 
 
 async def test_hosts_take_ssh_with_their_own_keys_and_serve_health_through_it(drill: DrillLayout):

@@ -26,7 +26,7 @@ def cmd_up(args: argparse.Namespace) -> int:
     from console.drill.hosts import DrillError, up
 
     try:
-        path = up(args.dir, fresh=args.fresh, gpu=_gpu(args))
+        path = up(args.dir, fresh=args.fresh, gpu=_gpu(args), memory_saver=not args.no_memory_saver)
     except (DrillError, AssetsError) as exc:
         print(f"dflash-ops drill up: {exc}", file=sys.stderr)
         return 1
@@ -42,7 +42,7 @@ def cmd_drill(args: argparse.Namespace) -> int:
 
     gpu = _gpu(args)
     try:
-        config = up(args.dir, fresh=args.fresh, gpu=gpu)
+        config = up(args.dir, fresh=args.fresh, gpu=gpu, memory_saver=not args.no_memory_saver)
     except (DrillError, AssetsError) as exc:
         print(f"dflash-ops drill: {exc}", file=sys.stderr)
         return 1
@@ -78,6 +78,9 @@ def _add_gpu_options(parser: argparse.ArgumentParser) -> None:
                        help="on this machine's CUDA GPU (REAL GPU: its VRAM, NVML, the fast kernels; the default where "
                             "CUDA is present)")
     group.add_argument("--simulated", action="store_true", help="simulated GPUs even where CUDA is present")
+    parser.add_argument("--no-memory-saver", action="store_true",
+                        help="the rehearsal server without SGLang's --enable-memory-saver (the pause route is then "
+                             "not possible: the other case, rehearsed)")
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:

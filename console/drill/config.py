@@ -18,13 +18,20 @@ LOAD_DELAY_S = 1.0  # simulated weight loading, so the start-up log shows progre
 MAX_NEW_TOKENS = 24
 GPU_SERVICE_EXTRA_MIB = 16384  # the GPU drill: what the server's CUDA worker holds beside the model
 GPU_VRAM_FREE_MIB = 2048  # the GPU drill: an idle H200 reads 0 MiB; below this the GPU counts as free
+SERVICE_KV_CACHE_MIB = 14000  # of SERVICE_GPU_MIB: what a KV-cache release gives back per simulated GPU
+SERVICE_CUDA_GRAPH_MIB = 1200
+GPU_KV_CACHE_MIB = 65536  # the GPU drill: the server's KV pool (torch_memory_saver), most of the GPU as SGLang sizes it
+GPU_CUDA_GRAPH_MIB = 1024
 
 
 def service_commands(layout: DrillLayout, python: str, port: int) -> dict[str, list[str]]:
     """start / stop / status / log of the rehearsal server (`remote.drill.service`), as argv.
 
     On the GPU drill the server loads its model on the GPU (its VRAM is real) and a real CUDA process
-    holds GPU_SERVICE_EXTRA_MIB beside it, as SGLang's scheduler does: the one the first stop leaves."""
+    holds GPU_SERVICE_EXTRA_MIB beside it, as SGLang's scheduler does: the one the first stop leaves.
+    With the memory saver (the default) the server can release its KV cache, graphs and weights (a
+    CPU backup kept) without stopping: simulated shares of its memory, or real memory through
+    torch_memory_saver on the GPU."""
     state = str(layout.service_state)
     manage = [python, "-m", "remote.drill.service"]
     standin = ["--model", str(layout.target), "--port", str(port), "--metrics", "--dtype", SERVING_DTYPE,
@@ -36,6 +43,10 @@ def service_commands(layout: DrillLayout, python: str, port: int) -> dict[str, l
         standin += ["--gpu-file", str(layout.simulated_gpus(INFERENCE_HOST)), "--gpu-mib", str(SERVICE_GPU_MIB),
                     "--load-delay", str(LOAD_DELAY_S)]
         episode = []
+    if layout.memory_saver:
+        kv, graph = (GPU_KV_CACHE_MIB, GPU_CUDA_GRAPH_MIB) if layout.gpu else (SERVICE_KV_CACHE_MIB, SERVICE_CUDA_GRAPH_MIB)
+        standin += ["--enable-memory-saver", "--enable-weights-cpu-backup", "--kv-cache-mib", str(kv),
+                    "--cuda-graph-mib", str(graph)]
     return {
         "start": [*manage, "start", "--state", state, *episode, "--", *standin],
         "stop": [*manage, "stop", "--state", state],
@@ -82,6 +93,7 @@ HEADER = """\
 # loopback with their own keys), the rehearsal server as a command-managed service on ct129, a tiny
 # hybrid Qwen3.5 target, two drafters on ct200 (the reference and a candidate with the story's
 # off-by-one layer bug). GPUs are simulated; the first stop leaves VRAM held by a leftover process.
+# The server runs with SGLang's memory saver unless `drill up --no-memory-saver`.
 # `dflash-ops drill down` ends it all.
 
 """
@@ -90,6 +102,7 @@ GPU_HEADER = """\
 # loopback with their own keys) sharing its CUDA GPU (REAL GPU: NVML telemetry, real VRAM), the
 # rehearsal server serving a random 1.7 B hybrid Qwen3.5 from the GPU as a command-managed service on
 # ct129, two random drafters on ct200. The first stop leaves a real CUDA process holding VRAM.
+# The server runs with SGLang's memory saver (torch_memory_saver) unless `drill up --no-memory-saver`.
 # `dflash-ops drill down` ends it all.
 
 """

@@ -28,6 +28,7 @@ import argparse
 import asyncio
 import contextlib
 import getpass
+import importlib.util
 import json
 import os
 import shutil
@@ -89,6 +90,7 @@ class DrillStatus:
     leftovers: tuple[int, ...] = ()
     starting: bool = False
     gpu: bool = False  # REAL GPU (this machine's, shared by both hosts) rather than SIMULATED ones
+    memory_saver: bool = True  # the rehearsal server runs with SGLang's memory saver
 
     def lines(self) -> list[str]:
         """The status as a few lines for the terminal."""
@@ -107,6 +109,7 @@ class DrillStatus:
             service = f"running, pid {self.service_pid}, {health}"
         else:
             service = "stopped"
+        service += ", memory saver on" if self.memory_saver else ", no memory saver"
         training = (f"shares the GPU with {INFERENCE_HOST}" if self.gpu else
                     f"training run pid {self.trainer_pid}" if self.trainer_pid else "training run not running")
         return [f"drill at {self.dir}: up since {since} (pid {self.pid}), {'REAL GPU' if self.gpu else 'SIMULATED GPUs'}",
@@ -181,19 +184,26 @@ def cuda_present() -> bool:
 
 
 def up(dir: str | os.PathLike | None = None, fresh: bool = False, python: str = sys.executable,
-       say: Callable[[str], None] = _say, timeout_s: float = READY_TIMEOUT_S, gpu: bool = False) -> Path:
+       say: Callable[[str], None] = _say, timeout_s: float = READY_TIMEOUT_S, gpu: bool = False,
+       memory_saver: bool = True) -> Path:
     """Bring the drill up (or find it up) and return its config's path.
 
     `fresh`: end a drill that is up and start a new one (the stuck-VRAM episode re-armed).
     `gpu`: the drill on this machine's CUDA GPU (REAL GPU); a drill up in the other mode is ended first.
+    `memory_saver`: the rehearsal server runs with SGLang's memory saver (the pause route's case); a
+    drill up with the other setting is ended first.
     """
     if gpu and not cuda_present():
         raise DrillError("--gpu: this machine has no CUDA GPU that torch can use (torch.cuda.is_available() is False)")
-    layout = DrillLayout.at(dir, gpu)
+    if gpu and memory_saver and importlib.util.find_spec("torch_memory_saver") is None:
+        raise DrillError("--gpu: the rehearsal server's memory saver needs torch_memory_saver (pip install "
+                         "'dflash-ops[gpu]'), or pass --no-memory-saver")
+    layout = DrillLayout.at(dir, gpu, memory_saver)
     with _drill_lock(layout):
         running = _running_state(layout)
         if running is not None:
-            if not fresh and bool(running.get("gpu")) == gpu:
+            if (not fresh and bool(running.get("gpu")) == gpu
+                    and bool(running.get("memory_saver", True)) == memory_saver):
                 return layout.config
             _down_locked(layout, say)
         if procs.marked_pids(layout.dir):  # what a crashed drill left running
@@ -208,7 +218,8 @@ def _start_hosts(layout: DrillLayout, assets: DrillAssets, python: str, say: Cal
     layout.pid_file.unlink(missing_ok=True)
     write_json_atomic(layout.state_file, {**_read_state(layout), "state": "starting", "pid": None})
     argv = [python, "-m", "console.drill.hosts", "serve", "--dir", str(layout.dir), "--assets", str(assets.root),
-            "--python", python, *(["--gpu"] if layout.gpu else [])]
+            "--python", python, *(["--gpu"] if layout.gpu else []),
+            *([] if layout.memory_saver else ["--no-memory-saver"])]
     env = {**os.environ, procs.MARK_ENV: procs.mark_value(layout.dir)}
     say(f"starting the rehearsal hosts (log: {layout.log})")
     with layout.log.open("ab") as log:  # the child keeps its own copy of the descriptor
@@ -286,7 +297,7 @@ def status(dir: str | os.PathLike | None = None) -> DrillStatus:
         service_url=state.get("service_url"), service_pid=service_pid,
         service_health=_health(state.get("service_url")) if service_pid else None,
         trainer_pid=trainer if isinstance(trainer, int) and pid_alive(trainer) else None, since=state.get("ready_at"),
-        gpu=bool(state.get("gpu")),
+        gpu=bool(state.get("gpu")), memory_saver=bool(state.get("memory_saver", True)),
     )
 
 
@@ -463,7 +474,7 @@ async def serve(layout: DrillLayout, assets: DrillAssets, python: str) -> int:
             "state": "ready", "pid": os.getpid(), "started_at": previous.get("started_at") or time.time(),
             "ready_at": time.time(), "ports": ports, "user": user, "service_port": service_port, "service_url": url,
             "trainer_pid": trainer.pid if trainer else None, "config": str(layout.config), "assets": str(assets.root),
-            "fit_taus": assets.fit_taus, "gpu": layout.gpu,
+            "fit_taus": assets.fit_taus, "gpu": layout.gpu, "memory_saver": layout.memory_saver,
         })
         layout.pid_file.write_text(f"{os.getpid()}\n")
         await stop.wait()
@@ -514,8 +525,9 @@ def main(argv: list[str] | None = None) -> int:
     run.add_argument("--assets", required=True, type=Path, help="a complete assets directory (console.drill.assets)")
     run.add_argument("--python", default=sys.executable, help="the hosts' Python")
     run.add_argument("--gpu", action="store_true", help="the hosts share this machine's CUDA GPU (REAL GPU)")
+    run.add_argument("--no-memory-saver", action="store_true", help="the rehearsal server without SGLang's memory saver")
     args = parser.parse_args(argv)
-    layout = DrillLayout.at(args.dir, args.gpu)
+    layout = DrillLayout.at(args.dir, args.gpu, not args.no_memory_saver)
     assets = find_assets(args.assets.parent, args.assets.name)
     if assets is None:
         print(f"{args.assets}: not a complete drill assets directory", file=sys.stderr)

@@ -37,14 +37,17 @@ def default_dir() -> Path:
 @dataclass(frozen=True)
 class DrillLayout:
     """The paths of one drill directory. `gpu`: a drill on this machine's CUDA GPU, whose target is
-    the few-GB one (`remote.drill.tinymodel.build_gpu_target`)."""
+    the few-GB one (`remote.drill.tinymodel.build_gpu_target`). `memory_saver`: the rehearsal server
+    runs with SGLang's memory saver and a CPU backup of its weights (the pause route's case)."""
 
     dir: Path
     gpu: bool = False
+    memory_saver: bool = True
 
     @classmethod
-    def at(cls, path: str | os.PathLike | None = None, gpu: bool = False) -> DrillLayout:
-        return cls(Path(path).expanduser().resolve() if path is not None else default_dir().resolve(), gpu)
+    def at(cls, path: str | os.PathLike | None = None, gpu: bool = False, memory_saver: bool = True) -> DrillLayout:
+        return cls(Path(path).expanduser().resolve() if path is not None else default_dir().resolve(), gpu,
+                   memory_saver)
 
     @property
     def model_name(self) -> str:
