@@ -4,7 +4,9 @@
         [--warmup-delay S | --skip-server-warmup] [--device cpu|cuda] [--dtype float32|bfloat16] [--api-key KEY]
         [--preferred-sampling-params JSON] [--max-queued-requests N] [--served-name NAME] [--metrics]
         [--gpu-file F --gpu-mib M [--release-after S | --hold-until-killed] [--stubborn-holder]]
-        [--flap-health] [--speculative-drafter DRAFTER_DIR]
+        [--flap-health] [--speculative-drafter DRAFTER_DIR] [--step-delay S]
+        [--enable-memory-saver [--enable-weights-cpu-backup] [--kv-cache-mib M] [--cuda-graph-mib M]]
+        [--admin-api-key KEY]
 
 It serves the tiny target (`remote.drill.tinymodel`) with transformers, and behaves as SGLang 0.5.23
 does where the console and the workers meet it (each fact and its SGLang source: docs/sglang.md):
@@ -23,9 +25,15 @@ does where the console and the workers meet it (each fact and its SGLang source:
                                    finish_reason object, prompt/completion/cached tokens, e2e_latency...)
   POST /v1/completions             OpenAI-style (temperature 1.0 unless given, as SGLang), return_token_ids
   POST /abort_request              {"rid": ...} or {"abort_all": true}: an abort finish, 200
+  POST /pause_generation           {"mode": abort (default) | retract | in_place}; /continue_generation
+  POST /release_memory_occupation  {"tags": kv_cache, weights, cuda_graph; none: all}; /resume_memory_occupation
+                                   (GET too): SGLang's memory saver, `remote.drill.memory_saver`: each
+                                   mode's effect on requests in flight, the idle assertion and the
+                                   repeated calls that end SGLang's server, the memory leaving the
+                                   simulated GPU (torch_memory_saver's real release on --device cuda)
   GET  /metrics                    with --metrics: SGLang's gauges and counters, its label set
 - `--api-key KEY`: every route but /health*, /ready* and /metrics* answers 401 without
-  `Authorization: Bearer KEY`; `--preferred-sampling-params` is laid under each request's as SGLang
+  `Authorization: Bearer KEY` (the four memory saver routes want `--admin-api-key` instead when set); `--preferred-sampling-params` is laid under each request's as SGLang
   does; `--max-queued-requests N` aborts with 503 "The request queue is full." past N waiting.
 - errors in SGLang's shapes: a contract violation `{"error": "..."}`, a bad value `{"error":
   {"message": ...}}`, an unparsable body or an abort's HTTP error `{"object": "error", "message", ...}`,
@@ -39,7 +47,8 @@ verifies greedily): greedy requests without logit processing or stop strings are
 their meta_info carries SGLang's spec_verify_ct, spec_accept_length, spec_correct_drafts_histogram...;
 /server_info reports speculative_algorithm "DFLASH", the draft model path and the block size.
 
-`--device cuda` loads and serves the model on the GPU (default cpu).
+`--device cuda` loads and serves the model on the GPU (default cpu). `--step-delay S` adds S seconds to
+every decode step, a slower model, so that tests and drills can catch requests in flight.
 
 Simulated GPU memory (`--gpu-file`, see `remote.drill.simgpu`): like SGLang, whose scheduler subprocess holds
 the GPU memory, the server starts a child "GPU worker" that records `--gpu-mib` on every simulated GPU
