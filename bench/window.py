@@ -1,6 +1,6 @@
 """The downtime window on the drill, broken down by phase, staged and cold side by side.
 
-    python bench/window.py [--runs N] [--dir DIR] [--json FILE] [--gpu]
+    python bench/window.py [--runs N] [--dir DIR] [--json FILE] [--gpu] [--load [--load-rate R]]
 
 Downtime is the stop being issued until the server is ready again. Its phases, each timed by the
 part that does the work:
@@ -20,12 +20,18 @@ the GPU, a real CUDA worker left holding memory by the first stop, NVML telemetr
 kernels). The extract phase is then split into the copy to the GPU and the forward, the GPU's used
 memory over one staged window is printed from NVML's samples in the run's telemetry, and the
 headline sets the downtime beside its limit: stop + copy + forward + the server's own start to ready.
+
+`--load`: users' requests throughout each run (`bench/loadgen.py`: greedy /generate at `--load-rate`
+per second on the drill's server, bounded in flight), so each route's harm is counted: the requests
+that failed (by kind) and the longest any waited, per route, printed under the phases and on the last
+line. On the stop route every request sent while the server is down fails.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import dataclasses
 import json
 import statistics
 import sys
@@ -36,6 +42,7 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from bench.loadgen import Load, LoadReport  # noqa: E402
 from console.config import load_config  # noqa: E402
 from console.drill.hosts import down, up  # noqa: E402
 from console.operator import Operator  # noqa: E402
@@ -82,16 +89,37 @@ def memory_over_window(run_dir: Path, host: str = "ct129", gpu: int = 0) -> list
     return rows
 
 
-async def one_run(config_path: Path, runs: Path, stage: bool, route: str = "window") -> dict[str, Any]:
-    operator = Operator(load_config(config_path), runs_dir=runs)
+async def one_run(config_path: Path, runs: Path, stage: bool, route: str = "window",
+                  load_rate: float | None = None) -> dict[str, Any]:
+    """One run of `route`, with a client load on the server throughout when `load_rate` is given (its
+    LoadReport under "load")."""
+    config = load_config(config_path)
+    operator = Operator(config, runs_dir=runs)
+    load = Load(config.service.url, rate=load_rate, api_key=config.service.api_key(), timeout_s=120) \
+        if load_rate else None
     operator.start()
+    if load is not None:
+        load.start()
     try:
         finished = await operator.run(ApproveAll(), stage=None if stage else False, route=route)
     finally:
         await operator.stop()
+        report = await asyncio.to_thread(load.stop) if load is not None else None
     if finished.status != "done":
         raise SystemExit(f"bench: the run failed: {finished.message}")
-    return {**operator.store.open(finished.run_id).state.to_json(), "run_dir": str(operator.run_dir(finished.run_id))}
+    return {**operator.store.open(finished.run_id).state.to_json(), "run_dir": str(operator.run_dir(finished.run_id)),
+            "load": report}
+
+
+def load_line(kind: str, reports: list[LoadReport]) -> str:
+    """One route's harm to users over its runs: requests failed (by kind) and the longest wait."""
+    failures: dict[str, int] = {}
+    for report in reports:
+        for name, n in report.failures.items():
+            failures[name] = failures.get(name, 0) + n
+    kinds = ", ".join(f"{n} {name}" for name, n in sorted(failures.items()))
+    return (f"{kind}: {sum(r.failed for r in reports)} of {sum(r.sent for r in reports)} requests failed"
+            f"{f' ({kinds})' if kinds else ''}, longest wait {max(r.longest_wait_s for r in reports):.2f} s")
 
 
 def main() -> int:
@@ -100,7 +128,10 @@ def main() -> int:
     parser.add_argument("--dir", default=None, help="the drill directory (default: a temporary one)")
     parser.add_argument("--json", default=None, help="also write the figures here")
     parser.add_argument("--gpu", action="store_true", help="the drill on this machine's CUDA GPU (REAL GPU)")
+    parser.add_argument("--load", action="store_true", help="users' requests throughout each run (bench/loadgen.py)")
+    parser.add_argument("--load-rate", type=float, default=2.0, help="--load's requests per second (default 2)")
     args = parser.parse_args()
+    rate = args.load_rate if args.load else None
     with tempfile.TemporaryDirectory(prefix="bench-window-") as tmp:
         drill_dir = Path(args.dir or Path(tmp) / "drill")
         config = up(drill_dir, fresh=True, gpu=args.gpu, say=lambda line: print(line, file=sys.stderr))
@@ -109,17 +140,22 @@ def main() -> int:
             print("warm-up run (the drill's first stop leaves VRAM held: not counted)", file=sys.stderr)
             asyncio.run(one_run(config, store, stage=True))
             rows: dict[str, list[dict[str, float]]] = {"staged": [], "cold": []}
+            loads: dict[str, list[LoadReport]] = {}
             memory: list[tuple[float, int | None, bool]] = []
             for i in range(args.runs):
                 for kind in ("staged", "cold") if i % 2 == 0 else ("cold", "staged"):
-                    state = asyncio.run(one_run(config, store, stage=kind == "staged"))
+                    state = asyncio.run(one_run(config, store, stage=kind == "staged", load_rate=rate))
                     rows[kind].append(phases(state))
+                    if state["load"] is not None:
+                        loads.setdefault(kind, []).append(state["load"])
                     if kind == "staged" and not memory:
                         memory = memory_over_window(Path(state["run_dir"]))
                     print(f"{kind} run {len(rows[kind])}: " + ", ".join(
                         f"{k} {v:.2f} s" for k, v in rows[kind][-1].items() if v is not None), file=sys.stderr)
-            state = asyncio.run(one_run(config, store, stage=False, route="zero-downtime"))
+            state = asyncio.run(one_run(config, store, stage=False, route="zero-downtime", load_rate=rate))
             rows["zero-downtime"] = [phases(state)]
+            if state["load"] is not None:
+                loads["zero-downtime"] = [state["load"]]
             print(f"zero-downtime run: extracted on {state['facts']['extract_on']['host']}; the server was "
                   f"{'STOPPED' if state['service'].get('stopped_at') else 'never stopped'}", file=sys.stderr)
             # The downtime forecast (issue 21): each run forecast from the runs before it, against its measure.
@@ -141,7 +177,11 @@ def main() -> int:
               + ", ".join(f"{t:+.1f}s {u}{'*' if d else ''}" for t, u, d in memory))
     if args.json:
         Path(args.json).write_text(json.dumps({"gpu": args.gpu, "runs": rows, "medians": medians,
-                                               "memory_over_staged_window": memory}, indent=2))
+                                               "memory_over_staged_window": memory,
+                                               "load": {k: [dataclasses.asdict(r) for r in v] for k, v in loads.items()}},
+                                              indent=2))
+    for kind, reports in loads.items():
+        print(f"users' requests during the window, {load_line(kind, reports)}")
     print("downtime forecast vs measured, each run from the runs before it (target: within 20 % on the second run): "
           + ", ".join(f"run {r.position} ({'staged' if r.staged else 'cold'}) {r.downtime.forecast_s:.2f} s vs "
                       f"{r.downtime.measured_s:.2f} s ({r.downtime.error:+.0%})" for r in forecasts))
@@ -150,7 +190,9 @@ def main() -> int:
         if "limit" in medians["staged"] and args.gpu else ""
     print(f"{'GPU ' if args.gpu else ''}window downtime {medians['staged']['downtime']:.2f} s staged{limit} vs "
           f"{medians['cold']['downtime']:.2f} s cold, {medians['zero-downtime']['downtime']:.2f} s zero-downtime; "
-          f"overhead {medians['staged']['overhead']:.2f} s staged, {medians['cold']['overhead']:.2f} s cold (target < 1 s)")
+          f"overhead {medians['staged']['overhead']:.2f} s staged, {medians['cold']['overhead']:.2f} s cold (target < 1 s)"
+          + ("; failed requests " + ", ".join(f"{kind} {sum(r.failed for r in reports)}" for kind, reports in loads.items())
+             if loads else ""))
     return 0 if worst < 1.0 else 1
 
 
