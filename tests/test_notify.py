@@ -145,7 +145,7 @@ async def test_a_target_that_never_answers_holds_nothing_back(tmp_path: Path) ->
         await notifier.close(wait_s=30)
         recorder.close()
     journal = store.open(run_id).read_journal()
-    dropped = [e for e in journal if "notifications already wait for this target" in e["message"]]
+    dropped = [e for e in journal if "notifications were already waiting for this target" in e["message"]]
     assert dropped and len(dropped) + sum(e["message"].startswith("notified ") for e in journal) == 40
 
 
@@ -168,3 +168,24 @@ async def test_runs_this_process_does_not_drive_are_not_notified(tmp_path: Path)
         await notifier.close()
         recorder.close()
     assert recorder.posts == []
+
+
+@pytest.mark.parametrize("read_only", [False, True])
+async def test_only_a_console_that_can_drive_runs_notifies(tmp_path: Path, read_only: bool) -> None:
+    """The headless run, the console and the drill start the notifier with their operator; a
+    read-only console (and each browser's console of `serve`) never does."""
+    from console.operator import Operator
+
+    config = parse_config(BASE.replace('"10.0.0.129"', f'"127.0.0.1"\nport = {closed_port()}')
+                          + '\n[notify]\nurls = ["json://127.0.0.1:9/hook"]\n', "f.toml")
+    operator = Operator(config, runs_dir=tmp_path / "runs", read_only=read_only)
+    operator.start()
+    try:
+        notifier = operator.notifier
+        assert (notifier is None) == read_only
+    finally:
+        await operator.stop()
+    assert operator.notifier is None
+    if notifier is not None:  # its target's thread ends with it
+        notifier.targets[0].thread.join(30)
+        assert not notifier.targets[0].thread.is_alive()

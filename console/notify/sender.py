@@ -3,7 +3,8 @@ target, so a slow or dead target never holds back the window, nor the other targ
 
 apprise's calls block (HTTP through requests): each target's thread makes them, bounded by
 apprise's own socket timeouts (4 s to connect, 4 s to read, unless the URL sets `cto` / `rto`).
-`post` only enqueues: when a target's queue is full the notification is dropped for it, and said.
+`post` only enqueues: when a target's queue is full the notification is dropped for it, and said (by
+the target's thread, after its send in progress).
 Every outcome goes to `report(notification, target, error)` (error None: delivered), called on the
 target's thread.
 """
@@ -56,20 +57,33 @@ class Target:
         self.name = target_name(url)
         self.report = report
         self.queue: queue.Queue = queue.Queue(maxsize=queue_size)
+        self._dropped: list[Notification] = []  # dropped while the queue was full: said by the thread
+        self._lock = threading.Lock()
+        self._closed = False
         self.thread = threading.Thread(target=self._work, name=f"notify {self.name}", daemon=True)
         self.thread.start()
 
     def post(self, notification: Notification) -> None:
+        """Enqueue, never wait: with the queue full it is dropped, and said from the target's thread
+        (the journal's fsync is no work for the event loop)."""
         try:
             self.queue.put_nowait(notification)
         except queue.Full:
-            self.report(notification, self.name, f"not sent: {self.queue.maxsize} notifications already wait "
-                                                 f"for this target")
+            with self._lock:
+                self._dropped.append(notification)
 
     def close(self) -> None:
         """No more notifications: the thread ends once it has sent what waits."""
-        with contextlib.suppress(queue.Full):  # full: stuck on a send, its daemon thread goes with the process
+        self._closed = True
+        with contextlib.suppress(queue.Full):  # full: busy sending, it sees `_closed` once the queue is empty
             self.queue.put_nowait(_DONE)
+
+    def _say_dropped(self) -> None:
+        with self._lock:
+            dropped, self._dropped = self._dropped, []
+        for notification in dropped:
+            self.report(notification, self.name, f"not sent: {self.queue.maxsize} notifications were already "
+                                                 f"waiting for this target")
 
     def _work(self) -> None:
         import apprise
@@ -78,7 +92,10 @@ class Target:
         capture = _Capture()
         logging.getLogger("apprise").addHandler(capture)
         try:
-            while (notification := self.queue.get()) is not _DONE:
+            while not (self._closed and self.queue.empty()):
+                notification = self.queue.get()
+                if notification is _DONE:
+                    continue
                 capture.last = None
                 try:
                     sent = plugin is not None and plugin.notify(body=notification.body, title=notification.title,
@@ -87,5 +104,7 @@ class Target:
                 except Exception as exc:  # noqa: BLE001 - a plugin's own bug is one failed send, not a dead thread
                     error = f"{type(exc).__name__}: {exc}"
                 self.report(notification, self.name, error)
+                self._say_dropped()
         finally:
+            self._say_dropped()
             logging.getLogger("apprise").removeHandler(capture)
