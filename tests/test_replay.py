@@ -78,6 +78,12 @@ def test_the_recorded_run_replays_in_time_order_whole() -> None:
     extract = state["jobs"]["extract"]["job_id"]
     assert {j.job_id for j in of(m.JobLog, rec.events) if "staged:" in j.message} == {extract}
     assert {x.job_id: x.code for x in of(m.JobExit, rec.events)}[extract] == 0
+    # its counters as it reported them on releasing the GPUs (state.json keeps those, not the events before)
+    window = state["extraction"]["window"]
+    assert {(p.key, p.done, p.total) for p in of(m.JobProgress, rec.events)} == {
+        ("prompts", window["prompts_done"], window["prompts_done"] + window["prompts_missing"]),
+        ("tokens", window["tokens"], window["tokens"])}
+    assert [j.kind for j in of(m.JobLog, rec.events) if j.kind != "log"] == ["staged", "gpu_released"]
     # the end: results, then the run's own end
     assert isinstance(rec.events[-1].message, m.RunFinished)
     assert rec.events[-1].message.status == "done" and rec.events[-1].message.exit_code == 0

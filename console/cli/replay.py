@@ -55,6 +55,8 @@ def describe(event: Event) -> str:
         return f"run {msg.status} (exit {msg.exit_code}): {msg.message}"
     if isinstance(msg, m.JobExit):
         return f"job {msg.worker} on {msg.host}: exit {msg.code}"
+    if isinstance(msg, m.JobProgress):
+        return f"job {msg.worker} on {msg.host}: {msg.key or msg.unit} {msg.done:g}/{msg.total or 0:g}"
     if isinstance(msg, m.JobLog):
         return f"job {msg.worker} on {msg.host}: {msg.message}"
     if isinstance(msg, m.HostState):

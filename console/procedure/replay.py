@@ -404,10 +404,16 @@ def _from_state(run_id: str, run_dir: Path, state: RunState, entries: list[tuple
                 yield Event(window["ready_at"], m.Downtime(run_id, None, window["ready_at"]), STATE)
     spans = _job_spans(entries, state)
     released = state.extraction.gpu_released_at
+    staged = state.steps.get("stage")
     for job in state.jobs.values():
+        if job.worker == "extract" and staged and staged.ended_at and "staged" in job.events_seen:
+            # the stage step ends when the engine sees the worker's `staged` event
+            yield Event(staged.ended_at, m.JobLog(job.job_id, job.worker, job.host, "info", "staged",
+                                                  kind="staged", t=staged.ended_at), STATE)
         if job.worker == "extract" and released and "gpu_released" in job.events_seen:
             yield Event(released, m.JobLog(job.job_id, job.worker, job.host, "info", "gpu_released",
                                            kind="gpu_released", t=released), STATE)
+            yield from _extraction_counts(job, state.extraction.window, released)
         end = spans.get(job.job_id, (None, None))[1]
         if end is not None and job.exit_code is not None:
             yield Event(end, m.JobExit(job.job_id, job.worker, job.host, job.exit_code), STATE)
@@ -419,6 +425,22 @@ def _from_state(run_id: str, run_dir: Path, state: RunState, entries: list[tuple
             yield Event(at, m.ResultsReady(run_id, str(run_dir)), STATE)
         yield Event(at, m.RunFinished(run_id, state.status, state.exit_code if state.exit_code is not None else 0,
                                       not state.service.down, state.message or "", str(run_dir)), STATE)
+
+
+def _extraction_counts(job: Any, window: dict[str, Any], at: float) -> Iterable[Event]:
+    """The extraction's counters as its worker reported them when it released the GPUs (its window
+    figures, kept in state.json): prompts and tokens done, at its measured rate. Only these final
+    counts are kept: the progress events before them are not."""
+    done, missing, tokens = window.get("prompts_done"), window.get("prompts_missing"), window.get("tokens")
+    if isinstance(done, int):
+        total = done + (missing if isinstance(missing, int) else 0)
+        yield Event(at, m.JobProgress(job.job_id, job.worker, job.host, done, total, "prompts", phase="extract",
+                                      key="prompts", t=at), STATE)
+    if isinstance(tokens, int):
+        rate = window.get("tokens_per_s")
+        yield Event(at, m.JobProgress(job.job_id, job.worker, job.host, tokens, tokens, "tokens",
+                                      rate=rate if isinstance(rate, int | float) else None, phase="extract",
+                                      key="tokens", t=at), STATE)
 
 
 def _downtime_from_telemetry(run_id: str, telemetry: list[tuple[int, dict[str, Any]]]) -> Iterable[Event]:

@@ -8,6 +8,8 @@ import asyncio
 import shutil
 from pathlib import Path
 
+from textual.widgets import Static
+
 from console import messages as m
 from console.procedure.replay import read_recording
 from console.procedure.store import JOURNAL
@@ -76,12 +78,22 @@ async def test_steps_the_down_banner_and_the_questions_with_their_answers():
         await until(pilot, lambda: app.player.current_step() == "free-vram")
         await pilot.press("]")
         await until(pilot, lambda: "asked: end 1 process holding VRAM" in bar(app))
+        while app.player.current_step() != "extract":
+            await pilot.press("]")
+            await pilot.pause()
+        extraction = next(j for j in app.state.jobs.values() if j.job_id.endswith("-extract"))
+        while "prompts" not in extraction.bars:  # event by event to the GPUs' release
+            await pilot.press("full_stop")
+            await pilot.pause()
+        # the extraction's counters as its worker reported them on releasing the GPUs
+        jobs = app.screen.query_one(JobPanel)
+        await until(pilot, lambda: "prompts 4/4" in " ".join(text_of(w) for w in jobs.query(Static)))
+        assert "tokens 284/284" in " ".join(text_of(w) for w in jobs.query(Static))
         while app.player.current_step() != "evaluate":
             await pilot.press("]")
             await pilot.pause()
         await until(pilot, lambda: not banner.has_class("down"))  # the server was ready again
         assert "done" in step_line(app, "restart") and "asked: start the service on ct129" in bar(app)
-        jobs = app.screen.query_one(JobPanel)
         while "evaluate on ct129" not in str(jobs.border_title):  # its job starts a moment after the step
             await pilot.press("full_stop")
             await pilot.pause()
