@@ -21,9 +21,10 @@ record before it, and `Recording.damage` names the file and line. A line the sto
 cut by a crash (the journal's next line says so) is an old crash, not damage. A state.json that is
 missing or unreadable is damage too; the journal and telemetry are then replayed alone.
 
-What the store does not keep cannot be replayed: the jobs' progress counters (only their start,
-log lines, milestones and exit are journalled or saved), the questions' impact text (only the
-action, host, argv and answer), the service panel's health checks.
+What the store does not keep cannot be replayed: the jobs' progress events (their start, log lines,
+milestones and exit are journalled or saved, and the extraction's final prompts and tokens), the
+questions' impact text and estimate (only the action, host, argv and answer), when each question was
+asked (only when it was answered), the service panel's health checks, the hosts' link drops.
 """
 
 from __future__ import annotations
