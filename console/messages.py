@@ -474,3 +474,4 @@ class LiveRun:
     console_gone: bool  # its console is no longer running (killed): resume it
     service_down: bool  # this run stopped the service and it is not back
     ours: bool  # driven by this console
+    question: str | None = None  # what its console waits for the operator to answer ("start the service on ct129")

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import sys
 import threading
 import time
 from collections.abc import Callable, Iterable
@@ -98,6 +99,9 @@ class ConsoleApp(App[int]):
         Binding("slash", "events", "Events", key_display="/"),
         Binding("question_mark", "help", "Help"),
         Binding("q", "quit", "Quit"),
+        # Textual's ctrl+c only says "press ctrl+q", and its ctrl+q is refused under a question: here both
+        # take the console's one guarded quit, from every screen and question.
+        Binding("ctrl+q,ctrl+c", "quit_anywhere", "Quit", show=False, priority=True),
     ]
     ACTING = {"run_procedure", "plan", "cancel_run", "restart_service", "next_step", "zero_downtime"}
 
@@ -121,6 +125,7 @@ class ConsoleApp(App[int]):
         self._queued: dict[Any, CoreMessage] = {}  # replace key -> its message still in the queue
         self._down_from_store: str | None = None  # the downtime was read from an unfinished run's state
         self._quit_when_up = False  # "wait until ready, then quit" was chosen
+        self.farewell: str | None = None  # printed on the terminal once the screen is gone
         config = operator.config
         service = config.service
         self.service_name = service.unit if service.manager == "systemd" else "server"
@@ -171,7 +176,9 @@ class ConsoleApp(App[int]):
             if resume:
                 self.run_procedure(resume=run_id)
 
-        self.push_screen(QuestionModal(question, yes="Resume", no="Not now", id="resume"), callback=answered)
+        self.push_screen(QuestionModal(question, yes="Resume", no="Not now", id="resume",
+                                       refusal="nothing runs; the run stays resumable (run --resume, or later here)"),
+                         callback=answered)
 
     def _left_down(self, run_id: str) -> float | None:
         """When the run stopped the service and never saw it ready again: its stop time (the store's
@@ -326,7 +333,9 @@ class ConsoleApp(App[int]):
     def check_action(self, action: str, parameters: tuple[object, ...]) -> bool | None:
         if action in self.ACTING and self.read_only:
             return False  # read-only: no key that acts is offered
-        if isinstance(self.screen, ModalScreen) and action in self.ACTING | {"open_results", "runs", "help", "quit", "events"}:
+        if action == "quit_anywhere":
+            return True  # from every screen and question: action_quit asks first when it must
+        if isinstance(self.screen, ModalScreen) and action in self.ACTING | {"open_results", "runs", "help", "events"}:
             return False  # a modal's footer names its own keys; these do nothing there
         here = type(self.screen).__name__
         if here != "DashboardScreen" and action in self.ACTING:
@@ -351,6 +360,10 @@ class ConsoleApp(App[int]):
     async def run_procedure(self, resume: str | bool | None = None, one_step: bool = False,
                             route: str | None = None) -> m.RunFinished:
         self.state.running = True
+        if not resume:  # a new run: its own rows from the first second, never the last run's ticks
+            self.state.new_run()
+            if isinstance(self.screen, DashboardScreen):
+                self.screen.refresh_all()
         self.refresh_bindings()
         self.post_message(ProcedureStarted(resume))
         finished = None
@@ -503,6 +516,10 @@ class ConsoleApp(App[int]):
         step = self.state.steps.get("restart")
         return self._service_busy() or (self.state.running and step is not None and step.status == "running")
 
+    async def action_quit_anywhere(self) -> None:
+        """ctrl+q and ctrl+c: the same guarded quit as q, also over a question or a dialog."""
+        await self.action_quit()
+
     async def action_quit(self) -> None:
         if self.state.down_since is not None:
             if any(isinstance(s, QuitWhileDownModal) for s in self.screen_stack):
@@ -510,6 +527,7 @@ class ConsoleApp(App[int]):
 
             def answered(answer: str | None) -> None:
                 if answer == "leave":
+                    self.farewell = self.left_down_line()
                     self.call_later(self._quit_now)
                 elif answer == "restart":
                     self._restart_then_quit()
@@ -518,8 +536,11 @@ class ConsoleApp(App[int]):
                     self.notify("quitting once the service is ready", timeout=10)
 
             restarting = self.restarting()
+            elsewhere = self.state.driven_elsewhere()
             self.push_screen(QuitWhileDownModal(self.state.down_since, self.now(),
-                                                self.can_restart() and not restarting, restarting=restarting),
+                                                self.can_restart() and not restarting, restarting=restarting,
+                                                why_not=self.why_no_restart(),
+                                                by=f"run {elsewhere.run_id}" if elsewhere else "this run"),
                              callback=answered)
             return
         if self.state.running and not self.read_only:
@@ -534,7 +555,7 @@ class ConsoleApp(App[int]):
             self.push_screen(QuestionModal(
                 f"A run is in progress{f' ({step})' if step else ''}. Quit and cancel it? The service is up; "
                 "nothing is stopped by quitting, and the run can be resumed later.",
-                yes="Quit", no="Stay", id="quit-while-running"), callback=confirmed)
+                yes="Quit", no="Stay", id="quit-while-running", refusal="the run goes on"), callback=confirmed)
             return
         await self._quit_now()
 
@@ -545,6 +566,26 @@ class ConsoleApp(App[int]):
                          for x in self.operator.bus.last.values())
         if not still_down:  # (the bus knows before our queue does)
             self.call_later(self._quit_now)
+
+    def left_down_line(self) -> str:
+        """The last line left on the terminal when the operator quits with the service down:
+        'ct129 DOWN since 02:52:04 (run 20261202-025000-0660); restart: dflash-ops run --resume'."""
+        import shlex
+
+        from console.config import DEFAULT_CONFIG_NAME
+        from console.procedure.store import default_runs_dir
+
+        config, downtime = self.operator.config, self.state.downtime
+        command = ["dflash-ops", "run", "--resume"]
+        source = getattr(config, "source", None)
+        if source is not None and Path(source).resolve() != (Path.cwd() / DEFAULT_CONFIG_NAME).resolve():
+            command += ["--config", str(source)]
+        store = getattr(getattr(self.operator, "store", None), "root", None)
+        if store is not None and Path(store).resolve() != default_runs_dir().resolve():
+            command += ["--runs", str(store)]
+        run = f" (run {downtime.run_id})" if downtime is not None and downtime.run_id else ""
+        return (f"{config.service.host} DOWN since {clock(self.state.down_since)}{run}; "
+                f"restart: {shlex.join(command)}")
 
     async def _quit_now(self) -> None:
         await self._stop_console()
@@ -587,8 +628,10 @@ class ConsoleApp(App[int]):
             yield SystemCommand("Read-only", "stop offering anything that acts, for the rest of this session",
                                 self.action_read_only)
         yield SystemCommand("Help", "the keys", self.action_help)
-        # Textual's own "Keys" panel says the same as Help, less well: one of them is enough.
-        yield from (c for c in super().get_system_commands(screen) if c.title != "Keys")
+        yield SystemCommand("Quit", "as q: asks first while the service is down or a run is going", self.action_quit)
+        # Textual's own "Keys" panel says the same as Help, less well; its "Quit the application as soon as
+        # possible" is not how this console quits: one of each.
+        yield from (c for c in super().get_system_commands(screen) if c.title not in ("Keys", "Quit"))
 
 
 def run_app(operator: Any, *, autostart: bool = False, resume: str | bool | None = None) -> int:
@@ -598,4 +641,6 @@ def run_app(operator: Any, *, autostart: bool = False, resume: str | bool | None
     with it still down)."""
     app = ConsoleApp(operator, autostart=autostart, resume=resume)
     result = app.run()
+    if app.farewell:  # the screen is gone: the terminal keeps what was left down, and how to restart it
+        print(app.farewell, file=sys.stderr)
     return int(result if result is not None else (app.return_code or 0))

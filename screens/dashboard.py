@@ -76,11 +76,14 @@ class DashboardScreen(Screen):
                     panel.show(state.hosts.get(panel.host), state.telemetry.get(panel.host), now,
                                state.received.get(panel.host))
         elif kind in ("service", "downtime"):
-            self.query_one(ServicePanel).show(state.service, state.downtime, state.startup, now)
+            elsewhere = state.driven_elsewhere()
+            self.query_one(ServicePanel).show(state.service, state.downtime, state.startup, now,
+                                              f"run {elsewhere.run_id}" if elsewhere else "this run")
             self.query_one(DowntimeBanner).show(state, now, self.app.can_restart())
         elif kind == "steps":
             self.query_one(Stepper).show(state.steps, state.planned, state.run_id, state.route, now,
-                                         compact=self.app.has_class("narrow"), running=state.running)
+                                         compact=self.app.has_class("narrow"), running=state.running,
+                                         read_only=self.app.read_only)
         elif kind == "job":
             self.query_one(JobPanel).show(state.current_jobs(), now)
         elif kind == "journal":

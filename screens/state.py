@@ -12,10 +12,11 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from console import messages as m
-from console.procedure.steps import STEP_NAMES as STEP_TABLE_NAMES
-from console.procedure.steps import STEPS
+from console.procedure.steps import ROUTES, STEPS
 
-STEP_NAMES = STEP_TABLE_NAMES  # the engine's step table is the one list of steps
+# Before a plan says which route: the default route's rows (the engine's step table is the one list
+# of steps; a plan of another route brings its own rows).
+STEP_NAMES = ROUTES["window"]
 JOURNAL_KEPT = 500
 DOWN_STEPS = tuple(s.name for s in STEPS if s.while_down)  # the service is down from the stop to the restart's ready
 
@@ -99,10 +100,15 @@ class ConsoleState:
     forecast: m.Forecast | None = None
     downtime_estimate_s: float | None = None  # the stop's confirmation: earlier windows' downtime
     plan: m.PlanReady | None = None
+    live: m.LiveRun | None = None  # the run driving the hosts, as the store says (another console's too)
 
     @property
     def down_since(self) -> float | None:
         return self.downtime.down_since if self.downtime is not None else None
+
+    def driven_elsewhere(self) -> m.LiveRun | None:
+        """The live run when another console (or `run --headless`) drives it, not this one."""
+        return self.live if self.live is not None and not self.live.ours else None
 
     def apply(self, message: Any, now: float | None = None) -> str | None:
         """Fold one message in; returns which panel it concerns ("host", "service", "steps", "job",
@@ -142,6 +148,9 @@ class ConsoleState:
             self.downtime = message
             if message.down_since is None:
                 self.projection = None
+            return "downtime"
+        if isinstance(message, m.LiveRun):
+            self.live = message
             return "downtime"
         if isinstance(message, m.HoldersFound):
             self.holders = message
@@ -200,15 +209,24 @@ class ConsoleState:
             return self.down_since + self.forecast.budget_s
         return None
 
+    def new_run(self) -> None:
+        """A run starts in this console: every row pending until its own plan and steps come (the
+        last run's ticks never stand for this one's, not even during its preflight)."""
+        self.run_id = self.route = self.plan = self.finished = None
+        self.planned = False
+        self.steps = {n: StepView(n) for n in STEP_NAMES}
+        self.jobs.clear()
+
     def _plan(self, plan: m.PlanReady) -> None:
-        if plan.run_id != self.run_id:
+        same_run = plan.run_id == self.run_id  # (a re-plan of the run shown keeps its progress)
+        if not same_run:
             self.jobs.clear()
         self.run_id, self.route, self.planned, self.finished, self.plan = plan.run_id, plan.route, True, None, plan
         old = self.steps
         self.steps = {}
         for step in plan.steps:
             view = StepView(step.name, acts=step.acts, why=step.why, host=step.host, estimate_s=step.estimate_s)
-            if step.name in old and old[step.name].status != "pending" and plan.run_id == self.run_id:
+            if step.name in old and old[step.name].status != "pending" and same_run:
                 before = old[step.name]
                 view.status, view.started_at, view.ended_at, view.detail = (
                     before.status, before.started_at, before.ended_at, before.detail)
@@ -218,6 +236,9 @@ class ConsoleState:
             self.steps[step.name] = view
 
     def _step(self, update: m.StepUpdate) -> None:
+        if update.run_id != self.run_id and self.run_id is not None:  # another run's rows: none of ours stay
+            self.steps = {n: StepView(n) for n in STEP_NAMES}
+            self.planned = False
         self.run_id = update.run_id
         view = self.steps.setdefault(update.step, StepView(update.step))
         view.status = update.status

@@ -446,7 +446,12 @@ def test_a_real_drill_run_is_read_as_an_earlier_window(drill, staged_run):
     assert all(measured[p] is not None and measured[p] >= 0 for p in fc.PHASES), measured
     assert fc.ended_holders(state)  # the drill's first stop leaves VRAM held: read from the engine's own state
     service = state["service"]
-    assert sum(measured.values()) == pytest.approx(service["ready_at"] - service["stopped_at"])
+    # They tile the downtime but for the operator's answers (--yes: the restart's question and its
+    # status check before it, between the GPUs' release and the start; the holders' question).
+    answers = (service["start_issued_at"] - state["extraction"]["gpu_released_at"]
+               + state["steps"]["free-vram"].get("decision_s", 0.0))
+    assert 0 <= answers < 5
+    assert sum(measured.values()) + answers == pytest.approx(service["ready_at"] - service["stopped_at"])
     config = drill.config
     window = state["extraction"]["window"]
     ask = fc.ForecastInputs(run_id="next", service_host=config.service.host, extract_host=config.target.host,
@@ -495,3 +500,30 @@ def test_vram_freed_by_ending_its_holders_is_not_the_usual_wait(staged_run):
     assert free.seconds == pytest.approx(2.0) and "1 run that ended VRAM holders left out" in free.basis
     only = fc.phase(fc.forecast(inputs(staged_run, earlier=[stuck])), "free-vram")
     assert only.seconds == pytest.approx(9.0) and "every earlier run ended VRAM holders" in only.basis
+
+
+def test_the_operators_hesitation_never_enters_a_measured_phase():
+    """Issue 28: a refused restart (the start issued a minute after the GPUs' release, when someone
+    pressed r) and a 20 s answer to the holders' question are the operator's time, not the hosts':
+    the next forecast must not learn them."""
+    phases = {"stop": 1.0, "free-vram": 25.0, "extract": 5.0, "start": 80.0}
+    raw = window_state("20261201-030000-aaaa", 1_795_000_000.0, phases, {})
+    state = RunState.from_json(raw, "test")
+    state.service.start_issued_at += 70.0  # refused at gpu_released, started 70 s later: ready 10 s after
+    state.step("free-vram").decision_s = 20.0
+    measured = fc.measured_phases(state.to_json())
+    assert measured["start"] == pytest.approx(10.0) and measured["free-vram"] == pytest.approx(5.0)
+    assert measured["stop"] == pytest.approx(1.0) and measured["extract"] == pytest.approx(5.0)
+
+
+def test_the_forecasts_summary_is_one_figure_with_its_basis_in_words():
+    made = fc.Forecast("r", 95.0, (fc.ForecastPhase("stop", 1.0, "median of 2 earlier runs on ct129"),
+                                   fc.ForecastPhase("free-vram", 10.0, "estimate: the stop's grace ([service] "
+                                                    "stop_grace_s); no earlier run measured it", estimated=True),
+                                   fc.ForecastPhase("extract", 4.0, "median of 2 earlier runs on ct129"),
+                                   fc.ForecastPhase("start", 80.0, "median of 2 earlier runs on ct129")))
+    said = fc.summary(made)
+    assert said == ("1 min 35 s = stop 1 s + free-vram 10 s + extract 4 s + start 1 min 20 s; "
+                    "stop, extract, start: median of 2 earlier runs on ct129; "
+                    "free-vram: estimate: the stop's grace ([service] stop_grace_s)")
+    assert "estimated)" not in said

@@ -13,15 +13,18 @@ import contextlib
 import dataclasses
 import json
 import os
+import shlex
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
-from console.messages import Downtime, JournalEntry, LiveRun, StepUpdate
+from console.messages import Confirmation, Downtime, JournalEntry, LiveRun, StepUpdate
 from console.procedure.store import JOURNAL, Run, RunStore
 from console.session.bus import MessageBus
 from console.ssh.jobs import JobHandle, follow_with_reconnect, job_message
 
 POLL_S = 1.0  # the store is a directory of files: looked at once a second
+QUESTION = "question.json"  # the question a console waits on, beside the run's state (screens/decider.py)
 
 
 class RunFollower:
@@ -51,23 +54,46 @@ class RunFollower:
         run = self.live()
         if run is None:
             if self._live is not None:
+                self._last_look()
                 self._live = None
                 self._stop_job()
             return None
-        state = run.state
         if run.run_id != self._run_id:
             self._run_id, self._steps, self._down = run.run_id, {}, None
             self._journal_at = max(0, _size(run) - 64 * 1024)  # the recent past, not the whole journal
             self._stop_job()
-        owner = state.owner
+        live = self._publish_live(run)
+        if live.ours:
+            return live
+        self._publish_steps(run)
+        self._read_journal(run)
+        self._follow_running_job(run)
+        return live
+
+    def _publish_live(self, run: Run) -> LiveRun:
+        state, owner = run.state, run.state.owner
+        gone = state.status == "running" and owner is not None and owner.alive() is False
         live = LiveRun(run.run_id, state.status, owner.describe() if owner else None,
-                       console_gone=state.status == "running" and owner is not None and owner.alive() is False,
-                       service_down=state.service.down, ours=self.ours(run.run_id))
+                       console_gone=gone, service_down=state.service.down, ours=self.ours(run.run_id),
+                       question=None if gone or state.status != "running" else _question(run))
         if live != self._live:
             self._live = live
             self.bus.publish(live)
-        if live.ours:
-            return live
+        return live
+
+    def _last_look(self) -> None:
+        """The run followed has ended (it is no longer the one to resume): its last steps, its
+        downtime and its final status, once, so that no console shows it running any more."""
+        if self._run_id is None or self._live is None or self._live.ours:
+            return
+        with contextlib.suppress(Exception):
+            run = self.store.open(self._run_id)
+            self._publish_steps(run)
+            self._read_journal(run)
+            self._publish_live(run)
+
+    def _publish_steps(self, run: Run) -> None:
+        state = run.state
         for name, rec in state.steps.items():
             seen = (rec.status, rec.started_at, rec.ended_at, rec.detail)
             if self._steps.get(name) != seen:
@@ -79,12 +105,10 @@ class RunFollower:
         if down != self._down:
             self._down = down
             self.bus.publish(Downtime(run.run_id, *down))
-        self._read_journal(run)
-        self._follow_running_job(run)
-        return live
 
     def _read_journal(self, run: Run) -> None:
         path = run.dir / JOURNAL
+        data = b""  # no journal yet: nothing to read
         with contextlib.suppress(OSError), open(path, "rb") as f:
             f.seek(self._journal_at)
             data = f.read()
@@ -146,6 +170,30 @@ class RunFollower:
                 await asyncio.sleep(self.interval)
         finally:
             self._stop_job()
+
+
+def write_question(run_dir: Path, confirmation: Confirmation, now: float) -> Path | None:
+    """The question a console waits on, written beside its run's state (atomically) so that another
+    console can say what it waits on; the asking console removes it once answered. None when the
+    run has no directory (a plan, a stand-in)."""
+    path = Path(run_dir) / QUESTION
+    if not path.parent.is_dir():
+        return None
+    c = confirmation
+    partial = path.with_name(path.name + ".partial")
+    partial.write_text(json.dumps({"step": c.step, "action": c.action, "host": c.host,
+                                   "command": shlex.join(c.argv), "asked_at": now}))
+    os.replace(partial, path)
+    return path
+
+
+def _question(run: Run) -> str | None:
+    """What the run's console waits on: "start the service on ct129: $ systemctl start sglang-qwen"."""
+    try:
+        asked = json.loads((run.dir / QUESTION).read_text())
+        return f"{asked['action']} on {asked['host']}: $ {asked['command']}"
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
 
 
 def _size(run: Run) -> int:

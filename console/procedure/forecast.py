@@ -84,13 +84,25 @@ def _state(state: Mapping[str, Any] | RunState) -> RunState:
 
 def measured_phases(state: Mapping[str, Any] | RunState) -> dict[str, float | None]:
     """The phases as the run measured them (seconds); None for a phase it did not go through whole,
-    or whose end the console saw late (it was away: killed and resumed)."""
+    or whose end the console saw late (it was away: killed and resumed).
+
+    A phase is the hosts' work, never the wait for the operator's answer: the holders' question is
+    taken out of free-vram, and start counts from the start command (issued once the restart was
+    approved, or after a refused restart, when someone restarted it), not from the GPUs' release."""
     run = _state(state)
     svc, ext = run.service, run.extraction
-    marks = (svc.stopped_at, svc.stop_returned_at, svc.vram_free_at, ext.gpu_released_at, svc.ready_at)
+    released = ext.gpu_released_at
+    if released is not None and svc.start_issued_at is not None and svc.start_issued_at > released:
+        issued = svc.start_issued_at
+    else:
+        issued = released
+    marks = ((svc.stopped_at, svc.stop_returned_at), (svc.stop_returned_at, svc.vram_free_at),
+             (svc.vram_free_at, released), (issued, svc.ready_at))
     phases: dict[str, float | None] = {}
-    for name, begin, end in zip(PHASES, marks, marks[1:], strict=False):
+    for name, (begin, end) in zip(PHASES, marks, strict=True):
         phases[name] = end - begin if begin is not None and end is not None and end >= begin else None
+    if phases["free-vram"] is not None:
+        phases["free-vram"] = max(0.0, phases["free-vram"] - (run.step("free-vram").decision_s or 0.0))
     if svc.ready_seen_late:
         phases["start"] = None
     if run.step("extract").found_on_resume:
@@ -263,10 +275,27 @@ def phase(forecast: Forecast, name: str) -> ForecastPhase:
 
 
 def summary(forecast: Forecast) -> str:
-    """One line: '312 s = stop 11 s + free-vram 2 s + extract 180 s + start 119 s (2 estimated)'."""
+    """One figure and its basis in words: '5 min 12 s = stop 11 s + free-vram 2 s + extract 3 min +
+    start 1 min 59 s; stop, start: systemd's history of the unit; free-vram, extract: median of 2
+    earlier runs on ct129'. An estimate says so ("estimate: ...")."""
     parts = " + ".join(f"{p.name} {duration(p.seconds)}" for p in forecast.phases)
-    estimated = sum(p.estimated for p in forecast.phases)
-    return f"{duration(forecast.downtime_s)} = {parts}" + (f" ({estimated} estimated)" if estimated else "")
+    return f"{duration(forecast.downtime_s)} = {parts}; {basis_words(forecast)}"
+
+
+def basis_words(forecast: Forecast) -> str:
+    """The phases grouped by what they rest on, each basis cut to its first clause."""
+    groups: dict[str, list[str]] = {}
+    for p in forecast.phases:
+        basis = _first_clause(p.basis) or "no basis"
+        if p.estimated and not basis.startswith(("estimate", "not forecast")):
+            basis = f"estimate: {basis}"
+        groups.setdefault(basis, []).append(p.name)
+    return "; ".join(f"{', '.join(names)}: {basis}" for basis, names in groups.items())
+
+
+def _first_clause(basis: str) -> str:
+    """'estimate: the stop's grace ([service] stop_grace_s); no stop measured ...' -> up to the ';'."""
+    return basis.split("; ")[0].strip()
 
 
 # --- the budget --------------------------------------------------------------------------------

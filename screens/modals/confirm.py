@@ -37,16 +37,23 @@ class QuestionModal(ConsoleModal[bool]):
     QuestionModal .label { color: $text-muted; }
     QuestionModal .command { background: $boost; padding: 0 1; margin-bottom: 1; }
     QuestionModal .buttons { height: auto; align-horizontal: right; margin-top: 1; }
+    QuestionModal .refusal { color: $text-muted; margin-top: 1; }
+    QuestionModal.short .refusal { margin-top: 0; }
+    QuestionModal.short .buttons { margin-top: 0; }
     QuestionModal Button { margin-left: 2; }
     """
     BINDINGS = [Binding("y", "answer(True)", "Yes"), Binding("n", "answer(False)", "No"),
-                Binding("escape", "refuse", "Cancel", key_display="esc")]  # its own action: the footer shows it
+                Binding("escape", "refuse", "No", show=False)]
 
     def __init__(self, title: str, yes: str = "Yes", no: str = "Cancel", destructive: bool = False,
-                 id: str | None = None) -> None:
+                 id: str | None = None, refusal: str = "") -> None:
         super().__init__(id=id, classes="destructive" if destructive else "")
         self.title_text = title
         self.yes_label, self.no_label = yes, no
+        self.refusal = refusal  # what `n` leaves behind, said above the buttons
+        # The footer names the keys with the buttons' own words: "y Proceed  n Cancel".
+        self._bindings.key_to_bindings["y"] = [Binding("y", "answer(True)", yes)]
+        self._bindings.key_to_bindings["n"] = [Binding("n", "answer(False)", no)]
         self.destructive = destructive
         self.AUTO_FOCUS = "#no" if destructive else "#yes"  # the screen's own focus pass agrees
 
@@ -60,6 +67,8 @@ class QuestionModal(ConsoleModal[bool]):
             body.can_focus = False  # the focus belongs to the safe button, never to the text
             with body:
                 yield from self.body()
+            if self.refusal:
+                yield Static(Text(f"{self.no_label} (n): {self.refusal}"), classes="refusal")
             with Horizontal(classes="buttons"):
                 yield Button(f"{self.yes_label} (y)", id="yes", variant="error" if self.destructive else "primary")
                 yield Button(f"{self.no_label} (n)", id="no")
@@ -76,7 +85,8 @@ class QuestionModal(ConsoleModal[bool]):
         self.set_class(short, "short")
         # The header's row, the banner and the footer; the border, the title, the buttons and their margin (and, when
         # tall, the padding and the title's margin): the body gets the rest.
-        self.query_one(".body").styles.max_height = max(3, height - (10 if short else 13))
+        extra = 1 if self.refusal else 0  # the line saying what n leaves behind
+        self.query_one(".body").styles.max_height = max(3, height - (10 if short else 14) - extra)
 
     def on_button_pressed(self, event: Button.Pressed) -> None:
         event.stop()
@@ -94,13 +104,22 @@ def command_text(argv: tuple[str, ...] | list[str]) -> Text:
     return Text(f"$ {shlex.join(argv)}" if argv else "(no command: the console acts itself)")
 
 
+# What a refusal leaves behind, by the step asking (engine: a refusal changes nothing and is journalled).
+REFUSALS = {
+    "stop": "nothing changes; the service keeps serving and the run ends",
+    "restart": "the service stays down; r restarts it",
+    "free-vram": "the VRAM stays held and the service down; r restarts it",
+}
+
+
 class ConfirmModal(QuestionModal):
     """What the engine asks before a stop, a start or an overwrite."""
 
     def __init__(self, confirmation: Confirmation) -> None:
         c = confirmation
         super().__init__(f"{c.step}: {c.action} on {c.host}?", yes="Proceed", no="Cancel",
-                         destructive=c.destructive, id="confirm")
+                         destructive=c.destructive, id="confirm",
+                         refusal=REFUSALS.get(c.step, "nothing is run; the refusal is journalled"))
         self.confirmation = c
 
     def body(self) -> ComposeResult:
@@ -108,7 +127,7 @@ class ConfirmModal(QuestionModal):
         yield Static(Text(f"on {c.host}, runs:"), classes="label")
         yield Static(command_text(c.argv), classes="command")
         yield Static(self.impact_text(), classes="impact")
-        if c.estimate_s is not None:
+        if c.estimate_s is not None and c.estimate_basis != "forecast":  # the forecast is in the impact, with its basis
             what = "estimated downtime" if c.destructive else "estimate"
             yield Static(Text(f"{what}: {duration(c.estimate_s)} ({c.estimate_basis})"), classes="estimate")
         if c.destructive:

@@ -23,14 +23,15 @@ KEYS = [
     ("/", "filter the events by a word; enter on an event shows it whole"),
     ("ctrl+p", "command palette: every command by name"),
     ("?", "this help"),
-    ("q", "quit (asks first while the service is down; leaving it down has its own key, l)"),
+    ("q", "quit (asks first while the service is down or a run is going; leaving it down has its own key, "
+          "l); ctrl+q and ctrl+c quit the same way, from any screen"),
 ]
 ACTING_KEYS = {"g", "n", "p", "c", "r"}  # what read-only does not offer
 RESULT_KEYS = [
-    ("1..6", "summary, per prompt, acceptance chart, parity, kernels, the window's timeline"),
+    ("1..7", "summary, per prompt, acceptance chart, parity, kernels, the window's timeline, the online cross-check"),
     ("d", "per prompt: the next drafter's columns (the prompt column stays)"),
     ("arrows", "scroll the table of the tab shown"),
-    ("e", "export report.md and report.json into the run's results directory"),
+    ("e", "export report.md and report.json into the run directory"),
     ("escape", "back to the dashboard"),
 ]
 
@@ -66,8 +67,10 @@ class HelpModal(ConsoleModal[None]):
                                                   if not (self.read_only and k in ACTING_KEYS)]))
             yield Static(keys_table("Results", RESULT_KEYS))
             yield Static(Text("\nBefore anything changes a host you are asked, with the literal command. "
-                              "Refusing changes nothing. While the service is down because of this run a red "
-                              "banner says for how long, on every screen.", style="dim"))
+                              "Refusing changes nothing. While the service is down because of a run a red "
+                              "banner says for how long, on every screen, and whether anything is bringing it "
+                              "back. In Steps, a step's time is its own work; a dim +N beside it is how long "
+                              "its questions waited for an answer (never counted in an estimate).", style="dim"))
 
     def action_dismiss_help(self) -> None:
         self.dismiss(None)

@@ -10,7 +10,7 @@ from textual.widgets import Static
 
 from console.messages import Confirmation, HoldersFound, VramHolder
 from console.views.units import duration
-from screens.modals.confirm import QuestionModal, command_text
+from screens.modals.confirm import REFUSALS, QuestionModal, command_text
 
 
 def targeted_pids(argv: tuple[str, ...]) -> set[int]:
@@ -49,7 +49,8 @@ class HoldersModal(QuestionModal):
         n = len(found.holders) if found is not None else None
         what = f"{n} process{'es' if n != 1 else ''}" if n is not None else "the processes"
         super().__init__(f"VRAM is still held on {confirmation.host} after the stop: end {what}?",
-                         yes="End them", no="Leave them", destructive=True, id="holders")
+                         yes="End them", no="Leave them", destructive=True, id="holders",
+                         refusal=REFUSALS["free-vram"])
         self.confirmation = confirmation
         self.found = found
 

@@ -35,16 +35,18 @@ class QuitWhileDownModal(ConsoleModal[str]):
                 Binding("l", "answer('leave')", "Leave it down and quit"),
                 Binding("escape,n,q", "answer('stay')", "Stay", key_display="esc")]
 
-    def __init__(self, down_since: float, now: float, can_restart: bool = True, restarting: bool = False) -> None:
+    def __init__(self, down_since: float, now: float, can_restart: bool = True, restarting: bool = False,
+                 why_not: str = "", by: str = "this run") -> None:
         super().__init__(id="quit-while-down")
         self.down_since, self.now = down_since, now
+        self.why_not, self.by = why_not, by  # why r cannot be offered here; which run stopped it
         self.restarting = restarting  # a restart is under way: wait for it, never start another
         self.can_restart = can_restart and not restarting
         self.AUTO_FOCUS = "#wait" if restarting else "#restart" if self.can_restart else "#stay"  # never "leave"
 
     def title_text(self) -> Text:
         now = self.app.now() if hasattr(self.app, "now") else self.now  # counts on while the question waits
-        return Text(f"The service is down: stopped by this run {duration(now - self.down_since)} "
+        return Text(f"The service is down: stopped by {self.by} {duration(now - self.down_since)} "
                     f"ago ({clock(self.down_since)}).")
 
     def dialog(self) -> ComposeResult:
@@ -52,8 +54,11 @@ class QuitWhileDownModal(ConsoleModal[str]):
             yield Static(self.title_text(), classes="title")
             if self.restarting:
                 yield Static(Text("A restart is under way. Quit once the service is ready, or stay?"))
-            else:
+            elif self.can_restart:
                 yield Static(Text("Quitting leaves it down until someone starts it. Restart it first?"))
+            else:  # say why the restart is not offered, and what leaving does
+                yield Static(Text(f"No restart from here: {self.why_not or 'this console cannot restart it'}. "
+                                  "Quitting leaves it down until someone starts it (run --resume restarts it)."))
             with Horizontal(classes="buttons"):
                 if self.restarting:
                     yield Button("Wait until ready, then quit (w)", id="wait", variant="primary")

@@ -1,5 +1,7 @@
-"""The red banner on every screen, modals included, while this console holds the service down: for
-how long, when it is expected back (and on what that rests), when the window's budget ends."""
+"""The red banner on every screen, modals included, while the service is down because of a run: for
+how long, who holds it down when another console drives the run, when it is expected back (only while
+something is bringing it back: a run going, a restart under way), and when the window's budget ends.
+While a question waits it says so, rather than counting the operator's thinking as lateness."""
 
 from __future__ import annotations
 
@@ -11,33 +13,50 @@ from screens.format import clock, update_static
 from screens.state import ConsoleState
 
 
-def downtime_text(state: ConsoleState, now: float, can_restart: bool) -> Text:
-    """'SERVICE DOWN 1 min 30 s · back ~09:38:10 (in 1 min 40 s) · window ends 09:45:00 · r restarts it'."""
+def downtime_text(state: ConsoleState, now: float, can_restart: bool, asking: bool = False,
+                  restarting: bool = False) -> Text:
+    """'SERVICE DOWN 1 min 30 s · back ~09:38:10 (in 1 min 40 s) · window ends 09:45:00', or
+    'SERVICE DOWN 48 s · no restart under way: r restarts it', or '... · waiting for your answer'."""
     down_since = state.down_since
     text = Text(f"SERVICE DOWN {duration(now - (down_since or now))}")
-    back = state.expected_back(now)
-    if back is not None:
-        ready_at, _basis = back
-        late = ready_at < now
-        text.append(f" · back ~{clock(ready_at)}")
-        text.append(f" ({duration(now - ready_at)} late)" if late else f" (in {duration(ready_at - now)})")
+    elsewhere = state.driven_elsewhere()
+    if elsewhere is not None:  # who holds it down: the run and the console that drives it
+        text.append(f" · run {elsewhere.run_id}")
+        if elsewhere.console_gone:
+            text.append(" (its console is gone: run --resume restarts it)")
+        elif elsewhere.owner:
+            text.append(f" by {elsewhere.owner}")
+    live = state.live
+    driving = live is not None and live.status == "running" and not live.console_gone  # a run is going
+    if asking or (driving and elsewhere is not None and elsewhere.question):
+        text.append(" · waiting for your answer" if asking else f" · waiting for an answer: {elsewhere.question}")
+    elif not (state.running or restarting or driving):
+        text.append(" · no restart under way" + (": r restarts it" if can_restart else ""))
     else:
-        job = state.extraction()
-        eta = job.eta_s(now) if job is not None else None
-        if eta is not None:  # no estimate of the restart yet: at least when the extraction ends
-            text.append(f" · extraction ~{duration(eta)} left")
+        _expected(text, state, now)
     ends = state.window_ends()
     if ends is not None:
         text.append(f" · window ends {clock(ends)}")
-    if can_restart:
-        text.append(" · r restarts it")
     return text
+
+
+def _expected(text: Text, state: ConsoleState, now: float) -> None:
+    back = state.expected_back(now)
+    if back is not None:
+        ready_at, _basis = back
+        text.append(f" · back ~{clock(ready_at)}")
+        text.append(f" ({duration(now - ready_at)} late)" if ready_at < now else f" (in {duration(ready_at - now)})")
+        return
+    job = state.extraction()
+    eta = job.eta_s(now) if job is not None else None
+    if eta is not None:  # no estimate of the restart yet: at least when the extraction ends
+        text.append(f" · extraction ~{duration(eta)} left")
 
 
 class DowntimeBanner(Static):
     DEFAULT_CSS = """
-    DowntimeBanner { height: 1; background: $error; color: $text; text-style: bold;
-                     display: none; content-align: center middle; }
+    DowntimeBanner { height: auto; max-height: 3; background: $error; color: $text; text-style: bold;
+                     display: none; content-align: center middle; text-align: center; }
     DowntimeBanner.down { display: block; }
     """
 
@@ -54,5 +73,10 @@ class DowntimeBanner(Static):
         self.set_class(down, "down")
         if not down:
             return
-        text = downtime_text(state, now, can_restart)
-        update_static(self, text, text.markup, 1)
+        app = self.app
+        decider = getattr(app, "decider", None)
+        restarting = getattr(app, "restarting", None)
+        text = downtime_text(state, now, can_restart, asking=getattr(decider, "asking", None) is not None,
+                             restarting=bool(restarting()) if callable(restarting) else False)
+        width = max(1, self.size.width or self.app.size.width)
+        update_static(self, text, text.markup, max(1, -(-text.cell_len // width)))  # two lines when narrow

@@ -14,12 +14,12 @@ from screens.format import clock, update_static
 
 
 def service_renderable(view: ServiceView | None, downtime: Downtime | None, startup: StartupProgress | None,
-                       now: float) -> Group:
+                       now: float, by: str = "this run") -> Group:
     lines: list[Text] = []
     down_since = downtime.down_since if downtime is not None else None
     if down_since is not None:
         lines.append(Text(f" DOWN {duration(now - down_since)} ", style="bold white on red"))
-        lines.append(Text(f"stopped by this run at {clock(down_since)}", style="red"))
+        lines.append(Text(f"stopped by {by} at {clock(down_since)}", style="red"))
     if view is None:
         lines.append(Text("not checked yet", style="yellow"))
         return Group(*lines)
@@ -76,9 +76,9 @@ class ServicePanel(Static):
         self.border_title = f"Service {name} on {host}"
 
     def show(self, view: ServiceView | None, downtime: Downtime | None, startup: StartupProgress | None,
-             now: float) -> None:
+             now: float, by: str = "this run") -> None:
         self.set_class(downtime is not None and downtime.down_since is not None, "down")
-        shown = service_renderable(view, downtime, startup, now)
+        shown = service_renderable(view, downtime, startup, now, by)
         width = max(1, self.content_region.width or 40)
         # The rows it takes, wrapped lines counted: a layout pass only when that changes.
         rows = sum(max(1, -(-t.cell_len // width)) if not t.no_wrap else 1 for t in shown.renderables)

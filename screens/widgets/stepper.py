@@ -1,7 +1,7 @@
 """The procedure's steps: status, how long each took (or has been running), the estimate from
 earlier runs, and why a step was skipped, left out, refused or failed. An ended step's time is its
-own work; the time its questions waited for the operator is beside it ("0s +19s", with a legend),
-so that a slow answer never reads as a slow stop."""
+own work; the time its questions waited for the operator is beside it, dim ("0s +19s"; help says
+what "+" means), so that a slow answer never reads as a slow stop. Hints name only keys that work."""
 
 from __future__ import annotations
 
@@ -21,7 +21,8 @@ MARKS = {"pending": ("·", "dim"), "running": ("▶", "bold yellow"), "done": ("
          "left-out": ("–", "dim"), "cancelled": ("⊘", "yellow")}
 
 
-def stepper_renderable(steps: Mapping[str, StepView], planned: bool, now: float, running: bool = False) -> Group:
+def stepper_renderable(steps: Mapping[str, StepView], planned: bool, now: float, running: bool = False,
+                       read_only: bool = False) -> Group:
     table = Table(box=None, show_header=False, padding=(0, 1), pad_edge=False, expand=True)
     table.add_column("", width=1, no_wrap=True)
     table.add_column("step", no_wrap=True, min_width=9, ratio=1)
@@ -29,7 +30,6 @@ def stepper_renderable(steps: Mapping[str, StepView], planned: bool, now: float,
     table.add_column("took", justify="right", no_wrap=True)
     table.add_column("est.", justify="right", no_wrap=True, style="dim")
     notes: list[Text] = []
-    waited = False
     for step in steps.values():
         mark, style = MARKS.get(step.status, ("?", ""))
         if step.status == "running" and step.started_at is not None:
@@ -39,7 +39,6 @@ def stepper_renderable(steps: Mapping[str, StepView], planned: bool, now: float,
             took = Text(duration(work, compact=True))
             if step.decision_s is not None and step.decision_s >= 1:
                 took.append(f" +{duration(step.decision_s, compact=True)}", style="dim")
-                waited = True
         else:
             took = ""
         estimate = f"~{duration(step.estimate_s, compact=True)}" if step.estimate_s is not None else ""
@@ -49,11 +48,9 @@ def stepper_renderable(steps: Mapping[str, StepView], planned: bool, now: float,
         if why and step.status in ("skipped", "left-out", "refused", "failed", "cancelled"):
             notes.append(Text(f"{step.name}: {why}", style="red" if step.status == "failed" else "dim"))
     parts: list = [table]
-    if waited:
-        parts.append(Text("+N: waiting for your answer", style="dim"))
     if not planned:
-        parts.append(Text("planning: preflight is running" if running else "no plan yet: p plans, g runs",
-                          style="dim"))
+        idle = "no run going: this console watches" if read_only else "no plan yet: p plans, g runs"
+        parts.append(Text("planning: preflight is running" if running else idle, style="dim"))
     parts.extend(notes[-3:])
     return Group(*parts)
 
@@ -81,11 +78,11 @@ class Stepper(Static):
         self.border_title = "Steps"
 
     def show(self, steps: Mapping[str, StepView], planned: bool, run_id: str | None, route: str | None,
-             now: float, compact: bool = False, running: bool = False) -> None:
+             now: float, compact: bool = False, running: bool = False, read_only: bool = False) -> None:
         self.border_title = f"Steps  {run_id}" + (f" ({route})" if route and route != "window" else "") \
             if run_id else "Steps"
-        key = (compact, planned, running, tuple((s.name, s.status, s.estimate_s, s.started_at, s.ended_at, s.detail,
+        key = (compact, planned, running, read_only, tuple((s.name, s.status, s.estimate_s, s.started_at, s.ended_at, s.detail,
                                         s.work_s, s.decision_s,
                                         int(now - s.started_at) if s.status == "running" and s.started_at else None)
                                        for s in steps.values()))
-        update_static(self, stepper_chips(steps, now) if compact else stepper_renderable(steps, planned, now, running), key)
+        update_static(self, stepper_chips(steps, now) if compact else stepper_renderable(steps, planned, now, running, read_only), key)

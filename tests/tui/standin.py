@@ -91,7 +91,7 @@ STOP_FORECAST = m.Forecast("20251201-093500-ab12", 194.0, (
 
 
 def stop_confirmation() -> m.Confirmation:
-    """The engine's stop question (console/procedure/engine.py: run_stop), its forecast written by
+    """The engine's stop question (console/procedure/steps/stop.py: run_stop), its forecast written by
     the forecast's own summary."""
     return m.Confirmation("stop", "stop the service", "ct129", ("systemctl", "stop", "sglang-qwen"),
                           f"sglang-qwen on ct129 goes down; forecast downtime {fc.summary(STOP_FORECAST)}",
@@ -99,7 +99,7 @@ def stop_confirmation() -> m.Confirmation:
 
 
 def restart_confirmation(so_far: int = 90) -> m.Confirmation:
-    """The engine's restart question (console/procedure/engine.py: restart_service)."""
+    """The engine's restart question (console/procedure/steps/stop.py: restart_service)."""
     return m.Confirmation("restart", "start the service", "ct129", ("systemctl", "start", "sglang-qwen"),
                           f"the extraction finished: brings sglang-qwen back (down {duration(so_far)} so far)", False,
                           96.0)
@@ -306,6 +306,8 @@ def extract_progress(t: float = T0) -> list[m.JobProgress]:
 def mid_window(op: StandinOperator) -> None:
     """The window 90 s after the stop: extraction running, the service down."""
     now = op.now
+    # This console drives it (its follower says so as the engine runs): the restart is on its way.
+    op.publish(m.LiveRun(op.run_id, "running", "op@ws1 pid 4242 since 09:30:00", False, True, ours=True))
     op.publish(m.PlanReady(op.run_id, "window", PLAN_STEPS))
     t = now - 190
     # (step, wall time, of it waiting for the operator's answer): the engine sends both

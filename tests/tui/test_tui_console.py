@@ -485,7 +485,7 @@ async def test_help_lists_the_keys(op: StandinOperator):
         await pilot.press("question_mark")
         await wait_for(pilot, lambda: app.screen.id == "help")
         shown = "\n".join(text_of(w) for w in app.screen.query(Static))
-        for key in ("g", "p", "c", "r", "o", "h", "ctrl+p", "q", "1..6", "e"):
+        for key in ("g", "p", "c", "r", "o", "h", "ctrl+p", "q", "1..7", "e"):
             assert f"\n{key} " in f"\n{shown}" or f" {key} " in shown
         await pilot.press("escape")
         await pilot.pause()

@@ -1,0 +1,278 @@
+"""Issue 28, the console walked again by a new operator: what showed wrong facts or led to a wrong
+turn, each driven by keys (Pilot) over the stand-in operator (real messages on a real bus), a run
+store written by the real store and the real live-run follower."""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import os
+from pathlib import Path
+
+from textual.widgets import Static
+
+from console import messages as m
+from console.procedure.follower import write_question
+from console.procedure.state import Owner
+from console.procedure.store import RunStore
+from screens.app import ConsoleApp, ProcedureEnded
+from screens.modals.confirm import ConfirmModal
+from screens.modals.holders import HoldersModal
+from screens.modals.quit import QuitWhileDownModal
+from screens.widgets.downtime_banner import DowntimeBanner
+from screens.widgets.service_panel import ServicePanel
+from screens.widgets.stepper import Stepper
+from tests.tui.standin import T0, StandinOperator, restart_confirmation, stop_confirmation
+from tests.tui.test_tui_operator import Clock, console, footer_keys, on_top, text_of, until
+
+WIDE = (120, 40)
+
+
+def serving(**kw) -> StandinOperator:
+    op = StandinOperator(**kw)
+    op.seed(history=5)
+    return op
+
+
+def banner_text(app: ConsoleApp) -> str:
+    return text_of(app.screen.query_one(DowntimeBanner))
+
+
+def statuses(app: ConsoleApp, *names: str) -> list[str]:
+    return [app.state.steps[n].status for n in names]
+
+
+class GatedRun(StandinOperator):
+    """The stand-in whose next run waits at its preflight until the test lets it go on."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.gate: asyncio.Event | None = None
+
+    async def run(self, decider, **kw) -> m.RunFinished:
+        if self.gate is not None:
+            await self.gate.wait()
+        return await super().run(decider, **kw)
+
+
+# --- 1. the stepper shows the run being driven, never the last one's ticks --------------------------
+
+
+async def test_a_new_run_shows_its_own_steps_never_the_last_runs():
+    op = GatedRun()
+    op.seed(history=5)
+    ended: list[ProcedureEnded] = []
+    async with console(op, WIDE, clock=Clock()) as (app, pilot):
+        app.message_hook = None
+        await pilot.press("g")
+        await until(pilot, lambda: on_top(app, ConfirmModal))
+        await pilot.press("y")
+        await until(pilot, lambda: on_top(app, HoldersModal))
+        await pilot.press("y")
+        await until(pilot, lambda: app.state.finished is not None and not app.state.running)
+        assert statuses(app, "stop", "restart", "evaluate") == ["done", "done", "done"]
+        op.run_id, op.gate = "20251201-101500-cd34", asyncio.Event()
+        await pilot.press("g")  # a new run, still in its preflight
+        await until(pilot, lambda: app.state.running)
+        await pilot.pause()
+        stepper = text_of(app.screen.query_one(Stepper))
+        assert "done" not in stepper and statuses(app, "stop", "restart") == ["pending", "pending"]
+        op.gate.set()
+        await until(pilot, lambda: on_top(app, ConfirmModal))
+        assert statuses(app, "restart", "evaluate", "report") == ["pending"] * 3
+        await pilot.press("n")  # refuse the stop: the steps after it never ran in this run
+        await until(pilot, lambda: app.state.finished is not None and not app.state.running)
+        assert app.state.finished.run_id == op.run_id
+        assert statuses(app, "stop", "restart", "evaluate", "report") == ["refused", "pending", "pending", "pending"]
+        assert "✓ restart" not in text_of(app.screen.query_one(Stepper))
+    assert not ended
+
+
+# --- 2. the DOWN banner projects a return only while something brings it ----------------------------
+
+
+async def test_the_banner_never_projects_a_return_nothing_is_bringing():
+    op = serving()
+    clock = Clock()
+    async with console(op, WIDE, clock=clock) as (app, pilot):
+        # A refused restart: down, no run going, no restart under way.
+        op.publish(m.PlanReady(op.run_id, "window", ()))
+        op.publish(m.Downtime(op.run_id, clock.t - 48))
+        op.publish(m.DecisionMade(stop_confirmation(), True, "tui"))  # the stop's forecast: 3 min 14 s
+        await until(pilot, lambda: app.state.down_since is not None)
+        clock.t += 400  # well past the forecast
+        app.refresh_banners()
+        text = banner_text(app)
+        assert "no restart under way: r restarts it" in text
+        assert "back ~" not in text and "late" not in text
+    # A question waits while the service is down: the operator's thinking is never lateness.
+    op = serving()
+    clock = Clock()
+    async with console(op, WIDE, clock=clock) as (app, pilot):
+        await pilot.press("g")
+        await until(pilot, lambda: on_top(app, ConfirmModal))
+        await pilot.press("y")
+        await until(pilot, lambda: on_top(app, HoldersModal) and app.state.down_since is not None)
+        clock.t += 900
+        app.refresh_banners()
+        text = banner_text(app)
+        assert "waiting for your answer" in text and "late" not in text
+        await pilot.press("y")
+        await until(pilot, lambda: not app.state.running)
+
+
+# --- 3. one figure per question, its basis in words ---------------------------------------------------
+
+
+async def test_the_stop_question_gives_one_figure_with_its_basis_in_words():
+    op = serving()
+    async with console(op, WIDE, clock=Clock()) as (app, pilot):
+        asyncio.ensure_future(app.decider.decide(stop_confirmation()))
+        await until(pilot, lambda: on_top(app, ConfirmModal))
+        body = " ".join(text_of(w) for w in app.screen.query(Static))
+        assert body.count("3 min 14 s") == 1  # the forecast, once: never a second figure beside it
+        assert "estimated)" not in body and "earlier windows" not in body
+        assert "extract: median of 2 earlier runs on ct129" in " ".join(body.split())
+        await pilot.press("n")
+
+
+# --- 4. quitting with the service down -------------------------------------------------------------
+
+
+async def test_quit_while_down_says_why_no_restart_and_leaves_a_last_line(tmp_path: Path):
+    op = serving()
+    async with console(op, WIDE, clock=Clock()) as (app, pilot):
+        await pilot.press("g")
+        await until(pilot, lambda: on_top(app, ConfirmModal))
+        await pilot.press("y")
+        await until(pilot, lambda: on_top(app, HoldersModal) and app.state.down_since is not None)
+        await pilot.press("ctrl+q")  # the run goes on, the service is down: the quit asks
+        await until(pilot, lambda: on_top(app, QuitWhileDownModal))
+        said = " ".join(" ".join(text_of(w) for w in app.screen.query(Static)).split())
+        assert "Restart it first?" not in said
+        assert "No restart from here: the run restarts the service itself" in said
+        assert not app.screen.query("#restart") and app.focused.id == "stay"
+        await pilot.press("l")
+        await until(pilot, lambda: not app.is_running)
+    assert app.farewell == f"ct129 DOWN since 09:35:{int(app.state.down_since - T0):02d} (run {op.run_id}); " \
+                          "restart: dflash-ops run --resume"
+
+
+def test_the_last_line_names_a_config_that_is_not_the_default(tmp_path: Path):
+    op = serving()
+    op.config = dataclasses.replace(op.config, source=tmp_path / "drill.toml")
+    app = ConsoleApp(op, clock=Clock())
+    app.state.apply(m.Downtime("20251202-025000-0660", T0))
+    assert app.left_down_line() == (f"ct129 DOWN since 09:35:00 (run 20251202-025000-0660); "
+                                    f"restart: dflash-ops run --resume --config {tmp_path / 'drill.toml'}")
+
+
+# --- 5. one quit path, in the console's words ------------------------------------------------------
+
+
+async def test_ctrl_c_and_ctrl_q_take_the_consoles_own_quit_from_every_screen():
+    op = serving()
+    async with console(op, WIDE, clock=Clock()) as (app, pilot):
+        asyncio.ensure_future(app.decider.decide(restart_confirmation()))
+        app.state.running = True  # a run asks: quitting must ask first, over the question too
+        await until(pilot, lambda: on_top(app, ConfirmModal))
+        await pilot.press("ctrl+c")
+        await until(pilot, lambda: app.screen.id == "quit-while-running")
+        assert not app._notifications  # never Textual's "press ctrl+q to quit"
+        await pilot.press("n")
+        await until(pilot, lambda: on_top(app, ConfirmModal))
+        await pilot.press("n")
+        app.state.running = False
+        commands = list(app.get_system_commands(app.screen))
+        quits = [c for c in commands if c.title == "Quit"]
+        assert len(quits) == 1 and "asks first" in quits[0].help and "as soon as possible" not in quits[0].help
+        await pilot.press("ctrl+q")
+        await until(pilot, lambda: not app.is_running)
+
+
+# --- 6. the read-only console: who drives, what it waits on, when it ended ---------------------------
+
+
+async def test_the_read_only_console_names_the_driver_its_question_and_the_end(tmp_path: Path):
+    store = RunStore(tmp_path / "runs")
+    run = store.create(None, None)
+    state = run.state
+    state.status, state.owner = "running", Owner.this_process()
+    state.route = "window"
+    state.service.stopped_at, state.service.down = T0, True
+    for name in ("preflight", "stage", "cache", "stop", "free-vram", "extract"):
+        state.step(name).status, state.step(name).started_at, state.step(name).ended_at = "done", T0 - 60, T0 - 50
+    state.step("restart").status, state.step("restart").started_at = "running", T0 + 10
+    run.save()
+    write_question(run.dir, restart_confirmation(), T0 + 10)
+    op = serving(runs_dir=store.root, read_only=True)
+    async with console(op, WIDE, clock=Clock()) as (app, pilot):
+        await until(pilot, lambda: app.state.live is not None and app.state.down_since is not None)
+        await until(pilot, lambda: "waiting for an answer" in banner_text(app))
+        text = banner_text(app)
+        assert f"run {run.run_id} by {state.owner.describe()}" in text
+        assert "start the service on ct129: $ systemctl start sglang-qwen" in text
+        assert f"stopped by run {run.run_id}" in text_of(app.screen.query_one(ServicePanel))
+        stepper = text_of(app.screen.query_one(Stepper))
+        assert "p plans" not in stepper and "+N" not in stepper and "waiting for your answer" not in stepper
+        assert "p" not in footer_keys(app) and "g" not in footer_keys(app)
+        # The run ends (the restart done, the rest after it): the follower's last look shows it.
+        os.unlink(run.dir / "question.json")
+        state.service.down, state.service.ready_at = False, T0 + 40
+        for name in ("restart", "evaluate", "report", "crosscheck"):
+            state.step(name).status, state.step(name).ended_at = "done", T0 + 50
+        state.status = "done"
+        run.save()
+        await until(pilot, lambda: app.state.steps["crosscheck"].status == "done")
+        await until(pilot, lambda: app.state.down_since is None)
+        assert "running" not in text_of(app.screen.query_one(Stepper))
+        assert app.state.live.status == "done"
+
+
+async def test_an_empty_read_only_console_offers_no_key_it_lacks():
+    op = serving(read_only=True)
+    async with console(op, WIDE, clock=Clock()) as (app, pilot):
+        await pilot.pause()
+        text = " ".join(text_of(app.screen.query_one(Stepper)).split())
+        assert "p plans" not in text and "g runs" not in text and "this console watches" in text
+
+
+# --- 7. legends belong in help ------------------------------------------------------------------------
+
+
+async def test_the_steps_panel_has_no_legend_help_says_what_plus_means():
+    op = serving()
+    async with console(op, WIDE, clock=Clock()) as (app, pilot):
+        await pilot.press("g")
+        await until(pilot, lambda: on_top(app, ConfirmModal))
+        await pilot.press("y")
+        await until(pilot, lambda: on_top(app, HoldersModal))
+        await pilot.press("y")
+        await until(pilot, lambda: not app.state.running)
+        op.publish(m.StepUpdate(op.run_id, "stop", "done", T0, T0 + 20, work_s=1.0, decision_s=19.0))
+        await until(pilot, lambda: app.state.steps["stop"].decision_s == 19.0)
+        await pilot.pause()
+        stepper = text_of(app.screen.query_one(Stepper))
+        assert "+19s" in stepper.replace(" ", "") and "waiting for your answer" not in stepper
+        await pilot.press("question_mark")
+        await until(pilot, lambda: app.screen.id == "help")
+        helped = " ".join(" ".join(text_of(w) for w in app.screen.query(Static)).split())
+        assert "a dim +N beside it is how long its questions waited" in helped
+        assert "1..7" in helped and "into the run directory" in helped
+
+
+# --- 11. the footer and the buttons say the same, and what n leaves behind ------------------------------
+
+
+async def test_every_question_says_what_n_leaves_behind_in_the_buttons_words():
+    op = serving()
+    async with console(op, (80, 24), clock=Clock()) as (app, pilot):
+        op.publish(m.Downtime(op.run_id, T0))
+        asyncio.ensure_future(app.decider.decide(restart_confirmation()))
+        await until(pilot, lambda: on_top(app, ConfirmModal))
+        footer = {b.description for _, b, enabled, _ in app.screen.active_bindings.values() if b.show and enabled}
+        assert {"Proceed", "Cancel"} <= footer and not {"Yes", "No"} & footer
+        refusal = text_of(app.screen.query_one(".refusal", Static)).strip()
+        assert refusal == "Cancel (n): the service stays down; r restarts it"
+        assert app.screen.query_one(".refusal").region.height == 1  # on screen at 80 x 24, above the buttons
+        await pilot.press("n")
