@@ -21,6 +21,7 @@ from console.service.sglang_api import ServerAnswerError, ServerUnreachable, Sgl
 from remote.drill import simgpu
 from tests.standin_helpers import GREEDY_PARAMS, running_standin
 
+SGLANG = json.loads((Path(__file__).parent / "data" / "sglang" / "0.5.23-memory-saver.json").read_text())["answers"]
 KEY, ADMIN = "api-key", "admin-key"
 GPU_MIB, KV_MIB, GRAPH_MIB = 40000, 14000, 1200
 WEIGHTS_MIB = GPU_MIB - KV_MIB - GRAPH_MIB
@@ -138,19 +139,22 @@ def test_retract_holds_the_request_gives_the_kv_cache_back_and_answers_it_after_
     url, gpu_file = saver["url"], saver["gpu_file"]
     running = InFlight(url)
     until(lambda: requests_of(url)["running"] == 1)
-    assert admin(url, "/pause_generation", {"mode": "retract"}) == (
-        200, {"message": "Generation paused successfully.", "status": "ok"})
+    paused = SGLANG["pause_generation"]  # SGLang's answers, written from its source
+    assert admin(url, "/pause_generation", {"mode": "retract"}) == (paused["status"], paused["body"])
     assert requests_of(url) == {"running": 0, "waiting": 1, "held": 0}  # back in the waiting queue
     assert call(url, "/ready")[0] == 503  # not ready while paused
     late = InFlight(url)  # a request sent while paused waits at the front
     until(lambda: requests_of(url)["held"] == 1)
     # idle now (the retracted one waits): the KV cache and the graphs leave the simulated GPU
-    assert admin(url, "/release_memory_occupation", {"tags": ["kv_cache", "cuda_graph"]}) == (200, None)
+    released = SGLANG["release_memory_occupation"]
+    assert admin(url, "/release_memory_occupation", {"tags": ["kv_cache", "cuda_graph"]}) == (
+        released["status"], released["body"])
     assert used_mib(gpu_file) == WEIGHTS_MIB and sorted(info(url)["released"]) == ["cuda_graph", "kv_cache"]
     assert running.thread.is_alive() and late.thread.is_alive()
     assert admin(url, "/resume_memory_occupation", {"tags": ["kv_cache", "cuda_graph"]}) == (200, None)
     assert used_mib(gpu_file) == GPU_MIB
-    assert admin(url, "/continue_generation") == (200, {"message": "Generation continued successfully.", "status": "ok"})
+    continued = SGLANG["continue_generation"]
+    assert admin(url, "/continue_generation") == (continued["status"], continued["body"])
     first, second = running.result(), late.result()
     assert first["output_ids"] == saver["reference"]  # its KV cache recomputed: the same greedy tokens
     assert first["meta_info"]["num_retractions"] == 1 and second["meta_info"]["num_retractions"] == 0
