@@ -24,7 +24,7 @@ from screens.widgets.stepper import Stepper
 from tests.tui.test_tui_console import text_of
 
 RECORDED = Path(__file__).parents[1] / "data" / "replay" / "20261202-041120-520a"
-SIZE = (160, 50)
+SIZE = (120, 40)
 
 
 class Clock:
