@@ -161,16 +161,16 @@ async def test_a_trickled_status_line_is_no_answer_within_the_deadline(raw: RawS
     raw.routes["/health"] = trickle_status
     began = time.monotonic()
     with pytest.raises(ServerUnreachable, match=r"/health: no answer within 1 s"):
-        await SglangClient(raw.url, timeout=1.0).health()
+        await SglangClient(raw.url, timeout=1.0, health_timeout=1.0).health()
     assert time.monotonic() - began < 2.5
 
 
 async def test_a_stuck_server_is_our_deadline_not_a_closed_connection(raw: RawServer) -> None:
     raw.routes["/health"] = stuck
     with pytest.raises(ServerUnreachable) as info:
-        await SglangClient(raw.url, timeout=1.0).health()
+        await SglangClient(raw.url, timeout=1.0, health_timeout=1.0).health()
     assert str(info.value) == f"{raw.url}/health: no answer within 1 s (our deadline)"
-    health = await probe_health(SglangClient(raw.url, timeout=1.0))
+    health = await probe_health(SglangClient(raw.url, timeout=1.0, health_timeout=1.0))
     assert "(our deadline)" in health.error and "closed the connection" not in health.error
 
 
@@ -184,8 +184,33 @@ async def test_the_socket_timing_out_before_the_watchdog_is_still_our_deadline(r
     monkeypatch.setattr(http_deadline.threading, "Timer", lambda seconds, fn: real_timer(seconds + 30, fn))
     raw.routes["/health"] = stuck
     with pytest.raises(ServerUnreachable) as info:
-        await SglangClient(raw.url, timeout=1.0).health()
+        await SglangClient(raw.url, timeout=1.0, health_timeout=1.0).health()
     assert str(info.value) == f"{raw.url}/health: no answer within 1 s (our deadline)"
+
+
+def slow_503(seconds: float) -> Behaviour:
+    """SGLang's /health with its scheduler stuck: 503 once its own check has waited `seconds`."""
+    def behave(conn: socket.socket) -> None:
+        time.sleep(seconds)
+        conn.sendall(answer("503 Service Unavailable", headers={"Content-Length": "0"}))
+    return behave
+
+
+async def test_a_stuck_scheduler_is_waited_for_and_what_the_server_said_is_shown(
+        raw: RawServer, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Issue 27: SGLang answers /health 503 only after its own check (SGLANG_HEALTH_CHECK_TIMEOUT, 20 s
+    by default). The console waits that long, whatever its other requests' timeout, and shows the
+    server's verdict, never "no answer" (here the check is 1.5 s and other requests get 1 s)."""
+    monkeypatch.setenv("SGLANG_HEALTH_CHECK_TIMEOUT", "1.5")
+    raw.routes["/health"] = slow_503(1.5)
+    raw.routes["/model_info"] = whole(b'{"model_path": "/m"}')
+    raw.routes["/server_info"] = whole(b'{"version": "0.5.23"}')
+    client = SglangClient(raw.url, timeout=1.0)
+    assert await client.health() == 503
+    health = await probe_health(client, want_metrics=False)
+    assert health.health_status == 503 and not health.ready
+    assert "SGLang's own health check got no answer from its scheduler within 1.5 s" in health.error
+    assert "our deadline" not in health.error
 
 
 async def test_a_line_that_is_not_http_is_an_answer_error(raw: RawServer) -> None:

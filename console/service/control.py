@@ -26,7 +26,13 @@ from typing import Any, Protocol
 from console.config import ServiceConfig
 from console.fanout import FanOut
 from console.messages import ServiceHealth, ServiceStatus, ServiceView, StartupProgress
-from console.service.sglang_api import ServerAnswerError, ServerUnreachable, SglangClient, server_summary
+from console.service.sglang_api import (
+    ServerAnswerError,
+    ServerUnreachable,
+    SglangClient,
+    server_summary,
+    sglang_health_check_s,
+)
 from console.tasks import cancel_and_wait
 from console.telemetry import ServiceIdentity
 
@@ -453,10 +459,16 @@ async def probe_health(client: SglangClient, want_metrics: bool = True) -> Servi
     Never raises for anything the server does: each failure is the health's `error`."""
     try:
         status = await client.health()
-    except (ServerUnreachable, ServerAnswerError) as exc:
+    except ServerUnreachable as exc:  # waited as long as SGLang's own check: not even its 503 came
+        return ServiceHealth(None, False, error=f"{exc}; SGLang answers /health within its own check "
+                                                 f"({sglang_health_check_s():g} s), so the server is not answering")
+    except ServerAnswerError as exc:
         return ServiceHealth(None, False, error=str(exc))
     fields: dict[str, Any] = {}
     error = None
+    if status == 503:  # what the server said: starting, or its scheduler gave its own check no answer
+        error = (f"/health answered 503: SGLang's own health check got no answer from its scheduler within "
+                 f"{sglang_health_check_s():g} s (stuck or busy), or the server is still starting")
     try:
         info = await client.model_info()
         fields["model"] = info.get("served_model_name") or info.get("model_path")

@@ -26,6 +26,7 @@ import asyncio
 import http.client
 import json
 import math
+import os
 import re
 import time
 from dataclasses import dataclass
@@ -42,8 +43,20 @@ DEFAULT_TIMEOUT_S = 10.0
 MAX_BODY_BYTES = 64 << 20  # no SGLang answer the console asks for comes near this
 READY_PROMPT_IDS = [1, 2, 3]  # any valid ids: readiness asks for one generated token, not its meaning
 UNAUTHORIZED = "the server wants an API key: set [service] api_key_env"
+HEALTH_CHECK_DEFAULT_S = 20.0  # SGLang's SGLANG_HEALTH_CHECK_TIMEOUT default (http_server.py, 0.5.23)
+HEALTH_MARGIN_S = 5.0  # its one-second polls past the timeout, and the way back to us
 CONTROL_TIMEOUT_S = 60.0  # pause in "abort" mode waits (1 s polls) until every request has ended
 MEMORY_TIMEOUT_S = 180.0  # releasing 48 GiB of weights to a CPU backup took 19-20 s on an H200 (issue 26)
+
+
+def sglang_health_check_s() -> float:
+    """How long SGLang's /health checks its scheduler before answering 503: its
+    SGLANG_HEALTH_CHECK_TIMEOUT (20 s unless set; set it here as for the server, the console reads
+    the same name)."""
+    try:
+        return max(0.0, float(os.environ.get("SGLANG_HEALTH_CHECK_TIMEOUT", HEALTH_CHECK_DEFAULT_S)))
+    except ValueError:
+        return HEALTH_CHECK_DEFAULT_S
 
 
 class ServerAnswerError(Exception):
@@ -100,9 +113,13 @@ class SglangClient:
     """Talks to one server at `base_url` (e.g. "http://127.0.0.1:40123", the forwarded port)."""
 
     def __init__(self, base_url: str, timeout: float = DEFAULT_TIMEOUT_S, deadline: float | None = None,
-                 api_key: str | None = None):
+                 api_key: str | None = None, health_timeout: float | None = None):
         self.base_url = base_url.rstrip("/")
         self.timeout = timeout  # seconds per request, all of it
+        # /health waits as long as the server's own health check (a stuck scheduler is answered 503
+        # only after it): never "no answer" where SGLang would have said what is wrong.
+        self.health_timeout = health_timeout if health_timeout is not None else max(
+            timeout, sglang_health_check_s() + HEALTH_MARGIN_S)
         self.deadline = deadline  # time.monotonic() after which no request is made or waited for
         self._headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}  # never shown or logged
 
@@ -114,7 +131,7 @@ class SglangClient:
         deadline = time.monotonic() + max(0.0, seconds)
         if self.deadline is not None:
             deadline = min(deadline, self.deadline)
-        clone = SglangClient(self.base_url, self.timeout, deadline)
+        clone = SglangClient(self.base_url, self.timeout, deadline, health_timeout=self.health_timeout)
         clone._headers = self._headers
         return clone
 
@@ -142,9 +159,10 @@ class SglangClient:
         return (await self.get("/ready")).status
 
     async def health(self) -> int:
-        """HTTP status of GET /health (200 up, 503 starting); raises ServerUnreachable or
+        """HTTP status of GET /health (200 up, 503 starting or its scheduler stuck), waited for as
+        long as SGLang's own health check takes (`health_timeout`); raises ServerUnreachable or
         ServerAnswerError when no whole HTTP answer came back."""
-        return (await self.get("/health")).status
+        return (await self.get("/health", self.health_timeout)).status
 
     def _json_object(self, request: str, answer: HttpAnswer) -> dict:
         """The answer's JSON object; anything else is a ServerAnswerError naming `request` ("GET /x")."""
