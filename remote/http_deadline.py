@@ -61,8 +61,9 @@ class HttpDeadlineError(Exception):
 
 
 def request(url: str, data: bytes | None, timeout: float, max_body: int | None = None,
-            headers: dict[str, str] | None = None) -> Answer:
+            headers: dict[str, str] | None = None, method: str | None = None) -> Answer:
     """GET (or POST `data` as JSON) with a total deadline of `timeout` seconds; any HTTP status is returned.
+    `method` names another verb (the router's DELETE /workers/{id}).
 
     `headers` are sent as they are (e.g. `Authorization`); never put them in an error message."""
     parts = urlsplit(url)
@@ -93,7 +94,7 @@ def request(url: str, data: bytes | None, timeout: float, max_body: int | None =
     try:
         sent = {**({"Content-Type": "application/json"} if data is not None else {}), **(headers or {})}
         try:
-            conn.request("POST" if data is not None else "GET", target, body=data, headers=sent)
+            conn.request(method or ("POST" if data is not None else "GET"), target, body=data, headers=sent)
             response = conn.getresponse()
         except (OSError, http.client.HTTPException) as exc:
             raise HttpDeadlineError("no_answer", url, timeout, expired=ran_out(exc), cause=exc) from None

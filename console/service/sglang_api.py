@@ -79,7 +79,8 @@ def _excerpt(body: bytes) -> str:
     return repr(text[:120] + ("..." if len(text) > 120 else ""))
 
 
-def _request(url: str, data: bytes | None, timeout: float, headers: dict[str, str] | None = None) -> HttpAnswer:
+def _request(url: str, data: bytes | None, timeout: float, headers: dict[str, str] | None = None,
+             method: str | None = None) -> HttpAnswer:
     """GET (or POST `data`) with a total deadline of `timeout` seconds; any HTTP status is returned.
 
     The request is `remote.http_deadline.request` (a watchdog ends a blocked read at the deadline;
@@ -87,7 +88,7 @@ def _request(url: str, data: bytes | None, timeout: float, headers: dict[str, st
     two errors.
     """
     try:
-        answer = http_deadline.request(url, data, timeout, max_body=MAX_BODY_BYTES, headers=headers)
+        answer = http_deadline.request(url, data, timeout, max_body=MAX_BODY_BYTES, headers=headers, method=method)
     except http_deadline.HttpDeadlineError as err:
         exc = err.cause
         if err.kind == "bad_url":

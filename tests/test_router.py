@@ -1,0 +1,177 @@
+"""The router client against SGLang's real router (sglang-router 0.3.2) in front of two real rehearsal
+servers: listing, removing (the router stops routing there), adding back (it routes there again), the
+admin key, and every bad answer told with the router's URL, the route and what came back."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import threading
+import uuid
+from collections.abc import Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+
+import pytest
+
+from console.service.router import RouterClient, RouterError
+from console.service.sglang_api import ServerUnreachable, SglangClient
+from tests.router_helpers import running_fleet, running_router
+from tests.standin_helpers import free_port
+
+pytest.importorskip("sglang_router", reason="the fleet extra (sglang-router) is not installed")
+
+ADMIN_KEY = "router-admin-secret"
+USER_KEY = "router-user-secret"
+
+
+@pytest.fixture(scope="module")
+def fleet(tiny_target: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, list[str]]]:
+    with running_fleet(tiny_target, tmp_path_factory.mktemp("fleet")) as found:
+        yield found
+
+
+def served(url: str) -> float:
+    """Requests the replica has finished (its own /metrics counter)."""
+    values = asyncio.run(SglangClient(url).metrics())
+    assert values is not None
+    return values["sglang:num_requests_total"]
+
+
+def send_through(router: str, count: int, tag: str) -> None:
+    """`count` greedy /generate requests through the router, each a different prompt, one after another."""
+    async def go() -> None:
+        client = SglangClient(router, timeout=60)
+        for i in range(count):
+            # a prefix no earlier prompt shares: cache_aware routing then goes by the replicas' trees
+            answer = await client.post("/generate", {"text": f"{uuid.uuid4().hex} {tag} {i}",
+                                                     "sampling_params": {"max_new_tokens": 2, "temperature": 0}})
+            assert answer.status == 200, answer.body[:200]
+    asyncio.run(go())
+
+
+def test_lists_both_replicas_healthy_with_their_model_and_load(fleet, tiny_target):
+    router, replicas = fleet
+    workers = asyncio.run(RouterClient(router).workers())
+    assert sorted(w.url for w in workers) == sorted(replicas)
+    assert all(w.healthy and w.model == str(tiny_target) and w.load == 0 for w in workers)  # none in flight
+    assert len({w.id for w in workers}) == 2  # the router names each by its own id
+    assert asyncio.run(RouterClient(router).loads()) == dict.fromkeys(replicas, 0)
+
+
+def test_removed_replica_gets_no_requests_and_gets_them_again_once_added_back(fleet):
+    router, (kept, drained) = fleet
+    client = RouterClient(router)
+    removed_id = asyncio.run(client.remove_worker(drained))
+    try:
+        asyncio.run(client.wait_gone(drained, timeout_s=10))
+        assert [w.url for w in asyncio.run(client.workers())] == [kept]
+        before = served(kept), served(drained)
+        send_through(router, 6, "drained")
+        assert served(drained) == before[1]  # not one request reached the removed replica
+        assert served(kept) == before[0] + 6
+    finally:
+        new_id = asyncio.run(client.add_worker(drained))
+    back = asyncio.run(client.wait_listed(drained, timeout_s=30))
+    assert back.healthy and back.id == new_id != removed_id
+    # The router takes it back into rotation: fresh prompts reach it again.
+    before = served(drained)
+    send_through(router, 8, "rejoined")
+    assert served(drained) > before
+
+
+def test_removing_a_replica_the_router_does_not_list_names_router_and_url(fleet):
+    router, _ = fleet
+    missing = "http://127.0.0.1:9"
+    with pytest.raises(RouterError) as caught:
+        asyncio.run(RouterClient(router).remove_worker(missing))
+    assert router in str(caught.value) and missing in str(caught.value) and "nothing to remove" in str(caught.value)
+
+
+def test_wait_listed_gives_up_with_what_it_saw(fleet):
+    router, _ = fleet
+    with pytest.raises(RouterError, match=r"http://127.0.0.1:9 was not listed 0.3 s after it was added"):
+        asyncio.run(RouterClient(router).wait_listed("http://127.0.0.1:9", timeout_s=0.3))
+
+
+def test_a_server_that_is_not_a_router_is_named_with_the_route_and_its_answer(fleet):
+    _, (replica, _) = fleet  # a rehearsal server: SGLang has no /workers
+    with pytest.raises(RouterError) as caught:
+        asyncio.run(RouterClient(replica).workers())
+    assert str(caught.value) == f"router {replica}: GET /workers: HTTP 404: '{{\"detail\": \"Not Found\"}}'"
+
+
+def test_no_router_listening_is_unreachable_with_its_url():
+    url = f"http://127.0.0.1:{free_port()}"
+    with pytest.raises(ServerUnreachable, match=rf"{url}/workers: no answer"):
+        asyncio.run(RouterClient(url, timeout=2).workers())
+
+
+class _Broken(BaseHTTPRequestHandler):
+    """A server answering /workers wrongly, as a broken proxy or another release might: the answers the
+    real router never gives, so the client's checks are seen to fire."""
+
+    answers: dict[str, tuple[int, bytes]] = {}
+
+    def log_message(self, *args) -> None:
+        pass
+
+    def _answer(self) -> None:
+        status, body = self.answers[self.command]
+        self.send_response(status)
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    do_GET = do_POST = do_DELETE = _answer  # noqa: N815 - http.server's naming
+
+
+@pytest.fixture
+def broken() -> Iterator[str]:
+    server = ThreadingHTTPServer(("127.0.0.1", 0), _Broken)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield f"http://127.0.0.1:{server.server_address[1]}"
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+@pytest.mark.parametrize(("get", "post", "call", "message"), [
+    ((200, b"not json"), None, "workers", "GET /workers: expected a JSON object, got HTTP 200 'not json'"),
+    ((200, b'{"workers": 3}'), None, "workers", "GET /workers: expected 'workers' (a list)"),
+    ((200, b'{"workers": [{"id": "a", "url": "http://x", "is_healthy": "yes"}]}'), None, "workers",
+     "GET /workers: a worker without 'is_healthy' (true or false)"),
+    ((200, b'{"workers": [{"url": "http://x", "is_healthy": true}]}'), None, "workers",
+     "GET /workers: a worker without an 'id'"),
+    (None, (202, b'{"status": "accepted"}'), "add", "POST /workers: expected 'worker_id' in the answer"),
+    (None, (422, b"Failed to deserialize the JSON body"), "add",
+     "POST /workers: HTTP 422: 'Failed to deserialize the JSON body'"),
+    ((502, b"bad gateway"), None, "workers", "GET /workers: HTTP 502: 'bad gateway'"),
+])
+def test_bad_router_answers_are_clear_errors(broken, get, post, call, message):
+    _Broken.answers = {"GET": get or (200, b'{"workers": []}'), "POST": post or (202, b"{}")}
+    client = RouterClient(broken)
+    with pytest.raises(RouterError) as caught:
+        asyncio.run(client.workers() if call == "workers" else client.add_worker("http://127.0.0.1:1"))
+    assert str(caught.value).startswith(f"router {broken}: {message}")
+
+
+def test_admin_key_is_needed_for_worker_routes_and_inference_stays_open(fleet, tmp_path):
+    _, replicas = fleet
+    keys = (f"ops:Operator:admin:{ADMIN_KEY}", f"ro:Reader:user:{USER_KEY}")
+    with running_router(replicas[:1], tmp_path / "router.log", "--control-plane-api-keys", *keys,
+                        key=ADMIN_KEY) as router:
+        workers = asyncio.run(RouterClient(router, api_key=ADMIN_KEY).workers())
+        assert [w.url for w in workers] == replicas[:1]
+        with pytest.raises(RouterError, match=r"HTTP 401: the router wants an admin API key: set \[fleet\] api_key_env$"):
+            asyncio.run(RouterClient(router).workers())
+        with pytest.raises(RouterError, match="HTTP 401: .*; the key given was refused"):
+            asyncio.run(RouterClient(router, api_key="wrong").remove_worker(replicas[0]))
+        with pytest.raises(RouterError, match="HTTP 403: the router refused the key: worker routes need a key with the admin role"):
+            asyncio.run(RouterClient(router, api_key=USER_KEY).add_worker(replicas[1]))
+        assert asyncio.run(RouterClient(router).health()) == 200
+        answer = asyncio.run(SglangClient(router, timeout=60).post(
+            "/generate", {"text": "open", "sampling_params": {"max_new_tokens": 1}}))
+        assert answer.status == 200 and json.loads(answer.body)["meta_info"]["completion_tokens"] == 1
