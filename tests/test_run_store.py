@@ -5,8 +5,11 @@ from __future__ import annotations
 import asyncio
 import io
 import json
+import uuid
 
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from console.messages import Confirmation
 from console.procedure.decider import TerminalDecider
@@ -151,3 +154,62 @@ def test_stage_left_out_without_ram_and_estimates_from_earlier_runs() -> None:
     earlier = [{"steps": {"stop": {"status": "done", "started_at": 0, "ended_at": d}},
                 "service": {"stopped_at": 0, "ready_at": 10 * d}} for d in (1.0, 2.0, 9.0)]
     assert estimates(earlier) == {"stop": 2.0, "downtime": 20.0}
+
+
+def a_full_state(store: RunStore):
+    """A run as the engine leaves it mid-window: every table of the schema filled in."""
+    from console.procedure.state import JobRecord, Owner
+
+    run = store.create("/etc/dflash-ops.toml", "abc")
+    s = run.state
+    s.started, s.route, s.owner = True, "window", Owner.this_process()
+    s.step("stop").status, s.step("stop").work_s, s.step("stop").detail = "done", 2.5, "stopped"
+    s.jobs["extract"] = JobRecord("r-extract", "ct129", "extract", ["--model", "m"],
+                                  handle={"pid": 7, "run_dir": "/w"}, offset=120, events_seen=["staged"])
+    s.service.down, s.service.stopped_at, s.service.stops, s.service.pids_before_stop = True, 100.0, 1, [4242]
+    s.extraction.staged_pid, s.extraction.gpu_released_at = 7, 130.0
+    s.headline, s.exit_code = {"reference": 3.2, "candidate": None}, None
+    run.save()
+    return run
+
+
+NOT_BOOL, NOT_NUMBER, NOT_TEXT, NOT_LIST = ["false", "true", 0, 1, [], {}], ["3", "1.5", True, [], {}], [3, True, [], {}], ["a", 3, {}]
+WRONG = {("service", "down"): NOT_BOOL, ("service", "stops"): NOT_NUMBER + [1.5, None],
+         ("service", "stopped_at"): NOT_NUMBER, ("service", "pids_before_stop"): NOT_LIST + [[1, "x"], None],
+         ("steps", "stop", "status"): NOT_TEXT + [None], ("steps", "stop", "work_s"): NOT_NUMBER + [None],
+         ("steps", "stop", "found_on_resume"): NOT_BOOL, ("jobs", "extract", "offset"): NOT_NUMBER + [2.5],
+         ("jobs", "extract", "events_seen"): NOT_LIST + [[1]], ("jobs", "extract", "handle"): ["x", 3, []],
+         ("owner", "pid"): NOT_NUMBER + [None], ("extraction", "staged_pid"): NOT_NUMBER + [7.5],
+         ("extraction", "complete"): NOT_BOOL, ("started",): NOT_BOOL, ("created_at",): NOT_NUMBER + [None],
+         ("headline", "reference"): NOT_NUMBER, ("run_id",): [3, None, [], ""], ("status",): NOT_TEXT + [None],
+         ("owner",): ["me", 3, []], ("service",): ["down", 3, []]}
+PATHS = sorted(WRONG)
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(path=st.sampled_from(PATHS), pick=st.integers(0, 100))
+def test_a_field_of_the_wrong_type_is_a_clean_error_naming_it(tmp_path, path, pick) -> None:
+    """`"down": "false"` is truthy: read as it was, a resume would take a service for down. Every field
+    is checked against its type (issue 27): a wrong one is a StateError naming the file and the field,
+    never a run read with it; unknown extra fields (a newer dflash-ops) are ignored."""
+    from console.procedure.state import RunState, StateError
+
+    store = RunStore(tmp_path / uuid.uuid4().hex[:6])
+    run = a_full_state(store)
+    data = json.loads((run.dir / "state.json").read_text())
+    data["added_by_a_newer_version"] = {"x": 1}
+    data["service"]["paused_by_a_newer_route"] = True
+    assert RunState.from_json(json.loads(json.dumps(data)), "here") == run.state  # extras ignored
+    *parents, name = path
+    table = data
+    for part in parents:
+        table = table[part]
+    table[name] = WRONG[path][pick % len(WRONG[path])]
+    (run.dir / "state.json").write_text(json.dumps(data))
+    with pytest.raises(RunStoreError) as caught:
+        store.open(run.run_id)
+    said = str(caught.value)
+    assert said.startswith(f"{run.dir / 'state.json'}: a damaged run state: `{'.'.join(path)}"), said
+    assert "\n" not in said
+    with pytest.raises(StateError):
+        RunState.from_json(data, "here")

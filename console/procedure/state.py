@@ -2,14 +2,18 @@
 
 `state.json` is these dataclasses as JSON (`to_json` / `RunState.from_json`), written atomically
 after every transition. The schema has a version (`format`); a file that does not parse, is not an
-object, or names a version this code does not know gets a `StateError` naming the file and why.
-Version 1 (before the typed state) is read too: its keys are a subset of version 2's.
+object, names a version this code does not know, or holds a field of the wrong type (checked by
+pydantic against these dataclasses, strictly: `"down": "false"` is no boolean) gets a `StateError`
+naming the file, the field and why. Fields this code does not know are ignored. Version 1 (before
+the typed state) is read too: its keys are a subset of version 2's.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import functools
 import getpass
+import json
 import os
 import socket
 import time
@@ -224,26 +228,54 @@ class RunState:
                              f"{', '.join(READABLE)})")
         try:
             return _from_v1(data) if version == READABLE[0] else _build(data)
+        except SchemaError as exc:
+            raise StateError(f"{where}: a damaged run state: {exc}") from None
         except (TypeError, ValueError, KeyError, AttributeError) as exc:
             raise StateError(f"{where}: a damaged run state ({type(exc).__name__}: {exc})") from None
 
 
-def _known(kind: type, data: dict[str, Any]) -> dict[str, Any]:
-    names = {f.name for f in dataclasses.fields(kind)}
-    return {k: v for k, v in data.items() if k in names}
+class SchemaError(ValueError):
+    """A field of the state has the wrong type (or is missing); the message names it."""
+
+
+@functools.cache
+def _schema() -> Any:
+    """The state's schema, checked by pydantic from these dataclasses (built once, when first read):
+    every field's type, nested ones included; fields this code does not know are ignored (a newer
+    dflash-ops may add some)."""
+    from pydantic import TypeAdapter
+
+    return TypeAdapter(RunState)
+
+
+def _schema_error(exc: Any) -> SchemaError:
+    """pydantic's ValidationError in the operator's words: the first bad field, what was expected,
+    what was found (`service.down`: expected a valid boolean, found 'false' (a str))."""
+    errors = exc.errors(include_url=False)
+    first = errors[0]
+    where = ".".join(str(part) for part in first["loc"]) or "the state"
+    if first["type"] == "missing":
+        said = f"`{where}`: missing"
+    else:
+        expected = first["msg"].replace("Input should be ", "expected ", 1)
+        found = first.get("input")
+        said = f"`{where}`: {expected}, found {found!r} (a {type(found).__name__})"[:300]
+    return SchemaError(said + (f" (and {len(errors) - 1} more)" if len(errors) > 1 else ""))
 
 
 def _build(data: dict[str, Any]) -> RunState:
-    fields = _known(RunState, data)
-    fields["steps"] = {name: StepState(**_known(StepState, s)) for name, s in (data.get("steps") or {}).items()}
-    fields["jobs"] = {key: JobRecord(**_known(JobRecord, j)) for key, j in (data.get("jobs") or {}).items()}
-    fields["service"] = ServiceState(**_known(ServiceState, data.get("service") or {}))
-    fields["extraction"] = ExtractionState(**_known(ExtractionState, data.get("extraction") or {}))
-    owner = data.get("owner")
-    fields["owner"] = Owner(**_known(Owner, owner)) if isinstance(owner, dict) else None
-    state = RunState(**fields)
-    if not isinstance(state.run_id, str) or not state.run_id:
-        raise ValueError("no run_id")
+    from pydantic import ValidationError
+
+    # An absent table (null) is the empty one, as the first version's files have it.
+    data = {k: v for k, v in data.items() if not (k in ("steps", "jobs", "service", "extraction") and v is None)}
+    try:
+        # Strict: "false" is no boolean and "3" no number (a hand-edited or damaged file), yet an
+        # integer stands for a float as JSON writes it.
+        state = _schema().validate_json(json.dumps(data), strict=True)
+    except ValidationError as exc:
+        raise _schema_error(exc) from None
+    if not state.run_id:
+        raise SchemaError("`run_id`: empty")
     return state
 
 
