@@ -256,8 +256,14 @@ def test_a_state_json_whose_plan_is_damaged_is_named_and_the_journal_still_repla
     assert len(of(m.JournalEntry, rec.events)) == len(lines(copy / JOURNAL)) and len(of(m.DecisionMade, rec.events)) == 3
 
 
-def test_an_empty_directory_has_nothing_to_replay(tmp_path: Path) -> None:
+def test_nothing_to_replay_is_an_error_saying_why(tmp_path: Path) -> None:
     with pytest.raises(ReplayError, match="nothing to replay"):
+        read_recording(tmp_path)
+    (tmp_path / JOURNAL).write_text("garbage\n")
+    with pytest.raises(ReplayError, match="nothing to replay: state.json: missing.*; journal.jsonl line 1: not complete"):
+        read_recording(tmp_path)
+    shutil.copy(INTERRUPTED / STATE, tmp_path / STATE)  # a state, but a journal damaged from its first line
+    with pytest.raises(ReplayError, match="nothing to replay before the damage: journal.jsonl line 1"):
         read_recording(tmp_path)
     with pytest.raises(ReplayError, match="no such run directory"):
         read_recording(tmp_path / "nope")

@@ -240,7 +240,9 @@ def read_recording(run_dir: Path | str) -> Recording:
     journal, journal_damage = _lines(run_dir / JOURNAL)
     telemetry, telemetry_damage = _lines(run_dir / TELEMETRY)
     if state is None and not journal and not telemetry:
-        raise ReplayError(f"{run_dir}: nothing to replay (no state.json, journal.jsonl or telemetry.jsonl)")
+        found = [str(d) for d in (journal_damage, telemetry_damage) if d is not None]
+        raise ReplayError(f"{run_dir}: nothing to replay: " + ("; ".join([str(state_damage), *found]) if found else
+                                                              "no state.json, journal.jsonl or telemetry.jsonl"))
     run_id = state.run_id if state is not None else run_dir.name
     events: list[Event] = []
     add = events.append
@@ -288,6 +290,9 @@ def read_recording(run_dir: Path | str) -> Recording:
     if ends:
         cut_at = min(ends)
         events = [e for e in events if e.t <= cut_at]
+    if not events:
+        raise ReplayError(f"{run_dir}: nothing to replay before the damage: {'; '.join(map(str, damage))}"
+                          if damage else f"{run_dir}: nothing to replay: the run recorded nothing yet")
     return Recording(run_id, run_dir, events, damage, state, cut_at)
 
 
