@@ -1,5 +1,6 @@
-"""The zero-downtime route: extract on a host with room and never stop the server (the drill's
-training host has one free simulated GPU and a copy of the target)."""
+"""The routes that never stop the server: zero-downtime (extract on a host with room: the drill's
+training host has one free simulated GPU and a copy of the target) and pause (the rehearsal server
+runs with SGLang's memory saver: it releases its KV cache and CUDA graphs and takes them back)."""
 
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ from console.config import load_config
 from console.messages import GpuReading, TelemetrySample
 from console.procedure.engine import EXIT_DONE, EXIT_FAILED
 from console.procedure.fit import where_it_fits
+from console.procedure.store import RunStore
 from remote import probe
 from remote.drill import simgpu
 from tests.window_fixtures import Drill, read_json
@@ -55,6 +57,31 @@ def test_zero_downtime_never_touches_the_server_and_matches_the_window(drill: Dr
     for name in ("reference", "candidate"):
         assert zero["drafters"][name]["tau"] == windowed["drafters"][name]["tau"]
         assert zero["drafters"][name]["pos1_acc"] == windowed["drafters"][name]["pos1_acc"]
+
+
+def test_the_pause_route_gives_the_memory_back_and_never_stops_the_server(drill: Drill) -> None:
+    """Issue 26 on `drill up`'s config: the same server process throughout; only the KV cache and
+    the CUDA graphs released, seen leaving the GPUs and coming back; one pause, one continue; the
+    runs table's downtime is pause -> continue."""
+    pid = drill.service_pid()
+    done = drill.run_cli("run", "--headless", "--yes", "--route", "pause")
+    assert done.returncode == EXIT_DONE, done.stdout + done.stderr
+    assert drill.service_pid() == pid  # never stopped
+    run_id, state = drill.only_run()
+    svc = state["service"]
+    assert state["route"] == "pause" and svc["stops"] == svc["starts"] == 0
+    assert [state["steps"][s]["status"] for s in ("pause", "release", "free-vram", "extract", "resume", "continue",
+                                                   "evaluate", "report")] == ["done"] * 8
+    assert svc["released_tags"] == ["kv_cache", "cuda_graph"] and svc["released"] == [] and not svc["paused"]
+    assert svc["pauses"] == svc["continues"] == 1 and svc["releases"] == svc["resumes"] == 1
+    assert svc["paused_at"] < svc["released_at"] < svc["resumed_at"] < svc["continued_at"]
+    before, after = svc["used_before_release_mib"], svc["used_after_release_mib"]
+    assert all(after[g] < before[g] for g in before), (before, after)  # the simulated GPUs saw it leave
+    journal = " ".join(e["message"] for e in drill.journal())
+    assert 'POST /release_memory_occupation {"tags": ["kv_cache", "cuda_graph"]}' in journal
+    (summary,) = RunStore(drill.runs).summaries()
+    assert summary.route == "pause" and summary.downtime_s == svc["continued_at"] - svc["paused_at"]
+    assert not summary.server_paused and not summary.service_down
 
 
 def test_a_host_without_room_is_not_proposed_and_the_route_refused(drill: Drill) -> None:

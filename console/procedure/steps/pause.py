@@ -342,9 +342,8 @@ async def run_room(engine: Engine) -> str:
         return left is not None and (need is None or left >= need)
 
     started = time.monotonic()
-    latest = stream.telemetry.latest
-    try:
-        sample = latest if latest is not None and enough(latest) else await stream.wait_for(enough, service.vram_wait_s)
+    try:  # a sample taken after the release: what it freed is measured (the resume is verified against it)
+        sample = await stream.wait_for(enough, service.vram_wait_s, after=started)
     except TimeoutError:
         latest = stream.telemetry.latest
         raise StepFailed("free-vram", f"the service's GPUs have {room(latest) if latest else '?'} MiB free after "
