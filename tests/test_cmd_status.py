@@ -67,8 +67,8 @@ def test_snapshot_shows_links_simulated_gpus_holders_and_health(hosts: ThreadedH
         assert "connected" in ct129 and " ms" in ct129 and "SIMULATED" in ct129
         gpu0, gpu1 = _line(out, "0 SIMULATED"), _line(out, "1 SIMULATED")
         for gpu in (gpu0, gpu1):
-            assert "40000 / 46068 MiB (87%)" in gpu
-            assert f"pid {worker} 40000 MiB {Path(sys.executable).name} -m remote.drill.standin" in gpu
+            assert "39.1/45.0 GiB 87%" in gpu  # whole, on the GPU's one row
+            assert f"{worker} 39.1 GiB [service] {Path(sys.executable).name} -m remote.drill.standin" in gpu
         assert "[service]" in out  # the worker is a child of the service's main pid
         ct200 = _line(out, "ct200")
         assert "connected" in ct200 and "SIMULATED" not in ct200 and "no GPU readings" in ct200
@@ -120,7 +120,7 @@ def test_watch_marks_a_lost_host_and_its_stale_telemetry_then_ends_on_ctrl_c(hos
     # Not a terminal: the final view is printed when the watch ends.
     ct129 = _line(out, "ct129")
     assert "reconnecting for" in ct129 and "Connection refused" in _line(out, "reconnecting: ct129: ")
-    assert "SIMULATED, STALE: last sample" in out
+    assert "SIMULATED, STALE: last sample" in out, out
     ct200 = _line(out, "ct200")
     assert "connected" in ct200 and "STALE" not in ct200
 

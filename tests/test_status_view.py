@@ -45,3 +45,35 @@ def test_short_command_keeps_the_program_name_within_the_limit(words):
     assert len(short) <= 40
     program = command.partition(" ")[0].rsplit("/", 1)[-1]
     assert short.startswith(program[:39])
+
+
+def test_status_at_120_columns_is_one_row_per_gpu_and_ends_on_the_verdict():
+    """Issue 28: `status` took 39 lines at 120 x 40 (3 or 4 rows per GPU) and its key line ("SERVICE
+    DOWN since ...") scrolled off the top; the stopped service read 'NOT RUNNING (stopped): stopped'."""
+    from rich.text import Text
+
+    from console.cli.status import screen
+    from console.messages import GpuProcess, HostState
+    from console.views.status import status_view
+    from tests.tui.standin import serving_telemetry
+
+    ct129, ct200 = serving_telemetry()
+    crowded = tuple(GpuProcess(5000 + i, g, 900 + i, "root", f"/opt/venv/bin/python worker_{i}.py --tp-rank {g}")
+                    for g in (0, 1) for i in range(3))
+    ct129 = ct129.__class__(ct129.host, ct129.sample.__class__(**{**ct129.sample.__dict__,
+                                                                  "processes": ct129.sample.processes + crowded}),
+                            ct129.age_s, ct129.stale, ct129.streaming, service_pids=ct129.service_pids)
+    states = {h: HostState(h, "connected", NOW - 60, latency_s=0.001) for h in ("ct129", "ct200")}
+    stopped = ServiceView(ServiceStatus("command", "server", False, "stopped", None, detail="stopped"), None, NOW)
+    verdict = Text("SERVICE DOWN since 02:52:04 (run 20261202-025000-0660); `run --resume` restarts it")
+    console = Console(record=True, width=120)
+    console.print(screen(status_view(states, {"ct129": ct129, "ct200": ct200}, "server", "ct129", stopped, NOW),
+                         verdict, []))
+    text = console.export_text()
+    lines = text.rstrip("\n").splitlines()
+    gpu_rows = [line for line in lines if "GiB" in line or " MiB (" in line]
+    assert len(gpu_rows) == 10  # ct129's 2 and ct200's 8 GPUs, one line each
+    assert len(lines) <= 16, "\n".join(lines)
+    assert lines[-1].startswith("SERVICE DOWN since 02:52:04")  # the last line: left above the prompt
+    assert "NOT RUNNING (stopped)" in text and "(stopped): stopped" not in text
+    assert "+3 more" in next(line for line in lines if line.lstrip().startswith("ct129"))

@@ -36,9 +36,14 @@ def render(session: Session, runs: RunStore | None = None) -> RenderableType:
                        session.service.last)
     if runs is None:
         return view
-    down = downtime_line(runs)
     unreadable = [unreadable_run_line(u.run_id, u.dir, u.why) for u in runs.summaries() if isinstance(u, UnreadableRun)]
-    return Group(*([down] if down is not None else []), view, *unreadable)
+    return screen(view, downtime_line(runs), unreadable)
+
+
+def screen(view: RenderableType, down: Text | None, unreadable: list[Text]) -> RenderableType:
+    """The view, then the runs that cannot be read, then the verdict while a run has the service
+    down: last, so that it is the line left above the prompt (and at the bottom of `--watch`)."""
+    return Group(view, *unreadable, *([down] if down is not None else []))
 
 
 def downtime_line(runs: RunStore) -> Text | None:

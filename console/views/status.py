@@ -12,9 +12,8 @@ from rich.table import Table
 from rich.text import Text
 
 from console.messages import GpuReading, HostState, ServiceView, TelemetryUpdate
-from console.views.units import duration
+from console.views.units import duration, memory_pair, mib
 
-HOLDERS_SHOWN = 3
 COMMAND_CHARS = 60
 
 
@@ -39,17 +38,18 @@ def problem_lines(states: Mapping[str, HostState], telemetry: Mapping[str, Telem
         if state.status in ("down", "reconnecting") and state.last_error:
             lines.append(Text(f"{state.status}: {state.last_error}", style="bold red" if state.status == "down" else "yellow"))
         update = telemetry.get(name)
-        if state.status == "connected" and update is not None and not update.streaming and update.error:
+        no_sample = update is not None and update.sample is None and update.error
+        if no_sample or (state.status == "connected" and update is not None and not update.streaming and update.error):
             lines.append(Text(f"{name}: telemetry: {update.error}", style="yellow"))
     return lines
 
 
 def _memory(gpu: GpuReading) -> str:
+    """'43.9/48.0 GiB 91%': the dashboard's unit, whole."""
     if gpu.mem_used_mib is None:
         return "? MiB"
-    total = f" / {gpu.mem_total_mib}" if gpu.mem_total_mib is not None else ""
-    share = f" ({100 * gpu.mem_used_mib / gpu.mem_total_mib:.0f}%)" if gpu.mem_total_mib else ""
-    return f"{gpu.mem_used_mib}{total} MiB{share}"
+    share = f" {100 * gpu.mem_used_mib / gpu.mem_total_mib:.0f}%" if gpu.mem_total_mib else ""
+    return memory_pair(gpu.mem_used_mib, gpu.mem_total_mib) + share
 
 
 def short_command(command: str | None, limit: int = COMMAND_CHARS) -> str:
@@ -63,26 +63,25 @@ def short_command(command: str | None, limit: int = COMMAND_CHARS) -> str:
 
 
 def _holders(update: TelemetryUpdate, gpu: int) -> Text:
+    """The GPU's biggest holder on one line (pid, MiB, [service], then its command, which alone may be
+    cut at the table's edge), and how many more: one row per GPU."""
     procs = sorted((p for p in update.sample.processes if p.gpu == gpu), key=lambda p: -(p.mib or 0))
     if not procs:
         return Text("-", style="dim")
-    text = Text()
-    for i, proc in enumerate(procs[:HOLDERS_SHOWN]):
-        if i:
-            text.append("\n")
-        command = short_command(proc.command)
-        text.append(f"pid {proc.pid} {proc.mib if proc.mib is not None else '?'} MiB {command}")
-        if proc.pid in update.service_pids:
-            text.append(" [service]", style="cyan")
-    if len(procs) > HOLDERS_SHOWN:
-        text.append(f"\n+{len(procs) - HOLDERS_SHOWN} more", style="dim")
+    top = procs[0]
+    text = Text(f"{top.pid} {mib(top.mib)}", no_wrap=True, overflow="ellipsis")
+    if top.pid in update.service_pids:
+        text.append(" [service]", style="cyan")
+    if len(procs) > 1:
+        text.append(f" +{len(procs) - 1} more", style="dim")
+    text.append(f" {short_command(top.command)}")
     return text
 
 
 def telemetry_text(update: TelemetryUpdate | None) -> Text:
     """The sample's source and age: 'nvml, 0.4 s ago', 'SIMULATED, 0.2 s ago', 'STALE: 14 s ago'."""
     if update is None or update.sample is None:
-        why = update.error if update is not None and update.error else "waiting for the agent"
+        why = "why: below" if update is not None and update.error else "waiting for the agent"  # whole, under the table
         return Text(f"no sample yet ({why})", style="yellow")
     sample = update.sample
     text = Text()
@@ -101,14 +100,14 @@ def telemetry_text(update: TelemetryUpdate | None) -> Text:
 def hosts_table(states: Mapping[str, HostState], telemetry: Mapping[str, TelemetryUpdate | None],
                 now: float) -> Table:
     """One row per GPU (a single row for a host without readings), the host's link on its first row."""
-    table = Table(title="Hosts", title_justify="left", header_style="bold")
+    table = Table(title="Hosts", title_justify="left", header_style="bold", box=None, padding=(0, 1), expand=True)
     table.add_column("host", no_wrap=True)
-    table.add_column("connection", min_width=14, max_width=48)
-    table.add_column("telemetry", min_width=14, max_width=30)
-    table.add_column("GPU", max_width=26)
-    table.add_column("memory used / total", no_wrap=True)
+    table.add_column("connection", no_wrap=True)  # why a link is down goes under the table, whole
+    table.add_column("telemetry", no_wrap=True)
+    table.add_column("GPU", no_wrap=True, overflow="ellipsis", max_width=22)
+    table.add_column("memory", no_wrap=True)
     table.add_column("util", no_wrap=True, justify="right")
-    table.add_column("holders", min_width=30)
+    table.add_column("holders: pid, memory, command", no_wrap=True, overflow="ellipsis", ratio=1)  # the rest of the width
     for name, state in states.items():
         update = telemetry.get(name)
         link = connection_text(state, now)
@@ -126,7 +125,7 @@ def hosts_table(states: Mapping[str, HostState], telemetry: Mapping[str, Telemet
             util = f"{gpu.util_pct:.0f}%" if gpu.util_pct is not None else "?"
             table.add_row(
                 name if i == 0 else "", link if i == 0 else "", source if i == 0 else "",
-                Text(f"{gpu.index} {gpu.name or ''}".rstrip(), style=stale),
+                Text(f"{gpu.index} {(gpu.name or '').replace('NVIDIA ', '')}".rstrip(), style=stale),
                 Text(_memory(gpu), style=stale), Text(util, style=stale), _holders(update, gpu.index),
             )
     return table
@@ -148,8 +147,9 @@ def service_lines(service_name: str, host: str, view: ServiceView | None, now: f
             state.append(f", up {duration(now - status.since, tenths=True)}")
     else:
         state = Text(f"NOT RUNNING ({status.state})", style="bold red")
-    if status.detail and not status.active:  # e.g. systemd's result, or the status command's first line
-        state.append(f": {status.detail.splitlines()[0]}", style="red")
+    detail = status.detail.splitlines()[0].strip() if status.detail else ""
+    if detail and not status.active and detail not in (status.state, status.sub_state):  # said once
+        state.append(f": {detail}", style="red")
     lines = [title + state]
     if view.error:
         lines.append(Text(f"  {view.error}", style="yellow"))
