@@ -146,6 +146,10 @@ class MemorySaver:
                 "token_capacity": int(self.share_mib["kv_cache"]) * 16, "token_capacity_swa": None,
                 "graph": {phase: round(graph if phase == "decode" else 0.0, 3) for phase in GRAPH_PHASES}}
 
+    def server_args(self) -> dict[str, bool]:
+        """The launch arguments /server_info reports (and each internal_states entry)."""
+        return {"enable_memory_saver": self.enabled, "enable_weights_cpu_backup": self.weights_cpu_backup}
+
     def resident_mib(self) -> int:
         """MiB per simulated GPU the server's worker holds now."""
         return sum(mib for tag, mib in self.share_mib.items() if not (self.enabled and tag in self.released))
@@ -319,6 +323,21 @@ CONTROL_ROUTES = ("/pause_generation", "/continue_generation", "/release_memory_
 GET_TOO = ("/release_memory_occupation", "/resume_memory_occupation")  # http_server.py: methods GET and POST
 PAUSED = {"message": "Generation paused successfully.", "status": "ok"}  # http_server.py, pause_generation
 CONTINUED = {"message": "Generation continued successfully.", "status": "ok"}
+
+
+def add_arguments(parser: Any) -> None:
+    """The rehearsal server's memory saver flags (SGLang's names where SGLang has them)."""
+    parser.add_argument("--admin-api-key", help="SGLang's --admin-api-key: required instead of --api-key on the "
+                        "admin routes (here: pause, continue, release, resume)")
+    parser.add_argument("--enable-memory-saver", action="store_true",
+                        help="SGLang's: release_memory_occupation gives GPU memory back (simulated, or "
+                             "torch_memory_saver on --device cuda)")
+    parser.add_argument("--enable-weights-cpu-backup", action="store_true",
+                        help="SGLang's: released weights are kept in CPU memory and come back as they were")
+    parser.add_argument("--kv-cache-mib", type=int, metavar="MIB",
+                        help="the KV cache's MiB per GPU (default: 35 %% of --gpu-mib simulated, none on cuda)")
+    parser.add_argument("--cuda-graph-mib", type=int, metavar="MIB",
+                        help="the CUDA graphs' MiB per GPU (default: 3 %% of --gpu-mib simulated, none on cuda)")
 
 
 def answer(saver: MemorySaver, path: str, body: dict) -> tuple[int, Any]:

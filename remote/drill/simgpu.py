@@ -7,6 +7,10 @@ reads it as if it were NVML. File shape:
     {"gpus": [{"index": 0, "name": "SIMULATED ...", "uuid": "SIM-...", "total_mib": 49140}],
      "processes": [{"pid": 1234, "gpu": 0, "mib": 46000}]}
 
+The server's GPU worker holds its `--gpu-mib` per GPU under its own pid; with the memory saver the
+server rewrites that entry as it releases and resumes its KV cache, graphs and weights
+(`remote.drill.memory_saver`), so readers see the memory leave and come back.
+
 Like a real driver, a reader counts only entries whose process is alive: when a holder dies (even by
 SIGKILL, with no chance to clean up) its memory is free. Writers take an exclusive `flock` on
 `FILE.lock`, read, modify and replace the file atomically (temp + rename), so concurrent writers never

@@ -475,11 +475,9 @@ class Server:
             "preferred_sampling_params": json.dumps(self.preferred) if self.preferred else None,
             "max_queued_requests": args.max_queued_requests,
             "skip_server_warmup": False,
-            "enable_memory_saver": self.saver.enabled,
-            "enable_weights_cpu_backup": self.saver.weights_cpu_backup,
+            **self.saver.server_args(),
             "startup_time": self.started_at,
-            "internal_states": [{"last_gen_throughput": self.throughput(), "enable_memory_saver": self.saver.enabled,
-                                 "enable_weights_cpu_backup": self.saver.weights_cpu_backup,
+            "internal_states": [{"last_gen_throughput": self.throughput(), **self.saver.server_args(),
                                  "memory_usage": self.saver.memory_usage()}],
             "version": VERSION,
             "frontend": "python",
@@ -873,17 +871,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                         help="seconds added to each decode step (a slower model: requests stay in flight)")
     parser.add_argument("--skip-server-warmup", action="store_true", help="SGLang's: up once loaded, no warm-up request")
     parser.add_argument("--api-key", help="SGLang's --api-key: required as a Bearer token on all but /health, /ready, /metrics")
-    parser.add_argument("--admin-api-key", help="SGLang's --admin-api-key: required instead of --api-key on the "
-                        "admin routes (here: pause, continue, release, resume)")
-    parser.add_argument("--enable-memory-saver", action="store_true",
-                        help="SGLang's: release_memory_occupation gives GPU memory back (simulated, or "
-                             "torch_memory_saver on --device cuda)")
-    parser.add_argument("--enable-weights-cpu-backup", action="store_true",
-                        help="SGLang's: released weights are kept in CPU memory and come back as they were")
-    parser.add_argument("--kv-cache-mib", type=int, metavar="MIB",
-                        help="the KV cache's MiB per GPU (default: 35 %% of --gpu-mib simulated, none on cuda)")
-    parser.add_argument("--cuda-graph-mib", type=int, metavar="MIB",
-                        help="the CUDA graphs' MiB per GPU (default: 3 %% of --gpu-mib simulated, none on cuda)")
+    memory_saver.add_arguments(parser)
     parser.add_argument("--preferred-sampling-params", help="SGLang's: a JSON object laid under each request's")
     parser.add_argument("--max-queued-requests", type=int, help="SGLang's: past this many waiting, a 503 abort")
     parser.add_argument("--speculative-drafter", metavar="PATH",
