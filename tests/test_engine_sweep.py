@@ -22,6 +22,7 @@ from hypothesis import strategies as st
 
 import console.procedure.engine as engine_module
 from console.messages import RunFinished
+from console.procedure import forecast as fc
 from console.procedure.engine import (
     CRASH_POINTS,
     EXIT_DOWN,
@@ -683,6 +684,12 @@ async def test_the_pause_route_runs_to_the_end_over_the_fakes(paused: Window) ->
     assert asked["pause"].endswith('/pause_generation {"mode": "retract"}') and "continue" in asked
     assert server.held == 0 and server.running == 3, "the held requests run again"
     assert state.service.paused_at < state.service.released_at < state.service.resumed_at < state.service.continued_at
+    # The report's window section: the forecast against the measured, and pause -> continue as the downtime.
+    report = (paused.store.root / paused.run_id / "report.md").read_text()
+    held = state.service.continued_at - state.service.paused_at
+    assert "| downtime (pause -> continue) |" in report and "| release |" in report, report
+    (downtime,) = [r for r in fc.against(state) if r.phase.startswith("downtime")]
+    assert downtime.measured_s == held and downtime.forecast_s is not None
     assert_pause_promises(paused, finished)
 
 

@@ -438,6 +438,10 @@ class PhaseAgainst:
 def against(state: Mapping[str, Any] | RunState) -> list[PhaseAgainst]:
     """Per phase forecast vs measured, then the whole downtime; [] for a run without a forecast."""
     run = _state(state)
+    if run.route == "pause":  # pause -> continue, by the pause route's own phases
+        from console.procedure.steps.pause import pause_against
+
+        return pause_against(run)
     if not run.forecast:
         return []
     planned = from_state(run.run_id, run.forecast)

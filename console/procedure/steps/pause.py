@@ -42,6 +42,7 @@ MEMORY_BACK_SHARE = 0.8  # of what the release freed, seen used again after the 
 MEASURED_H200 = {"release": {KV_CACHE: 0.06, CUDA_GRAPH: 0.06, WEIGHTS: 20.0},
                  "resume": {KV_CACHE: 0.17, CUDA_GRAPH: 0.17, WEIGHTS: 7.0}}
 CONTROL_S = 0.1  # a pause or continue request's round trip (an estimate)
+PAUSE_PHASES = ("pause", "release", "free-vram", "extract", "resume", "continue")
 SAVER_HINT = ("add --enable-memory-saver (and --enable-weights-cpu-backup) to the server's start command: one "
               "restart, at a time you choose, and later windows need no restart at all")
 
@@ -161,6 +162,24 @@ async def pause_forecast(engine: Engine, tags: list[str]) -> Forecast:
     total = sum(p.seconds for p in phases)
     budget = engine.config.window.max_downtime_s
     return Forecast(engine.run.run_id, total, phases, budget, budget is not None and total > budget)
+
+
+def pause_against(run: Any) -> list[fc.PhaseAgainst]:
+    """The pause route's forecast against what it measured, per phase (each step's own work time),
+    then the route's downtime: pause -> continue. [] for a run without a pause forecast."""
+    made = run.facts.get("pause_forecast")
+    if not made:
+        return []
+    planned = fc.from_state(run.run_id, made)
+    rows = []
+    for name in PAUSE_PHASES:
+        p = fc.phase(planned, name)
+        step = run.steps.get(p.name)
+        measured = step.work_s if step is not None and step.status == "done" and not step.found_on_resume else None
+        rows.append(fc.PhaseAgainst(p.name, p.seconds, measured, p.basis))
+    svc = run.service
+    whole = svc.continued_at - svc.paused_at if svc.continued_at is not None and svc.paused_at is not None else None
+    return [*rows, fc.PhaseAgainst("downtime (pause -> continue)", planned.downtime_s, whole, made.get("basis", ""))]
 
 
 # --- pause ----------------------------------------------------------------------------------------
