@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from console.messages import Confirmation, Downtime, JournalEntry, LiveRun, StepUpdate
-from console.procedure.store import JOURNAL, Run, RunStore
+from console.procedure.store import JOURNAL, CachedStore, Run, RunStore
 from console.session.bus import MessageBus
 from console.ssh.jobs import JobHandle, follow_with_reconnect, job_message
 
@@ -45,13 +45,15 @@ class RunFollower:
         self._live: LiveRun | None = None
         self._journal_at = 0
         self._job: tuple[str, asyncio.Task] | None = None
+        self._cached = CachedStore(store)  # each state.json parsed again only when it changed
 
     def live(self) -> Run | None:
-        return self.store.to_resume()
+        return self._cached.to_resume()
 
-    def look(self) -> LiveRun | None:
-        """One look at the store: publishes what changed, returns the live run's summary."""
-        run = self.live()
+    def look(self, live: Run | None | bool = False) -> LiveRun | None:
+        """One look at the store: publishes what changed, returns the live run's summary. `live`:
+        the run to follow, already read (off the loop, by `run`); False: read it now."""
+        run = self.live() if live is False else live
         if run is None:
             if self._live is not None:
                 self._last_look()
@@ -166,7 +168,8 @@ class RunFollower:
         try:
             while True:
                 with contextlib.suppress(Exception):  # a store being written can be read half-way: next look
-                    self.look()
+                    # The files are read in a thread: a store of many runs never holds the loop.
+                    self.look(await asyncio.to_thread(self.live))
                 await asyncio.sleep(self.interval)
         finally:
             self._stop_job()

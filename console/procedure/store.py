@@ -246,20 +246,21 @@ class RunStore:
                 continue
         return runs
 
-    def latest_unfinished(self) -> Run | None:
-        """The newest run that has not finished (running, paused), whatever the service's state."""
-        for run in reversed(self.readable()):
+    def latest_unfinished(self, runs: list[Run] | None = None) -> Run | None:
+        """The newest run that has not finished (running, paused), whatever the service's state
+        (`runs`: the store's readable runs, oldest first, when the caller has them already)."""
+        for run in reversed(self.readable() if runs is None else runs):
             if not run.state.finished:
                 return run
         return None
 
-    def left_down(self) -> Run | None:
+    def left_down(self, runs: list[Run] | None = None) -> Run | None:
         """The run that left the service down, or paused with its memory released (the pause
         route), whatever its status (failed, refused and cancelled runs too): the newest whose stop
         was not followed by the service coming back ready, or whose pause by its continue.
         `run.state.service.left_as()` says which ("down" | "paused"). The banner, `status`, `r`,
         quit, `drill` and `run` all ask this one question."""
-        for run in reversed(self.readable()):
+        for run in reversed(self.readable() if runs is None else runs):
             if run.state.service.left_as() is not None:
                 return run
         return None
@@ -286,10 +287,11 @@ class RunStore:
         run.journal(None, state.message, level="warning")
         return run, left
 
-    def to_resume(self) -> Run | None:
+    def to_resume(self, runs: list[Run] | None = None) -> Run | None:
         """What a new console offers to continue: the run that left the service down, else the
         newest unfinished one."""
-        return self.left_down() or self.latest_unfinished()
+        runs = self.readable() if runs is None else runs
+        return self.left_down(runs) or self.latest_unfinished(runs)
 
     def unreadable(self) -> list[UnreadableRun]:
         """Every run directory whose state cannot be read, oldest first, each with why."""
@@ -321,6 +323,40 @@ class RunStore:
                 continue
             out.append(summary_of(run))
         return out
+
+
+class CachedStore:
+    """The store's readable runs for a view that looks often (the follower, once a second): each
+    state.json is parsed again only when it changed (its mtime, size or inode: the store replaces
+    it whole), so an idle store costs a directory listing and a stat per run. Read-only: the runs
+    it returns are never saved."""
+
+    def __init__(self, store: RunStore):
+        self.store = store
+        self._seen: dict[str, tuple[tuple[int, int, int], Run | None]] = {}
+
+    def runs(self) -> list[Run]:
+        """The readable runs, oldest first (an unreadable one is left out, as `readable()` does)."""
+        seen: dict[str, tuple[tuple[int, int, int], Run | None]] = {}
+        for run_id in self.store.run_ids():
+            try:
+                st = (self.store.root / run_id / STATE).stat()
+            except OSError:  # removed meanwhile
+                continue
+            key = (st.st_mtime_ns, st.st_size, st.st_ino)
+            cached = self._seen.get(run_id)
+            if cached is not None and cached[0] == key:
+                seen[run_id] = cached
+                continue
+            try:
+                seen[run_id] = (key, self.store.open(run_id))
+            except RunStoreError:
+                seen[run_id] = (key, None)
+        self._seen = seen
+        return [run for _, run in seen.values() if run is not None]
+
+    def to_resume(self) -> Run | None:
+        return self.store.to_resume(self.runs())
 
 
 def summary_of(run: Run) -> RunSummary:
