@@ -49,7 +49,7 @@ def cmd_drill(args: argparse.Namespace) -> int:
     print(f"drill hosts up ({'REAL GPU' if gpu else 'SIMULATED GPUs'}); config {config} "
           f"(`dflash-ops drill down` ends them)", file=sys.stderr)
     args.config = str(config)
-    args.plan, args.step, args.no_restart, args.route = False, False, False, None
+    args.plan, args.step, args.no_restart = False, False, False
     return cmd_run.run(args)
 
 
@@ -97,6 +97,9 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     parser.add_argument("--dir", default=None, metavar="DIR",
                         help="the drill's directory (default: $DFLASH_OPS_DRILL_DIR or the user state dir's drill)")
     parser.add_argument("--fresh", action="store_true", help="start new rehearsal hosts (re-arms the stuck-VRAM episode)")
+    parser.add_argument("--route", choices=("window", "pause", "zero-downtime", "auto"), default=None,
+                        help="the route to rehearse (run --route): window (the default), pause (the rehearsal server "
+                             "releases its memory and takes it back, never stopped), zero-downtime, or auto")
     _add_gpu_options(parser)
     parser.add_argument("--runs", metavar="DIR", default=None,
                         help="the run store (default: the user data dir's runs/, or $DFLASH_OPS_RUNS)")
