@@ -117,7 +117,8 @@ async def test_every_event_reaches_a_live_target_and_a_dead_one_is_journalled(tm
     ended = by_title[f"dflash-ops: run {run_id} failed"]
     assert "reference: tau 3.46 (online 3.41)" in ended["message"] and "candidate: tau 1.20" in ended["message"]
     left = by_title[f"dflash-ops: sglang.service on ct129 LEFT DOWN by run {run_id}"]
-    assert f"dflash-ops run --resume {run_id}" in left["message"] and left["type"] == "failure"
+    assert left["message"].startswith(f"Run {run_id} failed and left sglang.service on ct129 down.\nSERVICE DOWN since")
+    assert f"`dflash-ops run --resume {run_id}` restarts the service" in left["message"] and left["type"] == "failure"
     journal = store.open(run_id).read_journal()
     failed = [e["message"] for e in journal if e["message"].startswith("notification not sent")]
     assert len(failed) == 5 and all(f"127.0.0.1:{dead.split(':')[2]}" in line for line in failed)
@@ -189,3 +190,34 @@ async def test_only_a_console_that_can_drive_runs_notifies(tmp_path: Path, read_
     if notifier is not None:  # its target's thread ends with it
         notifier.targets[0].thread.join(30)
         assert not notifier.targets[0].thread.is_alive()
+
+
+async def test_the_pause_route_is_said_in_its_own_words(tmp_path: Path) -> None:
+    """Its pause is the stop that was approved; a run that left the server paused (memory released)
+    is named as the store names it."""
+    recorder = Recorder()
+    config = config_with(f'urls = ["{recorder.url}"]\nevents = ["stop-approved", "left-down"]')
+    store, run_id = _run(tmp_path, forecast_s=3)
+    run = store.open(run_id)
+    run.state.route = "pause"
+    run.state.service.paused, run.state.service.paused_at = True, time.time() - 30
+    run.state.service.released = ["kv_cache"]
+    run.state.status = "failed"
+    run.save()
+    bus = MessageBus()
+    notifier = Notifier(config, store, bus)
+    notifier.start()
+    try:
+        bus.publish(m.StepUpdate(run_id, "pause", "running", started_at=time.time()))
+        bus.publish(m.DecisionMade(m.Confirmation("pause", "pause the server's generation", "ct129",
+                                                  ("POST", "/pause_generation"), "requests wait", True), True, "tui"))
+        bus.publish(m.RunFinished(run_id, "failed", 1, True, "extract: failed", str(store.root / run_id)))
+        posts = await asyncio.to_thread(recorder.wait_for, lambda posts: len(posts) == 2)
+    finally:
+        await notifier.close()
+        recorder.close()
+    paused, left = (p["json"] for p in posts)
+    assert paused["title"] == "dflash-ops: pausing sglang.service on ct129"
+    assert f"Run {run_id} (pause route): the pause of sglang.service on ct129 was approved (tui)" in paused["message"]
+    assert left["title"] == f"dflash-ops: sglang.service on ct129 LEFT PAUSED by run {run_id}"
+    assert f"PAUSED: memory released by run {run_id} (kv_cache)" in left["message"]

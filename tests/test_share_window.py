@@ -162,8 +162,9 @@ async def test_the_window_in_a_browser_and_its_notifications(drill: Drill, tmp_p
     assert f"Run {run_id} (window route)" in stop["message"] and "on ct129 was approved" in stop["message"]
     assert re.search(r"forecast downtime \d+ s \(stop \d+ s, free-vram \d+ s, extract \d+ s, start \d+ s\)",
                      stop["message"]) and "remote.drill.service stop" in stop["message"], stop
-    assert f"Run {run_id} paused and left {service} DOWN since" in left["message"] and left["type"] == "failure"
-    assert f"dflash-ops run --resume {run_id}" in left["message"]
+    assert left["message"].startswith(f"Run {run_id} paused and left {service} down.\nSERVICE DOWN since ")
+    assert f"stopped by run {run_id}" in left["message"] and left["type"] == "failure"  # the store's words
+    assert f"`dflash-ops run --resume {run_id}` continues it and restarts the service" in left["message"]
     assert "past its forecast of" in overrun["message"] and "0 s margin" in overrun["message"]
     measured = state.service.ready_at - state.service.stopped_at
     assert f"down {duration(measured)} (forecast {duration(state.forecast['downtime_s'])})" in back["message"], back

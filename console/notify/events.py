@@ -22,10 +22,12 @@ from typing import Any
 from console import messages as m
 from console.config import Config
 from console.procedure.forecast import from_state
+from console.procedure.state import RunState
+from console.procedure.store import Run, left_line, what_next
 from console.views.units import duration
 
-# The steps whose approval takes the server away from its users.
-STOPPING_STEPS = ("stop",)
+# The steps whose approval takes the server away from its users: (title's verb, what it is).
+STOPPING_STEPS = {"stop": ("stopping", "stop"), "pause": ("pausing", "pause")}
 
 
 @dataclass(frozen=True)
@@ -54,16 +56,20 @@ def _clock(t: float) -> str:
 
 
 class Watcher:
-    """Turns the bus's messages into notifications; `state_of(run_id)` reads a run's state from the
-    store (None when it cannot be read)."""
+    """Turns the bus's messages into notifications; `run_of(run_id)` opens a run of the store (None
+    when it cannot be read)."""
 
-    def __init__(self, config: Config, state_of: Callable[[str], Any | None], service: str):
+    def __init__(self, config: Config, run_of: Callable[[str], Run | None], service: str):
         self.config = config
-        self.state_of = state_of
+        self.run_of = run_of
         self.service = service  # "sglang.service on ct129"
         self.margin_s = config.notify.overrun_margin_s
         self.run_id: str | None = None  # the run the last step update was about
         self.window: _Window | None = None
+
+    def _state(self, run_id: str) -> RunState | None:
+        run = self.run_of(run_id)
+        return run.state if run is not None else None
 
     # --- what the messages say ----------------------------------------------------------------
 
@@ -82,37 +88,37 @@ class Watcher:
         asked = made.confirmation
         if not made.approved or asked.step not in STOPPING_STEPS or self.run_id is None:
             return []
-        state = self.state_of(self.run_id)
-        route = getattr(state, "route", None) or "window"
+        state = self._state(self.run_id)
+        route = (state.route if state else None) or "window"
         forecast, phases = asked.estimate_s, ""
-        stored = getattr(state, "forecast", None)
-        if stored:  # state.json's forecast, as the engine wrote it before asking
-            told = from_state(self.run_id, stored)
+        if state is not None and state.forecast:  # state.json's forecast, as the engine wrote it before asking
+            told = from_state(self.run_id, state.forecast)
             phases = " (" + ", ".join(f"{p.name} {duration(p.seconds)}" for p in told.phases) + ")"
             forecast = told.downtime_s
         said = f"forecast downtime {duration(forecast)}{phases}" if forecast is not None else "no forecast"
+        doing, what = STOPPING_STEPS[asked.step]
         return [Notification(
-            "stop-approved", self.run_id, f"dflash-ops: stopping {self.service}",
-            f"Run {self.run_id} ({route} route): the stop of {self.service} on {asked.host} was approved "
+            "stop-approved", self.run_id, f"dflash-ops: {doing} {self.service}",
+            f"Run {self.run_id} ({route} route): the {what} of {self.service} was approved "
             f"({made.by}); {said}.\nCommand: {' '.join(asked.argv)}", "warning")]
+
+    def _forecast_s(self, state: RunState | None) -> float | None:
+        return (state.forecast or {}).get("downtime_s") if state is not None else None
 
     def _downtime(self, down: m.Downtime) -> list[Notification]:
         if down.down_since is not None:
             if self.window is None or self.window.run_id != down.run_id or self.window.since != down.down_since:
-                state = self.state_of(down.run_id)
-                forecast = (getattr(state, "forecast", None) or {}).get("downtime_s")
-                self.window = _Window(down.run_id, down.down_since, forecast)
+                self.window = _Window(down.run_id, down.down_since, self._forecast_s(self._state(down.run_id)))
             return []
-        window, self.window = self.window, None
+        window = self.window if self.window and self.window.run_id == down.run_id else None
+        self.window = None
         if down.restarted_at is None:
             return []
-        state = self.state_of(down.run_id)
-        since = window.since if window and window.run_id == down.run_id else \
-            getattr(getattr(state, "service", None), "stopped_at", None)
+        state = self._state(down.run_id)
+        since = window.since if window else state.service.stopped_at if state else None
         if since is None:
             return []
-        forecast = window.forecast_s if window and window.run_id == down.run_id else \
-            (getattr(state, "forecast", None) or {}).get("downtime_s")
+        forecast = window.forecast_s if window else self._forecast_s(state)
         against = f" (forecast {duration(forecast)})" if forecast is not None else ""
         return [Notification(
             "service-back", down.run_id, f"dflash-ops: {self.service} is back",
@@ -120,10 +126,11 @@ class Watcher:
             f"{against}, since {_clock(since)} (run {down.run_id}).", "success")]
 
     def _finished(self, finished: m.RunFinished) -> list[Notification]:
-        state = self.state_of(finished.run_id)
-        headline = dict(getattr(state, "headline", None) or {})
-        facts = getattr(state, "facts", None) or {}
-        online = facts.get("headline_online") if isinstance(facts.get("headline_online"), dict) else {}
+        run = self.run_of(finished.run_id)
+        state = run.state if run is not None else None
+        headline = dict(state.headline) if state else {}
+        online = state.facts.get("headline_online") if state else None
+        online = online if isinstance(online, dict) else {}
         taus = [f"{name}: tau {tau:.2f}" + (f" (online {online[name]:.2f})" if online.get(name) is not None else "")
                 for name, tau in headline.items() if isinstance(tau, int | float)]
         results = ("\n" + "\n".join(taus)) if taus else "\nNo drafter was evaluated."
@@ -133,15 +140,15 @@ class Watcher:
                 "run-ended", finished.run_id, f"dflash-ops: run {finished.run_id} {finished.status}",
                 f"Run {finished.run_id} ended {finished.status} (exit {finished.exit_code}): {finished.message}"
                 f"{results}", "success" if finished.status == "done" else "failure"))
-        service = getattr(state, "service", None)
-        down = getattr(service, "down", not finished.service_up) if state is not None else not finished.service_up
-        if down:  # the store's answer (the run that left it down), whatever the run's status
-            since = getattr(service, "stopped_at", None)
+        # How the run left the server is the store's answer ("down", or "paused" on the pause route),
+        # said in the words every view uses.
+        left = state.service.left_as() if state else (None if finished.service_up else "down")
+        if left is not None:
+            said = f"{left_line(run)}. Next: {what_next(run)}." if run is not None else \
+                f"Run {finished.run_id} left {self.service} DOWN: `dflash-ops run --resume {finished.run_id}`."
             notes.append(Notification(
-                "left-down", finished.run_id, f"dflash-ops: {self.service} LEFT DOWN by run {finished.run_id}",
-                f"Run {finished.run_id} {getattr(state, 'status', None) or finished.status} and left {self.service} "
-                f"DOWN" + (f" since {_clock(since)} ({duration(time.time() - since)} ago)" if since else "")
-                + f". `dflash-ops run --resume {finished.run_id}` restarts it (or `r` in the console).", "failure"))
+                "left-down", finished.run_id, f"dflash-ops: {self.service} LEFT {left.upper()} by run {finished.run_id}",
+                f"Run {finished.run_id} {finished.status} and left {self.service} {left}.\n{said}", "failure"))
         return notes  # a window left open is still watched: its overrun, and the server back
 
     # --- the overrun, on a timer ---------------------------------------------------------------

@@ -23,7 +23,7 @@ from console import messages as m
 from console.config import Config
 from console.notify.events import Notification, Watcher
 from console.notify.sender import Target
-from console.procedure.store import RunStore, RunStoreError
+from console.procedure.store import Run, RunStore, RunStoreError
 from console.session.bus import MessageBus
 
 CLOSE_WAIT_S = 5.0  # at the end, what still waits is given this long to go out (the run-ended note)
@@ -40,7 +40,7 @@ class Notifier:
         self.events = set(config.notify.events)
         service = config.service
         name = service.unit if service.manager == "systemd" else "the server"
-        self.watcher = Watcher(config, self._state_of, f"{name} on {service.host}")
+        self.watcher = Watcher(config, self._run_of, f"{name} on {service.host}")
         self._ours = ours or self._driven_here
         self._known: set[str] = set()
         self.targets = [Target(url, self._report) for url in config.notify.urls]
@@ -75,9 +75,9 @@ class Notifier:
 
     # --- from the bus ---------------------------------------------------------------------------
 
-    def _state_of(self, run_id: str) -> Any | None:
+    def _run_of(self, run_id: str) -> Run | None:
         try:
-            return self.store.open(run_id).state
+            return self.store.open(run_id)
         except RunStoreError:
             return None
 
@@ -85,7 +85,8 @@ class Notifier:
         """The store says this process drives the run (its owner)."""
         if run_id in self._known:
             return True
-        owner = getattr(self._state_of(run_id), "owner", None)
+        run = self._run_of(run_id)
+        owner = run.state.owner if run is not None else None
         if owner is not None and owner.pid == os.getpid() and owner.host == socket.gethostname():
             self._known.add(run_id)
             return True
