@@ -189,7 +189,10 @@ class WindowConfig:
     `max_downtime_s` (None: no budget)."""
 
     max_downtime_s: float | None = None
+    route: str | None = None  # the route a run is made for when `run --route` is not given (None: window)
 
+
+WINDOW_ROUTES = ("window", "pause", "zero-downtime", "auto")
 
 # What a notification can be sent for (`[notify] events`); console/notify/ says what each one carries.
 NOTIFY_EVENTS: tuple[str, ...] = ("stop-approved", "overrun", "service-back", "run-ended", "left-down")
@@ -622,6 +625,7 @@ def _window(c: _Checker, data: Mapping[str, Any]) -> WindowConfig:
     c.keys(raw, "window", WINDOW_KEYS)
     return WindowConfig(
         max_downtime_s=c.get(raw, "max_downtime_s", "window", _positive_number, "a positive number of seconds"),
+        route=c.get(raw, "route", "window", lambda v: v in WINDOW_ROUTES, " or ".join(f'"{r}"' for r in WINDOW_ROUTES)),
     )
 
 

@@ -836,3 +836,19 @@ async def test_the_pause_is_forecast_by_phase_and_refused_over_its_budget(paused
     phases = paused.state().facts["pause_forecast"]["phases"]
     assert set(phases) == {"pause", "release", "free-vram", "extract", "resume", "continue"}
     assert "issue 26" in phases["release"]["basis"] and phases["release"]["seconds"] == pytest.approx(0.12)
+
+
+async def test_the_configs_window_route_chooses_when_run_is_not_told(window: Window) -> None:
+    """`[window] route = "pause"` makes the run a pause-route run (`run --route` still wins); a
+    route the engine does not know is refused where it is written."""
+    from console.config import ConfigError, load_config
+
+    path = Path(window.world.config.source)
+    path.write_text(path.read_text() + '\n[window]\nroute = "pause"\n')
+    window.world.config = load_config(path)
+    finished = await window.console()
+    assert finished.exit_code == 0 and window.state().route == "pause", finished.message
+    assert_pause_promises(window, finished)
+    path.write_text(path.read_text().replace('route = "pause"', 'route = "sideways"'))
+    with pytest.raises(ConfigError, match="window.route"):
+        load_config(path)

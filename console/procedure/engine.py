@@ -111,6 +111,7 @@ class Engine:
         self.stage_override = stage  # None: the plan decides from the target host's RAM
         self.one_step = one_step  # run the next unsatisfied step (stage + cache together), then pause
         self.crash_at = crash_at  # the crash-point sweep's hook (raises SimulatedCrash at a named point)
+        route = route or (None if run.state.started else getattr(config.window, "route", None))  # [window] route
         if route is not None and route not in (*ROUTES, "auto"):
             raise ValueError(f"unknown route {route!r}: expected one of {', '.join(ROUTES)} or auto")
         if route == "auto" and run.state.started and run.state.route:
