@@ -7,6 +7,8 @@ from __future__ import annotations
 import asyncio
 import json
 import threading
+import urllib.error
+import urllib.request
 import uuid
 from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -175,3 +177,109 @@ def test_admin_key_is_needed_for_worker_routes_and_inference_stays_open(fleet, t
         answer = asyncio.run(SglangClient(router, timeout=60).post(
             "/generate", {"text": "open", "sampling_params": {"max_new_tokens": 1}}))
         assert answer.status == 200 and json.loads(answer.body)["meta_info"]["completion_tokens"] == 1
+
+
+# ---- /v1/chat/completions through the router, answered by a rehearsal server (remote.drill.chat)
+
+MESSAGES = [{"role": "system", "content": "You write Python."},
+            {"role": "user", "content": [{"type": "text", "text": "fizzbuzz, "}, {"type": "text", "text": "please"}]}]
+
+
+def chat(url: str, body: dict) -> tuple[int, str, bytes]:
+    """(status, content type, raw body) of POST url/v1/chat/completions."""
+    request = urllib.request.Request(url + "/v1/chat/completions", json.dumps(body).encode(),
+                                     {"Content-Type": "application/json"})
+    try:
+        with urllib.request.urlopen(request, timeout=120) as answer:
+            return answer.status, answer.headers.get("Content-Type", ""), answer.read()
+    except urllib.error.HTTPError as exc:
+        return exc.code, exc.headers.get("Content-Type", ""), exc.read()
+
+
+def events(raw: bytes) -> list[str]:
+    """The SSE stream's data payloads, in order (each event is `data: ...` and a blank line)."""
+    text = raw.decode()
+    assert text.endswith("\n\n"), text[-80:]
+    blocks = text.split("\n\n")[:-1]
+    assert all(b.startswith("data: ") for b in blocks), blocks
+    return [b[len("data: "):] for b in blocks]
+
+
+def greedy_reference(replica: str, tiny_target: Path, max_new: int) -> tuple[list[int], dict]:
+    """The chat prompt as SGLang builds it (the tokenizer's chat template, generation prompt added,
+    tokenized by it) and the replica's greedy /generate of it."""
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(tiny_target)
+    flat = [{"role": m["role"], "content": m["content"] if isinstance(m["content"], str)
+             else "".join(p["text"] for p in m["content"])} for m in MESSAGES]
+    ids = tokenizer.apply_chat_template(flat, tokenize=True, add_generation_prompt=True)
+    ids = list(ids["input_ids"] if isinstance(ids, dict) or hasattr(ids, "keys") else ids)
+    answer = asyncio.run(SglangClient(replica, timeout=60).generate(ids, max_new))
+    return ids, answer
+
+
+def test_chat_completion_through_the_router(fleet, tiny_target):
+    router, replicas = fleet
+    status, kind, raw = chat(router, {"model": "tiny", "messages": MESSAGES, "max_tokens": 6, "temperature": 0})
+    assert status == 200 and kind.startswith("application/json"), raw[:200]
+    answer = json.loads(raw)
+    ids, reference = greedy_reference(replicas[0], tiny_target, 6)
+    (choice,) = answer["choices"]
+    assert answer["object"] == "chat.completion" and answer["id"].startswith("chatcmpl-") and answer["model"] == "tiny"
+    assert choice["message"] == {"role": "assistant", "content": reference["text"], "reasoning_content": None}
+    finish = reference["meta_info"]["finish_reason"]
+    assert (choice["finish_reason"], choice["matched_stop"]) == (finish["type"], finish.get("matched"))
+    assert answer["usage"] == {"prompt_tokens": len(ids), "completion_tokens": len(reference["output_ids"]),
+                               "total_tokens": len(ids) + len(reference["output_ids"]), "prompt_tokens_details": None,
+                               "reasoning_tokens": 0, "completion_tokens_details": None}
+
+
+def test_streamed_chat_completion_through_the_router(fleet, tiny_target):
+    router, replicas = fleet
+    body = {"messages": MESSAGES, "max_completion_tokens": 8, "temperature": 0, "stream": True,
+            "stream_options": {"include_usage": True}}
+    status, kind, raw = chat(router, body)
+    assert status == 200 and kind.startswith("text/event-stream"), raw[:200]
+    payloads = events(raw)
+    assert payloads[-1] == "[DONE]"
+    chunks = [json.loads(p) for p in payloads[:-1]]
+    # no model given: the router forwards its own default, "unknown" (docs/sglang.md, Router), echoed back
+    assert all(c["object"] == "chat.completion.chunk" and c["model"] == "unknown" for c in chunks), chunks[:2]
+    assert len({c["id"] for c in chunks}) == 1
+    first, *middle, finish, usage = chunks
+    assert first["choices"][0]["delta"] == {"reasoning_content": None, "role": "assistant", "content": ""}
+    assert all(c["choices"][0]["finish_reason"] is None and set(c["choices"][0]["delta"]) == {"reasoning_content", "content"}
+               for c in middle)
+    ids, reference = greedy_reference(replicas[1], tiny_target, 8)
+    assert "".join(c["choices"][0]["delta"]["content"] for c in middle) == reference["text"]
+    reason = reference["meta_info"]["finish_reason"]
+    assert finish["choices"][0]["delta"] == {"reasoning_content": None}
+    assert (finish["choices"][0]["finish_reason"], finish["choices"][0]["matched_stop"]) == (reason["type"], reason.get("matched"))
+    assert usage["choices"] == [] and usage["usage"]["completion_tokens"] == len(reference["output_ids"])
+    assert usage["usage"]["prompt_tokens"] == len(ids)
+
+
+def test_chat_stream_without_usage_ends_with_the_finish_chunk_then_done(fleet):
+    router, _ = fleet
+    payloads = events(chat(router, {"messages": MESSAGES, "max_tokens": 3, "temperature": 0, "stream": True})[2])
+    assert payloads[-1] == "[DONE]"
+    last = json.loads(payloads[-2])
+    assert last["choices"][0]["finish_reason"] == "length" and "usage" not in last
+
+
+def test_chat_stop_string_and_bad_requests(fleet):
+    router, (replica, _) = fleet
+    plain = json.loads(chat(replica, {"messages": MESSAGES, "max_tokens": 8, "temperature": 0})[2])
+    text = plain["choices"][0]["message"]["content"]
+    assert plain["model"] == "default"  # SGLang's DEFAULT_MODEL_NAME when the request names none
+    stop = text[2:4]  # two characters the greedy answer contains: it ends right before them
+    assert stop and stop not in text[:2]
+    stopped = json.loads(chat(router, {"messages": MESSAGES, "max_tokens": 8, "temperature": 0, "stop": stop})[2])
+    (choice,) = stopped["choices"]
+    assert (choice["finish_reason"], choice["matched_stop"]) == ("stop", stop)
+    assert text.startswith(choice["message"]["content"]) and stop not in choice["message"]["content"]
+    status, _, raw = chat(replica, {"model": "x"})
+    assert status == 400 and "messages" in json.loads(raw)["message"]
+    status, _, raw = chat(replica, {"messages": MESSAGES, "n": 2})
+    assert status == 400 and "n" in raw.decode()

@@ -24,6 +24,8 @@ does where the console and the workers meet it (each fact and its SGLang source:
                                    `text`, `output_ids` (the stop token kept), `meta_info` (id,
                                    finish_reason object, prompt/completion/cached tokens, e2e_latency...)
   POST /v1/completions             OpenAI-style (temperature 1.0 unless given, as SGLang), return_token_ids
+  POST /v1/chat/completions        OpenAI chat: the model's chat template, usage, finish reasons, stream
+                                   (SSE chunks, data: [DONE]) (`remote.drill.chat`)
   POST /abort_request              {"rid": ...} or {"abort_all": true}: an abort finish, 200
   POST /pause_generation           {"mode": abort (default) | retract | in_place}; /continue_generation
   POST /release_memory_occupation  {"tags": kv_cache, weights, cuda_graph; none: all}; /resume_memory_occupation
@@ -83,7 +85,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
-from remote.drill import memory_saver, simgpu
+from remote.drill import chat, memory_saver, simgpu
 from remote.drill.memory_saver import MemorySaver, Refused
 from remote.drill.sglang_contract import (
     ContractError,
@@ -709,6 +711,8 @@ def make_handler(server: Server) -> type[BaseHTTPRequestHandler]:
                     self._send(200, self._generate(body))
                 elif path == "/v1/completions":
                     self._send(200, self._completions(body))
+                elif path == "/v1/chat/completions":  # remote.drill.chat: JSON, or SSE with stream
+                    chat.answer(self, server, body, validation_error, Request)
                 else:
                     server.abort(body.get("rid"), bool(body.get("abort_all")))
                     self._send(200)
@@ -818,7 +822,7 @@ def make_handler(server: Server) -> type[BaseHTTPRequestHandler]:
 
 GET_ROUTES = ("/health", "/health_generate", "/ready", "/model_info", "/get_model_info", "/server_info",
               "/get_server_info", "/v1/models", "/metrics")
-POST_ROUTES = ("/generate", "/v1/completions", "/abort_request")
+POST_ROUTES = ("/generate", "/v1/completions", "/v1/chat/completions", "/abort_request")
 
 
 def run_gpu_worker(args: argparse.Namespace) -> int:
