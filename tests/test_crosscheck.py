@@ -277,11 +277,13 @@ def test_overlap_is_symmetric_and_an_interval_overlaps_itself(a, b):
 
 # -- the command and the report --------------------------------------------------------------------
 
-def test_crosscheck_command_fetches_the_cache_writes_the_result_the_state_and_the_report(served, drill, run_dir,
-                                                                                        hosts, tmp_path):
+def test_crosscheck_command_fetches_the_cache_writes_the_result_and_the_report_never_the_state(
+        served, drill, run_dir, hosts, tmp_path, monkeypatch, capsys):
     """`dflash-ops crosscheck RUN` over real SSH: the run's completions.json fetched from the service
-    host's window directory, the server reached through the port forward; crosscheck.json, the state's
-    headline_online and the report's Online section written."""
+    host's window directory, the server reached through the port forward; crosscheck.json and the
+    report's Online section written, `runs` reading the online tau from it. The run's state.json is
+    never written (a live engine saves it whole at any moment: issue 27), and the config is the one
+    the run recorded, by its absolute path, from another directory."""
     from console.cli.main import main
     from console.procedure.store import RunStore
 
@@ -293,14 +295,22 @@ def test_crosscheck_command_fetches_the_cache_writes_the_result_the_state_and_th
     window = hosts.workdir("ct129") / "windows" / run.run_id
     window.mkdir(parents=True)
     shutil.copy(run_dir / cc.COMPLETIONS_FILE, window / cc.COMPLETIONS_FILE)
+    state_before = (run.dir / "state.json").stat()
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    monkeypatch.chdir(elsewhere)
 
     assert main(["crosscheck", run.run_id, "--runs", str(store.root)]) == 0
+    assert f"using the config of run {run.run_id}: {config}" in capsys.readouterr().err
 
     assert (run.dir / cc.COMPLETIONS_FILE).read_bytes() == (run_dir / cc.COMPLETIONS_FILE).read_bytes()
     saved = cc.load(run.dir)
     assert saved.status == "checked" and saved.drafter == "reference" and saved.agrees is True
-    state = json.loads((run.dir / "state.json").read_text())
-    assert state["facts"]["headline_online"] == {"reference": saved.tau}
+    state_after = (run.dir / "state.json").stat()
+    assert (state_after.st_ino, state_after.st_mtime_ns) == (state_before.st_ino, state_before.st_mtime_ns)
+    from console.procedure.store import summary_of
+
+    assert summary_of(store.open(run.run_id)).online == {"reference": saved.tau}
     report = json.loads((run.dir / "report.json").read_text())
     assert report["online"] == saved.to_json()
     markdown = (run.dir / "report.md").read_text()

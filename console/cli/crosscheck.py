@@ -3,10 +3,11 @@ tau beside the offline one (`console.procedure.crosscheck`).
 
 RUN is a run directory or a run id of the store (`--runs`). The service is reached as the console
 reaches it (SSH to `[service] host`, a port forward to `[service] url`); the config is `--config`,
-else the one the run was made with. The run's completions.json is fetched from the service host's
-window directory when the run directory lacks it. Writes RUN/crosscheck.json, the online tau into
-the run's state (`facts.headline_online`) and, when the run has results, its report again with the
-"Online" section. Exit status 0 when the taus agree or the server does not decode speculatively,
+else the one the run was made with (by the absolute path it recorded). The run's completions.json
+is fetched from the service host's window directory when the run directory lacks it. Writes
+RUN/crosscheck.json (where `runs` reads the online tau) and, when the run has results, its report
+again with the "Online" section. It never writes the run's state.json: that file is the engine's,
+saved whole at any moment by a live engine, and a read-modify-write here would race it. Exit status 0 when the taus agree or the server does not decode speculatively,
 1 when they disagree or nothing could be compared, 2 for usage errors.
 """
 
@@ -27,7 +28,6 @@ from console.procedure import crosscheck as cc
 from console.procedure.store import STATE, RunStore
 from console.service.sglang_api import ServerAnswerError, ServerUnreachable
 from console.ssh.hosts import HostError
-from remote.artifacts import write_json_atomic
 
 CONNECT_TIMEOUT_S = 30.0
 
@@ -65,14 +65,6 @@ def read_state(run_dir: Path) -> dict[str, Any]:
     return data
 
 
-def record_headline(run_dir: Path, result: cc.CrossCheck) -> None:
-    """The online tau into state.json's facts (`headline_online`: {drafter: tau}), beside the offline
-    headline; the rest of the state as it was."""
-    state = read_state(run_dir)
-    state.setdefault("facts", {})["headline_online"] = result.headline()
-    write_json_atomic(run_dir / STATE, state)
-
-
 async def check_run(config_path: str, run_dir: Path, state: dict[str, Any]) -> cc.CrossCheck:
     from console.session import Session
 
@@ -101,12 +93,14 @@ def run(args: argparse.Namespace) -> int:
     state = read_state(run_dir)
     config_path = args.config or state.get("config") or DEFAULT_CONFIG_NAME
     console = Console()
+    if not args.config and state.get("config"):  # by the absolute path the run recorded, from any directory
+        Console(stderr=True).print(f"dflash-ops: using the config of run {state['run_id']}: {config_path}",
+                                   soft_wrap=True)
     try:
         result = asyncio.run(check_run(config_path, run_dir, state))
     except (cc.CrossCheckError, ServerUnreachable, ServerAnswerError, HostError, TimeoutError) as exc:
         raise UsageError(f"crosscheck {run_dir.name}: {exc}") from None
-    path = run_dir / cc.CROSSCHECK_FILE
-    record_headline(run_dir, result)
+    path = run_dir / cc.CROSSCHECK_FILE  # written by the cross-check; state.json stays the engine's
     online = result.to_json()
     console.print(result.line(), soft_wrap=True)
     if result.prompts:

@@ -369,6 +369,7 @@ def summary_of(run: Run) -> RunSummary:
         downtimes.append(s.service.continued_at - s.service.paused_at)
     gone = s.status == "running" and s.owner is not None and s.owner.alive() is False
     online = s.facts.get("headline_online") if isinstance(s.facts.get("headline_online"), dict) else {}
+    online = online_headline(run.dir) or online  # a later `dflash-ops crosscheck` keeps its result there
     return RunSummary(s.run_id, s.created_at, s.status, s.route, sum(downtimes) if downtimes else None,
                       dict(s.headline), s.config, run.dir, service_down=s.service.down, console_gone=gone,
                       online=dict(online), forecast_s=(s.forecast or {}).get("downtime_s"),
@@ -445,6 +446,19 @@ def left_on_hosts(state: RunState, workdirs: dict[str, str], service_host: str |
     left.append(f"the host lock {where}/dflash-ops.lock if it still names this run (the next run takes it "
                 f"over, its console being gone)")
     return left
+
+
+def online_headline(run_dir: Path) -> dict[str, float]:
+    """{drafter: online tau} of the run's crosscheck.json (the command writes it, never state.json,
+    which is the engine's); empty when there is none or it cannot be read."""
+    try:
+        data = json.loads((run_dir / "crosscheck.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return {}
+    if not isinstance(data, dict) or not isinstance(data.get("drafter"), str) \
+            or not isinstance(data.get("tau"), int | float) or isinstance(data.get("tau"), bool):
+        return {}
+    return {data["drafter"]: float(data["tau"])}
 
 
 def default_runs_dir() -> Path:
