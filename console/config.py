@@ -21,8 +21,11 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, fields
 from importlib import resources
 from pathlib import Path
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 from urllib.parse import urlsplit
+
+if TYPE_CHECKING:
+    from console.config_fleet import FleetConfig
 
 DEFAULT_CONFIG_NAME = "dflash-ops.toml"
 
@@ -222,6 +225,9 @@ class Config:
     source: Path | None = field(default=None, compare=False)
     window: WindowConfig = field(default_factory=WindowConfig)
     notify: NotifyConfig = field(default_factory=NotifyConfig)
+    # Replicas behind SGLang's router (console/config_fleet.py); None: one server, [service]. With a
+    # fleet, `service` is its first replica's.
+    fleet: FleetConfig | None = None
 
     @property
     def reference(self) -> DrafterConfig | None:
@@ -430,7 +436,7 @@ def _http_url(v: Any) -> bool:
     return parts.scheme in ("http", "https") and bool(parts.hostname)
 
 
-TOP_KEYS = ("hosts", "service", "target", "prompts", "drafters", "eval", "crosscheck", "window", "notify")
+TOP_KEYS = ("hosts", "service", "target", "prompts", "drafters", "eval", "crosscheck", "window", "notify", "fleet")
 HOST_KEYS = tuple(f.name for f in fields(HostConfig) if f.name != "name")
 SERVICE_KEYS = tuple(f.name for f in fields(ServiceConfig))
 TARGET_KEYS = tuple(f.name for f in fields(TargetConfig))
@@ -477,7 +483,11 @@ def _hosts(c: _Checker, data: Mapping[str, Any]) -> dict[str, HostConfig]:
 def _service(c: _Checker, data: Mapping[str, Any], hosts: Mapping[str, HostConfig]) -> ServiceConfig:
     raw = c.table(data, "service", "service", required=True)
     assert raw is not None
-    p = "service"
+    return service_table(c, raw, "service", hosts)
+
+
+def service_table(c: _Checker, raw: Mapping[str, Any], p: str, hosts: Mapping[str, HostConfig]) -> ServiceConfig:
+    """One service's table at field path `p` ([service], or a fleet's replica)."""
     c.keys(raw, p, SERVICE_KEYS)
     host = c.host_ref(c.get(raw, "host", p, _text, "a host name", required=True), f"{p}.host", hosts)
     manager = c.get(raw, "manager", p, lambda v: v in MANAGERS, '"systemd" or "command"', "systemd")
@@ -665,19 +675,28 @@ def validate(data: Mapping[str, Any], file: str = DEFAULT_CONFIG_NAME) -> Config
     c = _Checker(file)
     c.keys(data, "", TOP_KEYS)
     hosts = _hosts(c, data)
-    service = _service(c, data, hosts)
+    fleet = None
+    if "fleet" in data:  # a fleet behind SGLang's router: its replicas are the services (console/config_fleet.py)
+        from console.config_fleet import parse_fleet
+
+        fleet = parse_fleet(c, data, hosts)
+        service = fleet.replicas[0].service  # what one-server code reads; the fleet window picks its replica
+    else:
+        service = _service(c, data, hosts)
     target = _target(c, data, hosts, service.host)
     prompts = _prompts(c, data)
     drafters = _drafters(c, data, hosts)
     evaluation = _eval(c, data, hosts, target.host)
     names = [d.name for d in drafters]
-    if service.drafter is not None and service.drafter not in names:
-        raise c.fail("service.drafter", f"one of the configured drafters ({', '.join(names) or 'there are none'})",
-                     describe(service.drafter))
+    served = [(f"fleet.replicas[{i}]", r.service) for i, r in enumerate(fleet.replicas)] if fleet else [("service", service)]
+    for p, one in served:
+        if one.drafter is not None and one.drafter not in names:
+            raise c.fail(f"{p}.drafter", f"one of the configured drafters ({', '.join(names) or 'there are none'})",
+                         describe(one.drafter))
     if target.layers == "auto" and not drafters:
         raise c.fail("target.layers", 'a list of layer indices ("auto" reads them from the drafters, and there are none)', '"auto"')
     return Config(hosts=hosts, service=service, target=target, prompts=prompts, drafters=drafters, eval=evaluation,
-                  crosscheck=_crosscheck(c, data), window=_window(c, data), notify=_notify(c, data))
+                  crosscheck=_crosscheck(c, data), window=_window(c, data), notify=_notify(c, data), fleet=fleet)
 
 
 _LINE_RE = re.compile(r"\s*\(at line (\d+), column (\d+)\)\s*$")
@@ -776,7 +795,7 @@ def _table_dict(obj: Any, skip: tuple[str, ...] = ()) -> dict[str, Any]:
 
 def config_to_dict(config: Config) -> dict[str, Any]:
     """`config` as the nested dict its TOML file holds (what `validate` accepts)."""
-    return {
+    out = {
         "hosts": {name: _table_dict(host, skip=("name",)) for name, host in config.hosts.items()},
         "service": _table_dict(config.service),
         "target": _table_dict(config.target),
@@ -787,6 +806,12 @@ def config_to_dict(config: Config) -> dict[str, Any]:
         "window": _table_dict(config.window),
         **({"notify": _table_dict(config.notify)} if config.notify.urls else {}),  # no one to tell: no table
     }
+    if config.fleet is not None:  # the replicas are the services: no [service] of its own
+        from console.config_fleet import fleet_to_dict
+
+        del out["service"]
+        out["fleet"] = fleet_to_dict(config.fleet)
+    return out
 
 
 def _is_table_array(value: Any) -> bool:

@@ -207,6 +207,24 @@ def _steps_table(config: Config) -> Table:
     return table
 
 
+def _fleet_table(config: Config) -> Table:
+    """[fleet]: the router and each replica, as config check resolved them."""
+    fleet = config.fleet
+    assert fleet is not None
+    where = f"as seen from {fleet.router_host}" if fleet.router_host else "reached from the console"
+    key = f"admin key from ${fleet.api_key_env}" if fleet.api_key_env else "no admin key"
+    table = Table(title=f"Fleet: router {fleet.router} ({where}; {key}; a drain waits up to "
+                        f"{fleet.drain_timeout_s:g} s)", title_justify="left")
+    for column in ("replica", "host", "manager", "unit / start", "url (from its host)", "listed by the router as"):
+        table.add_column(column, overflow="fold")
+    for replica in fleet.replicas:
+        service = replica.service
+        start = service.unit if service.manager == "systemd" else service.start
+        table.add_row(replica.name, service.host, service.manager,
+                      start if isinstance(start, str) else " ".join(start or ()), service.url, replica.worker_url)
+    return table
+
+
 def render_plan(config: Config) -> RenderableType:
     """The whole resolved plan of `config` as one rich renderable."""
     service, target = config.service, config.target
@@ -243,7 +261,9 @@ def render_plan(config: Config) -> RenderableType:
                  ("anchors per batch", str(ev.batch_anchors))]
     parts: list[RenderableType] = [
         _hosts_table(config),
-        _kv_table("Service", service_rows),
+        *([_fleet_table(config)] if config.fleet is not None else []),
+        _kv_table("Service" if config.fleet is None else f"Service (replica {config.fleet.replicas[0].name}, as each "
+                  "replica's window will run it)", service_rows),
         _kv_table("Target", target_rows),
         _kv_table("Prompts", prompt_rows),
         _drafters_table(config),
