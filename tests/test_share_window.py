@@ -96,6 +96,17 @@ async def opened(browser, url: str):
     return page, answer
 
 
+async def step_to_the_stop(operator: Operator, decider: Approving, runs: Path) -> m.RunFinished:
+    """The run a step at a time (stage and cache, then the stop), as the console's `n` does: paused
+    after the stop with the service down."""
+    paused = await operator.run(decider, one_step=True)
+    while not RunStore(runs).open(paused.run_id).state.service.down:
+        assert paused.status == "paused" and paused.service_up, paused
+        paused = await operator.run(decider, resume=paused.run_id, one_step=True)
+    assert paused.status == "paused" and not paused.service_up and paused.exit_code == 3, paused
+    return paused
+
+
 @needs_chromium
 async def test_the_window_in_a_browser_and_its_notifications(drill: Drill, tmp_path: Path) -> None:  # noqa: F811
     from playwright.async_api import async_playwright
@@ -118,14 +129,13 @@ async def test_the_window_in_a_browser_and_its_notifications(drill: Drill, tmp_p
             # Any other bind: the page, its files and its websocket are refused without the token.
             token_page, refused = await opened(browser, re.sub(r"\?token=.*", "", guarded_url))
             assert refused.status == 403 and "needs its token" in await token_page.content()
-            assert "?token=" in guarded_url and (await token_page.goto(guarded_url)).status == 200
-            # Step by step (stage and cache, then the stop): paused with the service down.
-            paused = await operator.run(decider, one_step=True)
+            assert "?token=" in guarded_url
+            stepping = asyncio.create_task(step_to_the_stop(operator, decider, drill.runs))
+            assert (await token_page.goto(guarded_url)).status == 200
+            await screen_until(token_page, "ct129", "read-only")  # its websocket opened with the token's cookie
+            await token_page.close()  # (its console ends: one less process beside the window)
+            paused = await stepping
             run_id = paused.run_id
-            while not RunStore(drill.runs).open(run_id).state.service.down:
-                assert paused.status == "paused" and paused.service_up, paused
-                paused = await operator.run(decider, resume=run_id, one_step=True)
-            assert paused.status == "paused" and not paused.service_up and paused.exit_code == 3, paused
             # The dashboard in the browser during the downtime: hosts, the DOWN banner, the steps.
             await screen_until(page, "SERVICE DOWN", "ct129", "ct200", "SIMULATED", "preflight", "free-vram",
                                "extract", "restart", "read-only", pattern=r"stop\s+done")
@@ -135,7 +145,6 @@ async def test_the_window_in_a_browser_and_its_notifications(drill: Drill, tmp_p
             for key in ("r", "s", "g", "n", "c"):
                 await page.keyboard.press(key)
             await screen_until(page, "read-only: this console restarts nothing", timeout=30)
-            await screen_until(token_page, "SERVICE DOWN", "ct129")  # its websocket opened with the token
             await browser.close()
         state = RunStore(drill.runs).open(run_id).state
         assert state.service.down and state.status == "paused"  # nothing restarted it or resumed the run
