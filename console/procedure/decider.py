@@ -81,12 +81,24 @@ def live_displays_paused() -> Iterator[None]:
     paused = list(_live_displays)
     for display in paused:
         display.stop()
+        _forget_last_frame(display)
     try:
         yield
     finally:
         for display in paused:
             if display in _live_displays:
                 display.start()
+
+
+def _forget_last_frame(display: LiveDisplay) -> None:
+    """A rich display stopped keeps its last frame's height, and on its next start moves the cursor
+    up that many lines to redraw "in place": over the question and its answer printed meanwhile,
+    which then vanished from the scrollback (issue 28). Its last frame stays printed above; the
+    next one starts below the answer."""
+    live = getattr(display, "live", display)  # a Progress drives a Live
+    render = getattr(live, "_live_render", None)
+    if render is not None and hasattr(render, "_shape"):
+        render._shape = None
 
 
 class LineReader:
