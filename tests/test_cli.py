@@ -198,17 +198,23 @@ def test_a_question_pauses_the_progress_bars_and_stands_on_its_own_lines() -> No
     bus.publish(JobProgress("extract-1", "extract", "ct129", 4, 10, "prompts", rate=0.4, key="prompts"))
     live_while_asked: list[bool] = []
     printed_before_answer: list[str] = []
-
-    def answer() -> str:
-        live_while_asked.append(view.progress.live.is_started)
-        printed_before_answer.append(screen.getvalue())
-        return "y\n"
-
-    decider = TerminalDecider(read_line=answer, out=screen)
     question = Confirmation("stop", "stop the service", "ct129", ("systemctl", "stop", "sglang-qwen"),
                             "SGLang on ct129 goes down", True)
+
+    async def ask() -> bool:
+        from prompt_toolkit.input import create_pipe_input
+
+        with create_pipe_input() as keys:
+            asked = asyncio.create_task(TerminalDecider(input=keys, out=screen).decide(question))
+            while "Proceed?" not in screen.getvalue():
+                await asyncio.sleep(0.01)
+            live_while_asked.append(view.progress.live.is_started)
+            printed_before_answer.append(screen.getvalue())
+            keys.send_text("y\r")
+            return await asked
+
     try:
-        assert asyncio.run(decider.decide(question)) is True
+        assert asyncio.run(ask()) is True
         assert view.progress.live.is_started  # the bars are back after the answer
     finally:
         view.close()

@@ -124,14 +124,17 @@ def test_a_full_disk_after_the_stop_is_said_and_kept_in_memory(tmp_path, capsys)
 
 
 def test_terminal_decider_y_n_c() -> None:
-    answers = iter(["maybe\n", "n\n", "y\n", "c\n", ""])
+    from prompt_toolkit.input import create_pipe_input
+
     out = io.StringIO()
-    decider = TerminalDecider(read_line=lambda: next(answers), out=out)
     question = Confirmation("stop", "stop the service", "ct129", ("systemctl", "stop", "sglang"),
                             "SGLang on ct129 goes down", True, 94.0)
 
     async def ask() -> list[bool]:
-        return [await decider.decide(question) for _ in range(4)]
+        with create_pipe_input() as keys:
+            keys.send_text("maybe\rn\ry\rc\r")
+            decider = TerminalDecider(input=keys, out=out)
+            return [await decider.decide(question) for _ in range(4)]
 
     assert asyncio.run(ask()) == [False, True, True, True]  # "maybe" re-asked, then n; y; c; then no question
     text = out.getvalue()
@@ -140,9 +143,45 @@ def test_terminal_decider_y_n_c() -> None:
 
 
 def test_end_of_input_refuses() -> None:
-    decider = TerminalDecider(read_line=lambda: "", out=io.StringIO())
+    from prompt_toolkit.input import create_pipe_input
+
     c = Confirmation("stop", "stop the service", "h", ("true",), "x", True)
-    assert asyncio.run(decider.decide(c)) is False
+
+    async def ask() -> bool:
+        with create_pipe_input() as keys:
+            keys.close()  # nobody is there to answer
+            return await TerminalDecider(input=keys, out=io.StringIO()).decide(c)
+
+    assert asyncio.run(ask()) is False
+
+
+def test_one_question_at_a_time_each_answer_to_its_own_question() -> None:
+    """Issue 27: the budget offer and the restart's question at once on the terminal. The second
+    waits until the first is answered; the first answer typed goes to the first question only."""
+    from prompt_toolkit.input import create_pipe_input
+
+    out = io.StringIO()
+    offer = Confirmation("extract", "stop the extraction now, keeping every prompt done", "ct129", (), "x", False)
+    restart = Confirmation("restart", "start the service", "ct129", ("systemctl", "start", "sglang"), "back", False)
+
+    async def both() -> tuple[bool, bool, str]:
+        with create_pipe_input() as keys:
+            decider = TerminalDecider(input=keys, out=out)
+            first = asyncio.create_task(decider.decide(offer))
+            await asyncio.sleep(0.2)
+            second = asyncio.create_task(decider.decide(restart))
+            await asyncio.sleep(0.2)
+            shown_before = out.getvalue()
+            keys.send_text("n\r")  # typed for the offer, the only question on the screen
+            said_first = await first
+            await asyncio.sleep(0.2)
+            keys.send_text("y\r")
+            return said_first, await second, shown_before
+
+    first, second, shown_before = asyncio.run(both())
+    assert (first, second) == (False, True)
+    assert "extract: stop the extraction now" in shown_before and "restart:" not in shown_before
+    assert out.getvalue().count("Proceed?") == 2
 
 
 def test_stage_left_out_without_ram_and_estimates_from_earlier_runs() -> None:

@@ -7,7 +7,7 @@ the run there and journals it). Three deciders share the protocol:
 
 - `ApproveAll` (`--yes`): approves everything, saying so in the journal;
 - `TerminalDecider` (`--step`, and the headless default when stdin is a terminal): Ansible-style
-  y / n / c (c = yes to this and every later question);
+  y / n / c (c = yes to this and every later question), one question at a time (prompt_toolkit);
 - the TUI's modals (`screens/`), which implement the same protocol.
 """
 
@@ -16,10 +16,10 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import shlex
+import signal
 import sys
-import threading
 from collections.abc import Callable, Iterator
-from typing import Protocol, TextIO
+from typing import Any, Protocol, TextIO
 
 from console.messages import Confirmation
 from console.views.units import duration
@@ -101,104 +101,60 @@ def _forget_last_frame(display: LiveDisplay) -> None:
         render._shape = None
 
 
-class LineReader:
-    """The one reader of the answers: a daemon thread that reads a line when a question waits for
-    one. A question cancelled under it (Ctrl-C) leaves the line it was reading to the next
-    question, never to a reader nobody awaits; and nothing joins the thread at exit, so a
-    blocked read never holds the process (the executor thread that `run_in_executor` used did both)."""
-
-    def __init__(self, read_line: Callable[[], str]) -> None:
-        self._read_line = read_line
-        self._lock = threading.Lock()
-        self._wanted = threading.Event()
-        self._waiter: asyncio.Future[str] | None = None
-        self._pending: list[str] = []  # read for a question that was cancelled meanwhile
-        self._ended = False  # end of input: every later question reads ""
-        self._thread: threading.Thread | None = None
-
-    async def line(self) -> str:
-        """The next line ('' at the end of input)."""
-        loop = asyncio.get_running_loop()
-        with self._lock:
-            if self._pending:
-                return self._pending.pop(0)
-            if self._ended:
-                return ""
-            waiter = self._waiter = loop.create_future()
-            self._wanted.set()
-            if self._thread is None:
-                self._thread = threading.Thread(target=self._read, name="answers", daemon=True)
-                self._thread.start()
-        try:
-            return await waiter
-        finally:
-            with self._lock:
-                if self._waiter is waiter:
-                    self._waiter = None  # the read goes on; its line waits in _pending
-
-    def _read(self) -> None:
-        while True:
-            self._wanted.wait()
-            try:
-                line = self._read_line()
-            except (OSError, ValueError):  # stdin closed under us: nobody is there to answer
-                line = ""
-            with self._lock:
-                self._wanted.clear()
-                self._ended = line == ""
-                waiter, self._waiter = self._waiter, None
-                if waiter is None or waiter.done():
-                    self._pending.append(line)
-                else:
-                    waiter.get_loop().call_soon_threadsafe(self._deliver, waiter, line)
-            if line == "":
-                return
-
-    def _deliver(self, waiter: asyncio.Future[str], line: str) -> None:
-        if waiter.done():  # cancelled between the read and this call: the next question has it
-            with self._lock:
-                self._pending.append(line)
-        else:
-            waiter.set_result(line)
-
-
-_stdin_reader: LineReader | None = None
-
-
-def stdin_reader() -> LineReader:
-    """The process's one reader of stdin."""
-    global _stdin_reader
-    if _stdin_reader is None:
-        _stdin_reader = LineReader(sys.stdin.readline)
-    return _stdin_reader
+PROMPT = "Proceed? [y]es / [n]o / [c]ontinue without asking: "
 
 
 class TerminalDecider:
     """Asks on the terminal: y (yes), n (no), c (yes, and continue without asking). The question
-    stands on its own lines, with the command, the live display paused until it is answered."""
+    stands on its own lines, with the command, the live display paused until it is answered.
+
+    One question at a time: a question asked while another waits (the budget offer and the
+    restart's question) waits its turn, so an answer always goes to the question it was typed for.
+    The answer is read by prompt_toolkit's `prompt_async` (line editing on a terminal); a question
+    cancelled under it (Ctrl-C) takes its half-typed line with it. `input`: a prompt_toolkit input
+    (tests: `create_pipe_input()`); default the process's stdin, a pipe or file too (scripts)."""
 
     name = "terminal"
 
-    def __init__(self, read_line: Callable[[], str] | None = None, out: TextIO | None = None):
-        self._reader = LineReader(read_line) if read_line is not None else stdin_reader()
+    def __init__(self, input: Any = None, out: TextIO | None = None):
+        self._input = input
         self._out = out
+        self._turn = asyncio.Lock()
         self.continue_all = False
 
     async def decide(self, confirmation: Confirmation) -> bool:
         if self.continue_all:
             return True
-        with live_displays_paused():
-            return await self._ask(confirmation, self._out or sys.stderr)
+        async with self._turn:
+            if self.continue_all:  # said while this question waited its turn
+                return True
+            with live_displays_paused():
+                return await self._ask(confirmation, self._out or sys.stderr)
 
     async def _ask(self, confirmation: Confirmation, out: TextIO) -> bool:
+        from prompt_toolkit import PromptSession
+        from prompt_toolkit.input import create_input
+        from prompt_toolkit.output import DummyOutput, create_output
+
+        terminal = self._input is None and sys.stdin.isatty()
+        source = self._input if self._input is not None else create_input(sys.stdin)
+        # On a terminal prompt_toolkit draws the prompt and edits the line; elsewhere (a pipe, a
+        # test) the prompt is plain text and prompt_toolkit only reads the line.
+        session = PromptSession(input=source, output=create_output(stdout=out) if terminal else DummyOutput())
         out.write("\n" + confirmation_text(confirmation) + "\n")
+        out.flush()
         while True:
-            out.write("Proceed? [y]es / [n]o / [c]ontinue without asking: ")
-            out.flush()
-            line = await self._reader.line()
-            if line == "":  # end of input: nobody is there to say yes
+            if not terminal:
+                out.write(PROMPT)
+                out.flush()
+            try:
+                line = await session.prompt_async(PROMPT if terminal else "")
+            except EOFError:  # end of input: nobody is there to say yes
                 out.write("\n(no answer: refused)\n")
                 return False
+            except KeyboardInterrupt:  # Ctrl-C read as a key (the terminal in raw mode): the signal it means
+                signal.raise_signal(signal.SIGINT)
+                continue
             answer = line.strip().lower()
             if answer in ("y", "yes"):
                 return True
