@@ -1,0 +1,259 @@
+"""The pause route (issue 26) over the engine's fakes: the server of the fake world answers SGLang's
+memory-saver routes as its source does (`tests/fake_sglang.py`). For every new crash point (paused,
+released, the extraction, resumed, continued), every pair of them, random sequences, every step's
+failure, refusal and lost answer, and a cancel after the pause, the console dies (or the step
+fails) and a new engine resumes; every case ends with the window's promises and the pause route's
+own: the server is never stopped; it ends serving, or the run exits 3 and the store names it as the
+one that left it paused; each pause has exactly one continue and each release exactly one resume of
+the same tags; the held requests run again; nothing is extracted twice."""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+from pathlib import Path
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+import console.procedure.engine as engine_module
+from console.messages import RunFinished
+from console.procedure import forecast as fc
+from console.procedure.engine import EXIT_DOWN, PAUSE_CRASH_POINTS, ResumeRefused
+from tests.engine_fakes import INFERENCE, TRAINING, Fault, Producers, ScriptedDecider
+from tests.engine_sweep import (  # its fixtures (producers, window) come through tests/conftest.py
+    Crasher,
+    Failure,
+    Window,
+    assert_promises,
+    cancel_at,
+    make_window,
+)
+
+
+@pytest.fixture
+def paused(window: Window) -> Window:
+    window.route = "pause"
+    return window
+
+
+def assert_pause_promises(w: Window, finished: RunFinished) -> None:
+    """The promises, and the pause route's own: the server is never stopped; it ends serving, or the
+    run exits 3 and the store names it as the one that left it paused; each pause has exactly one
+    continue, each release exactly one resume of the same tags; no request held is lost; SGLang's
+    scheduler never met a call that kills it."""
+    assert_promises(w, finished)
+    server, state = w.world.server, w.state()
+    assert w.world.service.stop_commands == 0 and w.world.service.start_commands == 0, w.world.service.commands
+    assert not server.violations, server.violations
+    releases = [sorted(b["tags"]) for _, r, b in server.calls if r == "release_memory_occupation"]
+    resumes = [sorted(b["tags"]) for _, r, b in server.calls if r == "resume_memory_occupation"]
+    if server.serving():
+        assert not state.service.held, "the server serves but the run says it holds it"
+        assert server.count("continue_generation") == server.count("pause_generation")
+        assert resumes == releases, (releases, resumes)
+        assert server.held == 0, "requests held by the pause were not let through"
+    else:
+        assert finished.exit_code == EXIT_DOWN, finished
+        left = w.store.left_down()
+        assert left is not None and left.run_id == w.run_id and left.state.service.left_as() == "paused"
+        assert "THE SERVER IS STILL PAUSED" in finished.message
+    assert server.count("pause_generation") <= 1 and len(releases) <= 1
+    steps = {name: rec.status for name, rec in state.steps.items()}
+    if steps.get("release") == "done":
+        assert releases
+    if steps.get("continue") == "done":
+        assert server.serving() and state.service.continued_at is not None
+
+
+async def test_the_pause_route_runs_to_the_end_over_the_fakes(paused: Window) -> None:
+    world, server = paused.world, paused.world.server
+    server.running = 3  # requests in flight when the pause comes: held, then answered
+    used_before = world.streams[INFERENCE].sample().gpus[0].mem_used_mib
+    finished = await paused.console()
+    assert finished.exit_code == 0, finished.message
+    state = paused.state()
+    assert [state.steps[s].status for s in ("pause", "release", "free-vram", "extract", "resume", "continue",
+                                             "evaluate", "report")] == ["done"] * 8
+    assert "stop" not in state.steps and "restart" not in state.steps
+    # Only the KV cache and the CUDA graphs: the extraction fits beside the resident weights.
+    assert state.service.released_tags == ["kv_cache", "cuda_graph"]
+    assert state.service.used_before_release_mib["0"] == used_before
+    assert state.service.used_after_release_mib["0"] == used_before - 14000
+    assert world.streams[INFERENCE].sample().gpus[0].mem_used_mib == used_before, "the memory came back"
+    assert world.ended == [], "the server's own processes are never ended"
+    asked = {c.step: " ".join(c.argv) for d in paused.deciders for c in d.asked}
+    assert asked["release"] == ('POST http://127.0.0.1:30000/release_memory_occupation '
+                                '{"tags": ["kv_cache", "cuda_graph"]}')
+    assert asked["pause"].endswith('/pause_generation {"mode": "retract"}') and "continue" in asked
+    assert server.held == 0 and server.running == 3, "the held requests run again"
+    assert state.service.paused_at < state.service.released_at < state.service.resumed_at < state.service.continued_at
+    # The report's window section: the forecast against the measured, and pause -> continue as the downtime.
+    report = (paused.store.root / paused.run_id / "report.md").read_text()
+    held = state.service.continued_at - state.service.paused_at
+    assert "| downtime (pause -> continue) |" in report and "| release |" in report, report
+    (downtime,) = [r for r in fc.against(state) if r.phase.startswith("downtime")]
+    assert downtime.measured_s == held and downtime.forecast_s is not None
+    assert_pause_promises(paused, finished)
+
+
+@pytest.mark.parametrize("point", PAUSE_CRASH_POINTS)
+async def test_a_console_killed_at_each_pause_point_resumes_to_the_end(paused: Window, point: str) -> None:
+    assert await paused.console(Crasher(point)) is None, f"the run never reached {point}"
+    finished = await paused.console()
+    assert finished is not None and finished.exit_code == 0, finished
+    assert_pause_promises(paused, finished)
+    assert len([j for j in paused.world.extraction_jobs() if "holds-gpu" in j.reached]) == 1
+
+
+PAUSE_SECOND = [(a, b) for i, a in enumerate(PAUSE_CRASH_POINTS[2:8]) for b in PAUSE_CRASH_POINTS[2 + i:8]]
+
+
+@pytest.mark.parametrize(("first", "second"), PAUSE_SECOND, ids=[f"{a}+{b}" for a, b in PAUSE_SECOND])
+async def test_a_second_crash_during_the_pause_routes_resume(paused: Window, first: str, second: str) -> None:
+    assert await paused.console(Crasher(first)) is None
+    finished = await paused.until_finished([Crasher(second)])
+    assert finished.exit_code == 0, finished
+    assert_pause_promises(paused, finished)
+
+
+@settings(max_examples=10, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(crashes=st.lists(st.tuples(st.sampled_from(PAUSE_CRASH_POINTS), st.integers(1, 2)), min_size=1, max_size=4))
+def test_any_sequence_of_crashes_keeps_the_pause_routes_promises(
+        producers: Producers, tmp_path_factory: pytest.TempPathFactory, crashes: list[tuple[str, int]]) -> None:
+    with pytest.MonkeyPatch.context() as monkeypatch:
+        w = make_window(tmp_path_factory.mktemp("seq"), producers, monkeypatch)
+        w.route = "pause"
+        finished = asyncio.run(w.until_finished([Crasher(p, nth) for p, nth in crashes]))
+    assert finished.exit_code == 0, finished
+    assert_pause_promises(w, finished)
+
+
+PAUSE_FAILURES = [
+    Failure("pause-refused", refuse=frozenset({"pause"}), status="refused", failed_step="pause"),
+    Failure("pause-link-before", (Fault("pause_generation", "link"),)),
+    Failure("pause-link-after", (Fault("pause_generation", "link", after=True),)),
+    Failure("release-refused", refuse=frozenset({"release"}), status="refused", failed_step="release"),
+    Failure("release-link-before", (Fault("release_memory_occupation", "link"),)),
+    Failure("release-link-after", (Fault("release_memory_occupation", "link", after=True),)),
+    Failure("extract-dead", (Fault("extract:forward", "dead"),), status="failed", failed_step="extract"),
+    Failure("extract-exit", (Fault("extract:forward", "exit"),), status="failed", failed_step="extract"),
+    Failure("resume-refused", refuse=frozenset({"resume"}), status="refused", failed_step="resume"),
+    Failure("resume-link-after", (Fault("resume_memory_occupation", "link", after=True),)),
+    Failure("resume-timeout", (Fault("resume_memory_occupation", "timeout", times=9),), status="failed",
+            failed_step="resume"),
+    Failure("continue-refused", refuse=frozenset({"continue"}), status="refused", failed_step="continue"),
+    Failure("continue-link-after", (Fault("continue_generation", "link", after=True),)),
+]
+
+
+@pytest.mark.parametrize("failure", PAUSE_FAILURES, ids=[f.name for f in PAUSE_FAILURES])
+async def test_every_pause_steps_failure_then_a_new_console(paused: Window, failure: Failure) -> None:
+    """Every failure, refusal and lost answer after the pause ends in resume + continue (the same
+    compensation as the stop route's restart); a refused give-back leaves the run named by the
+    store, and the next console (`run --resume`) only gives the server back."""
+    paused.world.faults.extend(dataclasses.replace(f, match=dict(f.match)) for f in failure.faults)
+    first = await paused.console(decider=ScriptedDecider(paused.world.clock, refuse=set(failure.refuse)))
+    assert first is not None and first.status == failure.status, first.message
+    if failure.failed_step is not None:
+        assert paused.state().steps[failure.failed_step].status in ("failed", "refused")
+    assert not any(j.state == "running" for j in paused.world.job_order), "a job of the run was left running"
+    assert_pause_promises(paused, first)
+    assert all(f.hit for f in paused.world.faults), "an injected fault never fired"
+    paused.world.faults.clear()
+    if paused.store.left_down() is not None:
+        again = await paused.console()
+        assert again is not None and again.service_up, again
+        assert_pause_promises(paused, again)
+        assert paused.store.left_down() is None
+    else:
+        with pytest.raises(ResumeRefused, match="a finished run is never resumed"):
+            await paused.console()
+    assert paused.world.server.serving()
+
+
+@pytest.mark.parametrize("point", ["paused", "released", "go", "gpu-released", "resumed"])
+async def test_a_cancel_after_the_pause_resumes_and_continues(paused: Window, point: str,
+                                                              monkeypatch: pytest.MonkeyPatch) -> None:
+    """Ctrl-C, SIGTERM, SIGHUP or the console's quit (all `Engine.cancel`) after the pause, the
+    host call it lands in losing it: cancelled all the same, and the server given back."""
+    monkeypatch.setattr(engine_module, "CANCEL_AGAIN_S", 0.01)
+    finished = await cancel_at(paused, point)
+    assert finished.status == "cancelled" and finished.service_up, finished
+    assert_pause_promises(paused, finished)
+
+
+async def test_a_server_without_the_memory_saver_is_told_the_one_line(paused: Window) -> None:
+    """No memory saver: the pause route is refused at preflight, before anything changes, with the
+    one change that makes later windows need no restart."""
+    paused.world.server.memory_saver = False
+    finished = await paused.console()
+    assert finished.status == "failed" and "--enable-memory-saver" in finished.message, finished.message
+    assert paused.world.server.calls == [], "nothing was sent to the server"
+    assert paused.world.server.serving() and paused.world.service.stop_commands == 0
+
+
+@pytest.mark.parametrize(("free", "backup", "tags"), [
+    (40000, True, ["kv_cache", "cuda_graph"]),  # fits beside the resident weights
+    (1000, True, ["kv_cache", "cuda_graph", "weights"]),  # must: and the weights have a CPU backup
+    (1000, False, None),  # must, but no backup: not proposed, the plan says why
+])
+def test_only_what_the_extraction_needs_is_released(free: int, backup: bool, tags: list[str] | None) -> None:
+    from console.procedure.steps.pause import release_plan
+    from console.service.memory_saver import MemorySaver
+
+    saver = MemorySaver(True, backup, {"kv_cache": 12.0, "cuda_graph": 2.0, "weights": 24.0})
+    chosen, why = release_plan(saver, free, 1, 30000)
+    assert chosen == tags, why
+    if tags is None:
+        assert "--enable-weights-cpu-backup" in why
+
+
+@pytest.mark.parametrize(("room", "saver", "route"), [(True, True, "zero-downtime"), (False, True, "pause"),
+                                                      (False, False, "window")])
+async def test_route_auto_takes_the_least_harm(window: Window, room: bool, saver: bool, route: str) -> None:
+    """`--route auto`: zero-downtime where another host has room, else pause where the server runs
+    with the memory saver, else the stop route; fixed for the run, and a resume keeps it."""
+    if not room:
+        window.world.gpus[9999] = (TRAINING, {0: 81000, 1: 81000}, "python train.py")
+    window.world.server.memory_saver = saver
+    window.route = "auto"
+    assert await window.console(Crasher("cached")) is None
+    finished = await window.console()
+    assert finished.exit_code == 0, finished.message
+    state = window.state()
+    assert state.route == route and state.facts["route_chosen"]["route"] == route, state.facts["route_chosen"]
+    if route == "zero-downtime":  # the states are on the other host; the server never touched
+        assert window.world.service.commands == [] and window.world.server.calls == []
+    else:
+        (assert_pause_promises if route == "pause" else assert_promises)(window, finished)
+
+
+async def test_the_pause_is_forecast_by_phase_and_refused_over_its_budget(paused: Window) -> None:
+    """The pause's forecast (pause -> continue) names its basis per phase: issue 26's measurements
+    on an H200 until this host has its own; `[window] max_downtime_s` refuses the pause before it."""
+    config = paused.world.config
+    paused.world.config = dataclasses.replace(config, window=dataclasses.replace(config.window, max_downtime_s=0.01))
+    refused = await paused.console()
+    assert refused.status == "failed" and "exceeds the budget" in refused.message, refused.message
+    assert paused.world.server.calls == [] and paused.world.server.serving()
+    phases = paused.state().facts["pause_forecast"]["phases"]
+    assert set(phases) == {"pause", "release", "free-vram", "extract", "resume", "continue"}
+    assert "issue 26" in phases["release"]["basis"] and phases["release"]["seconds"] == pytest.approx(0.12)
+
+
+async def test_the_configs_window_route_chooses_when_run_is_not_told(window: Window) -> None:
+    """`[window] route = "pause"` makes the run a pause-route run (`run --route` still wins); a
+    route the engine does not know is refused where it is written."""
+    from console.config import ConfigError, load_config
+
+    path = Path(window.world.config.source)
+    path.write_text(path.read_text() + '\n[window]\nroute = "pause"\n')
+    window.world.config = load_config(path)
+    finished = await window.console()
+    assert finished.exit_code == 0 and window.state().route == "pause", finished.message
+    assert_pause_promises(window, finished)
+    path.write_text(path.read_text().replace('route = "pause"', 'route = "sideways"'))
+    with pytest.raises(ConfigError, match="window.route"):
+        load_config(path)
