@@ -556,6 +556,13 @@ async def give_back(engine: Engine, reason: str) -> None:
     once. Called after any failure, refusal or cancel after the pause, and by `run --resume` of a
     run that left the server paused."""
     svc = engine.state.service
+    unconfirmed = svc.paused and not svc.pause_confirmed and not svc.released and not svc.releasing
+    if unconfirmed and await _paused_now(engine) is False:  # the pause never landed: nothing to continue
+        svc.paused = False
+        engine.run.save()
+        engine.journal("pause", "the pause had not landed (/ready answers 200): nothing to give back",
+                       level="warning")
+        return
     if svc.releasing:
         await _settle_releasing(engine)
     if svc.resuming:
