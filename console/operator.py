@@ -19,7 +19,7 @@ from console.messages import PlanReady, RunFinished
 from console.procedure.decider import Decider, RefuseAll
 from console.procedure.engine import Engine, ResumeRefused
 from console.procedure.hosts import SessionHosts
-from console.procedure.store import Run, RunStore, RunSummary, UnfinishedRun, what_next
+from console.procedure.store import Run, RunStore, RunSummary, UnfinishedRun, left_line, what_next
 from console.session import MessageBus, Session
 
 
@@ -75,6 +75,8 @@ class Operator:
         resume restarts the service), or a run has not finished (resume or discard it: never a second
         window over its lock and its jobs)."""
         left = self.store.left_down()
+        if left is not None and left.state.service.left_as() == "paused":  # the same, for a paused server
+            raise ResumeRefused(f"{left_line(left)}: {what_next(left)}; then start a new run")
         if left is not None:  # a new run would start from a server that is down: the old one comes first
             since = left.state.service.stopped_at
             raise ResumeRefused(f"run {left.run_id} left the service down (since "

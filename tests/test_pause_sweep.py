@@ -260,3 +260,25 @@ async def test_the_configs_window_route_chooses_when_run_is_not_told(window: Win
     path.write_text(path.read_text().replace('route = "pause"', 'route = "sideways"'))
     with pytest.raises(ConfigError, match="window.route"):
         load_config(path)
+
+
+async def test_a_run_that_left_the_server_paused_is_named_by_every_view(paused: Window) -> None:
+    """The store's one question (`left_down()`) names a run that left the server paused as it
+    names one that left it down: `status`'s line, `runs`' row, and a new run is refused until
+    `run --resume` gives the server back."""
+    from console.cli.run import runs_rows
+    from console.cli.status import downtime_line
+    from console.operator import Operator
+
+    refused = await paused.console(decider=ScriptedDecider(paused.world.clock, refuse={"resume"}))
+    assert refused.exit_code == EXIT_DOWN and not refused.service_up
+    line = downtime_line(paused.store).plain
+    assert f"PAUSED: memory released by run {paused.run_id} (kv_cache, cuda_graph)" in line, line
+    assert f"run --resume {paused.run_id}" in line
+    _, rows, _ = runs_rows(paused.store.summaries())
+    assert "SERVER PAUSED" in rows[0][2]
+    with pytest.raises(ResumeRefused, match="PAUSED: memory released"):
+        Operator(paused.world.config, runs_dir=paused.store.root).refuse_new_run()
+    again = await paused.console()
+    assert again.service_up and paused.store.left_down() is None and downtime_line(paused.store) is None
+    assert_pause_promises(paused, again)

@@ -398,6 +398,9 @@ def what_next(run: Run) -> str:
     console and `discard`: a finished run is never resumed (one that left the service down is only
     restarted); an unfinished one is resumed or discarded, unless a live console drives it."""
     s, rid = run.state, run.run_id
+    if s.service.left_as() == "paused":
+        return (f"run {rid} left the server paused ({s.status}): `dflash-ops run --resume {rid}` resumes the memory "
+                f"it released and lets the server take requests again (`r` in the console)")
     if s.finished:
         if s.service.down:
             return (f"run {rid} ended {s.status} with the service down: `dflash-ops run --resume {rid}` restarts "
