@@ -15,8 +15,10 @@ from console.procedure.engine import Engine
 from console.views.headless import HeadlessView
 from console.views.plan import service_commands
 from tests.engine_fakes import FakeHosts, ScriptedDecider
-from tests.test_engine_sweep import Crasher, Window, producers  # noqa: F401 - the fixture
-from tests.test_engine_sweep import window as window  # noqa: F401, PLC0414 - the fixture
+from tests.engine_sweep import (  # its fixtures (producers, window) come through tests/conftest.py
+    Crasher,
+    Window,
+)
 
 
 def plan_lines(text: str) -> list[str]:
