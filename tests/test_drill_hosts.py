@@ -349,3 +349,48 @@ async def test_a_real_host_receives_the_workers_it_runs_and_a_drill_host_the_dri
     assert real.parent != rehearsal.parent  # two trees, each under its own content digest
     real_config = dataclasses.replace(config.hosts["ct200"], simulated_gpus=False)
     assert not host_spec(dataclasses.replace(config, hosts={**config.hosts, "ct200": real_config}), "ct200").drill
+
+
+def test_replicas_bring_up_the_real_router_in_front_of_rehearsal_servers(drill_cache: Path, tmp_path: Path):
+    pytest.importorskip("sglang_router", reason="the fleet extra (sglang-router) is not installed")
+    from console.service.router import RouterClient
+
+    layout = DrillLayout.at(tmp_path / "fleet")
+    done = _drill_up(layout.dir, "--replicas", "2", "--simulated")
+    assert done.returncode == 0, done.stderr
+    try:
+        config = load_config(done.stdout.strip().splitlines()[-1])
+        fleet = config.fleet
+        assert fleet is not None and [r.name for r in fleet.replicas] == ["r1", "r2"]
+        assert config.service == fleet.replicas[0].service  # the drill's own service is the first replica
+        workers = asyncio.run(RouterClient(fleet.router).workers())
+        assert sorted(w.url for w in workers) == sorted(r.worker_url for r in fleet.replicas)
+        assert all(w.healthy for w in workers)
+        # Each replica's own service directory and simulated GPUs, held by its own GPU worker.
+        held = [simgpu.read(DrillLayout.at(layout.dir).replica_gpus(i))["processes"] for i in (0, 1)]
+        assert all(h and all(p["mib"] > 0 for p in h) for h in held) and held[0][0]["pid"] != held[1][0]["pid"]
+        body = json.dumps({"messages": [{"role": "user", "content": "hi"}], "max_tokens": 2, "temperature": 0})
+        request = urllib.request.Request(fleet.router + "/v1/chat/completions", body.encode(),
+                                         {"Content-Type": "application/json"})
+        with urllib.request.urlopen(request, timeout=60) as answer:
+            assert json.loads(answer.read())["usage"]["completion_tokens"] == 2
+        found = status(layout.dir)
+        assert found.router_url == fleet.router and any("router" in line for line in found.lines())
+        # `drill --replicas 2` finds the fleet up and runs nothing: the fleet window is not built yet.
+        refused = subprocess.run([str(ENTRY_POINT), "drill", "--headless", "--yes", "--dir", str(layout.dir),
+                                  "--replicas", "2", "--simulated"], capture_output=True, text=True, timeout=120, cwd=ROOT)
+        assert refused.returncode == 2 and "the fleet window (drain a replica, its window, rejoin) is not built yet" in refused.stderr
+        state = json.loads(layout.state_file.read_text())
+        router_pid = state["router_pid"]
+        # A crashed drill: its hosts' process killed, its own shutdown never run. The router (which the
+        # drill's mark cannot find: setproctitle) is still ended by `down`, by its recorded pid.
+        os.kill(state["pid"], signal.SIGKILL)
+        assert pid_alive(router_pid)
+    finally:
+        down(layout.dir, say=lambda msg: None)
+    assert not pid_alive(router_pid) and not procs.marked_pids(layout.dir)
+
+
+def test_replicas_must_be_a_positive_count(tmp_path: Path):
+    done = _drill_up(tmp_path / "x", "--replicas", "0")
+    assert done.returncode == 2 and "--replicas: expected a whole number of replicas, 1 or more, found '0'" in done.stderr

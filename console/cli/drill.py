@@ -26,7 +26,8 @@ def cmd_up(args: argparse.Namespace) -> int:
     from console.drill.hosts import DrillError, up
 
     try:
-        path = up(args.dir, fresh=args.fresh, gpu=_gpu(args), memory_saver=not args.no_memory_saver)
+        path = up(args.dir, fresh=args.fresh, gpu=_gpu(args), memory_saver=not args.no_memory_saver,
+                  replicas=args.replicas)
     except (DrillError, AssetsError) as exc:
         print(f"dflash-ops drill up: {exc}", file=sys.stderr)
         return 1
@@ -42,10 +43,16 @@ def cmd_drill(args: argparse.Namespace) -> int:
 
     gpu = _gpu(args)
     try:
-        config = up(args.dir, fresh=args.fresh, gpu=gpu, memory_saver=not args.no_memory_saver)
+        config = up(args.dir, fresh=args.fresh, gpu=gpu, memory_saver=not args.no_memory_saver,
+                    replicas=args.replicas)
     except (DrillError, AssetsError) as exc:
         print(f"dflash-ops drill: {exc}", file=sys.stderr)
         return 1
+    if args.replicas > 1:  # never a one-server window on a replica the router still sends requests to
+        print(f"dflash-ops drill: the fleet is up ({args.replicas} rehearsal servers behind SGLang's router; config "
+              f"{config}), but the fleet window (drain a replica, its window, rejoin) is not built yet: nothing was "
+              f"run (`dflash-ops drill down` ends the fleet)", file=sys.stderr)
+        return 2
     print(f"drill hosts up ({'REAL GPU' if gpu else 'SIMULATED GPUs'}); config {config} "
           f"(`dflash-ops drill down` ends them)", file=sys.stderr)
     args.config = str(config)
@@ -78,9 +85,22 @@ def _add_gpu_options(parser: argparse.ArgumentParser) -> None:
                        help="on this machine's CUDA GPU (REAL GPU: its VRAM, NVML, the fast kernels; the default where "
                             "CUDA is present)")
     group.add_argument("--simulated", action="store_true", help="simulated GPUs even where CUDA is present")
+    parser.add_argument("--replicas", type=_replica_count, default=1, metavar="N",
+                        help="N rehearsal servers behind SGLang's real router (the fleet extra), the config with "
+                             "[fleet] (default 1: one server, [service])")
     parser.add_argument("--no-memory-saver", action="store_true",
                         help="the rehearsal server without SGLang's --enable-memory-saver (the pause route is then "
                              "not possible: the other case, rehearsed)")
+
+
+def _replica_count(text: str) -> int:
+    try:
+        count = int(text)
+    except ValueError:
+        count = 0
+    if count < 1:
+        raise argparse.ArgumentTypeError(f"expected a whole number of replicas, 1 or more, found {text!r}")
+    return count
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:

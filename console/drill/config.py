@@ -17,6 +17,7 @@ SERVICE_GPU_MIB = 40000  # per simulated GPU while the rehearsal server runs
 LOAD_DELAY_S = 1.0  # simulated weight loading, so the start-up log shows progress
 MAX_NEW_TOKENS = 24
 GPU_SERVICE_EXTRA_MIB = 16384  # the GPU drill: what the server's CUDA worker holds beside the model
+DRAIN_TIMEOUT_S = 60  # a drained rehearsal server's requests end within seconds
 GPU_VRAM_FREE_MIB = 2048  # the GPU drill: an idle H200 reads 0 MiB; below this the GPU counts as free
 SERVICE_KV_CACHE_MIB = 14000  # of SERVICE_GPU_MIB: what a KV-cache release gives back per simulated GPU
 SERVICE_CUDA_GRAPH_MIB = 1200
@@ -24,15 +25,16 @@ GPU_KV_CACHE_MIB = 65536  # the GPU drill: the server's KV pool (torch_memory_sa
 GPU_CUDA_GRAPH_MIB = 1024
 
 
-def service_commands(layout: DrillLayout, python: str, port: int) -> dict[str, list[str]]:
+def service_commands(layout: DrillLayout, python: str, port: int, replica: int = 0) -> dict[str, list[str]]:
     """start / stop / status / log of the rehearsal server (`remote.drill.service`), as argv.
 
     On the GPU drill the server loads its model on the GPU (its VRAM is real) and a real CUDA process
     holds GPU_SERVICE_EXTRA_MIB beside it, as SGLang's scheduler does: the one the first stop leaves.
     With the memory saver (the default) the server can release its KV cache, graphs and weights (a
     CPU backup kept) without stopping: simulated shares of its memory, or real memory through
-    torch_memory_saver on the GPU."""
-    state = str(layout.service_state)
+    torch_memory_saver on the GPU. `replica`: which of a fleet's rehearsal servers (its own state
+    directory and simulated GPUs)."""
+    state = str(layout.replica_state(replica))
     manage = [python, "-m", "remote.drill.service"]
     standin = ["--model", str(layout.target), "--port", str(port), "--metrics", "--dtype", SERVING_DTYPE,
                "--speculative-drafter", str(layout.reference)]  # real DFLASH decoding: the online cross-check
@@ -40,7 +42,7 @@ def service_commands(layout: DrillLayout, python: str, port: int) -> dict[str, l
         standin += ["--device", "cuda"]
         episode = ["--cuda-mib", str(GPU_SERVICE_EXTRA_MIB)]
     else:
-        standin += ["--gpu-file", str(layout.simulated_gpus(INFERENCE_HOST)), "--gpu-mib", str(SERVICE_GPU_MIB),
+        standin += ["--gpu-file", str(layout.replica_gpus(replica)), "--gpu-mib", str(SERVICE_GPU_MIB),
                     "--load-delay", str(LOAD_DELAY_S)]
         episode = []
     if layout.memory_saver:
@@ -67,15 +69,32 @@ def host_table(layout: DrillLayout, name: str, port: int, user: str, python: str
     return table
 
 
+def service_table(layout: DrillLayout, python: str, port: int, replica: int = 0) -> dict[str, Any]:
+    """[service], or one replica of [fleet], for the rehearsal server on `port`."""
+    return {"host": INFERENCE_HOST, "manager": "command", **service_commands(layout, python, port, replica),
+            "url": f"http://127.0.0.1:{port}", "ready_timeout_s": 180 if layout.gpu else 60,
+            "vram_free_mib": GPU_VRAM_FREE_MIB if layout.gpu else 1024, "stop_grace_s": 2, "vram_wait_s": 5}
+
+
+def fleet_table(layout: DrillLayout, python: str, service_ports: list[int], router_port: int) -> dict[str, Any]:
+    """[fleet]: the real router on loopback, each rehearsal server a replica (r1, r2, ...)."""
+    return {"router": f"http://127.0.0.1:{router_port}", "drain_timeout_s": DRAIN_TIMEOUT_S,
+            "replicas": [{"name": f"r{i + 1}", **service_table(layout, python, port, i)}
+                         for i, port in enumerate(service_ports)]}
+
+
 def drill_config_data(layout: DrillLayout, ports: dict[str, int], service_port: int, user: str,
-                      python: str) -> dict[str, Any]:
-    """The config's tables."""
-    commands = service_commands(layout, python, service_port)
+                      python: str, replica_ports: list[int] | None = None, router_port: int | None = None) -> dict[str, Any]:
+    """The config's tables; with `replica_ports` (every replica's, the first being `service_port`) and
+    `router_port`, a fleet instead of [service]."""
+    if replica_ports and len(replica_ports) > 1:
+        assert router_port is not None and replica_ports[0] == service_port
+        served = {"fleet": fleet_table(layout, python, replica_ports, router_port)}
+    else:
+        served = {"service": service_table(layout, python, service_port)}
     return {
         "hosts": {name: host_table(layout, name, ports[name], user, python) for name in (INFERENCE_HOST, TRAINING_HOST)},
-        "service": {"host": INFERENCE_HOST, "manager": "command", **commands, "url": f"http://127.0.0.1:{service_port}",
-                    "ready_timeout_s": 180 if layout.gpu else 60, "vram_free_mib": GPU_VRAM_FREE_MIB if layout.gpu else 1024,
-                    "stop_grace_s": 2, "vram_wait_s": 5},
+        **served,
         # The GPU drill extracts with the fast kernels, as production must; the CPU drill has none.
         "target": {"host": INFERENCE_HOST, "model_path": str(layout.target), "kernels": "fast" if layout.gpu else "any",
                    "layers": "auto", "paths": {TRAINING_HOST: str(layout.target_copy)}},
@@ -97,6 +116,12 @@ HEADER = """\
 # `dflash-ops drill down` ends it all.
 
 """
+FLEET_HEADER = """\
+# --replicas: several rehearsal servers on ct129 behind SGLang's real router (sglang-router, the fleet
+# extra) on loopback: [fleet] instead of [service]. The first replica's simulated GPUs are ct129's; the
+# others' are in their own service directories.
+
+"""
 GPU_HEADER = """\
 # Written by `dflash-ops drill up --gpu`: two rehearsal hosts on this machine (embedded SSH servers on
 # loopback with their own keys) sharing its CUDA GPU (REAL GPU: NVML telemetry, real VRAM), the
@@ -109,9 +134,11 @@ GPU_HEADER = """\
 
 
 def write_drill_config(layout: DrillLayout, ports: dict[str, int], service_port: int, user: str,
-                       python: str) -> Config:
+                       python: str, replica_ports: list[int] | None = None, router_port: int | None = None) -> Config:
     """Write the drill's config atomically and return it as `load_config` reads it back."""
-    text = (GPU_HEADER if layout.gpu else HEADER) + dump_toml(drill_config_data(layout, ports, service_port, user, python))
+    data = drill_config_data(layout, ports, service_port, user, python, replica_ports, router_port)
+    header = (GPU_HEADER if layout.gpu else HEADER) + (FLEET_HEADER if "fleet" in data else "")
+    text = header + dump_toml(data)
     path: Path = layout.config
     with atomic_path(path) as tmp:
         tmp.write_text(text, encoding="utf-8")

@@ -44,7 +44,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from console.drill import procs
+from console.drill import fleet, procs
 from console.drill.assets import DrillAssets, ensure_assets, find_assets
 from console.drill.config import service_commands, write_drill_config
 from console.drill.layout import HOSTS, INFERENCE_HOST, TRAINING_HOST, DrillLayout
@@ -53,7 +53,7 @@ from remote.artifacts import write_json_atomic
 from remote.drill import service as drill_service
 from remote.drill import simgpu
 from remote.drill.locks import locked
-from remote.procstat import pid_alive
+from remote.procstat import pid_alive, start_time
 
 READY_TIMEOUT_S = 120.0
 GPU_READY_TIMEOUT_S = 300.0  # the GPU drill's server loads a few GB onto the GPU
@@ -91,6 +91,8 @@ class DrillStatus:
     starting: bool = False
     gpu: bool = False  # REAL GPU (this machine's, shared by both hosts) rather than SIMULATED ones
     memory_saver: bool = True  # the rehearsal server runs with SGLang's memory saver
+    router_url: str | None = None  # --replicas: SGLang's router in front of the replicas
+    replica_urls: tuple[str, ...] = ()
 
     def lines(self) -> list[str]:
         """The status as a few lines for the terminal."""
@@ -112,8 +114,10 @@ class DrillStatus:
         service += ", memory saver on" if self.memory_saver else ", no memory saver"
         training = (f"shares the GPU with {INFERENCE_HOST}" if self.gpu else
                     f"training run pid {self.trainer_pid}" if self.trainer_pid else "training run not running")
+        fleet_line = ([f"  router {self.router_url} in front of {len(self.replica_urls)} replicas on {INFERENCE_HOST}: "
+                       f"{', '.join(self.replica_urls)} (the service above is the first)"] if self.router_url else [])
         return [f"drill at {self.dir}: up since {since} (pid {self.pid}), {'REAL GPU' if self.gpu else 'SIMULATED GPUs'}",
-                f"  hosts: {hosts}", f"  service on {INFERENCE_HOST}: {service} ({self.service_url})",
+                f"  hosts: {hosts}", f"  service on {INFERENCE_HOST}: {service} ({self.service_url})", *fleet_line,
                 f"  {TRAINING_HOST}: {training}", f"  config: {self.config}"]
 
 
@@ -185,30 +189,38 @@ def cuda_present() -> bool:
 
 def up(dir: str | os.PathLike | None = None, fresh: bool = False, python: str = sys.executable,
        say: Callable[[str], None] = _say, timeout_s: float = READY_TIMEOUT_S, gpu: bool = False,
-       memory_saver: bool = True) -> Path:
+       memory_saver: bool = True, replicas: int = 1) -> Path:
     """Bring the drill up (or find it up) and return its config's path.
 
     `fresh`: end a drill that is up and start a new one (the stuck-VRAM episode re-armed).
     `gpu`: the drill on this machine's CUDA GPU (REAL GPU); a drill up in the other mode is ended first.
     `memory_saver`: the rehearsal server runs with SGLang's memory saver (the pause route's case); a
     drill up with the other setting is ended first.
+    `replicas`: more than one rehearsal server, behind SGLang's real router (console/drill/fleet.py);
+    a drill up with another count is ended first.
     """
+    if replicas < 1:
+        raise DrillError(f"--replicas {replicas}: at least one rehearsal server")
+    if replicas > 1 and not fleet.router_installed():
+        raise DrillError("--replicas needs SGLang's router: pip install 'dflash-ops[fleet]' (sglang-router==0.3.2)")
     if gpu and not cuda_present():
         raise DrillError("--gpu: this machine has no CUDA GPU that torch can use (torch.cuda.is_available() is False)")
     if gpu and memory_saver and importlib.util.find_spec("torch_memory_saver") is None:
         raise DrillError("--gpu: the rehearsal server's memory saver needs torch_memory_saver (pip install "
                          "'dflash-ops[gpu]'), or pass --no-memory-saver")
-    layout = DrillLayout.at(dir, gpu, memory_saver)
+    layout = DrillLayout.at(dir, gpu, memory_saver, replicas)
     with _drill_lock(layout):
         running = _running_state(layout)
         if running is not None:
             if (not fresh and bool(running.get("gpu")) == gpu
-                    and bool(running.get("memory_saver", True)) == memory_saver):
+                    and bool(running.get("memory_saver", True)) == memory_saver
+                    and running.get("replicas", 1) == replicas):
                 return layout.config
             _down_locked(layout, say)
         if procs.marked_pids(layout.dir):  # what a crashed drill left running
             say("ending processes left by an earlier drill")
             procs.end_marked(layout.dir)
+        fleet.end_recorded_router(_read_state(layout))  # and its router, which the mark cannot find
         assets = ensure_assets(python, say=say, gpu=gpu)
         return _start_hosts(layout, assets, python, say, timeout_s if not gpu else max(timeout_s, GPU_READY_TIMEOUT_S))
 
@@ -219,7 +231,7 @@ def _start_hosts(layout: DrillLayout, assets: DrillAssets, python: str, say: Cal
     write_json_atomic(layout.state_file, {**_read_state(layout), "state": "starting", "pid": None})
     argv = [python, "-m", "console.drill.hosts", "serve", "--dir", str(layout.dir), "--assets", str(assets.root),
             "--python", python, *(["--gpu"] if layout.gpu else []),
-            *([] if layout.memory_saver else ["--no-memory-saver"])]
+            *([] if layout.memory_saver else ["--no-memory-saver"]), "--replicas", str(layout.replicas)]
     env = {**os.environ, procs.MARK_ENV: procs.mark_value(layout.dir)}
     say(f"starting the rehearsal hosts (log: {layout.log})")
     with layout.log.open("ab") as log:  # the child keeps its own copy of the descriptor
@@ -262,6 +274,7 @@ def _down_locked(layout: DrillLayout, say: Callable[[str], None]) -> list[dict]:
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGKILL)
     outcomes = procs.end_marked(layout.dir)  # anything the hosts' own shutdown missed
+    outcomes += fleet.end_recorded_router(_read_state(layout))  # the router: by its recorded pid
     layout.pid_file.unlink(missing_ok=True)
     if layout.state_file.exists():
         write_json_atomic(layout.state_file, {**_read_state(layout), "state": "down", "pid": None,
@@ -298,6 +311,7 @@ def status(dir: str | os.PathLike | None = None) -> DrillStatus:
         service_health=_health(state.get("service_url")) if service_pid else None,
         trainer_pid=trainer if isinstance(trainer, int) and pid_alive(trainer) else None, since=state.get("ready_at"),
         gpu=bool(state.get("gpu")), memory_saver=bool(state.get("memory_saver", True)),
+        router_url=state.get("router_url"), replica_urls=tuple(state.get("replica_urls") or ()),
     )
 
 
@@ -441,6 +455,7 @@ async def serve(layout: DrillLayout, assets: DrillAssets, python: str) -> int:
     loop.add_signal_handler(signal.SIGUSR1, drop_links)
     trainer: subprocess.Popen | None = None
     commands: dict[str, list[str]] | None = None
+    running_fleet: fleet.DrillFleet | None = None
     code = 0
     write_json_atomic(layout.state_file, {**previous, "state": "starting", "pid": os.getpid()})
     try:
@@ -463,18 +478,28 @@ async def serve(layout: DrillLayout, assets: DrillAssets, python: str) -> int:
         service_port = _free_port(previous.get("service_port"))
         ports = {name: server.port for name, server in servers.items()}
         user = getpass.getuser()
-        write_drill_config(layout, ports, service_port, user, python)
+        replica_ports = [service_port, *(_free_port(None) for _ in range(layout.replicas - 1))]
+        router_port = _free_port(None) if layout.replicas > 1 else None
+        write_drill_config(layout, ports, service_port, user, python, replica_ports, router_port)
         commands = service_commands(layout, python, service_port)
         _log(f"config written: {layout.config}")
         _log(f"{INFERENCE_HOST}: starting the service: {_run_service_command(layout, commands['start'])}")
         url = f"http://127.0.0.1:{service_port}"
         await asyncio.to_thread(_wait_health, url, SERVICE_HEALTH_TIMEOUT_S, layout.service_state)
         _log(f"{INFERENCE_HOST}: the service answers /health 200 at {url}")
+        if router_port is not None:  # --replicas: the others, then SGLang's router in front of them all
+            running_fleet = await asyncio.to_thread(
+                fleet.start_fleet, layout, python, replica_ports, router_port, _run_service_command, _wait_health,
+                None if layout.gpu else _simulated_layout(INFERENCE_GPUS), _log, SERVICE_HEALTH_TIMEOUT_S)
         write_json_atomic(layout.state_file, {
             "state": "ready", "pid": os.getpid(), "started_at": previous.get("started_at") or time.time(),
             "ready_at": time.time(), "ports": ports, "user": user, "service_port": service_port, "service_url": url,
             "trainer_pid": trainer.pid if trainer else None, "config": str(layout.config), "assets": str(assets.root),
             "fit_taus": assets.fit_taus, "gpu": layout.gpu, "memory_saver": layout.memory_saver,
+            "replicas": layout.replicas, "router_url": running_fleet.router_url if running_fleet else None,
+            "router_pid": running_fleet.router.pid if running_fleet else None,
+            "router_start": start_time(running_fleet.router.pid) if running_fleet else None,
+            "replica_urls": running_fleet.replica_urls if running_fleet else [url],
         })
         layout.pid_file.write_text(f"{os.getpid()}\n")
         await stop.wait()
@@ -485,6 +510,11 @@ async def serve(layout: DrillLayout, assets: DrillAssets, python: str) -> int:
                                               "error": str(exc)})
         code = 1
     finally:
+        if running_fleet is not None:  # the router first: it stops sending requests to replicas going down
+            fleet.stop_router(running_fleet)
+            for extra in running_fleet.extra_commands:
+                with contextlib.suppress(DrillError, subprocess.TimeoutExpired):
+                    _log(f"{INFERENCE_HOST}: stopping a replica: {_run_service_command(layout, extra['stop'])}")
         await _shutdown(layout, servers, trainer, commands)
     return code
 
@@ -526,8 +556,9 @@ def main(argv: list[str] | None = None) -> int:
     run.add_argument("--python", default=sys.executable, help="the hosts' Python")
     run.add_argument("--gpu", action="store_true", help="the hosts share this machine's CUDA GPU (REAL GPU)")
     run.add_argument("--no-memory-saver", action="store_true", help="the rehearsal server without SGLang's memory saver")
+    run.add_argument("--replicas", type=int, default=1, help="rehearsal servers; more than one behind SGLang's router")
     args = parser.parse_args(argv)
-    layout = DrillLayout.at(args.dir, args.gpu, not args.no_memory_saver)
+    layout = DrillLayout.at(args.dir, args.gpu, not args.no_memory_saver, args.replicas)
     assets = find_assets(args.assets.parent, args.assets.name)
     if assets is None:
         print(f"{args.assets}: not a complete drill assets directory", file=sys.stderr)

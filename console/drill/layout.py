@@ -43,11 +43,13 @@ class DrillLayout:
     dir: Path
     gpu: bool = False
     memory_saver: bool = True
+    replicas: int = 1  # rehearsal servers on ct129; more than one: behind SGLang's real router (a fleet)
 
     @classmethod
-    def at(cls, path: str | os.PathLike | None = None, gpu: bool = False, memory_saver: bool = True) -> DrillLayout:
+    def at(cls, path: str | os.PathLike | None = None, gpu: bool = False, memory_saver: bool = True,
+           replicas: int = 1) -> DrillLayout:
         return cls(Path(path).expanduser().resolve() if path is not None else default_dir().resolve(), gpu,
-                   memory_saver)
+                   memory_saver, replicas)
 
     @property
     def model_name(self) -> str:
@@ -88,6 +90,19 @@ class DrillLayout:
     @property
     def service_state(self) -> Path:
         return self.home(INFERENCE_HOST) / "standin"
+
+    def replica_state(self, index: int) -> Path:
+        """Replica `index`'s service directory (0 is the one-server drill's service)."""
+        return self.service_state if index == 0 else self.home(INFERENCE_HOST) / f"standin-r{index + 1}"
+
+    def replica_gpus(self, index: int) -> Path:
+        """Replica `index`'s simulated GPUs: ct129's for the first; the others' in their own service
+        directory (ct129's telemetry shows the first replica's)."""
+        return self.simulated_gpus(INFERENCE_HOST) if index == 0 else self.replica_state(index) / SIMULATED_GPU_FILE
+
+    @property
+    def router_log(self) -> Path:
+        return self.dir / "router.log"
 
     @property
     def target(self) -> Path:
