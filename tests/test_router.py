@@ -16,8 +16,8 @@ from pathlib import Path
 
 import pytest
 
-from console.service.router import RouterClient, RouterError
-from console.service.sglang_api import ServerUnreachable, SglangClient
+from console.service.router import RouterClient, RouterError, wait_idle
+from console.service.sglang_api import ServerUnreachable, SglangClient, server_summary
 from tests.router_helpers import running_fleet, running_router
 from tests.standin_helpers import free_port
 
@@ -283,3 +283,37 @@ def test_chat_stop_string_and_bad_requests(fleet):
     assert status == 400 and "messages" in json.loads(raw)["message"]
     status, _, raw = chat(replica, {"messages": MESSAGES, "n": 2})
     assert status == 400 and "n" in raw.decode()
+
+
+# ---- a drained replica's own requests (wait_idle): what the drain waits for after the removal
+
+
+def test_a_replica_busy_past_the_bound_is_named_then_seen_idle_once_its_request_ends(fleet):
+    _, (replica, _) = fleet
+    client = SglangClient(replica, timeout=120)
+    long = {"text": "a request the router sent before the drain", "rid": "drain-test-long",
+            "sampling_params": {"max_new_tokens": 100_000, "ignore_eos": True, "temperature": 0}}
+    answers: list[int] = []
+    sender = threading.Thread(target=lambda: answers.append(asyncio.run(client.post("/generate", long)).status))
+    sender.start()
+    try:
+        async def running() -> None:  # until the replica reports it running (never a fixed sleep)
+            while server_summary(await client.metrics())["running_requests"] != 1:
+                await asyncio.sleep(0.05)
+        asyncio.run(asyncio.wait_for(running(), 60))
+        with pytest.raises(RouterError) as caught:
+            asyncio.run(wait_idle(client, bound_s=0.3))
+        assert str(caught.value) == (f"replica {replica}: still 1 running and 0 queued request(s) 0.3 s after it "
+                                     "left the router (the bound)")
+    finally:
+        asyncio.run(client.post("/abort_request", {"rid": "drain-test-long"}))
+        sender.join(60)
+    assert answers == [200]  # it ended (aborted), answered
+    assert asyncio.run(wait_idle(client, bound_s=30)) < 30
+
+
+def test_a_replica_without_metrics_cannot_be_seen_idle(broken):
+    _Broken.answers = {"GET": (404, b'{"detail": "Not Found"}')}
+    with pytest.raises(RouterError, match=r"GET /metrics: HTTP 404: it serves no metrics, so its requests cannot be "
+                                          r"seen to end \(start it with --enable-metrics\)"):
+        asyncio.run(wait_idle(SglangClient(broken), bound_s=1))

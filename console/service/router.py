@@ -23,9 +23,17 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-from console.service.sglang_api import DEFAULT_TIMEOUT_S, HttpAnswer, ServerUnreachable, _excerpt, _request
+from console.service.sglang_api import (
+    DEFAULT_TIMEOUT_S,
+    HttpAnswer,
+    ServerUnreachable,
+    SglangClient,
+    _excerpt,
+    _request,
+    server_summary,
+)
 
-__all__ = ["RouterClient", "RouterError", "ServerUnreachable", "Worker"]
+__all__ = ["RouterClient", "RouterError", "ServerUnreachable", "Worker", "wait_idle"]
 
 UNAUTHORIZED = "the router wants an admin API key: set [fleet] api_key_env"
 FORBIDDEN = "the router refused the key: worker routes need a key with the admin role"
@@ -179,3 +187,26 @@ class RouterClient:
             if time.monotonic() >= deadline:
                 raise RouterError(f"router {self.base_url}: {url} still listed {timeout_s:g} s after its removal")
             await asyncio.sleep(POLL_S)
+
+
+async def wait_idle(replica: SglangClient, bound_s: float, poll_s: float = POLL_S) -> float:
+    """Until the replica itself runs and queues no request (its /metrics `sglang:num_running_reqs` and
+    `sglang:num_queue_reqs`, SGLang's `--enable-metrics`): what a drained replica waits for once the
+    router stops sending it requests. Returns the seconds waited; RouterError naming the replica, what
+    it still had and the bound when it is not idle within `bound_s`, or when it serves no /metrics."""
+    began = time.monotonic()
+    while True:
+        values = await replica.metrics()
+        if values is None:
+            raise RouterError(f"replica {replica.base_url}: GET /metrics: HTTP 404: it serves no metrics, so its "
+                              "requests cannot be seen to end (start it with --enable-metrics)")
+        summary = server_summary(values)
+        running, queued = summary["running_requests"], summary["queued_requests"]
+        if running is None:
+            raise RouterError(f"replica {replica.base_url}: GET /metrics: no sglang:num_running_reqs in it")
+        if running == 0 and not queued:
+            return time.monotonic() - began
+        if time.monotonic() - began >= bound_s:
+            raise RouterError(f"replica {replica.base_url}: still {running:g} running and {queued or 0:g} queued "
+                              f"request(s) {bound_s:g} s after it left the router (the bound)")
+        await asyncio.sleep(poll_s)
