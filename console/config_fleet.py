@@ -147,3 +147,13 @@ def fleet_to_dict(fleet: FleetConfig) -> dict[str, Any]:
     out["replicas"] = [{"name": r.name, **_table_dict(r.service), **({"router_url": r.router_url} if r.router_url else {})}
                        for r in fleet.replicas]
     return out
+
+
+FLEET_WINDOW_MISSING = ("this config is a fleet ([fleet]: replicas behind SGLang's router), and the fleet window (drain "
+                        "a replica, its window there, rejoin) is not built yet: a one-server window on a replica the "
+                        "router still sends requests to would fail them. Nothing was done")
+
+
+def fleet_window_refusal(config: Any) -> str | None:
+    """Why a window cannot run on `config` yet (a fleet), or None (one server: it can)."""
+    return FLEET_WINDOW_MISSING if getattr(config, "fleet", None) is not None else None

@@ -163,3 +163,13 @@ def test_config_check_prints_the_fleet(tmp_path):
     path.write_text(dump_toml(_damaged(lambda d: d["fleet"]["replicas"][1].update(url="http://127.0.0.1:30000"))))
     assert_one_line_error(dflash_ops("config", "check", "--config", str(path), cwd=tmp_path),
                           "fleet.replicas[1].url", "a URL no other replica has")
+
+
+@pytest.mark.parametrize("mode", [("--headless", "--yes"), ("--plan",)])
+def test_run_refuses_a_fleet_until_the_fleet_window_exists(tmp_path, mode):
+    path = tmp_path / "fleet.toml"
+    path.write_text(dump_toml(fleet_data()))
+    done = dflash_ops("run", *mode, "--config", str(path), "--runs", str(tmp_path / "runs"), cwd=tmp_path)
+    assert done.returncode == 2
+    assert "the fleet window (drain a replica, its window there, rejoin) is not built yet" in done.stderr
+    assert "Nothing was done" in done.stderr and not (tmp_path / "runs").exists()

@@ -19,6 +19,10 @@ def run(args: argparse.Namespace) -> int:
     if not (sys.stdin.isatty() and sys.stdout.isatty()):
         raise UsageError("the console needs a terminal; for scripts use `dflash-ops run --headless`")
     config = load_config(args.config)
+    from console.config_fleet import fleet_window_refusal
+
+    if not args.read_only and (refusal := fleet_window_refusal(config)) is not None:
+        raise UsageError(f"{refusal} (--read-only watches it)")
     from console.operator import Operator
     from screens.app import run_app
 

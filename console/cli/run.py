@@ -276,6 +276,11 @@ def run(args: argparse.Namespace) -> int:
         return discard(args, err)
     say = lambda line: err.print(Text(f"dflash-ops: {line}", style="yellow"), soft_wrap=True)  # noqa: E731
     config = config_for(args.config, run_named(RunStore(args.runs), args.resume), say)
+    from console.config_fleet import fleet_window_refusal
+
+    if (refusal := fleet_window_refusal(config)) is not None:
+        err.print(f"dflash-ops: error: {refusal}", style="red", soft_wrap=True)
+        return 2
     try:
         if args.plan:
             return asyncio.run(print_plan(Operator(config, runs_dir=args.runs), args.route, err))
