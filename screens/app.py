@@ -10,13 +10,13 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import sys
 import threading
 import time
 from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
+from rich.text import Text
 from textual import events, work
 from textual.app import App, SystemCommand
 from textual.binding import Binding
@@ -142,6 +142,7 @@ class ConsoleApp(App[int]):
             self.operator.start()
         self.set_interval(self.tick_s, self._tick)
         self.follow_live_run()  # a run another console (or `run --headless`) drives shows here too
+        self._banner_from_store()
         if self.autostart and not self.read_only and (self.resume is not None or not self.operator.unfinished_run()):
             self.run_procedure(resume=self.resume)
         elif not self.read_only:  # `drill` and `run` too: an unfinished run is offered before anything new
@@ -153,6 +154,15 @@ class ConsoleApp(App[int]):
             self.set_class(narrow, "narrow")
             if isinstance(self.screen, DashboardScreen):
                 self.screen.refresh_part("steps")
+
+    def _banner_from_store(self) -> None:
+        """A run left the service down (this console resumes it now, or not): the banner says so
+        from the first second, before any engine speaks."""
+        with contextlib.suppress(Exception):  # an unreadable store is said by _offer_resume
+            run = self.operator.left_down()
+            if run is not None and run.state.service.stopped_at is not None:
+                self._down_from_store = run.run_id
+                self.post_message(CoreMessage(m.Downtime(run.run_id, run.state.service.stopped_at), local=True))
 
     def _offer_resume(self) -> None:
         try:
@@ -271,7 +281,7 @@ class ConsoleApp(App[int]):
         elif isinstance(payload, m.RunFinished) and payload.status == "done":
             self.notify(f"run {payload.run_id} done: o opens the results", title="done", timeout=15)
         elif isinstance(payload, m.RunFinished) and payload.status == "failed":
-            down = "" if payload.service_up else "  The service is DOWN: r restarts it."
+            down = "  The service is up." if payload.service_up else "  The service is DOWN: r restarts it."
             self.show_error(ErrorReport(f"run {payload.run_id} failed", payload.message + down))
 
     def _tick(self) -> None:
@@ -438,6 +448,8 @@ class ConsoleApp(App[int]):
             return "read-only: this console restarts nothing"
         if self.state.down_since is None:
             return "the service is not down because of this run: nothing to restart"
+        if self.decider.asking is not None and self.decider.asking.step == "restart":
+            return "the run is asking to restart it: stay and answer its question (y)"
         if self.state.running:
             return "the run restarts the service itself once the extraction is done (c cancels it, then offers the restart)"
         return "a restart is already under way"
@@ -514,7 +526,9 @@ class ConsoleApp(App[int]):
     def restarting(self) -> bool:
         """A restart is under way: the restart key's, or the procedure's restart step."""
         step = self.state.steps.get("restart")
-        return self._service_busy() or (self.state.running and step is not None and step.status == "running")
+        asked = self.decider.asking is not None and self.decider.asking.step == "restart"  # asked, not under way
+        return self._service_busy() or (self.state.running and step is not None and step.status == "running"
+                                        and not asked)
 
     async def action_quit_anywhere(self) -> None:
         """ctrl+q and ctrl+c: the same guarded quit as q, also over a question or a dialog."""
@@ -590,12 +604,15 @@ class ConsoleApp(App[int]):
     async def _quit_now(self) -> None:
         await self._stop_console()
         code = self.exit_status()
-        self.exit(code, return_code=code)
+        # Once the screen is gone, the terminal keeps what was left down and how to restart it.
+        self.exit(code, return_code=code, message=Text(self.farewell) if self.farewell else None)
 
     def exit_status(self) -> int:
         """0; or the finished run's: 1 failed with the service up, 3 failed with it still down
         (a failed run whose service was restarted from here since then counts as up)."""
         finished = self.state.finished
+        if self.farewell is not None:  # the operator left the service down: as a run that failed down
+            return 3
         if finished is None:
             return 0
         if finished.exit_code == 3 and self.state.down_since is None:
@@ -641,6 +658,4 @@ def run_app(operator: Any, *, autostart: bool = False, resume: str | bool | None
     with it still down)."""
     app = ConsoleApp(operator, autostart=autostart, resume=resume)
     result = app.run()
-    if app.farewell:  # the screen is gone: the terminal keeps what was left down, and how to restart it
-        print(app.farewell, file=sys.stderr)
     return int(result if result is not None else (app.return_code or 0))

@@ -44,12 +44,19 @@ class ModalDecider:
     def __init__(self, app: ConsoleApp) -> None:
         self.app = app
         self.asking: Confirmation | None = None  # the question on screen now (the banner says so)
+        self._one_at_a_time = asyncio.Lock()  # two questions at once (a restart's and a compensation's): in turn
 
     async def decide(self, confirmation: Confirmation) -> bool:
         if self.app.read_only or self.app.quitting:
             # read-only: nothing that acts is offered, so a question that comes anyway is refused;
             # quitting: nobody is left to answer (the operator chose to leave, and was asked first)
             return False
+        async with self._one_at_a_time:
+            if self.app.quitting:  # the operator left while this one waited its turn
+                return False
+            return await self._ask(confirmation)
+
+    async def _ask(self, confirmation: Confirmation) -> bool:
         if confirmation.step == "free-vram":
             found = self.app.operator.bus.last.get(HoldersFound) or self.app.state.holders
             modal = HoldersModal(confirmation, found if isinstance(found, HoldersFound) else None)
@@ -64,12 +71,13 @@ class ModalDecider:
         self.app.post_message(DecisionAsked(confirmation))
         self.asking = confirmation
         asked = self._publish_question(confirmation)
-        await self.app.push_screen(modal, callback=answered)
         try:
+            await self.app.push_screen(modal, callback=answered)
             approved = await answer
         except asyncio.CancelledError:  # the run was cancelled under the question: take it away
-            if modal.is_attached and self.app.screen is modal:
-                modal.dismiss(False)
+            with contextlib.suppress(Exception):  # (the app may be closing: no screen left to pop)
+                if modal.is_attached and self.app.screen is modal:
+                    modal.dismiss(False)
             raise
         finally:
             self.asking = None

@@ -101,6 +101,7 @@ class ConsoleState:
     downtime_estimate_s: float | None = None  # the stop's confirmation: earlier windows' downtime
     plan: m.PlanReady | None = None
     live: m.LiveRun | None = None  # the run driving the hosts, as the store says (another console's too)
+    driven_here: set = field(default_factory=set)  # the runs this console drove (their end, too, is ours)
 
     @property
     def down_since(self) -> float | None:
@@ -108,7 +109,10 @@ class ConsoleState:
 
     def driven_elsewhere(self) -> m.LiveRun | None:
         """The live run when another console (or `run --headless`) drives it, not this one."""
-        return self.live if self.live is not None and not self.live.ours else None
+        live = self.live
+        if live is None or live.ours or live.run_id in self.driven_here:
+            return None
+        return None if self.running and live.run_id == self.run_id else live
 
     def apply(self, message: Any, now: float | None = None) -> str | None:
         """Fold one message in; returns which panel it concerns ("host", "service", "steps", "job",
@@ -159,8 +163,9 @@ class ConsoleState:
             self.journal.append(message)
             self.journal_count += 1
             return "journal"
-        if isinstance(message, m.RunFinished):
+        if isinstance(message, m.RunFinished):  # (only this console's engine says so: the follower never does)
             self.finished = message
+            self.driven_here.add(message.run_id)
             for job in self.jobs.values():  # the run is over: nothing of it is going any more
                 job.finished = True
             return "job"

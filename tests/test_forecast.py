@@ -525,5 +525,5 @@ def test_the_forecasts_summary_is_one_figure_with_its_basis_in_words():
     said = fc.summary(made)
     assert said == ("1 min 35 s = stop 1 s + free-vram 10 s + extract 4 s + start 1 min 20 s; "
                     "stop, extract, start: median of 2 earlier runs on ct129; "
-                    "free-vram: estimate: the stop's grace ([service] stop_grace_s)")
+                    "free-vram: estimate: the stop's grace")
     assert "estimated)" not in said

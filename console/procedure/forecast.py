@@ -294,8 +294,19 @@ def basis_words(forecast: Forecast) -> str:
 
 
 def _first_clause(basis: str) -> str:
-    """'estimate: the stop's grace ([service] stop_grace_s); no stop measured ...' -> up to the ';'."""
-    return basis.split("; ")[0].strip()
+    """'estimate: the stop's grace ([service] stop_grace_s): no earlier run ...' -> 'estimate: the
+    stop's grace': no parenthesis, up to the first ';' (and after 'estimate: ', to the next ':')."""
+    depth, kept = 0, []
+    for ch in basis:
+        depth += ch == "("
+        if depth == 0:
+            kept.append(ch)
+        depth -= ch == ")" and depth > 0
+    text = " ".join("".join(kept).split()).split("; ")[0].strip()
+    head, sep, rest = text.partition("estimate: ")
+    if sep and not head:
+        return f"estimate: {rest.split(': ')[0].strip()}"
+    return text
 
 
 # --- the budget --------------------------------------------------------------------------------

@@ -118,7 +118,7 @@ class ConfirmModal(QuestionModal):
     def __init__(self, confirmation: Confirmation) -> None:
         c = confirmation
         super().__init__(f"{c.step}: {c.action} on {c.host}?", yes="Proceed", no="Cancel",
-                         destructive=c.destructive, id="confirm",
+                         destructive=c.destructive,
                          refusal=REFUSALS.get(c.step, "nothing is run; the refusal is journalled"))
         self.confirmation = c
 

@@ -11,6 +11,7 @@ from textual.widgets import Static
 from console.messages import Confirmation, HoldersFound, VramHolder
 from console.views.units import duration
 from screens.modals.confirm import REFUSALS, QuestionModal, command_text
+from screens.widgets.event_log import short_paths
 
 
 def targeted_pids(argv: tuple[str, ...]) -> set[int]:
@@ -32,7 +33,7 @@ def holders_table(holders: tuple[VramHolder, ...], targets: set[int]) -> Table:
         table.add_column(name, justify=justify, no_wrap=name != "command", ratio=1 if name == "command" else None)
     for h in sorted(holders, key=lambda h: -h.mib):
         chosen = h.pid in targets if targets else True
-        command = Text(h.command or "?", overflow="fold")
+        command = Text(short_paths(h.command or "?"), overflow="fold")  # the literal command is above, whole
         command.append(" [service]" if h.was_service else " [not the service's]",
                        style="cyan" if h.was_service else "yellow")
         if not h.visible:

@@ -38,7 +38,8 @@ def service_renderable(view: ServiceView | None, downtime: Downtime | None, star
         lines.append(Text(f"NOT RUNNING ({status.state})", style="bold red"))
         if status.detail and status.detail.splitlines()[0].strip() != status.state:
             lines.append(Text(status.detail.splitlines()[0], style="red"))
-    if view.error:
+    health_error = view.health.error if view.health is not None and view.health.health_status is None else None
+    if view.error and view.error != health_error:  # the health line below says that one, once
         lines.append(Text(view.error, style="yellow"))
     if startup is not None:
         line = Text(f"starting: {startup.stage.replace('_', ' ')}", style="yellow")

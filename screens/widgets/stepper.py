@@ -48,7 +48,8 @@ def stepper_renderable(steps: Mapping[str, StepView], planned: bool, now: float,
         if why and step.status in ("skipped", "left-out", "refused", "failed", "cancelled"):
             notes.append(Text(f"{step.name}: {why}", style="red" if step.status == "failed" else "dim"))
     parts: list = [table]
-    if not planned:
+    followed = any(s.status != "pending" for s in steps.values())  # a run another console drives, seen here
+    if not planned and not (read_only and followed):
         idle = "no run going: this console watches" if read_only else "no plan yet: p plans, g runs"
         parts.append(Text("planning: preflight is running" if running else idle, style="dim"))
     parts.extend(notes[-3:])

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import io
 import os
 from pathlib import Path
 
@@ -152,8 +153,12 @@ async def test_quit_while_down_says_why_no_restart_and_leaves_a_last_line(tmp_pa
         assert "Restart it first?" not in said
         assert "No restart from here: the run restarts the service itself" in said
         assert not app.screen.query("#restart") and app.focused.id == "stay"
+        said = []
+        exit_ = app.exit
+        app.exit = lambda *a, message=None, **kw: (said.append(message), exit_(*a, message=message, **kw))[1]
         await pilot.press("l")
         await until(pilot, lambda: not app.is_running)
+    assert [str(m) for m in said] == [app.farewell]  # Textual prints it once the screen is gone
     assert app.farewell == f"ct129 DOWN since 09:35:{int(app.state.down_since - T0):02d} (run {op.run_id}); " \
                           "restart: dflash-ops run --resume"
 
@@ -276,3 +281,86 @@ async def test_every_question_says_what_n_leaves_behind_in_the_buttons_words():
         assert refusal == "Cancel (n): the service stays down; r restarts it"
         assert app.screen.query_one(".refusal").region.height == 1  # on screen at 80 x 24, above the buttons
         await pilot.press("n")
+
+
+# --- found on the walk itself ---------------------------------------------------------------------------
+
+
+async def test_two_questions_at_once_are_asked_in_turn():
+    """A refused restart, and the run's compensation asking the restart again at once: two questions
+    in flight (the walk crashed here: 'a widget with ID confirm already exists')."""
+    op = serving()
+    async with console(op, WIDE, clock=Clock()) as (app, pilot):
+        first = asyncio.ensure_future(app.decider.decide(restart_confirmation()))
+        second = asyncio.ensure_future(app.decider.decide(restart_confirmation(95)))
+        await until(pilot, lambda: on_top(app, ConfirmModal))
+        asked_first = app.screen
+        await pilot.press("n")
+        await until(pilot, lambda: first.done())
+        await until(pilot, lambda: on_top(app, ConfirmModal) and app.screen is not asked_first)
+        assert "down 1 min 35 s so far" in text_of(app.screen.query_one(".impact", Static))
+        await pilot.press("y")
+        await until(pilot, lambda: second.done())
+        assert (first.result(), second.result()) == (False, True)
+        assert not app.query("ErrorModal") and not any(s.id == "error" for s in app.screen_stack)
+
+
+async def test_a_run_this_console_drove_is_never_shown_as_another_consoles(tmp_path: Path):
+    """After this console's run ends with the service down, its follower no longer calls the run
+    ours (nothing drives it): the banner still must not name this console as another's."""
+    op = serving()
+    async with console(op, WIDE, clock=Clock()) as (app, pilot):
+        op.publish(m.Downtime(op.run_id, T0))
+        op.publish(m.RunFinished(op.run_id, "failed", 3, False, "refused", str(tmp_path)))
+        op.publish(m.LiveRun(op.run_id, "failed", "op@ws1 pid 4242 since 09:30:00", False, True, ours=False))
+        await until(pilot, lambda: app.state.live is not None and app.state.finished is not None)
+        app.refresh_banners()
+        text = banner_text(app)
+        assert " by op@ws1" not in text and "no restart under way" in text
+
+
+async def test_a_run_left_down_shows_the_banner_when_the_console_opens_to_resume_it(tmp_path: Path):
+    """`run --resume` of a run that left the service down: the banner from the first second, before
+    the engine speaks (the walk showed none while the restart question waited)."""
+    store = RunStore(tmp_path / "runs")
+    run = store.create(None, None)
+    run.state.status, run.state.service.stopped_at, run.state.service.down = "failed", T0 - 240, True
+    run.save()
+    op = serving(runs_dir=store.root)
+    app = ConsoleApp(op, clock=Clock(), autostart=True, resume=run.run_id)
+    op.run = lambda decider, **kw: asyncio.Event().wait()  # the engine is not what is tested here
+    async with app.run_test(size=WIDE) as pilot:
+        await until(pilot, lambda: app.state.down_since == T0 - 240)
+        await until(pilot, lambda: "SERVICE DOWN 4 min 30 s" in banner_text(app))
+
+
+def test_the_service_panel_says_a_health_error_once():
+    from rich.console import Console
+
+    from screens.widgets.service_panel import service_renderable
+
+    error = "http://127.0.0.1:34881/health: no answer (the server closed the connection without answering)"
+    view = m.ServiceView(m.ServiceStatus("command", "server", True, "running", None, main_pid=23640),
+                         m.ServiceHealth(None, False, error=error), T0, error=error)
+    out = Console(width=44, record=True, file=io.StringIO())
+    out.print(service_renderable(view, None, None, T0))
+    assert " ".join(out.export_text().split()).count("closed the connection") == 1
+
+
+async def test_quit_while_the_restart_question_waits_never_says_a_restart_is_under_way():
+    op = serving()
+    async with console(op, (80, 24), clock=Clock()) as (app, pilot):
+        op.publish(m.Downtime(op.run_id, T0))
+        op.publish(m.StepUpdate(op.run_id, "restart", "running", T0 + 20))
+        app.state.running = True  # the run asks the restart (its step is running while it asks)
+        asyncio.ensure_future(app.decider.decide(restart_confirmation()))
+        await until(pilot, lambda: on_top(app, ConfirmModal))
+        await pilot.press("ctrl+q")
+        await until(pilot, lambda: on_top(app, QuitWhileDownModal))
+        said = " ".join(" ".join(text_of(w) for w in app.screen.query(Static)).split())
+        assert "A restart is under way" not in said and not app.screen.query("#wait")
+        assert "the run is asking to restart it: stay and answer its question (y)" in said
+        await pilot.press("escape")
+        await until(pilot, lambda: on_top(app, ConfirmModal))
+        await pilot.press("n")
+        app.state.running = False
