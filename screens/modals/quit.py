@@ -57,8 +57,9 @@ class QuitWhileDownModal(ConsoleModal[str]):
             elif self.can_restart:
                 yield Static(Text("Quitting leaves it down until someone starts it. Restart it first?"))
             else:  # say why the restart is not offered, and what leaving does
-                yield Static(Text(f"No restart from here: {self.why_not or 'this console cannot restart it'}. "
-                                  "Quitting leaves it down until someone starts it (run --resume restarts it)."))
+                why = self.why_not or "this console cannot restart it"
+                yield Static(Text(f"{why[0].upper()}{why[1:]}. Quitting leaves it down until someone starts it "
+                                  "(run --resume restarts it)."))
             with Horizontal(classes="buttons"):
                 if self.restarting:
                     yield Button("Wait until ready, then quit (w)", id="wait", variant="primary")

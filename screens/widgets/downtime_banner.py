@@ -24,6 +24,8 @@ def downtime_text(state: ConsoleState, now: float, can_restart: bool, asking: bo
         text.append(f" · run {elsewhere.run_id}")
         if elsewhere.console_gone:
             text.append(" (its console is gone: run --resume restarts it)")
+        elif elsewhere.status != "running":  # ended: whoever drove it is no longer the question
+            text.append(f" ({elsewhere.status}: run --resume restarts it)")
         elif elsewhere.owner:
             text.append(f" by {elsewhere.owner}")
     live = state.live

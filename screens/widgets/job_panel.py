@@ -179,6 +179,7 @@ class JobPanel(Vertical):
         yield Static("no job running", classes="job-idle")
 
     def show(self, jobs: list[JobView], now: float) -> None:
+        jobs = [j for j in jobs if j.bars or not j.finished]  # a finished job with nothing to show: no empty box
         self.query_one(".job-idle", Static).display = not jobs
         self.set_class(not jobs or all(j.finished for j in jobs), "idle")
         wanted = {j.job_id for j in jobs}

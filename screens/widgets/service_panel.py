@@ -11,6 +11,7 @@ from console.messages import Downtime, ServiceView, StartupProgress
 from console.views.tables import bar
 from console.views.units import duration
 from screens.format import clock, update_static
+from screens.widgets.event_log import short_paths
 
 
 def service_renderable(view: ServiceView | None, downtime: Downtime | None, startup: StartupProgress | None,
@@ -58,7 +59,8 @@ def service_renderable(view: ServiceView | None, downtime: Downtime | None, star
             line.append(", ready" if health.ready else ", NOT READY", style="green" if health.ready else "bold yellow")
             lines.append(line)
             if health.model:
-                lines.append(Text(f"model {health.model}", overflow="ellipsis", no_wrap=True))
+                # A model path, as the events write one: its last two parts, whole (never cut mid-name).
+                lines.append(Text(f"model {short_paths(health.model)}", overflow="ellipsis", no_wrap=True))
             if health.running_requests is not None or health.queued_requests is not None:
                 lines.append(Text(f"requests {health.running_requests or 0:.0f} running, "
                                   f"{health.queued_requests or 0:.0f} queued"))

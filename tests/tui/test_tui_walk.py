@@ -151,7 +151,7 @@ async def test_quit_while_down_says_why_no_restart_and_leaves_a_last_line(tmp_pa
         await until(pilot, lambda: on_top(app, QuitWhileDownModal))
         said = " ".join(" ".join(text_of(w) for w in app.screen.query(Static)).split())
         assert "Restart it first?" not in said
-        assert "No restart from here: the run restarts the service itself" in said
+        assert "The run restarts the service itself once the extraction is done" in said
         assert not app.screen.query("#restart") and app.focused.id == "stay"
         said = []
         exit_ = app.exit
@@ -359,8 +359,26 @@ async def test_quit_while_the_restart_question_waits_never_says_a_restart_is_und
         await until(pilot, lambda: on_top(app, QuitWhileDownModal))
         said = " ".join(" ".join(text_of(w) for w in app.screen.query(Static)).split())
         assert "A restart is under way" not in said and not app.screen.query("#wait")
-        assert "the run is asking to restart it: stay and answer its question (y)" in said
+        assert "The run is asking to restart it: stay and answer its question (y)" in said
         await pilot.press("escape")
         await until(pilot, lambda: on_top(app, ConfirmModal))
         await pilot.press("n")
         app.state.running = False
+
+
+async def test_a_finished_job_with_nothing_to_show_leaves_no_empty_box_and_an_ended_run_names_no_driver():
+    op = serving()
+    async with console(op, WIDE, clock=Clock()) as (app, pilot):
+        op.publish(m.JobLog("extract-9", "extract", "ct129", "info", "go", kind="phase"))
+        op.publish(m.JobExit("extract-9", "extract", "ct129", 0))
+        await until(pilot, lambda: "extract-9" in app.state.jobs and app.state.jobs["extract-9"].finished)
+        await pilot.pause()
+        panel = app.screen.query_one("#job")
+        assert panel.border_title == "Job" and app.screen.query_one(".job-idle", Static).display
+        # Another console's run that ended with the service down: its console is no longer the news.
+        op.publish(m.Downtime("20251201-080000-ee11", T0))
+        op.publish(m.LiveRun("20251201-080000-ee11", "refused", "op@ws2 pid 77 since 08:00:00", False, True, False))
+        await until(pilot, lambda: app.state.live is not None)
+        app.refresh_banners()
+        text = banner_text(app)
+        assert "run 20251201-080000-ee11 (refused: run --resume restarts it)" in text and "pid 77" not in text
