@@ -101,6 +101,17 @@ class GpuRow(Horizontal):
             spark.data = values
 
 
+def gpu_ranges(indices: list[int]) -> str:
+    """[0, 1, 2, 3, 5] -> '0-3,5': a process on many GPUs stays whole in a narrow column."""
+    runs: list[list[int]] = []
+    for i in sorted(set(indices)):
+        if runs and i == runs[-1][-1] + 1:
+            runs[-1].append(i)
+        else:
+            runs.append([i])
+    return ",".join(f"{r[0]}-{r[-1]}" if len(r) > 2 else ",".join(map(str, r)) for r in runs) or "-"
+
+
 def holders_renderable(update: TelemetryUpdate | None) -> Table | Text:
     """The processes holding the most memory on the host: pid, MiB, user, command."""
     sample = update.sample if update is not None else None
@@ -114,7 +125,7 @@ def holders_renderable(update: TelemetryUpdate | None) -> Table | Text:
         return Text("no process holds GPU memory", style="dim")
     table = Table(box=None, show_header=True, header_style="dim", padding=(0, 1), expand=True, pad_edge=False)
     table.add_column("pid", justify="right", no_wrap=True)
-    table.add_column("GPUs", justify="right", no_wrap=True, max_width=8, overflow="ellipsis")
+    table.add_column("GPUs", justify="right", no_wrap=True)  # whole: "0-6", never "0,1,2,3…"
     table.add_column("MiB", justify="right", no_wrap=True)
     table.add_column("user", no_wrap=True, max_width=10)
     table.add_column("command", no_wrap=True, overflow="ellipsis", ratio=1)
@@ -123,7 +134,7 @@ def holders_renderable(update: TelemetryUpdate | None) -> Table | Text:
         command = Text(short_command(proc.command, 200))
         if proc.pid in update.service_pids:
             command.append(" [service]", style="cyan")
-        gpus = ",".join(str(p.gpu) for p in group if p.gpu is not None) or "-"
+        gpus = gpu_ranges([p.gpu for p in group if p.gpu is not None])
         mib = sum(p.mib or 0 for p in group)
         table.add_row(str(proc.pid), gpus, str(mib) if any(p.mib is not None for p in group) else "?",
                       proc.user or "?", command)

@@ -10,6 +10,8 @@ import io
 import os
 from pathlib import Path
 
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from textual.widgets import Static
 
 from console import messages as m
@@ -382,3 +384,22 @@ async def test_a_finished_job_with_nothing_to_show_leaves_no_empty_box_and_an_en
         app.refresh_banners()
         text = banner_text(app)
         assert "run 20251201-080000-ee11 (refused: run --resume restarts it)" in text and "pid 77" not in text
+
+
+# --- 9. values whole ---------------------------------------------------------------------------------------
+
+
+@settings(max_examples=100)
+@given(st.lists(st.integers(0, 15), max_size=16))
+def test_a_holders_gpus_are_written_whole_as_ranges(gpus):
+    from screens.widgets.host_panel import gpu_ranges
+
+    text = gpu_ranges(gpus)
+    back = set()
+    for part in text.split(","):
+        if part == "-":
+            continue
+        first, _, last = part.partition("-")
+        back |= set(range(int(first), int(last or first) + 1))
+    assert back == set(gpus) and "…" not in text
+    assert gpu_ranges(list(range(7))) == "0-6" and gpu_ranges([0, 1]) == "0,1"
