@@ -403,3 +403,29 @@ def test_a_holders_gpus_are_written_whole_as_ranges(gpus):
         back |= set(range(int(first), int(last or first) + 1))
     assert back == set(gpus) and "…" not in text
     assert gpu_ranges(list(range(7))) == "0-6" and gpu_ranges([0, 1]) == "0,1"
+
+
+async def test_the_online_tab_keeps_every_prompt_name_and_tau_whole_at_80x24(runs_root: Path):
+    """The walk read `linked_list_reve…`, `online…`, `to…` on the Online tab at 80 x 24: the table
+    keeps its width and scrolls sideways; only the sentences fold."""
+    from console.procedure.crosscheck import CrossCheck, PromptCheck, save
+    from screens.results import ResultsScreen
+
+    run_dir = runs_root / "20251130-170000-cd34"
+    names = ["linked_list_reverse", "async_rate_limiter", "trie_autocomplete"]
+    prompts = [PromptCheck(n, 300 + i, 100, (300 + i) / 100, 3.01 + i / 100, True) for i, n in enumerate(names)]
+    save(run_dir, CrossCheck("checked", "replayed 3 prompts", drafter="z-lab", tau=3.02, ci=[2.9, 3.1],
+                             per_request_mean=3.02, offline_tau=3.02, offline_ci=[2.95, 3.08], agrees=True,
+                             prompts=prompts))
+    op = serving(runs_dir=runs_root)
+    async with console(op, (80, 24), clock=Clock()) as (app, pilot):
+        app.open_results(run_dir)
+        await until(pilot, lambda: isinstance(app.screen, ResultsScreen))
+        await pilot.press("7")
+        await pilot.pause()
+        table = app.screen.query_one(".online-prompts", Static)
+        await until(pilot, lambda: table.region.width > 0)
+        shown = text_of(table)
+        assert all(n in shown for n in names), shown
+        natural = max(len(line.rstrip()) for line in shown.splitlines())  # drawn at 200 columns: whole
+        assert natural > 76 and table.region.width >= natural  # wider than the screen: it scrolls, never cut
