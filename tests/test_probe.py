@@ -95,3 +95,10 @@ def test_probe_speeds_say_why_they_are_absent(tmp_path):
     assert probe.disk_read_speed(None) == {"measured": False, "why": "no model directory given"}
     h2d = probe.h2d_speed()
     assert h2d == {"measured": False, "why": "no CUDA device (torch sees none): no host-to-GPU copy to time"}
+
+
+def test_hosts_that_agree_get_no_empty_unlabelled_column(fake_probes):
+    """Issue 28: the Kernels tab showed an empty, unlabelled 4th column."""
+    same = {"a": fake_probes["inference"], "b": copy.deepcopy(fake_probes["inference"])}
+    assert [c.header for c in probe_table(same).columns] == ["what", "a", "b"]
+    assert [c.header for c in probe_table(fake_probes).columns][-1] == "why it differs"

@@ -124,7 +124,8 @@ def probe_table(probes: dict[str, dict[str, Any]], title: str = "Hosts: environm
     table.add_column("what", style="bold", no_wrap=True)
     for host in probes:
         table.add_column(host)
-    table.add_column("")
+    if flagged:  # a column of its own only when a row differs, and labelled
+        table.add_column("why it differs")
     labels: list[str] = []
     for host_rows in rows.values():
         labels += [label for label in host_rows if label not in labels]
@@ -133,5 +134,5 @@ def probe_table(probes: dict[str, dict[str, Any]], title: str = "Hosts: environm
         style = SEVERITY_STYLE[asym.severity] if asym else ""
         cells = [Text(rows[h].get(label, "-"), style=style) for h in probes]
         note = Text(("MISMATCH: " if asym.severity == "error" else "differs: ") + asym.why, style=style) if asym else Text("")
-        table.add_row(label, *cells, note)
+        table.add_row(label, *cells, *([note] if flagged else []))
     return table
