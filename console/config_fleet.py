@@ -149,11 +149,11 @@ def fleet_to_dict(fleet: FleetConfig) -> dict[str, Any]:
     return out
 
 
-FLEET_WINDOW_MISSING = ("this config is a fleet ([fleet]: replicas behind SGLang's router), and the fleet window (drain "
-                        "a replica, its window there, rejoin) is not built yet: a one-server window on a replica the "
-                        "router still sends requests to would fail them. Nothing was done")
+FLEET_WINDOW_MISSING = ("this config is a fleet ([fleet]: replicas behind SGLang's router): the console's screens do not "
+                        "show the fleet window yet (drain a replica, its window there, rejoin); `dflash-ops run "
+                        "--headless` (or --yes, --step) runs it. Nothing was done")
 
 
 def fleet_window_refusal(config: Any) -> str | None:
-    """Why a window cannot run on `config` yet (a fleet), or None (one server: it can)."""
+    """Why the console's screens cannot run a window on `config` yet (a fleet), or None (one server)."""
     return FLEET_WINDOW_MISSING if getattr(config, "fleet", None) is not None else None

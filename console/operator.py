@@ -75,7 +75,7 @@ class Operator:
         resume restarts the service), or a run has not finished (resume or discard it: never a second
         window over its lock and its jobs)."""
         left = self.store.left_down()
-        if left is not None and left.state.service.left_as() == "paused":  # the same, for a paused server
+        if left is not None and left.state.service.left_as() in ("paused", "drained"):  # the same, paused or drained
             raise ResumeRefused(f"{left_line(left)}: {what_next(left)}; then start a new run")
         if left is not None:  # a new run would start from a server that is down: the old one comes first
             since = left.state.service.stopped_at

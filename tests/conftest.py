@@ -1,7 +1,7 @@
 """Shared fixtures: tiny models always; the SSH servers only where asyncssh is installed (the GPU
 host has no asyncssh and runs `tests/gpu` alone, which needs no SSH)."""
 
-pytest_plugins = ["tests.fixtures_models", "tests.engine_sweep"]  # engine_sweep: the engine sweeps' fixtures
+pytest_plugins = ["tests.fixtures_models", "tests.engine_sweep", "tests.router_helpers"]  # engine_sweep: the engine sweeps' fixtures; router_helpers: the real router's fleet
 
 try:
     import asyncssh  # noqa: F401 - only checking that it is there

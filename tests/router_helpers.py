@@ -4,6 +4,7 @@ the drill starts it (`console.drill.fleet.router_command`), ended by pid."""
 from __future__ import annotations
 
 import contextlib
+import importlib.util
 import json
 import subprocess
 import sys
@@ -11,6 +12,8 @@ import time
 import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
+
+import pytest
 
 from console.drill.fleet import router_command
 from tests.standin_helpers import ROOT, free_port, start_standin, stop, wait_status
@@ -54,6 +57,17 @@ def running_router(worker_urls: list[str], log: Path, *extra: str, key: str | No
         yield url
     finally:
         stop(proc)
+
+
+@pytest.fixture(scope="session")
+def router_fleet(tiny_target: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, list[str]]]:
+    """Two rehearsal servers behind the real router, started once for every test file that needs them
+    (tests/test_router.py, tests/test_fleet_steps.py): (router URL, replica URLs). A test that takes a
+    replica out puts it back."""
+    if importlib.util.find_spec("sglang_router") is None:
+        pytest.skip("the fleet extra (sglang-router) is not installed")
+    with running_fleet(tiny_target, tmp_path_factory.mktemp("fleet")) as found:
+        yield found
 
 
 @contextlib.contextmanager

@@ -19,6 +19,7 @@ from console.config import (
     parse_config,
 )
 from console.config_fleet import FLEET_KEYS
+from tests.standin_helpers import free_port
 from tests.test_cli import assert_one_line_error, dflash_ops
 
 
@@ -166,10 +167,13 @@ def test_config_check_prints_the_fleet(tmp_path):
 
 
 @pytest.mark.parametrize("mode", [("--headless", "--yes"), ("--plan",)])
-def test_run_refuses_a_fleet_until_the_fleet_window_exists(tmp_path, mode):
+def test_run_of_a_fleet_whose_router_does_not_answer_is_refused_before_anything(tmp_path, mode):
     path = tmp_path / "fleet.toml"
-    path.write_text(dump_toml(fleet_data()))
+    data = fleet_data()
+    del data["fleet"]["api_key_env"]
+    data["fleet"]["router"] = router = f"http://127.0.0.1:{free_port()}"  # nothing listens there
+    path.write_text(dump_toml(data))
     done = dflash_ops("run", *mode, "--config", str(path), "--runs", str(tmp_path / "runs"), cwd=tmp_path)
-    assert done.returncode == 2
-    assert "the fleet window (drain a replica, its window there, rejoin) is not built yet" in done.stderr
-    assert "Nothing was done" in done.stderr and not (tmp_path / "runs").exists()
+    assert done.returncode == 2, done.stderr
+    assert "the fleet window is refused" in done.stderr and router in done.stderr
+    assert "nothing was changed" in done.stderr and not (tmp_path / "runs").exists()

@@ -18,7 +18,7 @@ import pytest
 
 from console.service.router import RouterClient, RouterError, wait_idle
 from console.service.sglang_api import ServerUnreachable, SglangClient, server_summary
-from tests.router_helpers import running_fleet, running_router
+from tests.router_helpers import running_router
 from tests.standin_helpers import free_port
 
 pytest.importorskip("sglang_router", reason="the fleet extra (sglang-router) is not installed")
@@ -27,10 +27,9 @@ ADMIN_KEY = "router-admin-secret"
 USER_KEY = "router-user-secret"
 
 
-@pytest.fixture(scope="module")
-def fleet(tiny_target: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, list[str]]]:
-    with running_fleet(tiny_target, tmp_path_factory.mktemp("fleet")) as found:
-        yield found
+@pytest.fixture
+def fleet(router_fleet: tuple[str, list[str]]) -> tuple[str, list[str]]:
+    return router_fleet  # tests/router_helpers.py: started once for this file and tests/test_fleet_steps.py
 
 
 def served(url: str) -> float:

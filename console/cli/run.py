@@ -275,12 +275,22 @@ def run(args: argparse.Namespace) -> int:
     if getattr(args, "discard", None):
         return discard(args, err)
     say = lambda line: err.print(Text(f"dflash-ops: {line}", style="yellow"), soft_wrap=True)  # noqa: E731
-    config = config_for(args.config, run_named(RunStore(args.runs), args.resume), say)
-    from console.config_fleet import fleet_window_refusal
+    named = run_named(RunStore(args.runs), args.resume)
+    config = config_for(args.config, named, say)
+    if config.fleet is not None:  # the fleet window: the replica chosen (or recorded) before anything changes
+        from console.config_fleet import fleet_window_refusal
+        from console.procedure.outcomes import StepFailed
+        from console.procedure.steps.fleet import fleet_config
 
-    if (refusal := fleet_window_refusal(config)) is not None:
-        err.print(f"dflash-ops: error: {refusal}", style="red", soft_wrap=True)
-        return 2
+        if not args.plan and not args.headless and not args.yes and sys.stdin.isatty():
+            err.print(f"dflash-ops: error: {fleet_window_refusal(config)}", style="red", soft_wrap=True)
+            return 2
+        try:
+            config, why = asyncio.run(fleet_config(config, named.state if named is not None and args.resume else None))
+        except StepFailed as exc:
+            err.print(f"dflash-ops: error: {exc.msg}", style="red", soft_wrap=True)
+            return 2
+        say(f"fleet: the window runs on replica {why}")
     try:
         if args.plan:
             return asyncio.run(print_plan(Operator(config, runs_dir=args.runs), args.route, err))
@@ -323,6 +333,8 @@ def runs_rows(summaries: list[RunSummary | UnreadableRun]) -> tuple[list[str], l
             status += ", SERVICE DOWN"
         if summary.server_paused:
             status += ", SERVER PAUSED"
+        if summary.drained:
+            status += f", DRAINED ({summary.drained} out of the router)"
         taus = "\n".join(f"{name} {tau:.2f}" for name, tau in summary.headline.items() if tau is not None) or "-"
         online = "\n".join(f"{name} {tau:.2f}" for name, tau in summary.online.items() if tau is not None) or "-"
         downtime = duration(summary.downtime_s, tenths=True)
@@ -332,7 +344,7 @@ def runs_rows(summaries: list[RunSummary | UnreadableRun]) -> tuple[list[str], l
             downtime += f", {summary.windows} windows"
         rows.append([summary.run_id, time.strftime("%Y-%m-%d %H:%M", time.localtime(summary.created_at)), status,
                      summary.route or "-", downtime, taus, online])
-        styles.append("bold red" if summary.service_down or summary.server_paused else "")
+        styles.append("bold red" if summary.service_down or summary.server_paused or summary.drained else "")
     return headers, rows, styles
 
 

@@ -64,6 +64,7 @@ from console.procedure.steps import (
     Preflight,
     Step,
     estimates,
+    fleet,
     pause,
     preflight,
     route_steps,
@@ -341,7 +342,7 @@ class Engine:
     async def _compensate_to_the_end(self, why: str) -> None:
         """Compensation in a task of its own: a second Ctrl-C or signal is journalled and waited
         through, never abandoning a restart half-way."""
-        task = asyncio.ensure_future(self._compensate(why))
+        task = asyncio.ensure_future(self._compensate_and_rejoin(why))
         while True:
             try:
                 await asyncio.shield(task)
@@ -361,7 +362,8 @@ class Engine:
     def _finish(self, status: str, message: str) -> RunFinished:
         down = self.service_down_by_us
         held = self.server_held_by_us and not down
-        code = EXIT_DOWN if down or held else (EXIT_DONE if status in ("done", "paused") else EXIT_FAILED)
+        drained = self.state.service.left_as() == "drained"  # the fleet window: a replica out of the router
+        code = EXIT_DOWN if down or held or drained else (EXIT_DONE if status in ("done", "paused") else EXIT_FAILED)
         if not self.plan_only:
             self.state.status = status
             self.state.exit_code = code
@@ -372,6 +374,8 @@ class Engine:
             message += f"; THE SERVICE IS STILL DOWN (since {time.strftime('%H:%M:%S', time.localtime(since))})"
         if held:
             message += "; " + held_line(self.run.run_id, self.state.service)
+        if drained:
+            message += "; " + fleet.drained_line(self.run.run_id, self.state.service)
         finished = RunFinished(self.run.run_id, status, code, not down and not held, message, str(self.run.dir))
         self.journal(None, f"run {status} (exit {code}): {message}", exit=code)
         for line in self.run.write_errors:
@@ -383,6 +387,8 @@ class Engine:
     async def _restart_only(self) -> RunFinished:
         """A finished run is never run again; one that left the service down may still restart it."""
         state = self.state
+        if state.service.left_as() == "drained":
+            return await self._rejoin_only()
         if state.service.held and not state.service.down:
             return await self._give_back_only()
         if not state.service.down:
@@ -399,6 +405,19 @@ class Engine:
         down = state.service.down
         code = EXIT_DOWN if down else EXIT_FAILED if state.status != "done" else EXIT_DONE
         return self._closed(code, message)
+
+    async def _rejoin_only(self) -> RunFinished:
+        """A finished run that left its replica out of the fleet's router: only its rejoin."""
+        state = self.state
+        message = f"run {state.status} earlier; the rejoin was asked for"
+        try:
+            await fleet.rejoin_after(self, reason=f"run {self.run.run_id} ended {state.status} with the replica drained")
+        except GIVE_BACK_ERRORS + fleet.FLEET_ERRORS as exc:
+            self.journal("rejoin", f"the rejoin failed: {exc}", level="error")
+            message = f"run {state.status} earlier; the rejoin failed: {exc}"
+        if state.service.drained:
+            return self._closed(EXIT_DOWN, message + "; " + fleet.drained_line(self.run.run_id, state.service))
+        return self._closed(EXIT_FAILED if state.status != "done" else EXIT_DONE, message)
 
     async def _give_back_only(self) -> RunFinished:
         """A finished run that left the server paused or released: only its resume + continue."""
@@ -455,6 +474,17 @@ class Engine:
                     return
 
         await asyncio.gather(*(end_on(host, handles) for host, handles in by_host.items()))
+
+    async def _compensate_and_rejoin(self, why: str) -> None:
+        """The route's compensation, then (the fleet window) the drained replica back in the router:
+        never while it is still down or paused."""
+        await self._compensate(why)
+        if not self.restart_on_failure:
+            return
+        try:
+            await fleet.rejoin_after(self, reason=f"the run {why} after the drain")
+        except GIVE_BACK_ERRORS + fleet.FLEET_ERRORS as exc:
+            self.journal("rejoin", f"putting the replica back in the router failed: {exc}", level="error")
 
     async def _compensate(self, why: str) -> None:
         """After a failure, refusal or cancel: end our jobs, and with the service down because of us,

@@ -150,6 +150,12 @@ class ServiceState:
     used_after_release_mib: dict[str, int] = field(default_factory=dict)  # per GPU, once it was seen
     probe_tokens: list[int] | None = None  # a greedy /generate's answer before the pause (checked after)
     give_back_error: str | None = None  # why the last resume / continue failed, shown when offered again
+    # The fleet window (console/procedure/steps/fleet.py): `drained` is {replica, router, since} from
+    # just before the router was asked to remove the replica until it is listed healthy again.
+    drained: dict[str, Any] | None = None
+    drains: int = 0  # removals this run asked the router for (counted before each)
+    rejoins: int = 0  # adds this run asked the router for (counted before each)
+    rejoined_at: float | None = None
 
     @property
     def held(self) -> bool:
@@ -157,8 +163,9 @@ class ServiceState:
         return self.paused or bool(self.released) or bool(self.releasing)
 
     def left_as(self) -> str | None:
-        """How this run left the server, in the words every view uses: "down", "paused" or None."""
-        return "down" if self.down else "paused" if self.held else None
+        """How this run left the server, in the words every view uses: "down", "paused", "drained"
+        (out of the fleet's router) or None."""
+        return "down" if self.down else "paused" if self.held else "drained" if self.drained else None
 
 
 @dataclass

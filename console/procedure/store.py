@@ -178,6 +178,7 @@ class RunSummary:
     forecast_s: float | None = None  # the downtime forecast before the stop (of its last window)
     windows: int = 1  # down periods (more than one when a window was cut short at its budget)
     server_paused: bool = False  # the pause route: this run paused the server (or released its memory), not given back
+    drained: str | None = None  # the fleet window: the replica this run took out of the router, not put back
 
 
 @dataclass(frozen=True)
@@ -274,7 +275,7 @@ class RunStore:
         state = run.state
         if state.finished:
             raise RunStoreError(f"run {run.run_id} has already finished ({state.status}): nothing to discard")
-        if state.service.down or getattr(state.service, "held", False):  # held: paused by the pause route
+        if state.service.left_as() is not None:  # down, paused (the pause route) or drained (the fleet window)
             raise RunStoreError(f"run {run.run_id} left the service down: it is not discarded; "
                                 f"`dflash-ops run --resume {run.run_id}` restarts the service")
         if driven_elsewhere(state) is not False:
@@ -374,7 +375,8 @@ def summary_of(run: Run) -> RunSummary:
                       dict(s.headline), s.config, run.dir, service_down=s.service.down, console_gone=gone,
                       online=dict(online), forecast_s=(s.forecast or {}).get("downtime_s"),
                       windows=len(s.windows) + (1 if s.service.stops else 0) or 1,
-                      server_paused=s.service.left_as() == "paused")
+                      server_paused=s.service.left_as() == "paused",
+                      drained=(s.service.drained or {}).get("replica", "?") if s.service.drained else None)
 
 
 def left_line(run: Run) -> str:
@@ -382,6 +384,12 @@ def left_line(run: Run) -> str:
     09:31:02 (94 s): stopped by run X" or "PAUSED: memory released by run X (kv_cache, cuda_graph)
     since 09:31:02 (12 s)"."""
     svc = run.state.service
+    if svc.left_as() == "drained":
+        drained = svc.drained or {}
+        since = drained.get("since") or time.time()
+        return (f"DRAINED by run {run.run_id}: replica {drained.get('replica', '?')} out of the router "
+                f"{drained.get('router', '?')} since {time.strftime('%H:%M:%S', time.localtime(since))} "
+                f"({time.time() - since:.0f} s)")
     if svc.left_as() == "paused":
         since = svc.paused_at or svc.released_at or time.time()
         released = svc.released or svc.releasing
@@ -398,6 +406,10 @@ def what_next(run: Run) -> str:
     console and `discard`: a finished run is never resumed (one that left the service down is only
     restarted); an unfinished one is resumed or discarded, unless a live console drives it."""
     s, rid = run.state, run.run_id
+    if s.service.left_as() == "drained":
+        return (f"run {rid} left replica {(s.service.drained or {}).get('replica', '?')} out of the router "
+                f"({s.status}): `dflash-ops run --resume {rid}` finishes its window and puts it back (`r` in the "
+                f"console)")
     if s.service.left_as() == "paused":
         return (f"run {rid} left the server paused ({s.status}): `dflash-ops run --resume {rid}` resumes the memory "
                 f"it released and lets the server take requests again (`r` in the console)")

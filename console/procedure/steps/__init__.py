@@ -1,8 +1,12 @@
 """The procedure as data: the steps of each route, and what preflight learned that chooses the plan.
 
-    window:        preflight → stage ‖ cache → stop → free-vram → extract → restart → evaluate → report → crosscheck
-    pause:         preflight → stage ‖ cache → pause → release → free-vram → extract → resume → continue → evaluate
-                   → report → crosscheck  (the server gives its GPU memory back and takes it again, never stopped)
+    window:        preflight → stage ‖ cache → [drain] → stop → free-vram → extract → restart → [rejoin] → evaluate
+                   → report → crosscheck
+    pause:         preflight → stage ‖ cache → [drain] → pause → release → free-vram → extract → resume → continue
+                   → [rejoin] → evaluate → report → crosscheck  (the server gives its GPU memory back and takes it
+                   again, never stopped)
+    [drain], [rejoin]: a fleet behind SGLang's router only (`fleet`): the window runs on one replica, out of
+                   the router; a one-server config leaves them out
     zero-downtime: preflight → cache → extract → evaluate → report → crosscheck  (the server is never touched)
 
 The cross-check comes last: it needs the service ready and the offline tau to stand beside.
@@ -10,7 +14,7 @@ The cross-check comes last: it needs the service ready and the offline tau to st
 `STEPS` below is the only list of steps: every view reads it. Each step family's check, run, verify
 and compensation lives in a module of its own: `preflight`, `serving` (stage, cache), `stop` (stop,
 free-vram, restart), `pause` (pause, release, the pause route's free-vram, resume, continue),
-`extract`, `results` (evaluate, report, crosscheck); each function takes the engine
+`extract`, `results` (evaluate, report, crosscheck), `fleet` (drain, rejoin); each function takes the engine
 (`console/procedure/engine.py`) as its first argument.
 
 Stage and cache run side by side while the server serves; the stop waits for both. A step is left
@@ -26,7 +30,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from console.messages import PlannedStep
-from console.procedure.steps import extract, pause, preflight, results, serving, stop
+from console.procedure.steps import extract, fleet, pause, preflight, results, serving, stop
 from console.procedure.steps.facts import STAGE_RAM_MARGIN, Preflight, size_text, stage_decision
 
 __all__ = ["BY_NAME", "ROUTES", "STAGE_RAM_MARGIN", "STEPS", "STEP_NAMES", "STEP_TITLES", "PAUSE", "WINDOW", "ZERO_DOWNTIME",
@@ -83,6 +87,9 @@ STEPS: tuple[Step, ...] = (
     Step("cache", "cache greedy completions from the live server", "service", _ALL,
          check=serving.check_cache, run=serving.run_cache, verify=serving.verify_cache, compensate="end our job",
          group="serving"),
+    Step("drain", "take the replica out of the router and let its requests finish", "service", _SERVED,
+         check=fleet.check_drain, run=fleet.run_drain, verify=fleet.verify_drain, compensate="rejoin the replica",
+         asks="take the replica out of the router", left_out_when="one server (no [fleet] router)"),
     Step("stop", "stop the service", "service", ("window",), check=stop.check_stop, run=stop.run_stop,
          verify=stop.verify_stop, compensate="restart the service", asks="stop the service", while_down=True),
     Step("pause", "pause the server's generation (requests held, none failed)", "service", ("pause",),
@@ -105,6 +112,9 @@ STEPS: tuple[Step, ...] = (
     Step("continue", "let the server take requests again; /health and a greedy /generate as before the pause",
          "service", ("pause",), check=pause.check_continue, run=pause.run_continue, verify=pause.verify_continue,
          asks="let the server take requests again", while_down=True),
+    Step("rejoin", "put the replica back in the router once it generates; requests reach it again", "service",
+         _SERVED, check=fleet.check_rejoin, run=fleet.run_rejoin, verify=fleet.verify_rejoin,
+         asks="put the replica back in the router", left_out_when="one server (no [fleet] router)"),
     Step("evaluate", "evaluate the drafters on the extracted states", "eval", _ALL, check=results.check_evaluate,
          run=results.run_evaluate, verify=results.verify_evaluate, compensate="end our job", after_restart=True),
     Step("report", "fetch the results and write the report", "console", _ALL, check=None, run=results.run_report,

@@ -17,7 +17,7 @@ from console.procedure import steps as table  # the step table (this module is o
 from console.procedure.fit import longest_tokens, where_it_fits
 from console.procedure.outcomes import StepFailed
 from console.procedure.state import Owner
-from console.procedure.steps import pause
+from console.procedure.steps import fleet, pause
 from console.procedure.steps.facts import layer_override, same_model, stage_decision
 from console.session import service_name
 from console.views.units import duration
@@ -212,6 +212,7 @@ async def _choose_plan(engine: Engine) -> None:
         facts["plan_stage"] = {"stage": stage, "why": why}
         acts["stage"] = (stage, why)
     manager = await engine.hosts.service_manager(engine.connect_s)
+    acts.update(fleet.plan_acts(engine))
     downtime = engine.earlier.get("downtime")
     acts["stop"] = (True, f"{service_name(engine.config)} on {engine.config.service.host} goes down"
                           + (f"; earlier windows took {duration(downtime)}" if downtime else ""))

@@ -1,0 +1,378 @@
+"""The fleet window's own steps: one replica behind SGLang's router leaves it, has its window, and
+comes back, while the other replicas carry the traffic (issue 29).
+
+    drain → (the route's steps on that replica: stop … restart, or pause … continue) → rejoin
+
+Choosing the replica (`choose_replica`, before anything changes): the router answers /health; every
+replica is listed healthy; the one with the fewest running requests (its own /metrics) is taken; it
+is never the last healthy one; the requests running on it must fit under the others'
+`max_running_requests` (from their /server_info) when they report it. Each refusal says the numbers.
+
+`drain` writes `drained = {replica, router, since}` to the run's state *before* it asks the router to
+remove the replica (a crash there still knows it may be out), waits until the router no longer lists
+it, then until the replica itself runs and queues nothing, within `[fleet] drain_timeout_s`.
+`rejoin` waits for the replica's /health_generate, adds it back, waits until the router lists it
+healthy, clears `drained`, and verifies that requests through the router reach it (its own
+`num_requests_total` rises; said when the policy cannot show it). One drain per window, one rejoin
+per drain (`drains`, `rejoins` in the state, counted before each request). Every end after the drain
+rejoins it (`rejoin_after`, called by the engine's compensation after the route's own restart or
+resume + continue); what cannot be rejoined stays named "DRAINED by run X" by `status` and `runs`.
+The router's contract: docs/sglang.md, "Router"; its client: console/service/router.py.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import time
+import uuid
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from console.messages import Confirmation
+from console.procedure.outcomes import Found, Refused, Skip, StepFailed
+from console.service.router import RouterClient, RouterError, Worker, wait_idle
+from console.service.sglang_api import ServerUnreachable, SglangClient, server_summary
+
+if TYPE_CHECKING:
+    from console.config import Config
+    from console.config_fleet import FleetConfig, ReplicaConfig
+
+LISTED_S = 60.0  # the router lists a worker within a second of its health check; this is the bound
+ROUTED_PROBES = 8  # requests sent through the router to see the rejoined replica get some
+FLEET_ERRORS = (RouterError, ServerUnreachable)
+
+
+@dataclass(frozen=True)
+class ReplicaLoad:
+    """What the choice reads of one replica: the router's listing and the replica's own figures."""
+
+    name: str
+    listed: bool
+    healthy: bool
+    running: int | None  # its /metrics sglang:num_running_reqs (+ queued); None when unreadable
+    capacity: int | None  # its /server_info max_running_requests; None when it does not say
+
+
+@dataclass(frozen=True)
+class Choice:
+    replica: str | None  # the replica to drain, or None: refused
+    why: str  # the reason it was chosen, or the refusal
+
+
+def choose(loads: list[ReplicaLoad], eligible: set[str] | None = None) -> Choice:
+    """The replica to drain, or the refusal (with its numbers). `eligible`: the replicas whose GPUs
+    fit the extraction and that have the drafters' kernels (None: all)."""
+    unhealthy = [r.name for r in loads if not (r.listed and r.healthy)]
+    if unhealthy:
+        said = ", ".join(f"{r.name} ({'unhealthy' if r.listed else 'not listed'})" for r in loads
+                         if r.name in unhealthy)
+        return Choice(None, f"the router does not list every replica healthy: {said}; the fleet window runs only "
+                            f"while all are")
+    unknown = [r.name for r in loads if r.running is None]
+    if unknown:
+        return Choice(None, f"the running requests of {', '.join(unknown)} cannot be read (its /metrics): the "
+                            f"load the others would take cannot be measured")
+    if len(loads) < 2:
+        return Choice(None, f"{loads[0].name if loads else 'no replica'} is the last healthy replica: it is never "
+                            f"drained")
+    candidates = [r for r in loads if eligible is None or r.name in eligible]
+    if not candidates:
+        return Choice(None, "no replica has GPUs that fit the extraction and the drafters' kernels")
+    chosen = min(candidates, key=lambda r: (r.running, r.name))
+    others = [r for r in loads if r.name != chosen.name]
+    total = sum(r.running or 0 for r in loads)
+    caps = [r.capacity for r in others]
+    if all(c is not None for c in caps):
+        room = sum(c for c in caps if c is not None)
+        if total > room:
+            return Choice(None, f"the others cannot absorb the load: {total} running request(s) in the fleet, the "
+                                f"replicas left ({', '.join(r.name for r in others)}) take at most {room} "
+                                f"(max_running_requests)")
+        fit = f"{total} running in the fleet, the others take up to {room}"
+    else:
+        fit = f"{total} running in the fleet; the others' max_running_requests not reported, not checked"
+    return Choice(chosen.name, f"{chosen.name}: the fewest running requests ({chosen.running}); {fit}")
+
+
+def _router(fleet: FleetConfig) -> RouterClient:
+    return RouterClient(fleet.router, api_key=fleet.api_key())
+
+
+async def _capacity(client: SglangClient) -> int | None:
+    try:
+        info = await client.server_info()
+    except Exception:  # an unreadable /server_info: capacity unknown (said in the choice's reason)
+        return None
+    for source in (info, *(info.get("internal_states") or [])[:1]):
+        value = source.get("max_running_requests") if isinstance(source, dict) else None
+        if isinstance(value, int) and not isinstance(value, bool) and value > 0:
+            return value
+    return None
+
+
+async def measure(fleet: FleetConfig) -> list[ReplicaLoad]:
+    """Each replica as the router lists it and as it reports itself. RouterError when the router
+    does not answer /health 200."""
+    router = _router(fleet)
+    status = await router.health()
+    if status != 200:
+        raise RouterError(f"router {fleet.router}: GET /health answers {status}: the fleet window needs the router up")
+    workers = await router.workers()
+
+    async def one(replica: ReplicaConfig) -> ReplicaLoad:
+        listed = next((w for w in workers if w.url.rstrip("/") == replica.worker_url.rstrip("/")), None)
+        client = SglangClient(replica.service.url)
+        running = None
+        try:
+            summary = server_summary(await client.metrics())
+            if summary["running_requests"] is not None:
+                running = int(summary["running_requests"] + (summary["queued_requests"] or 0))
+        except Exception:  # unreadable: the choice refuses and says so
+            pass
+        return ReplicaLoad(replica.name, listed is not None, bool(listed and listed.healthy), running,
+                           await _capacity(client))
+
+    return list(await asyncio.gather(*(one(r) for r in fleet.replicas)))
+
+
+async def choose_replica(config: Config, eligible: set[str] | None = None) -> tuple[ReplicaConfig, str]:
+    """The replica to drain and why; StepFailed("preflight", the refusal) before anything changes."""
+    fleet = config.fleet
+    assert fleet is not None
+    from console.config import ConfigError
+
+    try:
+        choice = choose(await measure(fleet), eligible)
+    except (*FLEET_ERRORS, ConfigError) as exc:
+        raise StepFailed("preflight", f"the fleet window is refused: {exc}; nothing was changed") from None
+    if choice.replica is None:
+        raise StepFailed("preflight", f"the fleet window is refused: {choice.why}; nothing was changed")
+    replica = fleet.replica(choice.replica)
+    assert replica is not None
+    return replica, choice.why
+
+
+def on_replica(config: Config, replica: ReplicaConfig) -> Config:
+    """The config whose service is `replica`: the route's steps address it as the service."""
+    return dataclasses.replace(config, service=replica.service)
+
+
+def replica_of(engine: Any) -> ReplicaConfig:
+    """The replica this run's window is on: the one recorded when it drained, else the config's service."""
+    fleet = engine.config.fleet
+    drained = engine.state.service.drained or {}
+    named = fleet.replica(drained["replica"]) if drained.get("replica") else None
+    if named is not None:
+        return named
+    found = next((r for r in fleet.replicas if r.service == engine.config.service), None)
+    if found is None:
+        raise StepFailed("drain", f"the service {engine.config.service.url} is none of [fleet]'s replicas")
+    return found
+
+
+# --- drain ------------------------------------------------------------------------------------------
+
+
+async def check_drain(engine: Any) -> Skip | None:
+    if engine.config.fleet is None:
+        return Skip("one server: no router to leave")
+    svc = engine.state.service
+    if svc.drained is None:
+        return Found("the replica is back in the router") if svc.rejoins else None
+    replica = replica_of(engine)
+    try:
+        listed = await _router(engine.config.fleet).worker(replica.worker_url)
+    except FLEET_ERRORS as exc:
+        raise StepFailed("drain", str(exc)) from None
+    if listed is not None:
+        return None  # recorded, and the removal never landed: drained again (not a second drain)
+    idle = await _idle_within(engine, replica, 0.0)
+    return Found(f"{replica.name} out of the router since "
+                 f"{time.strftime('%H:%M:%S', time.localtime(svc.drained['since']))}") if idle else None
+
+
+async def _idle_within(engine: Any, replica: ReplicaConfig, bound_s: float) -> bool:
+    try:
+        await wait_idle(SglangClient(replica.service.url), bound_s)
+        return True
+    except RouterError:
+        return False
+
+
+async def run_drain(engine: Any) -> str:
+    fleet = engine.config.fleet
+    replica = replica_of(engine)
+    router = _router(fleet)
+    svc = engine.state.service
+    try:
+        listed = await router.worker(replica.worker_url)
+        if svc.drained is None or listed is not None:
+            if listed is None:
+                raise StepFailed("drain", f"the router does not list {replica.name} ({replica.worker_url}): it "
+                                          f"is not drained by this run")
+            if svc.drained is None:
+                impact = (f"the router stops sending requests to {replica.name}; the other replicas carry them; its "
+                          f"requests in flight finish (bound {fleet.drain_timeout_s:g} s)")
+                if not await engine._ask(Confirmation("drain", f"take replica {replica.name} out of the router",
+                                                      fleet.router_host or "console",
+                                                      ("DELETE", f"{fleet.router}/workers/{listed.id}"), impact, False)):
+                    raise Refused("drain", f"take replica {replica.name} out of the router")
+                engine._crash("before-drain-recorded")
+                svc.drained = {"replica": replica.name, "router": fleet.router, "since": time.time()}
+                engine.state.facts["fleet_replica"] = replica.name
+                svc.drains += 1
+                engine.run.save()  # before the removal: a crash during it knows the replica may be out
+                engine._crash("drain-recorded")
+            await router.remove_worker(replica.worker_url)
+            await router.wait_gone(replica.worker_url, LISTED_S)
+        engine.journal("drain", f"{replica.name} ({replica.worker_url}) is out of the router {fleet.router}")
+        engine._crash("draining")
+        waited = await wait_idle(SglangClient(replica.service.url), fleet.drain_timeout_s)
+    except FLEET_ERRORS as exc:
+        raise StepFailed("drain", f"{exc}; the replica is put back in the router") from None
+    return f"{replica.name} out of the router and idle after {waited:.1f} s"
+
+
+async def verify_drain(engine: Any) -> None:
+    replica = replica_of(engine)
+    if await _router(engine.config.fleet).worker(replica.worker_url) is not None:
+        raise StepFailed("drain", f"the router lists {replica.name} again after its removal")
+
+
+# --- rejoin -----------------------------------------------------------------------------------------
+
+
+async def check_rejoin(engine: Any) -> Skip | None:
+    if engine.config.fleet is None:
+        return Skip("one server: no router to rejoin")
+    svc = engine.state.service
+    if svc.drained is None:
+        return Found("the replica is back in the router") if svc.rejoins else Skip("the replica was not drained")
+    replica = replica_of(engine)
+    try:
+        listed = await _router(engine.config.fleet).worker(replica.worker_url)
+    except FLEET_ERRORS as exc:
+        raise StepFailed("rejoin", str(exc)) from None
+    if listed is not None and listed.healthy:
+        _rejoined(engine, replica, "found listed healthy")
+        return Found(f"{replica.name} listed healthy by the router")
+    return None
+
+
+async def run_rejoin(engine: Any, reason: str = "its window is over") -> str:
+    fleet = engine.config.fleet
+    replica = replica_of(engine)
+    router = _router(fleet)
+    svc = engine.state.service
+    try:
+        status = (await SglangClient(replica.service.url).get("/health_generate")).status
+        if status != 200:
+            raise StepFailed("rejoin", f"{replica.name}'s GET /health_generate answers {status}: it is not put back "
+                                       f"in the router until it generates")
+        if svc.rejoins >= svc.drains:  # an add was sent and its listing never seen: wait for that one first
+            try:
+                return _rejoined(engine, replica, "the add sent earlier had landed",
+                                 await router.wait_listed(replica.worker_url, LISTED_S))
+            except RouterError:
+                engine.journal("rejoin", "the add sent earlier never landed: sent again", level="warning")
+        if not await engine._ask(Confirmation("rejoin", f"put replica {replica.name} back in the router",
+                                              fleet.router_host or "console",
+                                              ("POST", f"{fleet.router}/workers", f'{{"url": "{replica.worker_url}"}}'),
+                                              f"{reason}: the router sends {replica.name} requests again", False)):
+            raise Refused("rejoin", f"put replica {replica.name} back in the router")
+        engine._crash("before-add")
+        svc.rejoins += 1
+        engine.run.save()
+        await router.add_worker(replica.worker_url)
+        engine._crash("added")
+        worker = await router.wait_listed(replica.worker_url, LISTED_S)
+    except FLEET_ERRORS as exc:
+        raise StepFailed("rejoin", str(exc)) from None
+    return _rejoined(engine, replica, "added", worker)
+
+
+def _rejoined(engine: Any, replica: ReplicaConfig, how: str, worker: Worker | None = None) -> str:
+    svc = engine.state.service
+    since = (svc.drained or {}).get("since") or time.time()
+    svc.drained = None
+    svc.rejoined_at = time.time()
+    engine.run.save()
+    line = f"{replica.name} back in the router ({how}) after {svc.rejoined_at - since:.1f} s out"
+    engine.journal("rejoin", line)
+    return line
+
+
+async def verify_rejoin(engine: Any) -> None:
+    """Requests through the router reach the replica again (its own num_requests_total rises), when
+    the policy spreads short prompts (round_robin, random, power_of_two); said when it cannot be seen."""
+    replica = replica_of(engine)
+    client = SglangClient(replica.service.url)
+    before = await client.metrics()
+    if before is None or "sglang:num_requests_total" not in before:
+        engine.journal("rejoin", f"{replica.name} serves no num_requests_total: that the router routes to it is "
+                                 f"not verified", level="warning")
+        return
+    through = SglangClient(engine.config.fleet.router, timeout=60)
+    for i in range(ROUTED_PROBES):
+        answer = await through.post("/generate", {"text": f"{uuid.uuid4().hex} rejoin probe {i}",
+                                                  "sampling_params": {"max_new_tokens": 1, "temperature": 0}})
+        if answer.status != 200:
+            raise StepFailed("rejoin", f"a request through the router {engine.config.fleet.router} failed after the "
+                                       f"rejoin: HTTP {answer.status}")
+    after = await client.metrics() or {}
+    if after.get("sglang:num_requests_total", 0) <= before["sglang:num_requests_total"]:
+        engine.journal("rejoin", f"none of {ROUTED_PROBES} requests through the router reached {replica.name} (a "
+                                 f"policy such as cache_aware may keep short prompts elsewhere): routing to it is not "
+                                 f"seen", level="warning")
+
+
+async def rejoin_after(engine: Any, reason: str) -> None:
+    """The compensation's last part: a drained replica goes back in the router, once the route's own
+    compensation (restart, or resume + continue) gave it back. Never while it is down or paused."""
+    svc = engine.state.service
+    if engine.config.fleet is None or svc.drained is None or svc.down or svc.held:
+        return
+    if await check_rejoin(engine) is None:
+        await run_rejoin(engine, reason)
+
+
+def plan_acts(engine: Any) -> dict[str, tuple[bool, str]]:
+    """What the plan says of drain and rejoin: left out on one server, else the replica and router."""
+    fleet = engine.config.fleet
+    if fleet is None:
+        why = "left out: one server (no [fleet] router)"
+        return {"drain": (False, why), "rejoin": (False, why)}
+    replica = replica_of(engine)
+    return {"drain": (True, f"take {replica.name} out of the router {fleet.router}; the other replicas carry the "
+                            f"traffic (its requests finish within {fleet.drain_timeout_s:g} s)"),
+            "rejoin": (True, f"put {replica.name} back in the router once /health_generate passes")}
+
+
+def drained_line(run_id: str, service: Any) -> str:
+    """"REPLICA r1 IS STILL OUT OF THE ROUTER: drained by run X since 09:31:02"."""
+    drained = service.drained or {}
+    since = time.strftime("%H:%M:%S", time.localtime(drained.get("since") or time.time()))
+    return f"REPLICA {drained.get('replica', '?')} IS STILL OUT OF THE ROUTER: DRAINED by run {run_id} since {since}"
+
+
+def recorded_replica(state: Any) -> str | None:
+    """The replica a run's window is on, as its state recorded it (None: not chosen yet)."""
+    drained = state.service.drained or {}
+    return drained.get("replica") or state.facts.get("fleet_replica")
+
+
+async def fleet_config(config: Config, state: Any | None = None) -> tuple[Config, str | None]:
+    """`config` addressed to the replica whose window this is: the one a resumed run recorded, else
+    the one chosen now (`choose_replica`: StepFailed naming the refusal, nothing changed). One server:
+    `config` itself."""
+    if config.fleet is None:
+        return config, None
+    name = recorded_replica(state) if state is not None else None
+    if name is not None:
+        replica = config.fleet.replica(name)
+        if replica is None:
+            raise StepFailed("preflight", f"the run's window is on replica {name!r}, which [fleet] no longer lists")
+        return on_replica(config, replica), f"{name}: the replica this run's window is on"
+    replica, why = await choose_replica(config)
+    return on_replica(config, replica), why

@@ -1,0 +1,232 @@
+"""The fleet window's drain and rejoin (console/procedure/steps/fleet.py) against SGLang's real router
+(sglang-router 0.3.2) in front of two real rehearsal servers: the choice of the replica and its
+refusals, drain then rejoin, a crash at each of the steps' crash points then the resume (the replica
+ends in the router, one drain and one rejoin), and a replica that does not drain within its bound
+(put back by the compensation). The steps run on a real run directory (state.json written and read
+back); only the engine around them is the small `StepsOnly` below: the route's inner steps (stop ...
+restart) are the sweep's business (tests/test_engine_sweep.py), not this file's."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import uuid
+from pathlib import Path
+from typing import Any
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from bench.loadgen import Load
+from console.config import config_to_dict, dump_toml, parse_config
+from console.procedure.outcomes import SimulatedCrash, StepFailed
+from console.procedure.steps import fleet
+from console.procedure.steps.fleet import Choice, ReplicaLoad, choose
+from console.procedure.store import RunStore, left_line, what_next
+from console.service.router import RouterClient
+from console.service.sglang_api import SglangClient, server_summary
+from tests.test_config_fleet import one_server
+
+pytest.importorskip("sglang_router", reason="the fleet extra (sglang-router) is not installed")
+
+
+# --- the choice (pure: what the router and the replicas reported) --------------------------------
+
+
+def test_the_least_loaded_replica_is_chosen_and_the_numbers_are_said():
+    loads = [ReplicaLoad("r1", True, True, 5, 8), ReplicaLoad("r2", True, True, 2, 8)]
+    assert choose(loads) == Choice("r2", "r2: the fewest running requests (2); 7 running in the fleet, the others "
+                                         "take up to 8")
+
+
+def test_refusals_name_the_replica_and_the_numbers():
+    assert choose([ReplicaLoad("r1", True, True, 0, 8), ReplicaLoad("r2", True, False, 0, 8)]).why.startswith(
+        "the router does not list every replica healthy: r2 (unhealthy)")
+    assert "r1 (not listed)" in choose([ReplicaLoad("r1", False, False, 0, 8), ReplicaLoad("r2", True, True, 0, 8)]).why
+    assert choose([ReplicaLoad("r1", True, True, 6, 8), ReplicaLoad("r2", True, True, 5, 8)]).why == (
+        "the others cannot absorb the load: 11 running request(s) in the fleet, the replicas left (r1) take at most "
+        "8 (max_running_requests)")
+    assert "r1 is the last healthy replica" in choose([ReplicaLoad("r1", True, True, 0, 8)]).why
+    assert choose([ReplicaLoad("r1", True, True, 0, 8), ReplicaLoad("r2", True, True, 0, 8)], eligible=set()).replica is None
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.tuples(st.booleans(), st.integers(0, 50), st.one_of(st.none(), st.integers(1, 64))),
+                min_size=1, max_size=5))
+def test_a_chosen_replica_is_never_the_last_healthy_one_nor_leaves_the_others_overloaded(rows):
+    loads = [ReplicaLoad(f"r{i}", True, healthy, running, cap) for i, (healthy, running, cap) in enumerate(rows)]
+    choice = choose(loads)
+    if choice.replica is None:
+        return
+    assert all(r.healthy for r in loads) and len(loads) >= 2
+    chosen = next(r for r in loads if r.name == choice.replica)
+    assert chosen.running == min(r.running for r in loads)
+    others = [r for r in loads if r is not chosen]
+    if all(r.capacity is not None for r in others):
+        assert sum(r.running for r in loads) <= sum(r.capacity for r in others)
+
+
+# --- the steps on the real router ----------------------------------------------------------------
+
+
+def fleet_config(router: str, urls: list[str], drain_timeout_s: float = 30):
+    data = one_server()
+    service = data.pop("service")
+    data["fleet"] = {"router": router, "drain_timeout_s": drain_timeout_s,
+                     "replicas": [{"name": f"r{i + 1}", **service, "url": url} for i, url in enumerate(urls)]}
+    return parse_config(dump_toml(data), "fleet.toml")
+
+
+class StepsOnly:
+    """What the fleet steps read of the engine: the config, the run (its state.json on disk), the
+    journal, the operator's yes, the crash hook. Every answer is yes; `crash_at` dies at one point."""
+
+    def __init__(self, config: Any, run: Any, crash_at: str | None = None):
+        self.config, self.run, self.crash_at = config, run, crash_at
+        self.asked: list[str] = []
+
+    @property
+    def state(self) -> Any:
+        return self.run.state
+
+    def journal(self, step: str | None, message: str, **fields: Any) -> None:
+        self.run.journal(step, message, **fields)
+
+    async def _ask(self, confirmation: Any) -> bool:
+        self.asked.append(confirmation.action)
+        return True
+
+    def _crash(self, point: str) -> None:
+        if point == self.crash_at:
+            raise SimulatedCrash(point)
+
+
+async def window(engine: StepsOnly) -> None:
+    """The fleet's part of a window as the engine runs it: each step's check, else its run and verify."""
+    for check, run, verify in ((fleet.check_drain, fleet.run_drain, fleet.verify_drain),
+                               (fleet.check_rejoin, fleet.run_rejoin, fleet.verify_rejoin)):
+        if await check(engine) is None:
+            await run(engine)
+            await verify(engine)
+
+
+def listed(router: str) -> dict[str, bool]:
+    return {w.url: w.healthy for w in asyncio.run(RouterClient(router).workers())}
+
+
+@pytest.fixture
+def store(tmp_path: Path) -> RunStore:
+    return RunStore(tmp_path / "runs")
+
+
+def test_drain_then_rejoin_on_the_real_router(router_fleet, store):
+    router, urls = router_fleet
+    config, why = asyncio.run(fleet.fleet_config(fleet_config(router, urls)))
+    assert why is not None and "the fewest running requests (0)" in why
+    engine = StepsOnly(config, store.create(None, None))
+    name = fleet.replica_of(engine).name
+    assert asyncio.run(fleet.check_drain(engine)) is None
+    assert asyncio.run(fleet.run_drain(engine)).startswith(f"{name} out of the router and idle after")
+    asyncio.run(fleet.verify_drain(engine))
+    out = fleet.replica_of(engine).worker_url
+    assert out not in listed(router) and len(listed(router)) == 1
+    reread = store.open(engine.run.run_id)  # the state on disk names it
+    assert reread.state.service.drained["replica"] == name and left_line(reread).startswith(f"DRAINED by run {reread.run_id}")
+    assert "finishes its window and puts it back" in what_next(reread) and store.left_down().run_id == reread.run_id
+    asyncio.run(window(engine))  # drain found done; rejoin
+    assert listed(router) == dict.fromkeys(urls, True)
+    svc = store.open(engine.run.run_id).state.service
+    assert (svc.drains, svc.rejoins, svc.drained) == (1, 1, None) and store.left_down() is None
+    assert engine.asked == [f"take replica {name} out of the router", f"put replica {name} back in the router"]
+
+
+POINTS = ("before-drain-recorded", "drain-recorded", "draining", "before-add", "added")
+
+
+@pytest.mark.parametrize("point", POINTS)
+def test_a_crash_at_each_point_then_the_resume_ends_with_the_replica_back_once(router_fleet, store, point):
+    router, urls = router_fleet
+    config, _ = asyncio.run(fleet.fleet_config(fleet_config(router, urls)))
+    run = store.create(None, None)
+    with pytest.raises(SimulatedCrash):
+        asyncio.run(window(StepsOnly(config, run, crash_at=point)))
+    run.close()
+    again = store.open(run.run_id)  # a new console: only what state.json says
+    resumed_config, _ = asyncio.run(fleet.fleet_config(fleet_config(router, urls), again.state))
+    if point != "before-drain-recorded":  # recorded: the resume keeps the same replica
+        assert resumed_config.service == config.service
+    asyncio.run(window(StepsOnly(resumed_config, again)))
+    assert listed(router) == dict.fromkeys(urls, True)
+    svc = store.open(run.run_id).state.service
+    assert svc.drained is None and svc.drains == 1 and svc.rejoins == 1, (svc.drains, svc.rejoins)
+
+
+def test_the_fleet_window_is_refused_while_a_replica_is_out_and_names_it(router_fleet):
+    router, urls = router_fleet
+    client = RouterClient(router)
+    asyncio.run(client.remove_worker(urls[1]))
+    try:
+        asyncio.run(client.wait_gone(urls[1], 10))
+        with pytest.raises(StepFailed) as caught:
+            asyncio.run(fleet.fleet_config(fleet_config(router, urls)))
+        assert caught.value.msg == ("the fleet window is refused: the router does not list every replica healthy: "
+                                    "r2 (not listed); the fleet window runs only while all are; nothing was changed")
+    finally:
+        asyncio.run(client.add_worker(urls[1]))
+        asyncio.run(client.wait_listed(urls[1], 30))
+
+
+def test_a_replica_that_does_not_drain_in_its_bound_fails_and_is_put_back(router_fleet, store):
+    router, urls = router_fleet
+    config = fleet.on_replica(fleet_config(router, urls, drain_timeout_s=0.5), fleet_config(router, urls).fleet.replicas[0])
+    replica = SglangClient(urls[0], timeout=120)
+    rid = f"drain-bound-{uuid.uuid4().hex[:8]}"
+    long = {"text": "sent before the drain", "rid": rid,
+            "sampling_params": {"max_new_tokens": 100_000, "ignore_eos": True, "temperature": 0}}
+    sender = threading.Thread(target=lambda: asyncio.run(replica.post("/generate", long)))
+    sender.start()
+    engine = StepsOnly(config, store.create(None, None))
+    try:
+        async def running() -> None:
+            while server_summary(await replica.metrics())["running_requests"] != 1:
+                await asyncio.sleep(0.05)
+        asyncio.run(asyncio.wait_for(running(), 60))
+        with pytest.raises(StepFailed) as caught:
+            asyncio.run(fleet.run_drain(engine))
+        assert "still 1 running and 0 queued request(s) 0.5 s after it left the router" in caught.value.msg
+        assert urls[0] not in listed(router) and engine.state.service.drained is not None
+    finally:
+        asyncio.run(replica.post("/abort_request", {"rid": rid}))
+        sender.join(60)
+    asyncio.run(fleet.rejoin_after(engine, "the drain failed"))  # the engine's compensation's last part
+    assert listed(router) == dict.fromkeys(urls, True) and engine.state.service.drained is None
+
+
+def test_one_server_leaves_drain_and_rejoin_out():
+    config = parse_config(dump_toml(config_to_dict(parse_config(dump_toml(one_server())))))
+    assert asyncio.run(fleet.fleet_config(config)) == (config, None)
+    engine = StepsOnly(config, None)
+    assert fleet.plan_acts(engine) == {"drain": (False, "left out: one server (no [fleet] router)"),
+                                       "rejoin": (False, "left out: one server (no [fleet] router)")}
+
+
+def test_a_load_through_the_router_sees_no_failure_across_drain_and_rejoin(router_fleet, store):
+    """Users' requests keep coming through the router the whole time: none fails, and none reaches the
+    drained replica while it is out (its own counter stands still)."""
+    router, urls = router_fleet
+    config = fleet.on_replica(fleet_config(router, urls), fleet_config(router, urls).fleet.replicas[1])
+    engine = StepsOnly(config, store.create(None, None))
+    drained = SglangClient(urls[1])
+    with Load(router, rate=8.0) as load:
+        asyncio.run(fleet.run_drain(engine))
+        out_at = asyncio.run(drained.metrics())["sglang:num_requests_total"]
+        sent_before = load.tally.sent
+        while load.tally.sent < sent_before + 8:  # 8 more sent through the router while it is out
+            asyncio.run(asyncio.sleep(0.05))
+        assert asyncio.run(drained.metrics())["sglang:num_requests_total"] == out_at
+        asyncio.run(fleet.run_rejoin(engine))
+        asyncio.run(fleet.verify_rejoin(engine))
+    report = load.report
+    assert report is not None and report.sent > 8 and report.failed == 0, report.line()
+    assert listed(router) == dict.fromkeys(urls, True)
