@@ -7,7 +7,7 @@ waiter's findings. Nothing here does I/O; a message is a snapshot of state at th
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Literal
+from typing import Any, Literal
 
 # --- Hosts (console/ssh/supervisor.py) ---------------------------------------------------------------
 
@@ -273,6 +273,7 @@ class DecisionMade:
     confirmation: Confirmation
     approved: bool
     by: str  # "--yes", "terminal", "tui", "continue"
+    run_id: str | None = None  # the run that asked (None: a question of no run)
 
 
 @dataclass(frozen=True)
@@ -290,8 +291,9 @@ class Downtime:
     """Whether the service is down because of this run, and since when (every view shows it)."""
 
     run_id: str
-    down_since: float | None  # unix time of the stop; None: up (or never stopped by us)
-    restarted_at: float | None = None
+    down_since: float | None  # unix time of the stop (the pause route: of the pause); None: up (or never stopped by us)
+    restarted_at: float | None = None  # the pause route: when it took requests again
+    paused: bool = False  # the pause route: paused (requests held), never stopped
 
 
 @dataclass(frozen=True)
@@ -309,6 +311,12 @@ class JournalEntry:
     exit: int | None = None
     duration_s: float | None = None
     level: str = "info"  # "info" | "warning" | "error"
+    # What a replay needs (docs/engine.md, "The journal"); absent (None) in stores from before.
+    kind: str | None = None  # "step" "question" "job-start" "job-log" "job-progress" "job-exit" "service"
+    status: str | None = None  # kind "step": the step's new status (running included)
+    started_at: float | None = None  # kind "step": when this attempt began
+    job_id: str | None = None  # kind "job-*": which job
+    data: dict[str, Any] | None = None  # kind "question" / "job-progress" / "service": the rest, small
 
 
 @dataclass(frozen=True)

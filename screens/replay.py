@@ -114,15 +114,24 @@ class ReplayOperator:
         pass
 
 
-def question_lines(decision: m.DecisionMade | None) -> list[Text]:
-    """'asked: stop the service on ct129 · approved (--yes)', then its command: '$ systemctl stop sglang'."""
+def question_lines(decision: m.DecisionMade | m.Confirmation | None) -> list[Text]:
+    """'asked: stop the service on ct129 · approved (--yes)' (or '· waiting for an answer' while the
+    replay stands between the question and its answer), its impact and estimate when the store kept
+    them, then its command: '$ systemctl stop sglang'."""
     if decision is None:
         return [Text("no question asked yet", style="dim")]
-    q = decision.confirmation
+    q = decision.confirmation if isinstance(decision, m.DecisionMade) else decision
     asked = Text(f"asked: {q.action} on {q.host} · ", style="bold")
-    asked.append(f"{'approved' if decision.approved else 'refused'} ({decision.by})",
-                 style="green" if decision.approved else "bold red")
-    return [asked, Text(f"  $ {' '.join(q.argv)}")] if q.argv else [asked]
+    if isinstance(decision, m.DecisionMade):
+        asked.append(f"{'approved' if decision.approved else 'refused'} ({decision.by})",
+                     style="green" if decision.approved else "bold red")
+    else:
+        asked.append("waiting for an answer", style="bold yellow")
+    lines = [asked]
+    if q.impact:  # one row, cut at the width: the estimate first (the impact is whole in the event log)
+        estimate = f"estimate {duration(q.estimate_s)} ({q.estimate_basis}) · " if q.estimate_s is not None else ""
+        lines.append(Text(f"  {'DESTRUCTIVE · ' if q.destructive else ''}{estimate}{q.impact}"))
+    return [*lines, Text(f"  $ {' '.join(q.argv)}")] if q.argv else lines
 
 
 class ReplayBar(Static):
@@ -132,7 +141,7 @@ class ReplayBar(Static):
     ReplayBar { height: auto; background: $boost; padding: 0 1; }
     """
 
-    def show(self, player: Player, question: m.DecisionMade | None, damage: list[str]) -> None:
+    def show(self, player: Player, question: m.DecisionMade | m.Confirmation | None, damage: list[str]) -> None:
         rec = player.recording
         head = Text(f"REPLAY {rec.run_id}  ", style="bold")
         head.append("▶ playing" if player.playing else ("■ end" if player.at_end else "❚❚ paused"),
@@ -181,7 +190,7 @@ class ReplayApp(ConsoleApp):
         super().__init__(operator, clock=lambda: self.player.now, start_operator=False)
         self.recording = recording
         self.frame_s = frame_s
-        self.question: m.DecisionMade | None = None
+        self.question: m.DecisionMade | m.Confirmation | None = None  # the last question, or the one waiting
         self.damage = damage_report(recording)
         self.results_shown = False
         self.sub_title = f"read-only replay of {recording.run_id}  " + ", ".join(operator.config.hosts)
@@ -212,12 +221,12 @@ class ReplayApp(ConsoleApp):
             kind = self.state.apply(message, event.t)
             if kind:
                 kinds.add(kind)
-            if isinstance(message, m.DecisionMade):
+            if isinstance(message, m.DecisionMade | m.Confirmation):  # asked, then answered
                 self.question = message
                 kinds.add("question")
             elif isinstance(message, m.RunFinished):
                 self.notify(f"run {message.status} (exit {message.exit_code}): {message.message}",
-                            title=f"run {message.run_id}", severity="information" if message.exit_code == 0 else "error")
+                            title=f"run {message.run_id}", severity="information" if message.exit_code in (0, 4) else "error")  # 4: paused, the service up
         dashboard = self._dashboard()
         if dashboard is not None:
             if self.player.reset or len(kinds) > 2:

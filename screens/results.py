@@ -23,7 +23,7 @@ from textual.screen import Screen
 from textual.widgets import DataTable, Footer, Header, Static, TabbedContent, TabPane
 from textual_plotext import PlotextPlot
 
-from console.procedure.store import JOURNAL, STATE, TELEMETRY, read_jsonl
+from console.procedure.store import JOURNAL, STATE, TELEMETRY, for_replay_only, read_jsonl
 from console.views.probe_table import probe_table
 from console.views.tables import (
     drafter_order,
@@ -382,5 +382,5 @@ class ResultsScreen(Screen):
 
 def journal_tail(run_dir: Path, lines: int = 10) -> Group:
     """The last lines of a run's journal (for the runs list)."""
-    records = read_jsonl(run_dir / JOURNAL)[-lines:]
+    records = [r for r in read_jsonl(run_dir / JOURNAL) if not for_replay_only(r)][-lines:]
     return Group(*[Text(f"{clock(r.get('t'))} {r.get('step') or '':<9} {r.get('message', '')}") for r in records])

@@ -221,3 +221,41 @@ async def test_the_pause_route_is_said_in_its_own_words(tmp_path: Path) -> None:
     assert f"Run {run_id} (pause route): the pause of sglang.service on ct129 was approved (tui)" in paused["message"]
     assert left["title"] == f"dflash-ops: sglang.service on ct129 LEFT PAUSED by run {run_id}"
     assert f"PAUSED: memory released by run {run_id} (kv_cache)" in left["message"]
+
+
+async def test_the_pause_route_says_its_overrun_and_its_return(tmp_path: Path) -> None:
+    """On the pause route the engine publishes the pause as the downtime (paused, from the pause to
+    the continue): past its forecast, and taking requests again, are said in the pause's words. A
+    question names its own run, whatever run the last step update was about."""
+    recorder = Recorder()
+    config = config_with(f'urls = ["{recorder.url}"]\noverrun_margin_s = 0')
+    store, run_id = _run(tmp_path, forecast_s=0.2)
+    other = store.create(None, None)
+    other.state.owner = Owner.this_process()
+    other.save()
+    run = store.open(run_id)
+    run.state.route = "pause"
+    run.save()
+    bus = MessageBus()
+    notifier = Notifier(config, store, bus)
+    notifier.start()
+    try:
+        bus.publish(m.StepUpdate(other.run_id, "preflight", "running", started_at=time.time()))  # another run's
+        bus.publish(m.DecisionMade(m.Confirmation("pause", "pause the server's generation", "ct129",
+                                                  ("POST", "/pause_generation"), "requests wait", False), True,
+                                   "tui", run_id))
+        paused_at = time.time()
+        bus.publish(m.Downtime(run_id, paused_at, paused=True))
+        await asyncio.to_thread(recorder.wait_for, lambda posts: any("longer than" in p["json"]["title"] for p in posts))
+        bus.publish(m.Downtime(run_id, None, paused_at + 42.0))
+        posts = await asyncio.to_thread(recorder.wait_for, lambda posts: len(posts) >= 3)
+    finally:
+        await notifier.close()
+        recorder.close()
+    approved, overrun, back = (p["json"] for p in posts)
+    assert approved["title"] == "dflash-ops: pausing sglang.service on ct129"
+    assert approved["message"].startswith(f"Run {run_id} (pause route): the pause")  # not the other run's
+    assert overrun["title"] == "dflash-ops: sglang.service on ct129 paused longer than forecast"
+    assert "has been paused" in overrun["message"] and f"(run {run_id})" in overrun["message"]
+    assert back["title"] == "dflash-ops: sglang.service on ct129 is back"
+    assert "takes requests again at" in back["message"] and "paused 42 s (forecast 0 s)" in back["message"]

@@ -19,7 +19,7 @@ import pytest
 from console import messages as m
 from console.messages import Confirmation
 from console.operator import Operator
-from console.procedure.engine import EXIT_DONE, EXIT_DOWN, EXIT_FAILED
+from console.procedure.engine import EXIT_DONE, EXIT_DOWN, EXIT_FAILED, EXIT_PAUSED
 from console.procedure.replay import read_recording
 from tests.window_fixtures import ENTRY_POINT, Drill, cli_env, kill, read_json
 
@@ -96,11 +96,27 @@ def test_headless_drill_end_to_end(drill: Drill) -> None:
     # The replay reads what this engine wrote (tests/data/replay is a recording of such a store): whole,
     # every step begun, the three questions with their answers, down then back, the run's end last.
     recording = read_recording(drill.runs / run_id)
-    assert recording.damage == [] and sorted(name for name, _ in recording.step_starts()) == sorted(state["steps"])
+    assert recording.damage == [] and sorted(name for name, _ in recording.step_starts()) == \
+        sorted(name for name, step in state["steps"].items() if step["started_at"])  # (a skipped step never began)
     asked = [e.message for e in recording.events if isinstance(e.message, m.DecisionMade)]
     assert [(d.confirmation.step, d.approved) for d in asked] == [("stop", True), ("free-vram", True), ("restart", True)]
     assert [e.message.down_since is None for e in recording.events if isinstance(e.message, m.Downtime)] == [False, True]
     assert isinstance(recording.events[-1].message, m.RunFinished) and recording.events[-1].message.status == "done"
+    # Each question shown as it was asked (its impact and estimate), before its answer; the jobs' bars
+    # as they moved (the extraction's to its end), and their exits.
+    for answered in (e for e in recording.events if isinstance(e.message, m.DecisionMade)):
+        question = answered.message.confirmation
+        asked_at = [e.t for e in recording.events if e.message == question]
+        assert asked_at and asked_at[0] <= answered.t and question.impact, question
+    assert next(d for d in asked if d.confirmation.step == "stop").confirmation.estimate_s is not None
+    bars = [e.message for e in recording.events if isinstance(e.message, m.JobProgress)]
+    for key in ("cache", "extract", "evaluate"):
+        job_id = state["jobs"][key]["job_id"]
+        assert any(b.job_id == job_id for b in bars), key
+        assert any(isinstance(e.message, m.JobExit) and e.message.job_id == job_id and e.message.code == 0
+                   for e in recording.events), key
+    prompts = [b for b in bars if b.job_id == state["jobs"]["extract"]["job_id"] and b.key == "prompts"]
+    assert prompts and prompts[-1].done == prompts[-1].total, prompts[-1:]
     listed = subprocess.run([ENTRY_POINT, "runs", "--runs", str(drill.runs)], capture_output=True, text=True,
                             env=cli_env(), timeout=60)
     assert run_id in listed.stdout and "done" in listed.stdout and "reference" in listed.stdout
@@ -251,7 +267,7 @@ def test_a_drafter_without_target_layer_ids_is_refused_before_anything_changes(d
 async def test_one_step_at_a_time_then_the_rest(drill: Drill) -> None:
     pid = drill.service_pid()
     first, _ = await run_in_process(drill, Scripted(), one_step=True)
-    assert first.status == "paused" and first.exit_code == EXIT_DONE and first.service_up, first.message
+    assert first.status == "paused" and first.exit_code == EXIT_PAUSED and first.service_up, first.message
     run_id, state = drill.only_run()
     assert state["steps"]["stage"]["status"] == "done" and state["steps"]["cache"]["status"] == "done"
     assert "stop" not in state["steps"] and drill.service_pid() == pid  # nothing past the unit asked for

@@ -46,7 +46,12 @@ def describe(event: Event) -> str:
         q = msg.confirmation
         return (f"asked: {q.action} on {q.host}: $ {' '.join(q.argv)} -> "
                 f"{'approved' if msg.approved else 'refused'} ({msg.by})")
+    if isinstance(msg, m.Confirmation):  # asked; its answer comes with the DecisionMade
+        estimate = f" (estimate {duration(msg.estimate_s)}, {msg.estimate_basis})" if msg.estimate_s is not None else ""
+        return f"asking: {msg.action} on {msg.host}: {msg.impact}{estimate}"
     if isinstance(msg, m.Downtime):
+        if msg.paused:
+            return "service PAUSED"
         return "service DOWN" if msg.down_since is not None else "service back"
     if isinstance(msg, m.TelemetryUpdate) and msg.sample is not None:
         used = ", ".join(f"GPU{g.index} {g.mem_used_mib} MiB" for g in msg.sample.gpus[:4])

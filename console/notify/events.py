@@ -49,6 +49,7 @@ class _Window:
     since: float
     forecast_s: float | None
     overrun_said: bool = False
+    paused: bool = False  # the pause route: paused (requests held), never stopped
 
 
 def _clock(t: float) -> str:
@@ -64,7 +65,7 @@ class Watcher:
         self.run_of = run_of
         self.service = service  # "sglang.service on ct129"
         self.margin_s = config.notify.overrun_margin_s
-        self.run_id: str | None = None  # the run the last step update was about
+        self.run_id: str | None = None  # the run the last step update was about (a question names its own)
         self.window: _Window | None = None
 
     def _state(self, run_id: str) -> RunState | None:
@@ -86,20 +87,21 @@ class Watcher:
 
     def _decided(self, made: m.DecisionMade) -> list[Notification]:
         asked = made.confirmation
-        if not made.approved or asked.step not in STOPPING_STEPS or self.run_id is None:
+        run_id = made.run_id or self.run_id  # the engine names the run that asked
+        if not made.approved or asked.step not in STOPPING_STEPS or run_id is None:
             return []
-        state = self._state(self.run_id)
+        state = self._state(run_id)
         route = (state.route if state else None) or "window"
         forecast, phases = asked.estimate_s, ""
         if state is not None and state.forecast:  # state.json's forecast, as the engine wrote it before asking
-            told = from_state(self.run_id, state.forecast)
+            told = from_state(run_id, state.forecast)
             phases = " (" + ", ".join(f"{p.name} {duration(p.seconds)}" for p in told.phases) + ")"
             forecast = told.downtime_s
         said = f"forecast downtime {duration(forecast)}{phases}" if forecast is not None else "no forecast"
         doing, what = STOPPING_STEPS[asked.step]
         return [Notification(
-            "stop-approved", self.run_id, f"dflash-ops: {doing} {self.service}",
-            f"Run {self.run_id} ({route} route): the {what} of {self.service} was approved "
+            "stop-approved", run_id, f"dflash-ops: {doing} {self.service}",
+            f"Run {run_id} ({route} route): the {what} of {self.service} was approved "
             f"({made.by}); {said}.\nCommand: {' '.join(asked.argv)}", "warning")]
 
     def _forecast_s(self, state: RunState | None) -> float | None:
@@ -108,21 +110,24 @@ class Watcher:
     def _downtime(self, down: m.Downtime) -> list[Notification]:
         if down.down_since is not None:
             if self.window is None or self.window.run_id != down.run_id or self.window.since != down.down_since:
-                self.window = _Window(down.run_id, down.down_since, self._forecast_s(self._state(down.run_id)))
+                self.window = _Window(down.run_id, down.down_since, self._forecast_s(self._state(down.run_id)),
+                                      paused=down.paused)
             return []
         window = self.window if self.window and self.window.run_id == down.run_id else None
         self.window = None
         if down.restarted_at is None:
             return []
         state = self._state(down.run_id)
-        since = window.since if window else state.service.stopped_at if state else None
+        since = window.since if window else (state.service.stopped_at or state.service.paused_at) if state else None
         if since is None:
             return []
+        paused = window.paused if window else bool(state and state.service.stopped_at is None)
         forecast = window.forecast_s if window else self._forecast_s(state)
         against = f" (forecast {duration(forecast)})" if forecast is not None else ""
+        back, was = ("takes requests again", "paused") if paused else ("is ready again", "down")
         return [Notification(
             "service-back", down.run_id, f"dflash-ops: {self.service} is back",
-            f"{self.service} is ready again at {_clock(down.restarted_at)}: down {duration(down.restarted_at - since)}"
+            f"{self.service} {back} at {_clock(down.restarted_at)}: {was} {duration(down.restarted_at - since)}"
             f"{against}, since {_clock(since)} (run {down.run_id}).", "success")]
 
     def _finished(self, finished: m.RunFinished) -> list[Notification]:
@@ -167,8 +172,9 @@ class Watcher:
         if window is None or due is None or now < due:
             return []
         window.overrun_said = True
+        was = "paused" if window.paused else "down"
         return [Notification(
-            "overrun", window.run_id, f"dflash-ops: {self.service} down longer than forecast",
-            f"{self.service} has been down {duration(now - window.since)} (since {_clock(window.since)}): past its "
+            "overrun", window.run_id, f"dflash-ops: {self.service} {was} longer than forecast",
+            f"{self.service} has been {was} {duration(now - window.since)} (since {_clock(window.since)}): past its "
             f"forecast of {duration(window.forecast_s)} by more than the {duration(self.margin_s)} margin "
             f"(run {window.run_id}).", "warning")]

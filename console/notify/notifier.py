@@ -93,7 +93,7 @@ class Notifier:
         return False
 
     def _on(self, message: Any) -> None:
-        run_id = getattr(message, "run_id", None) or self.watcher.run_id  # a decision names no run
+        run_id = getattr(message, "run_id", None) or self.watcher.run_id  # (a question of no run: the last step's)
         if run_id is None or not self._ours(run_id):
             return
         for notification in self.watcher.on(message):

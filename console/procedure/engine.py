@@ -72,15 +72,17 @@ from console.procedure.steps import (
     units,
 )
 from console.procedure.steps.preflight import LOCK_FILE  # noqa: F401  (re-exported)
-from console.procedure.store import Run, RunStore
+from console.procedure.store import Run, RunStore, what_next
 from console.service.control import ReadyTimeout, ServiceError
 from console.service.sglang_api import ServerAnswerError, ServerUnreachable
 from console.service.vram import VramError
 from console.ssh.hosts import HostDisconnected, HostError
 from console.ssh.jobs import JobHandle
+from console.views.plan import done_earlier
 from remote.prompts import DEFAULT_PROMPTS, load_prompts
 
 EXIT_DONE, EXIT_FAILED, EXIT_USAGE, EXIT_DOWN = 0, 1, 2, 3
+EXIT_PAUSED = 4  # paused with the service up (cut short at its budget, or one step done): `run --resume` goes on
 LINK_RETRIES = 3  # a step whose link drops is run again this many times
 SETTLED = ("done", "skipped", "left-out")
 log = logging.getLogger(__name__)
@@ -137,6 +139,10 @@ class Engine:
         self._window_forecast: tuple[fc.Forecast, fc.ForecastInputs] | None = None
         self._progress = fc.ExtractionProgress()
         self._budget_asked = False
+        self._service_said: str | None = None  # the service's state last journalled ("down", "up", "paused")
+        self._health_said: tuple[Any, ...] | None = None  # its health verdict last journalled
+        # job counter -> (when last journalled, its newest value not journalled yet): run_jobs._record_progress
+        self.progress_said: dict[tuple[str, str], tuple[float, Any]] = {}
         self._budget_task: asyncio.Task | None = None
         self._task: asyncio.Task | None = None  # the one running `execute`, while it does
         self._driving = False  # in `_drive`: the steps run, a cancel is taken there
@@ -162,6 +168,11 @@ class Engine:
     def journal(self, step: str | None, message: str, **fields: Any) -> None:
         self.bus.publish(self.run.journal(step, message, **fields))
 
+    def record(self, step: str | None, message: str, **fields: Any) -> None:
+        """Journalled for the replay only, not the event log (a step's start, the jobs' progress)."""
+        if not self.plan_only:
+            self.run.journal(step, message, **fields)
+
     def _publish_step(self, name: str, attempt_started: float | None = None) -> None:
         if self.plan_only:  # a preview keeps no run: the stepper shows the plan, not its ticks
             return
@@ -185,23 +196,54 @@ class Engine:
             rec.detail = detail
         self.run.save()
         self._publish_step(name, attempt_started)
+        said = f"{name}: {status}" + (f": {detail}" if detail else "")
+        fields = {"kind": "step", "status": status,
+                  "started_at": attempt_started if status == "running" and attempt_started else rec.started_at}
         if status != "running" or detail:
-            self.journal(name, f"{name}: {status}" + (f": {detail}" if detail else ""),
-                         level="error" if status == "failed" else "info")
+            self.journal(name, said, level="error" if status == "failed" else "info", **fields)
+        else:
+            self.record(name, said, **fields)
 
     async def _ask(self, confirmation: Confirmation) -> bool:
-        asked = time.monotonic()
+        asked, asked_at = time.monotonic(), time.time()
         approved = await self.decider.decide(confirmation)
         self._decision_s[confirmation.step] = self._decision_s.get(confirmation.step, 0.0) + time.monotonic() - asked
-        self.bus.publish(DecisionMade(confirmation, approved, self.decider.name))
+        self.bus.publish(DecisionMade(confirmation, approved, self.decider.name, self.run.run_id))
+        # The whole question, for the replay: it is shown at `asked_at`, answered at the entry's time.
+        question = {"impact": confirmation.impact, "destructive": confirmation.destructive,
+                    "estimate_s": confirmation.estimate_s, "estimate_basis": confirmation.estimate_basis,
+                    "asked_at": asked_at}
         self.journal(confirmation.step, f"{'approved' if approved else 'refused'}: {confirmation.action}",
                      host=confirmation.host, decision=f"{'yes' if approved else 'no'} ({self.decider.name})",
-                     argv=list(confirmation.argv))
+                     argv=list(confirmation.argv), kind="question", data=question)
         return approved
 
+    def shown_plan(self) -> PlanReady | None:
+        """The plan as the views show it: on a resume, the steps that ended earlier in this run do not
+        act again (said as the terminal's plan view says it). The engine's own plan is unchanged: a
+        staged extraction is still staged when its stage step is done."""
+        if self.plan is None or not self._resumed:
+            return self.plan
+        ended = {name: rec.status for name, rec in self.state.steps.items() if name != "preflight"}
+        return dataclasses.replace(self.plan, steps=done_earlier(self.plan.steps, ended))
+
     def _publish_downtime(self) -> None:
+        """The service's state (down since the stop until ready; on the pause route paused since the
+        pause until the continue): published for every view and the notifier, journalled on a change."""
         service = self.state.service
-        self.bus.publish(Downtime(self.run.run_id, service.stopped_at if service.down else None, service.ready_at))
+        if service.down or service.stopped_at is not None:
+            said = Downtime(self.run.run_id, service.stopped_at if service.down else None, service.ready_at)
+            now = "down" if service.down else "up"
+        else:
+            paused = service.held or (service.paused_at is not None and service.continued_at is None)
+            since = service.paused_at or service.released_at
+            said = Downtime(self.run.run_id, since if paused else None, service.continued_at, paused=paused)
+            now = "paused" if paused else "up"
+        self.bus.publish(said)
+        if now != self._service_said:
+            self._service_said = now
+            self.record(None, f"the service is {now}", kind="service",
+                        data={"state": now, "since": said.down_since, "back_at": said.restarted_at})
 
     @property
     def service_down_by_us(self) -> bool:
@@ -250,7 +292,7 @@ class Engine:
             if state.status_of(step.name) != "pending":
                 self._publish_step(step.name)
         self._unsubscribe_telemetry = self.bus.subscribe(self._record_telemetry)
-        if self.service_down_by_us:
+        if self.service_down_by_us or self.server_held_by_us:
             self._publish_downtime()
         status, message = await self._drive()
         return await self._end(status, message)
@@ -363,7 +405,8 @@ class Engine:
         down = self.service_down_by_us
         held = self.server_held_by_us and not down
         drained = self.state.service.left_as() == "drained"  # the fleet window: a replica out of the router
-        code = EXIT_DOWN if down or held or drained else (EXIT_DONE if status in ("done", "paused") else EXIT_FAILED)
+        code = EXIT_DOWN if down or held or drained else EXIT_DONE if status == "done" else \
+            EXIT_PAUSED if status == "paused" else EXIT_FAILED
         if not self.plan_only:
             self.state.status = status
             self.state.exit_code = code
@@ -392,8 +435,7 @@ class Engine:
         if state.service.held and not state.service.down:
             return await self._give_back_only()
         if not state.service.down:
-            raise ResumeRefused(f"run {self.run.run_id} has finished ({state.status}): a finished run is never "
-                                f"resumed; start a new one (dflash-ops run)")
+            raise ResumeRefused(what_next(self.run))  # one wording everywhere: run, status, the console
         self.journal(None, f"run {self.run.run_id} had finished {state.status} with the service down: only its "
                            f"restart is done")
         message = f"run {state.status} earlier; the restart was asked for"
@@ -730,10 +772,20 @@ class Engine:
     # --- telemetry ----------------------------------------------------------------------------
 
     def _record_telemetry(self, message: Any) -> None:
-        from console.messages import TelemetryUpdate
+        from console.messages import ServiceView, TelemetryUpdate
 
         if isinstance(message, TelemetryUpdate) and message.sample is not None:
             self.run.record_telemetry(message.host, message.sample, {"service_down": self.service_down_by_us})
+        elif isinstance(message, ServiceView):  # the service panel's verdict, journalled when it changes
+            status, health = message.status, message.health
+            verdict = (getattr(status, "state", None), health.ready if health else None,
+                       health.health_status if health else None, message.error)
+            if verdict != self._health_said:
+                self._health_said = verdict
+                said = "ready" if verdict[1] else f"not ready ({verdict[3] or verdict[0] or 'no answer'})"
+                self.record(None, f"the service's health: {said}", kind="service",
+                            data={"state": verdict[0], "ready": verdict[1], "health_status": verdict[2],
+                                  "error": verdict[3]})
 
 
 def held_line(run_id: str, service: Any) -> str:

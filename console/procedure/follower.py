@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from console.messages import Confirmation, Downtime, JournalEntry, LiveRun, StepUpdate
-from console.procedure.store import JOURNAL, CachedStore, Run, RunStore
+from console.procedure.store import JOURNAL, CachedStore, Run, RunStore, for_replay_only
 from console.session.bus import MessageBus
 from console.ssh.jobs import JobHandle, follow_with_reconnect, job_message
 
@@ -122,7 +122,7 @@ class RunFollower:
         for line in complete.splitlines():
             with contextlib.suppress(ValueError, TypeError):
                 record = json.loads(line)
-                if isinstance(record, dict) and "message" in record:
+                if isinstance(record, dict) and "message" in record and not for_replay_only(record):
                     known = {k: v for k, v in record.items() if k in fields}
                     known.setdefault("t", 0.0)
                     known.setdefault("run_id", run.run_id)

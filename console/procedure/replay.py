@@ -21,10 +21,15 @@ record before it, and `Recording.damage` names the file and line. A line the sto
 cut by a crash (the journal's next line says so) is an old crash, not damage. A state.json that is
 missing or unreadable is damage too; the journal and telemetry are then replayed alone.
 
-What the store does not keep cannot be replayed: the jobs' progress events (their start, log lines,
-milestones and exit are journalled or saved, and the extraction's final prompts and tokens), the
-questions' impact text and estimate (only the action, host, argv and answer), when each question was
-asked (only when it was answered), the service panel's health checks, the hosts' link drops.
+A journal written since the engine tags its entries (`kind`, docs/engine.md "The journal") says
+itself each step's change with its status and the attempt's start, each question whole (impact,
+estimate, when it was asked and answered), the jobs by id with their progress (throttled: at most
+two a second per counter, and every phase change and milestone), their exits, and the service's
+state; those are replayed from the journal, and state.json only adds what it alone keeps. Older
+stores (tests/data/replay/) are replayed as before: the steps' ends and the answers read from the
+entries' text, the jobs matched by host and argv, the milestones and final counts from state.json;
+their questions have no impact or estimate and no time asked, and their jobs no progress before the
+end. Never kept: the service panel's memory figures and the hosts' link drops.
 """
 
 from __future__ import annotations
@@ -41,7 +46,7 @@ from typing import Any
 
 from console import messages as m
 from console.procedure.state import STEP_ENDED, RunState, StateError
-from console.procedure.store import JOURNAL, STATE, TELEMETRY
+from console.procedure.store import JOURNAL, STATE, TELEMETRY, for_replay_only
 from console.telemetry import SampleError, parse_sample
 from console.views.units import duration
 
@@ -267,7 +272,8 @@ def read_recording(run_dir: Path | str) -> Recording:
             journal_damage = Damage(JOURNAL, number, "not a journal entry (it needs a message and a time, t)")
             break
         entries.append((number, entry))
-        add(Event(float(entry.t), entry, f"{JOURNAL}:{number}"))
+        if not for_replay_only(record):  # the event log as it was: a job's progress was never in it
+            add(Event(float(entry.t), entry, f"{JOURNAL}:{number}"))
     events.extend(_from_journal(run_id, entries, state))
     if state is not None:
         try:
@@ -312,6 +318,9 @@ def _from_journal(run_id: str, entries: list[tuple[int, m.JournalEntry]], state:
     spans = _job_spans(entries, state)
     for number, entry in entries:
         where = f"{JOURNAL}:{number}"
+        if entry.kind is not None:  # a store that says what each entry is (docs/engine.md, "The journal")
+            yield from _said(run_id, entry, where, state)
+            continue
         step_line = _STEP_LINE.match(entry.message) if entry.step else None
         if step_line and step_line["step"] == entry.step and step_line["status"] != "running":
             rec = state.steps.get(entry.step) if state is not None else None
@@ -339,6 +348,64 @@ def _from_journal(run_id: str, entries: list[tuple[int, m.JournalEntry]], state:
         if job is not None:
             text = entry.message.removeprefix(f"{job.host} {job.worker}: ")
             yield Event(entry.t, m.JobLog(job.job_id, job.worker, job.host, entry.level, text, t=entry.t), where)
+
+
+def _said(run_id: str, entry: m.JournalEntry, where: str, state: RunState | None) -> Iterable[Event]:
+    """A journal entry with its `kind`: the message the console showed for it, from its own fields."""
+    data = entry.data if isinstance(entry.data, dict) else {}
+    job = next((j for j in state.jobs.values() if j.job_id == entry.job_id), None) if state is not None else None
+    worker = data.get("worker") or (job.worker if job is not None else "?")
+    if entry.kind == "step" and entry.step and entry.status:
+        line = _STEP_LINE.match(entry.message)
+        detail = line["detail"] if line and line["step"] == entry.step else None
+        if entry.status == "running":
+            yield Event(entry.t, m.StepUpdate(run_id, entry.step, "running", entry.started_at, None, detail), where)
+            return
+        rec = state.steps.get(entry.step) if state is not None else None
+        final = rec is not None and rec.ended_at is not None and abs(rec.ended_at - entry.t) < 1.0
+        yield Event(entry.t, m.StepUpdate(run_id, entry.step, entry.status, entry.started_at, entry.t, detail,
+                                          work_s=rec.work_s if final else None,
+                                          decision_s=rec.decision_s if final else None,
+                                          found_on_resume=bool(final and rec.found_on_resume)), where)
+    elif entry.kind == "question" and entry.step:
+        answer = _ANSWER.match(entry.message)
+        question = m.Confirmation(entry.step, answer["action"] if answer else entry.message, entry.host or "",
+                                  tuple(entry.argv or ()), impact=str(data.get("impact") or ""),
+                                  destructive=bool(data.get("destructive")), estimate_s=data.get("estimate_s"),
+                                  estimate_basis=str(data.get("estimate_basis") or ""))
+        asked_at = data.get("asked_at")
+        if isinstance(asked_at, int | float) and asked_at <= entry.t:
+            yield Event(float(asked_at), question, where)  # shown as asked, waiting for its answer
+        by = (entry.decision or "").partition("(")[2].rstrip(")") or entry.decision or "?"
+        yield Event(entry.t, m.DecisionMade(question, bool(answer and answer["answer"] == "approved"), by, run_id),
+                    where)
+    elif entry.kind in ("job-start", "job-log") and entry.job_id:
+        if entry.kind == "job-start":
+            worker = job.worker if job is not None else entry.message.removeprefix("started ").split(" ")[0]
+            text = entry.message
+        else:
+            worker = job.worker if job is not None else entry.message.partition(": ")[0].split(" ")[-1]
+            text = entry.message.partition(": ")[2]
+        yield Event(entry.t, m.JobLog(entry.job_id, worker, entry.host or "", entry.level, text, t=entry.t), where)
+    elif entry.kind == "job-progress" and entry.job_id:
+        ids = (entry.job_id, worker, entry.host or "")
+        if "done" in data:
+            yield Event(entry.t, m.JobProgress(*ids, data["done"], data.get("total"), str(data.get("unit", "")),
+                                               rate=data.get("rate"), phase=data.get("phase"),
+                                               message=data.get("label"), key=str(data.get("key", "")), t=entry.t),
+                        where)
+        elif data.get("event") == "phase":
+            phase = str(data.get("phase", ""))
+            yield Event(entry.t, m.JobLog(*ids, "info", phase, kind="phase", phase=phase, t=entry.t), where)
+        elif data.get("event"):
+            yield Event(entry.t, m.JobLog(*ids, "info", str(data["event"]), kind=str(data["event"]), t=entry.t), where)
+    elif entry.kind == "job-exit" and entry.job_id and entry.exit is not None:
+        yield Event(entry.t, m.JobExit(entry.job_id, worker, entry.host or "", entry.exit), where)
+    elif entry.kind == "service" and data.get("state") in ("down", "up", "paused") and "ready" not in data:
+        said = data["state"]
+        since = data.get("since") if said != "up" else None
+        yield Event(entry.t, m.Downtime(run_id, since if isinstance(since, int | float) else None,
+                                        data.get("back_at") if said == "up" else None, paused=said == "paused"), where)
 
 
 def _job_started(entry: m.JournalEntry, jobs: list[Any]) -> Any:
@@ -382,7 +449,13 @@ def _from_state(run_id: str, run_dir: Path, state: RunState, entries: list[tuple
                 so_far: list[Event]) -> Iterable[Event]:
     """What state.json holds and the journal does not: the plan and forecast, the steps' starts,
     the downtime, the jobs' milestones and exits, the run's end."""
-    steps_ended = {e.message.step: e.t for e in so_far if isinstance(e.message, m.StepUpdate)}
+    steps_ended = {e.message.step: e.t for e in so_far if isinstance(e.message, m.StepUpdate)
+                   and e.message.status != "running"}
+    # What a newer journal says itself is not taken from the state as well (docs/engine.md, "The journal").
+    journalled_steps = {e.step for _, e in entries if e.kind == "step"}
+    journalled_jobs = {e.job_id for _, e in entries if e.kind in ("job-progress", "job-exit")}
+    service_journalled = any(e.kind == "service" and isinstance(e.data, dict) and "ready" not in e.data
+                             for _, e in entries)
     preflight = state.steps.get("preflight")
     plan_at = preflight.ended_at if preflight and preflight.ended_at else state.created_at
     if state.plan:
@@ -396,14 +469,16 @@ def _from_state(run_id: str, run_dir: Path, state: RunState, entries: list[tuple
         yield Event(plan_at, m.Forecast(run_id, float(f["downtime_s"]), phases, f.get("budget_s"),
                                         bool(f.get("over_budget"))), STATE)
     for name, rec in state.steps.items():
-        if rec.started_at is not None:
+        if rec.started_at is not None and name not in journalled_steps:
             yield Event(rec.started_at, m.StepUpdate(run_id, name, "running", rec.started_at), STATE)
         if rec.status != "pending" and name not in steps_ended and (rec.ended_at or rec.status == "running"):
             # ended (or still running when the run stopped) without a journal line saying so
             yield Event(rec.ended_at or rec.started_at or state.created_at, m.StepUpdate(
                 run_id, name, rec.status, rec.started_at, rec.ended_at, rec.detail, work_s=rec.work_s,
                 decision_s=rec.decision_s, found_on_resume=rec.found_on_resume), STATE)
-    for window in [*(w.get("service") or {} for w in state.windows), dataclasses.asdict(state.service)]:
+    windows = [] if service_journalled else [*(w.get("service") or {} for w in state.windows),
+                                             dataclasses.asdict(state.service)]
+    for window in windows:
         if window.get("stopped_at"):
             yield Event(window["stopped_at"], m.Downtime(run_id, window["stopped_at"]), STATE)
             if window.get("ready_at"):
@@ -412,6 +487,8 @@ def _from_state(run_id: str, run_dir: Path, state: RunState, entries: list[tuple
     released = state.extraction.gpu_released_at
     staged = state.steps.get("stage")
     for job in state.jobs.values():
+        if job.job_id in journalled_jobs:  # its progress, milestones and exit are in the journal
+            continue
         if job.worker == "extract" and staged and staged.ended_at and "staged" in job.events_seen:
             # the stage step ends when the engine sees the worker's `staged` event
             yield Event(staged.ended_at, m.JobLog(job.job_id, job.worker, job.host, "info", "staged",

@@ -11,6 +11,7 @@ import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
+from console.messages import JobProgress
 from console.procedure.outcomes import StepFailed
 from console.procedure.state import JobRecord
 from console.ssh.jobs import JobDead, JobExists, JobHandle, JobStalledError, job_message
@@ -74,10 +75,11 @@ async def job(engine: Engine, host_name: str, worker: str, key: str, args: list[
             engine.run.save()  # before the start: found again by id after a crash
         handle = await start_once(engine, host_name, worker, args, env, record.job_id)
         engine.journal(step, f"started {worker} on {host_name} (pid {handle.pid})", host=host_name,
-                     argv=["python", "-m", f"remote.{worker}", *args])
+                     argv=["python", "-m", f"remote.{worker}", *args], kind="job-start", job_id=record.job_id)
     else:
         engine.journal(step, f"found {worker} job {handle.job_id} on {host_name} again (pid {handle.pid}); "
-                           f"following it from byte {record.offset}", host=host_name)
+                           f"following it from byte {record.offset}", host=host_name, kind="job-start",
+                       job_id=record.job_id)
     record.handle = json.loads(handle.to_json())
     engine.run.save()
     if started is not None:
@@ -162,13 +164,65 @@ async def follow(engine: Engine, handle: JobHandle, record: JobRecord, step: str
     return outcome
 
 
+PROGRESS_EVERY_S = 0.5  # a job's progress is journalled at most this often per counter (phases and milestones always)
+NOT_MILESTONES = ("progress", "heartbeat", "log", "phase", "exit", "artifact", "invalid")  # any other event is one
+
+
 def publish_event(engine: Engine, handle: JobHandle, event: dict[str, Any]) -> None:
     message = job_message(handle, event)
     if message is not None:
         engine.bus.publish(message)
-    if event.get("type") == "log":
+    kind = event.get("type")
+    if kind == "log":
         engine.journal(None, f"{handle.host} {handle.worker}: {event.get('msg')}", host=handle.host,
-                     level=event.get("level", "info") if event.get("level") in ("warning", "error") else "info")
+                     level=event.get("level", "info") if event.get("level") in ("warning", "error") else "info",
+                     kind="job-log", job_id=handle.job_id)
+    _record_progress(engine, handle, kind, message)
+
+
+def _record_progress(engine: Engine, handle: JobHandle, kind: Any, message: Any) -> None:
+    """The job's progress as it came (the time received is the entry's), for the replay: each counter
+    at most every PROGRESS_EVERY_S, its last value kept until a phase change, a milestone or the exit
+    writes it, so that no bar is replayed short of where it got."""
+    pending = engine.progress_said
+    where = {"host": handle.host, "job_id": handle.job_id}
+
+    def write(progress: JobProgress) -> None:
+        data = {k: v for k, v in (("done", progress.done), ("total", progress.total), ("unit", progress.unit),
+                                  ("rate", progress.rate), ("phase", progress.phase), ("key", progress.key),
+                                  ("label", progress.message), ("worker_t", progress.t)) if v is not None}
+        engine.record(None, f"{handle.worker} {progress.key or progress.unit}: {progress.done:g}"
+                            + (f" of {progress.total:g}" if progress.total else ""),
+                      kind="job-progress", data={"worker": handle.worker, **data}, **where)
+
+    def flush() -> None:
+        for key, (said_at, unsaid) in list(pending.items()):
+            if key[0] == handle.job_id and unsaid is not None:
+                write(unsaid)
+                pending[key] = (said_at, None)
+
+    if isinstance(message, JobProgress):
+        key, now = (handle.job_id, message.key or message.unit), time.monotonic()
+        said_at, _ = pending.get(key, (float("-inf"), None))
+        if now - said_at >= PROGRESS_EVERY_S:
+            write(message)
+            pending[key] = (now, None)
+        else:
+            pending[key] = (said_at, message)
+    elif kind == "phase" or (isinstance(kind, str) and kind not in NOT_MILESTONES):
+        flush()
+        name = getattr(message, "message", None) if kind == "phase" else kind
+        engine.record(None, f"{handle.worker}: {kind} {name if kind == 'phase' else ''}".rstrip(), kind="job-progress",
+                      data={"worker": handle.worker, "event": kind, **({"phase": name} if kind == "phase" else {})},
+                      **where)
+    elif kind == "exit":
+        flush()
+        engine.record(None, f"{handle.worker} on {handle.host} exited ({event_code(message)})", kind="job-exit",
+                      exit=event_code(message), data={"worker": handle.worker}, **where)
+
+
+def event_code(message: Any) -> int | None:
+    return getattr(message, "code", None)
 
 
 async def _none() -> Any:

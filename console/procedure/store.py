@@ -145,6 +145,14 @@ class Run:
             self._telemetry = None
 
 
+def for_replay_only(record: dict[str, Any]) -> bool:
+    """A journal record the engine wrote for the replay and never showed in the event log: a job's
+    progress and exit, the service's state, a step's start (Engine.record)."""
+    kind = record.get("kind")
+    return kind in ("job-progress", "job-exit", "service") or (
+        kind == "step" and record.get("status") == "running" and str(record.get("message", "")).endswith(": running"))
+
+
 def read_jsonl(path: Path) -> list[dict[str, Any]]:
     """The complete JSON lines of `path` (a torn line, from a crash, is left out)."""
     if not path.exists():

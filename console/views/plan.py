@@ -20,7 +20,7 @@ from rich.table import Table
 from rich.text import Text
 
 from console.config import Config
-from console.messages import PlanReady
+from console.messages import PlannedStep, PlanReady
 from console.procedure.steps import ROUTES, STEP_TITLES
 from console.service.control import manager_from_config
 from console.views.tables import FittedTable
@@ -284,6 +284,14 @@ def render_plan(config: Config) -> RenderableType:
 DONE_EARLIER = ("done", "skipped", "left-out")  # a resume does not do these steps again
 
 
+def done_earlier(steps: tuple[PlannedStep, ...], ended: Mapping[str, str]) -> tuple[PlannedStep, ...]:
+    """A resumed run's plan: the steps already ended earlier in it (step -> status) read "no" (done
+    earlier in this run, not done again) and have no command (the engine's plan and this view agree)."""
+    earlier = {name: status for name, status in ended.items() if status in DONE_EARLIER}
+    return tuple(dataclasses.replace(step, acts=False, why=f"{earlier[step.name]} earlier in this run: not done again",
+                                     argv=()) if step.name in earlier else step for step in steps)
+
+
 def plan_view(plan: PlanReady, commands_whole: bool = True, ended: Mapping[str, str] | None = None) -> Group:
     """The chosen plan, as `run --plan`, the headless run and the console's `p` screen all show it:
     per step whether it acts and why, where, the estimate; then each step's literal command on a
@@ -297,9 +305,7 @@ def plan_view(plan: PlanReady, commands_whole: bool = True, ended: Mapping[str, 
     `ended`: a resumed run's steps already ended before this plan (step -> status): a resume's plan
     shows only what it will do, so those read "no" (done earlier in this run) and their commands are
     not listed among those that will run."""
-    earlier = {name: status for name, status in (ended or {}).items() if status in DONE_EARLIER}
-    steps = [dataclasses.replace(step, acts=False, why=f"{earlier[step.name]} earlier in this run: not done again",
-                                 argv=()) if step.name in earlier else step for step in plan.steps]
+    steps = done_earlier(plan.steps, ended or {})
     rows = [[step.name, "yes" if step.acts else "no", step.host or "-", step.why, duration(step.estimate_s)]
             for step in steps]
     parts: list[RenderableType] = [FittedTable((["step", "acts", "host", "why", "estimate"], rows,

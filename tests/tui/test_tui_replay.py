@@ -192,3 +192,28 @@ async def test_an_interrupted_run_ends_with_the_service_down_and_no_results():
         assert isinstance(app.screen, DashboardScreen) and app.state.finished is None
         await pilot.press("o")  # no results: the run never got to them
         await until(pilot, lambda: any("no run with results" in str(n.message) for n in app._notifications))
+
+
+async def test_a_question_as_it_was_asked_then_answered(window, monkeypatch) -> None:
+    """A store the engine writes now (over its fakes, the world's clock in the store too): the stop's
+    question is in the bar from the moment it was asked, with its impact and estimate, waiting; the
+    next event is its answer, as long after as the operator took."""
+    import console.procedure.store as store_module
+    from tests.engine_fakes import ScriptedDecider, _TimeModule
+
+    monkeypatch.setattr(store_module, "time", _TimeModule(window.world.clock))
+    finished = await window.console(decider=ScriptedDecider(window.world.clock, think_s=7.0))
+    assert finished.exit_code == 0, finished.message
+    recording = read_recording(window.store.root / window.run_id)
+    asked = next(e for e in recording.events if isinstance(e.message, m.Confirmation) and e.message.step == "stop")
+    app = ReplayApp(recording, playing=False, clock=Clock(), frame_s=3600)
+    async with app.run_test(size=SIZE) as pilot:
+        await until(pilot, lambda: "paused" in bar(app))
+        app.show_events(app.player.seek(asked.t))
+        await until(pilot, lambda: "waiting for an answer" in bar(app))
+        assert f"asked: {asked.message.action} on {asked.message.host}" in bar(app)
+        assert asked.message.impact[:20] in bar(app) and "estimate " in bar(app) and "DESTRUCTIVE" in bar(app)
+        while not isinstance(app.question, m.DecisionMade):
+            await pilot.press("full_stop")
+        await until(pilot, lambda: "· approved (scripted)" in bar(app))
+        assert app.player.now - asked.t == 7.0  # answered as long after as the operator took

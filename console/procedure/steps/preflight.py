@@ -242,7 +242,7 @@ async def _choose_plan(engine: Engine) -> None:
     engine.state.plan = [{"name": s.name, "acts": s.acts, "why": s.why, "host": s.host, "argv": list(s.argv),
                         "estimate_s": s.estimate_s} for s in steps]
     engine.run.save()
-    engine.bus.publish(engine.plan)
+    engine.bus.publish(engine.shown_plan())  # a resume's: the steps done earlier do not act again
     if engine.route == "window" and not engine.state.service.stops:
         made, _ = await engine._forecast(manager)
         engine.journal("preflight", f"forecast downtime: {fc.summary(made)}"
