@@ -445,6 +445,8 @@ class Engine:
             self.journal("restart", f"the restart failed: {exc}", level="error")
             message = f"run {state.status} earlier; the restart failed: {exc}"
         down = state.service.down
+        if not down and state.service.drained:  # the fleet window: back up, then back in the router
+            return await self._rejoin_only()
         code = EXIT_DOWN if down else EXIT_FAILED if state.status != "done" else EXIT_DONE
         return self._closed(code, message)
 
@@ -459,6 +461,7 @@ class Engine:
             message = f"run {state.status} earlier; the rejoin failed: {exc}"
         if state.service.drained:
             return self._closed(EXIT_DOWN, message + "; " + fleet.drained_line(self.run.run_id, state.service))
+        await preflight.release_host_lock(self)
         return self._closed(EXIT_FAILED if state.status != "done" else EXIT_DONE, message)
 
     async def _give_back_only(self) -> RunFinished:
@@ -474,6 +477,8 @@ class Engine:
             message = f"run {state.status} earlier; giving the server back failed: {exc}"
         if state.service.held:
             return self._closed(EXIT_DOWN, message + "; " + held_line(self.run.run_id, state.service))
+        if state.service.drained:  # the fleet window: given back, then back in the router
+            return await self._rejoin_only()
         await preflight.release_host_lock(self)
         return self._closed(EXIT_FAILED if state.status != "done" else EXIT_DONE, message)
 

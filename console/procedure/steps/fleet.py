@@ -99,6 +99,19 @@ def _router(fleet: FleetConfig) -> RouterClient:
     return RouterClient(fleet.router, api_key=fleet.api_key())
 
 
+def router_of(engine: Any) -> Any:
+    """The router's client for this run: the hosts' own when they give one (the engine sweep's fake
+    world: tests/fake_router.py), else the router at [fleet] router."""
+    made = getattr(getattr(engine, "hosts", None), "router_client", None)
+    return made() if made is not None else _router(engine.config.fleet)
+
+
+def replica_client(engine: Any, replica: ReplicaConfig) -> Any:
+    """The replica's own HTTP client (its /metrics, /health_generate), the hosts' own when they give one."""
+    made = getattr(getattr(engine, "hosts", None), "replica_client", None)
+    return made(replica.service.url) if made is not None else SglangClient(replica.service.url)
+
+
 async def _capacity(client: SglangClient) -> int | None:
     try:
         info = await client.server_info()
@@ -180,9 +193,11 @@ async def check_drain(engine: Any) -> Skip | None:
     svc = engine.state.service
     if svc.drained is None:
         return Found("the replica is back in the router") if svc.rejoins else None
+    if svc.drains and svc.rejoins >= svc.drains:  # its add was sent: the drain is over, the rejoin settles it
+        return Found("drained; its rejoin was sent")
     replica = replica_of(engine)
     try:
-        listed = await _router(engine.config.fleet).worker(replica.worker_url)
+        listed = await router_of(engine).worker(replica.worker_url)
     except FLEET_ERRORS as exc:
         raise StepFailed("drain", str(exc)) from None
     if listed is not None:
@@ -194,7 +209,7 @@ async def check_drain(engine: Any) -> Skip | None:
 
 async def _idle_within(engine: Any, replica: ReplicaConfig, bound_s: float) -> bool:
     try:
-        await wait_idle(SglangClient(replica.service.url), bound_s)
+        await wait_idle(replica_client(engine, replica), bound_s)
         return True
     except RouterError:
         return False
@@ -203,7 +218,7 @@ async def _idle_within(engine: Any, replica: ReplicaConfig, bound_s: float) -> b
 async def run_drain(engine: Any) -> str:
     fleet = engine.config.fleet
     replica = replica_of(engine)
-    router = _router(fleet)
+    router = router_of(engine)
     svc = engine.state.service
     try:
         listed = await router.worker(replica.worker_url)
@@ -228,7 +243,7 @@ async def run_drain(engine: Any) -> str:
             await router.wait_gone(replica.worker_url, LISTED_S)
         engine.journal("drain", f"{replica.name} ({replica.worker_url}) is out of the router {fleet.router}")
         engine._crash("draining")
-        waited = await wait_idle(SglangClient(replica.service.url), fleet.drain_timeout_s)
+        waited = await wait_idle(replica_client(engine, replica), fleet.drain_timeout_s)
     except FLEET_ERRORS as exc:
         raise StepFailed("drain", f"{exc}; the replica is put back in the router") from None
     return f"{replica.name} out of the router and idle after {waited:.1f} s"
@@ -236,7 +251,7 @@ async def run_drain(engine: Any) -> str:
 
 async def verify_drain(engine: Any) -> None:
     replica = replica_of(engine)
-    if await _router(engine.config.fleet).worker(replica.worker_url) is not None:
+    if await router_of(engine).worker(replica.worker_url) is not None:
         raise StepFailed("drain", f"the router lists {replica.name} again after its removal")
 
 
@@ -251,7 +266,7 @@ async def check_rejoin(engine: Any) -> Skip | None:
         return Found("the replica is back in the router") if svc.rejoins else Skip("the replica was not drained")
     replica = replica_of(engine)
     try:
-        listed = await _router(engine.config.fleet).worker(replica.worker_url)
+        listed = await router_of(engine).worker(replica.worker_url)
     except FLEET_ERRORS as exc:
         raise StepFailed("rejoin", str(exc)) from None
     if listed is not None and listed.healthy:
@@ -263,10 +278,10 @@ async def check_rejoin(engine: Any) -> Skip | None:
 async def run_rejoin(engine: Any, reason: str = "its window is over") -> str:
     fleet = engine.config.fleet
     replica = replica_of(engine)
-    router = _router(fleet)
+    router = router_of(engine)
     svc = engine.state.service
     try:
-        status = (await SglangClient(replica.service.url).get("/health_generate")).status
+        status = (await replica_client(engine, replica).get("/health_generate")).status
         if status != 200:
             raise StepFailed("rejoin", f"{replica.name}'s GET /health_generate answers {status}: it is not put back "
                                        f"in the router until it generates")
@@ -307,13 +322,13 @@ async def verify_rejoin(engine: Any) -> None:
     """Requests through the router reach the replica again (its own num_requests_total rises), when
     the policy spreads short prompts (round_robin, random, power_of_two); said when it cannot be seen."""
     replica = replica_of(engine)
-    client = SglangClient(replica.service.url)
+    client = replica_client(engine, replica)
     before = await client.metrics()
     if before is None or "sglang:num_requests_total" not in before:
         engine.journal("rejoin", f"{replica.name} serves no num_requests_total: that the router routes to it is "
                                  f"not verified", level="warning")
         return
-    through = SglangClient(engine.config.fleet.router, timeout=60)
+    through = getattr(router_of(engine), "inference", None) or SglangClient(engine.config.fleet.router, timeout=60)
     for i in range(ROUTED_PROBES):
         answer = await through.post("/generate", {"text": f"{uuid.uuid4().hex} rejoin probe {i}",
                                                   "sampling_params": {"max_new_tokens": 1, "temperature": 0}})

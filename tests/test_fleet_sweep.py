@@ -1,0 +1,103 @@
+"""The fleet window's crash-point sweep: the whole engine (the window route: drain, stop … restart,
+rejoin) over the sweep's fake world, its service being replica r1 behind a fake of SGLang's router
+(tests/fake_router.py; the steps against the real router: tests/test_fleet_steps.py). At every point
+the console dies; the next consoles finish the run. The promises: the window's own (every case of
+tests/engine_sweep.py's `assert_promises`), and the replica ends in the router, listed, with one
+removal and one add, and the service ends serving."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+
+import pytest
+
+from console.config import config_to_dict, dump_toml, load_config
+from console.procedure.engine import EXIT_DONE
+from tests import engine_sweep
+from tests.engine_fakes import FakeHosts, FakeWorld, Producers, ScriptedDecider, install_clock, write_config
+from tests.engine_sweep import Crasher, Window, assert_promises
+from tests.fake_router import R2, FakeRouter, attach
+
+ROUTER = "http://127.0.0.1:30000"
+
+
+def fleet_window(root: Path, producers: Producers, monkeypatch: pytest.MonkeyPatch) -> tuple[Window, FakeRouter]:
+    import os
+
+    from console.procedure.store import RunStore
+
+    monkeypatch.setattr(os, "fsync", lambda fd: None)
+    one = write_config(root, producers)
+    data = config_to_dict(one)
+    service = data.pop("service")
+    r1 = {**service, "url": "http://127.0.0.1:30001"}
+    data["fleet"] = {"router": ROUTER, "drain_timeout_s": 30,
+                     "replicas": [{"name": "r1", **r1}, {"name": "r2", **{**service, "url": R2}}]}
+    path = root / "dflash-ops.toml"
+    path.write_text(dump_toml(data))
+    config = load_config(path)
+    world = FakeWorld(root, config, producers, stuck_holder=True)
+    install_clock(monkeypatch, world.clock)
+    router = FakeRouter(world, r1["url"])
+
+    class RoutedHosts(FakeHosts):  # each console's hosts reach the same router
+        def __init__(self, world: FakeWorld):
+            super().__init__(world)
+            attach(self, router)
+
+    monkeypatch.setattr(engine_sweep, "FakeHosts", RoutedHosts)
+    store = RunStore(root / "runs")
+    run = store.create(str(config.source), None)
+    return Window(root, world, store, run.run_id, route="window"), router
+
+
+def assert_fleet_promises(w: Window, router: FakeRouter, finished) -> None:
+    assert_promises(w, finished)
+    svc = w.state().service
+    assert router.r1 in router.workers and R2 in router.workers, router.workers
+    assert len(router.removals) == 1 and len(router.adds) == 1, (router.removals, router.adds)
+    assert svc.drained is None and svc.drains == 1 and svc.rejoins == 1
+    assert w.world.service.state == "active" and w.world.service.ready
+
+
+def test_a_fleet_window_without_a_crash(tmp_path, producers, monkeypatch):
+    w, router = fleet_window(tmp_path, producers, monkeypatch)
+    finished = asyncio.run(w.until_finished([]))
+    assert finished.exit_code == EXIT_DONE, finished.message
+    steps = w.state().steps
+    assert steps["drain"].status == "done" and steps["rejoin"].status == "done"
+    assert_fleet_promises(w, router, finished)
+    assert router.served[router.r1] > 0  # the rejoin's verify saw requests through the router reach it
+
+
+POINTS = ("before-drain-recorded", "drain-recorded", "draining", "stop-ran", "ready", "before-add", "added")
+
+
+@pytest.mark.parametrize("point", POINTS)
+def test_a_crash_at_each_point_ends_with_the_replica_back_in_the_router(tmp_path, producers, monkeypatch, point):
+    w, router = fleet_window(tmp_path, producers, monkeypatch)
+    finished = asyncio.run(w.until_finished([Crasher(point)]))
+    assert point in w.crashes
+    assert_fleet_promises(w, router, finished)
+
+
+def test_a_refusal_after_the_drain_restarts_then_rejoins(tmp_path, producers, monkeypatch):
+    w, router = fleet_window(tmp_path, producers, monkeypatch)
+    finished = asyncio.run(w.console(decider=ScriptedDecider(w.world.clock, refuse={"free-vram"})))
+    assert finished is not None and finished.status == "refused" and finished.service_up
+    assert router.r1 in router.workers and (router.removals, router.adds) == ([router.r1], [router.r1])
+    assert w.state().service.drained is None and w.store.left_down() is None
+
+
+def test_a_replica_left_down_and_drained_is_named_then_restarted_and_rejoined_by_the_next_console(
+        tmp_path, producers, monkeypatch):
+    w, router = fleet_window(tmp_path, producers, monkeypatch)
+    finished = asyncio.run(w.console(decider=ScriptedDecider(w.world.clock, refuse={"free-vram", "restart"})))
+    assert finished is not None and not finished.service_up
+    left = w.store.left_down()
+    assert left is not None and left.state.service.drained and router.r1 not in router.workers
+    again = asyncio.run(w.console())  # `run --resume`: the restart, then the rejoin
+    assert again is not None and again.service_up, again.message
+    assert router.r1 in router.workers and w.state().service.drained is None and w.store.left_down() is None
+    assert (len(router.removals), len(router.adds)) == (1, 1)
