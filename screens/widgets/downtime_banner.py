@@ -18,7 +18,8 @@ def downtime_text(state: ConsoleState, now: float, can_restart: bool, asking: bo
     """'SERVICE DOWN 1 min 30 s · back ~09:38:10 (in 1 min 40 s) · window ends 09:45:00', or
     'SERVICE DOWN 48 s · no restart under way: r restarts it', or '... · waiting for your answer'."""
     down_since = state.down_since
-    text = Text(f"SERVICE DOWN {duration(now - (down_since or now))}")
+    paused = state.downtime is not None and state.downtime.paused  # the pause route: requests held, never stopped
+    text = Text(f"{'SERVER PAUSED' if paused else 'SERVICE DOWN'} {duration(now - (down_since or now))}")
     elsewhere = state.driven_elsewhere()
     if elsewhere is not None:  # who holds it down: the run and the console that drives it
         text.append(f" · run {elsewhere.run_id}")

@@ -217,3 +217,16 @@ async def test_a_question_as_it_was_asked_then_answered(window, monkeypatch) -> 
             await pilot.press("full_stop")
         await until(pilot, lambda: "· approved (scripted)" in bar(app))
         assert app.player.now - asked.t == 7.0  # answered as long after as the operator took
+
+
+def test_the_pause_routes_downtime_is_said_as_a_pause() -> None:
+    """The engine publishes the pause route's pause as its downtime (issue 30's notifications): the
+    banner says the server is paused, not down (the stop route's still says down)."""
+    from screens.state import ConsoleState
+    from screens.widgets.downtime_banner import downtime_text
+
+    state = ConsoleState()
+    state.apply(m.Downtime("r1", 100.0, paused=True), 100.0)
+    assert downtime_text(state, 130.0, can_restart=True).plain.startswith("SERVER PAUSED 30 s")
+    state.apply(m.Downtime("r1", 100.0), 100.0)
+    assert downtime_text(state, 130.0, can_restart=True).plain.startswith("SERVICE DOWN 30 s")
