@@ -33,7 +33,7 @@ from screens.modals.confirm import QuestionModal
 from screens.modals.error import ErrorModal, ErrorReport, report_of, tail
 from screens.modals.help import HelpModal
 from screens.modals.quit import QuitWhileDownModal
-from screens.state import ConsoleState
+from screens.state import ConsoleState, StepView, default_rows
 from screens.widgets.downtime_banner import DowntimeBanner
 
 STOP_TIMEOUT_S = 10.0
@@ -115,7 +115,8 @@ class ConsoleApp(App[int]):
         self.now = clock
         self.tick_s = tick_s
         self.start_operator = start_operator
-        self.state = ConsoleState()
+        rows = default_rows(getattr(operator.config, "fleet", None) is not None)
+        self.state = ConsoleState(rows=rows, steps={n: StepView(n) for n in rows})
         self.decider = ModalDecider(self)
         self.repaint_probe: Callable[[float], None] | None = None  # bench: seconds from publish to repaint
         self._unsubscribe: Callable[[], None] | None = None

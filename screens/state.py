@@ -14,9 +14,16 @@ from typing import Any
 from console import messages as m
 from console.procedure.steps import ROUTES, STEPS
 
-# Before a plan says which route: the default route's rows (the engine's step table is the one list
-# of steps; a plan of another route brings its own rows).
-STEP_NAMES = ROUTES["window"]
+
+def default_rows(fleet: bool = False) -> tuple[str, ...]:
+    """Before a plan says which route: the default route's rows (the engine's step table is the one
+    list of steps; a plan of another route brings its own), without the steps only a fleet behind
+    SGLang's router takes (drain, rejoin) when there is none."""
+    return tuple(s.name for s in STEPS if s.name in ROUTES["window"]
+                 and (fleet or "[fleet]" not in (s.left_out_when or "")))
+
+
+STEP_NAMES = default_rows()
 JOURNAL_KEPT = 500
 DOWN_STEPS = tuple(s.name for s in STEPS if s.while_down)  # the service is down from the stop to the restart's ready
 
@@ -86,6 +93,7 @@ class ConsoleState:
     startup: m.StartupProgress | None = None
     run_id: str | None = None
     route: str | None = None
+    rows: tuple[str, ...] = STEP_NAMES  # the rows shown before a plan
     steps: dict[str, StepView] = field(default_factory=lambda: {n: StepView(n) for n in STEP_NAMES})
     planned: bool = False
     downtime: m.Downtime | None = None
@@ -219,7 +227,7 @@ class ConsoleState:
         last run's ticks never stand for this one's, not even during its preflight)."""
         self.run_id = self.route = self.plan = self.finished = None
         self.planned = False
-        self.steps = {n: StepView(n) for n in STEP_NAMES}
+        self.steps = {n: StepView(n) for n in self.rows}
         self.jobs.clear()
 
     def _plan(self, plan: m.PlanReady) -> None:
@@ -242,7 +250,7 @@ class ConsoleState:
 
     def _step(self, update: m.StepUpdate) -> None:
         if update.run_id != self.run_id and self.run_id is not None:  # another run's rows: none of ours stay
-            self.steps = {n: StepView(n) for n in STEP_NAMES}
+            self.steps = {n: StepView(n) for n in self.rows}
             self.planned = False
         self.run_id = update.run_id
         view = self.steps.setdefault(update.step, StepView(update.step))
