@@ -101,3 +101,13 @@ def test_a_replica_left_down_and_drained_is_named_then_restarted_and_rejoined_by
     assert again is not None and again.service_up, again.message
     assert router.r1 in router.workers and w.state().service.drained is None and w.store.left_down() is None
     assert (len(router.removals), len(router.adds)) == (1, 1)
+
+
+@pytest.mark.parametrize("point", ("draining", "paused", "continued", "before-add"))
+def test_the_pause_route_on_a_replica_ends_back_in_the_router_after_a_crash(tmp_path, producers, monkeypatch, point):
+    w, router = fleet_window(tmp_path, producers, monkeypatch)
+    w.route = "pause"  # drain, pause … continue on the replica, rejoin: the server is never stopped
+    finished = asyncio.run(w.until_finished([Crasher(point)]))
+    assert point in w.crashes
+    assert_fleet_promises(w, router, finished)
+    assert w.world.service.stop_commands == 0 and w.state().steps["continue"].status == "done"
