@@ -19,6 +19,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from bench.loadgen import Load
+from console.cli.run import runs_rows
 from console.config import config_to_dict, dump_toml, parse_config
 from console.procedure.outcomes import SimulatedCrash, StepFailed
 from console.procedure.steps import fleet
@@ -134,6 +135,8 @@ def test_drain_then_rejoin_on_the_real_router(router_fleet, store):
     reread = store.open(engine.run.run_id)  # the state on disk names it
     assert reread.state.service.drained["replica"] == name and left_line(reread).startswith(f"DRAINED by run {reread.run_id}")
     assert "finishes its window and puts it back" in what_next(reread) and store.left_down().run_id == reread.run_id
+    _, rows, styles = runs_rows(store.summaries())  # `dflash-ops runs`
+    assert f"DRAINED ({name} out of the router)" in rows[0][2] and styles[0] == "bold red"
     asyncio.run(window(engine))  # drain found done; rejoin
     assert listed(router) == dict.fromkeys(urls, True)
     svc = store.open(engine.run.run_id).state.service
