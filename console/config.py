@@ -118,14 +118,7 @@ class ServiceConfig:
     def api_key(self) -> str | None:
         """The server's API key from the console's environment (None when no api_key_env is set);
         ConfigError when the variable named is not set."""
-        if self.api_key_env is None:
-            return None
-        key = os.environ.get(self.api_key_env, "")
-        if not key:
-            raise ConfigError(f"[service] api_key_env names {self.api_key_env}, which is not set in this "
-                              f"console's environment (export it, or remove api_key_env)",
-                              file="", path="service.api_key_env")
-        return key
+        return key_from_env(self.api_key_env, "service")
 
 
 @dataclass(frozen=True)
@@ -250,6 +243,19 @@ class Config:
 
 # --------------------------------------------------------------------------------------------
 # Describing found values
+
+
+def key_from_env(variable: str | None, table: str) -> str | None:
+    """A key the config names by its environment variable (the key itself never goes in the file, a
+    log or the journal): None when no variable is named; ConfigError naming `[table] api_key_env`
+    when the variable is not set in this console's environment."""
+    if variable is None:
+        return None
+    key = os.environ.get(variable, "")
+    if not key:
+        raise ConfigError(f"[{table}] api_key_env names {variable}, which is not set in this console's "
+                          f"environment (export it, or remove api_key_env)", file="", path=f"{table}.api_key_env")
+    return key
 
 
 def _kind(value: Any) -> str:

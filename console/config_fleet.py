@@ -20,7 +20,6 @@ unchanged. What the router's API is: docs/sglang.md, "Router".
 
 from __future__ import annotations
 
-import os
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -28,7 +27,6 @@ from typing import Any
 
 from console.config import (
     ENV_NAME_RE,
-    ConfigError,
     HostConfig,
     ServiceConfig,
     _Checker,
@@ -37,6 +35,7 @@ from console.config import (
     _table_dict,
     _text,
     describe,
+    key_from_env,
     service_table,
 )
 
@@ -75,13 +74,7 @@ class FleetConfig:
     def api_key(self) -> str | None:
         """The router's admin key from the console's environment (None when no api_key_env is set);
         ConfigError when the variable named is not set."""
-        if self.api_key_env is None:
-            return None
-        key = os.environ.get(self.api_key_env, "")
-        if not key:
-            raise ConfigError(f"[fleet] api_key_env names {self.api_key_env}, which is not set in this console's "
-                              f"environment (export it, or remove api_key_env)", file="", path="fleet.api_key_env")
-        return key
+        return key_from_env(self.api_key_env, "fleet")
 
 
 def _same_url(a: str, b: str) -> bool:
