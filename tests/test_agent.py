@@ -158,7 +158,10 @@ def test_nvidia_smi_source_end_to_end_with_a_stand_in_binary(tmp_path: Path):
     assert sample["gpus"][0]["mem_total_mib"] == 143771
     (proc,) = sample["processes"]
     assert proc["pid"] == os.getpid() and proc["mib"] == 5288 and proc["gpu"] == 0
-    assert "python" in proc["command"]  # enriched from /proc, like an NVML reading
+    # Enriched from /proc, like an NVML reading: the command line this process shows there (under
+    # pytest-xdist, with setproctitle installed, that is the worker's title, not "python ...").
+    shown = Path(f"/proc/{os.getpid()}/cmdline").read_bytes().replace(b"\0", b" ").decode().strip()
+    assert proc["command"] and proc["command"].split()[0] in shown
 
 
 class _BrokenSource:

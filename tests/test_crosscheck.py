@@ -365,7 +365,9 @@ def test_the_results_screen_has_an_online_tab_with_the_verdict_the_prompts_and_t
             await app.push_screen(ResultsScreen(read_run_dir(directory)))
             await pilot.press("7")
             await pilot.pause()
-            return text_of(app.screen.query_one("#online-view Static"))
+            # The view is the verdict, the per-prompt table (its own Static, at its natural width) and the
+            # triage: read them all, in order.
+            return "\n".join(text_of(part) for part in app.screen.query("#online-view Static"))
 
     text = asyncio.run(shown(run))
     assert result.line() in " ".join(text.split())
