@@ -156,7 +156,8 @@ def test_a_batch_is_answered_by_a_list_in_order(standin, tiny_target: Path):
     assert status == 200 and isinstance(batch, list)
     assert [a["output_ids"] for a in batch] == [a["output_ids"] for a in singles]
     status, texts = post(standin["url"] + "/generate", {"text": ["def f():", "class A:"],
-                                                      "sampling_params": [{"max_new_tokens": 2}, {"max_new_tokens": 3}]})
+                                                      "sampling_params": [{"max_new_tokens": 2, "ignore_eos": True},
+                                                                              {"max_new_tokens": 3, "ignore_eos": True}]})
     assert status == 200 and [a["meta_info"]["completion_tokens"] for a in texts] == [2, 3]
 
 
