@@ -11,7 +11,9 @@ part that does the work:
                process start -> released (`since_start_s`: imports, weights read, forward)
   start->ready the start command issued -> health 200 and a one-token generation
 The zero-downtime route (extract on the training host's free GPU) is run once too: its downtime is
-0 when the server was never stopped. The console's overhead is the downtime minus those: noticing the free GPUs and writing the go,
+0 when the server was never stopped. So is the pause route (the drill's server runs with SGLang's
+memory saver): its downtime is the pause until the continue, the server process never stopped, split
+into pause + release, the extraction, resume + continue. The console's overhead is the downtime minus those: noticing the free GPUs and writing the go,
 noticing `gpu_released` and issuing the start, state and journal writes. Runs alternate staged and
 cold; medians are printed. Last line: the headline.
 
@@ -71,6 +73,17 @@ def phases(state: dict[str, Any]) -> dict[str, float]:
             "limit": stop + (copy or 0.0) + (forward or 0.0) + start_ready,
             "go_to_released": facts["gpu_released_at"] - facts["go_sent_at"] if facts.get("go_sent_at") else None,
             "released_to_start": service["start_issued_at"] - facts["gpu_released_at"]}
+
+
+def pause_phases(state: dict[str, Any]) -> dict[str, float]:
+    """The pause route's downtime (pause sent -> continued) and its parts (seconds), from its state."""
+    service, facts = state["service"], state["extraction"]
+    window = facts.get("window") or {}
+    extract = window["window_s"] if window.get("staged") else window["since_start_s"]
+    return {"downtime": service["continued_at"] - service["paused_at"],
+            "pause_release": service["released_at"] - service["paused_at"],
+            "extract": extract,
+            "resume_continue": service["continued_at"] - facts["gpu_released_at"]}
 
 
 def memory_over_window(run_dir: Path, host: str = "ct129", gpu: int = 0) -> list[tuple[float, int | None, bool]]:
@@ -158,6 +171,12 @@ def main() -> int:
                 loads["zero-downtime"] = [state["load"]]
             print(f"zero-downtime run: extracted on {state['facts']['extract_on']['host']}; the server was "
                   f"{'STOPPED' if state['service'].get('stopped_at') else 'never stopped'}", file=sys.stderr)
+            # The drill's server runs with the memory saver (drill up's default): the pause route, once.
+            state = asyncio.run(one_run(config, store, stage=True, route="pause", load_rate=rate))
+            pause: dict[str, float] | None = pause_phases(state)
+            if state["load"] is not None:
+                loads["pause"] = [state["load"]]
+            print("pause run: " + ", ".join(f"{k} {v:.2f} s" for k, v in pause.items()), file=sys.stderr)
             # The downtime forecast (issue 21): each run forecast from the runs before it, against its measure.
             forecasts = hindcast(run.state for run in RunStore(store).readable())
         finally:
@@ -175,8 +194,12 @@ def main() -> int:
         print(f"GPU0 used over a staged window ({'NVML' if args.gpu else 'simulated'}, through the agent; MiB, t from "
               f"the stop, * = service down): "
               + ", ".join(f"{t:+.1f}s {u}{'*' if d else ''}" for t, u, d in memory))
+    if pause is not None:
+        print(f"pause route (the server never stopped): downtime {pause['downtime']:.2f} s = pause + release "
+              f"{pause['pause_release']:.2f} s, extract {pause['extract']:.2f} s, resume + continue "
+              f"{pause['resume_continue']:.2f} s")
     if args.json:
-        Path(args.json).write_text(json.dumps({"gpu": args.gpu, "runs": rows, "medians": medians,
+        Path(args.json).write_text(json.dumps({"gpu": args.gpu, "runs": rows, "medians": medians, "pause": pause,
                                                "memory_over_staged_window": memory,
                                                "load": {k: [dataclasses.asdict(r) for r in v] for k, v in loads.items()}},
                                               indent=2))
@@ -189,7 +212,9 @@ def main() -> int:
     limit = f" (limit {medians['staged']['limit']:.2f} s: stop + copy + forward + server start)" \
         if "limit" in medians["staged"] and args.gpu else ""
     print(f"{'GPU ' if args.gpu else ''}window downtime {medians['staged']['downtime']:.2f} s staged{limit} vs "
-          f"{medians['cold']['downtime']:.2f} s cold, {medians['zero-downtime']['downtime']:.2f} s zero-downtime; "
+          f"{medians['cold']['downtime']:.2f} s cold, {medians['zero-downtime']['downtime']:.2f} s zero-downtime"
+          + (f", pause route {pause['downtime']:.2f} s ({medians['staged']['downtime'] / pause['downtime']:.1f}x "
+             f"shorter than the staged stop route)" if pause else "") + "; "
           f"overhead {medians['staged']['overhead']:.2f} s staged, {medians['cold']['overhead']:.2f} s cold (target < 1 s)"
           + ("; failed requests " + ", ".join(f"{kind} {sum(r.failed for r in reports)}" for kind, reports in loads.items())
              if loads else ""))
