@@ -10,7 +10,8 @@ from pathlib import Path
 import pytest
 from aiohttp.test_utils import TestClient, TestServer
 
-from console.cli.serve import COOKIE, app_command, is_loopback, make_server
+from console.cli.serve import app_command, is_loopback
+from screens.serve import COOKIE, make_server
 
 
 async def client_for(token: str | None) -> TestClient:

@@ -14,7 +14,6 @@ page's websocket address is taken from the request (so a forwarded port of any n
 from __future__ import annotations
 
 import argparse
-import hmac
 import ipaddress
 import secrets
 import shlex
@@ -22,12 +21,10 @@ import socket
 import sys
 from pathlib import Path
 from typing import Any
-from urllib.parse import urlsplit
 
 from console.config import DEFAULT_CONFIG_NAME, load_config
 
 DEFAULT_PORT = 8765
-COOKIE = "dflash-ops-token"
 
 
 def is_loopback(bind: str) -> bool:
@@ -37,47 +34,6 @@ def is_loopback(bind: str) -> bool:
         return ipaddress.ip_address(bind).is_loopback
     except ValueError:
         return False
-
-
-def make_server(command: str, bind: str, port: int, token: str | None, title: str) -> Any:
-    """textual-serve's server for `command`, refusing requests without `token` (None: no token)."""
-    import aiohttp_jinja2
-    from aiohttp import web
-    from textual_serve.server import Server, to_int
-
-    class ConsoleServer(Server):
-        async def _make_app(self) -> web.Application:
-            app = await super()._make_app()
-            app.middlewares.append(guard)
-            return app
-
-        @aiohttp_jinja2.template("app_index.html")
-        async def handle_index(self, request: web.Request) -> dict[str, Any]:
-            here = f"{request.scheme}://{request.host}"
-            socket = ("wss" if request.scheme == "https" else "ws") + f"://{request.host}/ws"
-            return {"font_size": to_int(request.query.get("fontsize", "16"), 16), "app_websocket_url": socket,
-                    "config": {"static": {"url": f"{here}/static/"}}, "application": {"name": self.title}}
-
-        async def on_startup(self, app: web.Application) -> None:
-            pass  # the command says where it serves, with the token (textual-serve's banner would not)
-
-    @web.middleware
-    async def guard(request: web.Request, handler: Any) -> web.StreamResponse:
-        origin = request.headers.get("Origin")
-        if request.path == "/ws" and origin and urlsplit(origin).netloc != request.host:
-            raise web.HTTPForbidden(text=f"dflash-ops serve: a page of {origin} may not open this console\n")
-        if token is None:
-            return await handler(request)
-        given = request.query.get("token") or request.cookies.get(COOKIE) or ""
-        if not hmac.compare_digest(given.encode(), token.encode()):
-            raise web.HTTPForbidden(text="dflash-ops serve: this console needs its token: open the address "
-                                         "`dflash-ops serve` printed at start (…/?token=…)\n")
-        response = await handler(request)
-        if request.query.get("token") and isinstance(response, web.Response):
-            response.set_cookie(COOKIE, token, httponly=True, samesite="Strict")
-        return response
-
-    return ConsoleServer(command, host=bind, port=port, title=title)
 
 
 def app_command(config: Path, runs: str | None) -> str:
@@ -96,6 +52,8 @@ def run(args: argparse.Namespace) -> int:
         return serve_app(config, args.runs)
     token = None if is_loopback(args.bind) else secrets.token_urlsafe(24)
     names = ", ".join(config.hosts)
+    from screens.serve import make_server  # the browser side is the Textual app's
+
     server = make_server(app_command(Path(args.config), args.runs), args.bind, args.port, token,
                          f"dflash-ops (read-only): {names}")
     host = socket.getfqdn() if args.bind in ("0.0.0.0", "::") else f"[{args.bind}]" if ":" in args.bind else args.bind
