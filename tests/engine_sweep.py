@@ -18,7 +18,6 @@ from console.procedure.engine import EXIT_DOWN, Engine, SimulatedCrash
 from console.procedure.store import RunStore
 from tests.engine_fakes import (
     INFERENCE,
-    FakeHosts,
     FakeWorld,
     Fault,
     Producers,
@@ -27,6 +26,7 @@ from tests.engine_fakes import (
     install_clock,
     write_config,
 )
+from tests.fake_hosts import FakeHosts
 
 
 @pytest.fixture(scope="session")

@@ -25,7 +25,8 @@ from console.service.memory_saver import MemorySaver
 from console.service.sglang_api import ServerAnswerError
 
 if TYPE_CHECKING:
-    from tests.engine_fakes import FakeHosts, FakeWorld
+    from tests.engine_fakes import FakeWorld
+    from tests.fake_hosts import FakeHosts
 
 # Per GPU, what the server process holds by tag (its 38000 MiB: weights, KV cache, CUDA graphs).
 TAGS_MIB = {"weights": 24000, "kv_cache": 12000, "cuda_graph": 2000}

@@ -19,7 +19,7 @@ from hypothesis import strategies as st
 
 import console.procedure.engine as engine_module
 from console.procedure.engine import CRASH_POINTS, EXIT_DOWN, Engine, ResumeRefused
-from tests.engine_fakes import SCHEDULER_PID, TRAINING, FakeHosts, Fault, Producers, ScriptedDecider
+from tests.engine_fakes import SCHEDULER_PID, TRAINING, Fault, Producers, ScriptedDecider
 from tests.engine_sweep import (  # its fixtures (producers, window) come through tests/conftest.py
     Crasher,
     Failure,
@@ -28,6 +28,7 @@ from tests.engine_sweep import (  # its fixtures (producers, window) come throug
     cancel_at,
     make_window,
 )
+from tests.fake_hosts import FakeHosts
 
 # --- the happy path -------------------------------------------------------------------------------
 

@@ -15,8 +15,9 @@ import pytest
 from console.config import config_to_dict, dump_toml, load_config
 from console.procedure.engine import EXIT_DONE
 from tests import engine_sweep
-from tests.engine_fakes import FakeHosts, FakeWorld, Producers, ScriptedDecider, install_clock, write_config
+from tests.engine_fakes import FakeWorld, Producers, ScriptedDecider, install_clock, write_config
 from tests.engine_sweep import Crasher, Window, assert_promises
+from tests.fake_hosts import FakeHosts
 from tests.fake_router import R2, FakeRouter, attach
 
 ROUTER = "http://127.0.0.1:30000"

@@ -21,8 +21,9 @@ from console.procedure.engine import EXIT_PAUSED, Engine, ResumeRefused
 from console.procedure.replay import read_recording
 from console.procedure.store import for_replay_only, what_next
 from console.ssh.jobs import JobHandle
-from tests.engine_fakes import FakeHosts, ScriptedDecider
+from tests.engine_fakes import ScriptedDecider
 from tests.engine_sweep import Crasher, Window
+from tests.fake_hosts import FakeHosts
 
 
 def _journal(window: Window) -> list[dict[str, Any]]:

@@ -14,11 +14,12 @@ from rich.console import Console
 from console.procedure.engine import Engine
 from console.views.headless import HeadlessView
 from console.views.plan import service_commands
-from tests.engine_fakes import FakeHosts, ScriptedDecider
+from tests.engine_fakes import ScriptedDecider
 from tests.engine_sweep import (  # its fixtures (producers, window) come through tests/conftest.py
     Crasher,
     Window,
 )
+from tests.fake_hosts import FakeHosts
 
 
 def plan_lines(text: str) -> list[str]:
