@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import dataclasses
 import json
 import os
 import shlex
@@ -18,8 +17,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from console.messages import Confirmation, Downtime, JournalEntry, LiveRun, StepUpdate
-from console.procedure.store import JOURNAL, CachedStore, Run, RunStore, for_replay_only
+from console.messages import Confirmation, Downtime, LiveRun, StepUpdate
+from console.procedure.store import JOURNAL, CachedStore, Run, RunStore, for_replay_only, journal_entry
 from console.session.bus import MessageBus
 from console.ssh.jobs import JobHandle, follow_with_reconnect, job_message
 
@@ -118,18 +117,13 @@ class RunFollower:
             return
         complete = data[:data.rindex(b"\n") + 1]
         self._journal_at += len(complete)
-        fields = {f.name for f in dataclasses.fields(JournalEntry)}
         for line in complete.splitlines():
-            with contextlib.suppress(ValueError, TypeError):
+            with contextlib.suppress(ValueError):
                 record = json.loads(line)
-                if isinstance(record, dict) and "message" in record and not for_replay_only(record):
-                    known = {k: v for k, v in record.items() if k in fields}
-                    known.setdefault("t", 0.0)
-                    known.setdefault("run_id", run.run_id)
-                    known.setdefault("step", None)
-                    if isinstance(known.get("argv"), list):
-                        known["argv"] = tuple(known["argv"])
-                    self.bus.publish(JournalEntry(**known))
+                if isinstance(record, dict) and not for_replay_only(record):
+                    entry = journal_entry(record, run.run_id)
+                    if entry is not None:
+                        self.bus.publish(entry)
 
     def _follow_running_job(self, run: Run) -> None:
         """The bars of the job the other console is following now (the running step's)."""

@@ -46,7 +46,7 @@ from typing import Any
 
 from console import messages as m
 from console.procedure.state import STEP_ENDED, RunState, StateError
-from console.procedure.store import JOURNAL, STATE, TELEMETRY, for_replay_only
+from console.procedure.store import JOURNAL, STATE, TELEMETRY, for_replay_only, journal_entry
 from console.telemetry import SampleError, parse_sample
 from console.views.units import duration
 
@@ -199,23 +199,6 @@ def _read_state(run_dir: Path) -> tuple[RunState | None, Damage | None]:
         return RunState.from_json(data, STATE), None
     except StateError as exc:
         return None, Damage(STATE, None, str(exc).removeprefix(f"{STATE}: "))
-
-
-def journal_entry(record: dict[str, Any], run_id: str) -> m.JournalEntry | None:
-    """A journal line as the message the engine published when it wrote it."""
-    if "message" not in record:
-        return None
-    fields = {f.name for f in dataclasses.fields(m.JournalEntry)}
-    known = {k: v for k, v in record.items() if k in fields}
-    known.setdefault("t", 0.0)
-    known.setdefault("run_id", run_id)
-    known.setdefault("step", None)
-    if isinstance(known.get("argv"), list):
-        known["argv"] = tuple(known["argv"])
-    try:
-        return m.JournalEntry(**known)
-    except TypeError:
-        return None
 
 
 def telemetry_update(record: dict[str, Any]) -> m.TelemetryUpdate:

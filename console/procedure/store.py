@@ -153,6 +153,24 @@ def for_replay_only(record: dict[str, Any]) -> bool:
         kind == "step" and record.get("status") == "running" and str(record.get("message", "")).endswith(": running"))
 
 
+def journal_entry(record: dict[str, Any], run_id: str) -> JournalEntry | None:
+    """A journal line as the message the engine published when it wrote it (the follower and the
+    replay read the journal through this); None when it is not one."""
+    if "message" not in record:
+        return None
+    names = {f.name for f in dataclasses.fields(JournalEntry)}
+    known = {k: v for k, v in record.items() if k in names}
+    known.setdefault("t", 0.0)
+    known.setdefault("run_id", run_id)
+    known.setdefault("step", None)
+    if isinstance(known.get("argv"), list):
+        known["argv"] = tuple(known["argv"])
+    try:
+        return JournalEntry(**known)
+    except TypeError:
+        return None
+
+
 def read_jsonl(path: Path) -> list[dict[str, Any]]:
     """The complete JSON lines of `path` (a torn line, from a crash, is left out)."""
     if not path.exists():
