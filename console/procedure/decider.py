@@ -148,7 +148,9 @@ class TerminalDecider:
                 out.write(PROMPT)
                 out.flush()
             try:
-                line = await session.prompt_async(PROMPT if terminal else "")
+                # handle_sigint=False: a SIGINT stays the run's (asyncio.run cancels it and the
+                # compensation asks its own question), not a Ctrl-C key for this prompt to re-ask.
+                line = await session.prompt_async(PROMPT if terminal else "", handle_sigint=False)
             except EOFError:  # end of input: nobody is there to say yes
                 out.write("\n(no answer: refused)\n")
                 return False
