@@ -166,7 +166,7 @@ class Fault:
     a worker's point ("extract:staged", "completions:generate", ...); `how` is "link" (the link
     drops: HostDisconnected), "dead" (the worker is killed, no `exit` event), "exit" (the worker
     fails cleanly, exit 2), "stall" (alive, silent), "timeout" (the wait runs out), "stuck" (the
-    holders survive being ended). `match`: the call's facts it applies to. `times`: how often."""
+    holders survive being ended), "sudo" (the manager's command refused: ServiceError, nothing done). `match`: the call's facts it applies to. `times`: how often."""
 
     where: str
     how: str
@@ -184,6 +184,11 @@ def raise_fault(fault: Fault, where: str, host: str) -> None:
         raise TimeoutError(f"{where} on {host} timed out (injected)")
     if fault.how == "error":
         raise RuntimeError(f"{where} on {host}: an unexpected error (injected)")
+    if fault.how == "sudo":  # the command refused before it did anything (systemd's manager's own error)
+        from console.service.control import ServiceError
+
+        raise ServiceError(f"`sudo -n systemctl {where} {UNIT}` failed (exit 1): sudo: a password is required "
+                           f"(injected)")
 
 
 # --- the service ---------------------------------------------------------------------------------

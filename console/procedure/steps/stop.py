@@ -89,7 +89,11 @@ async def run_stop(engine: Engine) -> str:
     engine._publish_downtime()
     started = time.monotonic()
     try:
-        await manager.stop()
+        try:
+            await manager.stop()
+        except ServiceError as exc:
+            await _stop_did_not_take(engine, manager, exc)
+            raise
         svc.stop_returned_at = time.time()
         engine._irreversible["stop"] = f"stopped in {time.monotonic() - started:.1f} s"
         engine.run.save()
@@ -99,6 +103,26 @@ async def run_stop(engine: Engine) -> str:
         engine.hosts.poke_service()
     engine._crash("stop-ran")
     return engine._irreversible["stop"]
+
+
+async def _stop_did_not_take(engine: Engine, manager: object, exc: Exception) -> None:
+    """The stop command failed (a sudo password, say). If the manager says the service is still
+    active, it never went down: no downtime is recorded (none feeds `runs` or later forecasts),
+    and nothing is restarted. Unknowable (the host does not answer): it may be down, kept so."""
+    try:
+        status = await manager.status()  # type: ignore[attr-defined]
+    except Exception:  # noqa: BLE001 - the stop's own failure is what is raised
+        return
+    if not status.active:
+        return
+    svc = engine.state.service
+    svc.down = False
+    svc.stopped_at = None
+    engine._stopped_mono = None
+    engine.run.save()
+    engine._publish_downtime()
+    engine.journal("stop", f"the stop failed and {getattr(manager, 'name', 'the service')} stayed "
+                           f"{status.state}: no downtime ({exc})", host=engine.config.service.host, level="error")
 
 
 async def verify_stop(engine: Engine) -> None:
