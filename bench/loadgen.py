@@ -1,16 +1,18 @@
 """A client load on a server during a window: /generate at a steady, bounded rate, failures counted.
 
-    python bench/loadgen.py URL [--rate 4] [--seconds 10] [--max-in-flight 16] [--api-key-env VAR]
+    python bench/loadgen.py URL [--rate 4] [--seconds 10] [--max-in-flight 16] [--api-key-env VAR] [--chat]
 
 Users' requests keep coming while the window runs. On the stop route each one sent while the server is
 down fails; on the pause route each one is held and answered after `/continue_generation`. This sends
 greedy `/generate` requests at `--rate` per second (each in its own thread, at most `--max-in-flight`
 at a time: a send that would pass the bound waits, and is counted late, not lost), to a loopback URL
-only, and reports what came back (`LoadReport`): completed, failed by kind, the longest wait (one
+only (`--chat`: OpenAI chat requests to `/v1/chat/completions` instead, the route real clients use
+most; what a fleet's router forwards), and reports what came back (`LoadReport`): completed, failed by kind, the longest wait (one
 request's send to its answer) and how many were in flight at most.
 
 Failure kinds: `refused` (nothing listens), `no answer` (the connection closed or reset before an
-answer), `timeout`, `HTTP <status>`, `aborted` (a 200 whose finish reason is an abort), `bad answer`.
+answer), `timeout`, `HTTP <status>`, `aborted` (a 200 whose finish reason is an abort), `bad answer`
+(no `output_ids`; in chat, no message content).
 Importable: `Load(url)` runs in the background (`with Load(url) as load: ...; load.report`), and
 `run_load(url, seconds)` for a fixed time.
 """
@@ -33,6 +35,7 @@ from collections import Counter
 from dataclasses import dataclass, field
 
 PROMPT_IDS = [1, 2, 3, 4, 5, 6, 7, 8]  # any valid ids: the load is the requests, not their meaning
+CHAT_MESSAGES = [{"role": "user", "content": "Write fizzbuzz in Python."}]
 GREEDY = {"temperature": 0.0, "top_p": 1.0, "top_k": -1, "min_p": 0.0, "frequency_penalty": 0.0,
           "presence_penalty": 0.0, "repetition_penalty": 1.0, "min_new_tokens": 0}
 
@@ -106,12 +109,15 @@ class Load:
     """A steady load on `url` in background threads, from `start()` (or `with`) until `stop()`."""
 
     def __init__(self, url: str, rate: float = 4.0, max_in_flight: int = 16, max_new_tokens: int = 8,
-                 api_key: str | None = None, timeout_s: float = 300.0):
+                 api_key: str | None = None, timeout_s: float = 300.0, chat: bool = False):
         if rate <= 0 or max_in_flight < 1:
             raise ValueError(f"load generator: rate must be > 0 and max_in_flight >= 1, got {rate} and {max_in_flight}")
         self.url = loopback_url(url)
         self.rate, self.bound, self.timeout_s = rate, max_in_flight, timeout_s
-        self.body = json.dumps({"input_ids": PROMPT_IDS,
+        self.chat = chat
+        self.route = "/v1/chat/completions" if chat else "/generate"
+        self.body = json.dumps({"messages": CHAT_MESSAGES, "temperature": 0.0, "max_tokens": max_new_tokens} if chat else
+                               {"input_ids": PROMPT_IDS,
                                 "sampling_params": {**GREEDY, "max_new_tokens": max_new_tokens}}).encode()
         self.headers = {"Content-Type": "application/json", **({"Authorization": f"Bearer {api_key}"} if api_key else {})}
         self.tally = _Tally()
@@ -175,14 +181,10 @@ class Load:
         begin = time.monotonic()
         kind = None
         try:
-            request = urllib.request.Request(self.url + "/generate", self.body, self.headers)
+            request = urllib.request.Request(self.url + self.route, self.body, self.headers)
             with urllib.request.urlopen(request, timeout=self.timeout_s) as response:
                 answer = json.loads(response.read())
-            finish = (answer.get("meta_info") or {}).get("finish_reason") or {}
-            if not isinstance(answer.get("output_ids"), list):
-                kind = "bad answer"
-            elif finish.get("type") == "abort":
-                kind = "aborted"
+            kind = chat_failure(answer) if self.chat else generate_failure(answer)
         except (OSError, http.client.HTTPException, ValueError) as exc:
             kind = "bad answer" if isinstance(exc, ValueError) else failure_kind(exc)
         finally:
@@ -196,6 +198,23 @@ class Load:
                 else:
                     t.failures[kind] += 1
             self.slots.release()
+
+
+def generate_failure(answer: dict) -> str | None:
+    """What is wrong with a /generate answer (None: a completed request)."""
+    finish = (answer.get("meta_info") or {}).get("finish_reason") or {}
+    if not isinstance(answer.get("output_ids"), list):
+        return "bad answer"
+    return "aborted" if finish.get("type") == "abort" else None
+
+
+def chat_failure(answer: dict) -> str | None:
+    """What is wrong with a /v1/chat/completions answer (None: a completed request)."""
+    choices = answer.get("choices")
+    choice = choices[0] if isinstance(choices, list) and choices and isinstance(choices[0], dict) else {}
+    if not isinstance((choice.get("message") or {}).get("content"), str):
+        return "bad answer"
+    return "aborted" if choice.get("finish_reason") == "abort" else None
 
 
 def run_load(url: str, seconds: float, rate: float = 4.0, **kwargs: object) -> LoadReport:
@@ -213,10 +232,11 @@ def main() -> int:
     parser.add_argument("--seconds", type=float, default=10.0, help="how long to send (default 10)")
     parser.add_argument("--max-in-flight", type=int, default=16, help="at most this many waiting at once")
     parser.add_argument("--api-key-env", metavar="VAR", help="the environment variable holding the server's API key")
+    parser.add_argument("--chat", action="store_true", help="chat requests (/v1/chat/completions) instead of /generate")
     args = parser.parse_args()
     try:
         report = run_load(args.url, args.seconds, args.rate, max_in_flight=args.max_in_flight,
-                          api_key=os.environ.get(args.api_key_env) if args.api_key_env else None)
+                          api_key=os.environ.get(args.api_key_env) if args.api_key_env else None, chat=args.chat)
     except ValueError as exc:
         print(exc, file=sys.stderr)
         return 2

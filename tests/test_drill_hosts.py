@@ -21,11 +21,13 @@ from pathlib import Path
 
 import pytest
 
+from bench.loadgen import Load
 from console.config import Config, load_config
 from console.drill import procs
 from console.drill.assets import CACHE_ENV, cache_root, ensure_assets, find_assets, version_key
 from console.drill.hosts import down, status, up
 from console.drill.layout import DrillLayout
+from console.procedure.store import RunStore
 from console.service.control import manager_from_config
 from console.ssh.host_specs import host_spec
 from console.ssh.hosts import Host, HostSpec, UnknownHostKey
@@ -376,10 +378,30 @@ def test_replicas_bring_up_the_real_router_in_front_of_rehearsal_servers(drill_c
             assert json.loads(answer.read())["usage"]["completion_tokens"] == 2
         found = status(layout.dir)
         assert found.router_url == fleet.router and any("router" in line for line in found.lines())
-        # `drill --replicas 2` finds the fleet up and runs nothing: the fleet window is not built yet.
-        refused = subprocess.run([str(ENTRY_POINT), "drill", "--headless", "--yes", "--dir", str(layout.dir),
-                                  "--replicas", "2", "--simulated"], capture_output=True, text=True, timeout=120, cwd=ROOT)
-        assert refused.returncode == 2 and "the fleet window (drain a replica, its window, rejoin) is not built yet" in refused.stderr
+        # `drill --replicas 2` finds the fleet up and runs the whole fleet window on it (drain, the
+        # window, rejoin, evaluate, report), while users' chat requests go through the router the whole
+        # time: none fails.
+        runs = tmp_path / "runs"
+        with Load(fleet.router, rate=4.0, max_new_tokens=4, chat=True, timeout_s=120) as load:
+            done = subprocess.run([str(ENTRY_POINT), "drill", "--headless", "--yes", "--dir", str(layout.dir),
+                                   "--replicas", "2", "--simulated", "--runs", str(runs)], capture_output=True,
+                                  text=True, timeout=400, cwd=ROOT, env={**os.environ, "COLUMNS": "200"})
+        assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+        report = load.report
+        assert report is not None and report.sent >= 20 and report.failed == 0, report.line()
+        store = RunStore(runs)
+        (run_id,) = store.run_ids()
+        run = store.open(run_id).state
+        drained = run.facts["fleet_replica"]
+        assert run.status == "done" and run.service.drained is None
+        assert (run.service.drains, run.service.rejoins) == (1, 1) and run.service.stopped_at  # the stop route
+        assert [run.status_of(step) for step in ("drain", "stop", "extract", "restart", "rejoin", "evaluate")] == \
+            ["done"] * 6
+        assert "[drain] done" in done.stderr and "[rejoin] done" in done.stderr
+        assert f"fleet: the window runs on replica {drained}" in done.stderr
+        assert (Path(store.root) / run_id / "report.md").is_file()
+        after = asyncio.run(RouterClient(fleet.router).workers())
+        assert sorted(w.url for w in after) == sorted(r.worker_url for r in fleet.replicas) and all(w.healthy for w in after)
         state = json.loads(layout.state_file.read_text())
         router_pid = state["router_pid"]
         # A crashed drill: its hosts' process killed, its own shutdown never run. The router (which the

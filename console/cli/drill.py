@@ -2,7 +2,8 @@
 
 `drill` alone brings the rehearsal hosts up (building the assets once) and runs the real procedure
 against them: in the console (TUI), or with `--headless` on the terminal (prompts, or none with
-`--yes`). `up` prints progress on stderr and the config's path alone on stdout, as its last line, so
+`--yes`). With `--replicas N` (N > 1) that is the fleet window: one replica drained out of SGLang's
+router, its window, its rejoin, while the others serve. `up` prints progress on stderr and the config's path alone on stdout, as its last line, so
 that `dflash-ops run --config "$(dflash-ops drill up | tail -n1)"` works.
 """
 
@@ -48,12 +49,9 @@ def cmd_drill(args: argparse.Namespace) -> int:
     except (DrillError, AssetsError) as exc:
         print(f"dflash-ops drill: {exc}", file=sys.stderr)
         return 1
-    if args.replicas > 1:  # never a one-server window on a replica the router still sends requests to
-        print(f"dflash-ops drill: the fleet is up ({args.replicas} rehearsal servers behind SGLang's router; config "
-              f"{config}), but the fleet window (drain a replica, its window, rejoin) is not built yet: nothing was "
-              f"run (`dflash-ops drill down` ends the fleet)", file=sys.stderr)
-        return 2
-    print(f"drill hosts up ({'REAL GPU' if gpu else 'SIMULATED GPUs'}); config {config} "
+    fleet = (f", {args.replicas} rehearsal servers behind SGLang's router: the fleet window drains one, runs its "
+             f"window there and puts it back") if args.replicas > 1 else ""
+    print(f"drill hosts up ({'REAL GPU' if gpu else 'SIMULATED GPUs'}{fleet}); config {config} "
           f"(`dflash-ops drill down` ends them)", file=sys.stderr)
     args.config = str(config)
     args.plan, args.step, args.no_restart = False, False, False
