@@ -89,11 +89,13 @@ class _TimeModule:
 
 def install_clock(monkeypatch: Any, clock: Clock) -> None:
     """The engine and its steps read the world's clock (step times, the stop, the ready moment,
-    decision time): every module of the engine's that imports `time`."""
+    decision time): every module of the engine's that imports `time`, and the workers' events."""
     import console.procedure.engine as engine_module
     import console.procedure.steps as steps_module
 
-    modules = [engine_module, sys.modules["console.procedure.run_jobs"]]
+    # The workers' events carry the world's time too (their `t`, which the engine reads as when a
+    # worker says something happened: the GPUs' release, the extraction's progress).
+    modules = [engine_module, sys.modules["console.procedure.run_jobs"], sys.modules["remote.events"]]
     modules += [m for name, m in sorted(sys.modules.items()) if name.startswith(steps_module.__name__ + ".")]
     for module in modules:
         if getattr(module, "time", None) is time:
@@ -207,6 +209,7 @@ class FakeService:
         self.transitions: list[tuple[float, str, str]] = []  # (time, from, to)
         self.commands: list[tuple[float, str]] = []  # (time, "stop" | "start")
         self.start_hangs = False  # a start that never becomes ready (ReadyTimeout)
+        self.active_since = world.clock.time() - 3600.0  # systemd's ActiveEnterTimestamp: up an hour already
 
     def _to(self, state: str) -> None:
         self.transitions.append((self.world.clock.time(), self.state, state))
@@ -215,7 +218,7 @@ class FakeService:
 
     def status(self) -> ServiceStatus:
         return ServiceStatus("systemd", UNIT, self.state == "active", self.state,
-                             main_pid=SERVICE_PID if self.state != "inactive" else None)
+                             main_pid=SERVICE_PID if self.state != "inactive" else None, since=self.active_since)
 
     async def stop(self) -> None:
         """`systemctl stop` returns once the unit is inactive; the first stop leaves the scheduler's
@@ -254,6 +257,7 @@ class FakeService:
         self.world.gpus[SCHEDULER_PID] = (INFERENCE, {0: 2000, 1: 2000}, "sglang::scheduler")
         self.world.server.resume_all()  # a new process: nothing paused, nothing released
         self.ready = True
+        self.active_since = self.world.clock.time()
         self._to("active")
         self.world.sample(INFERENCE)
 
@@ -299,6 +303,9 @@ class FakeManager:
         hosts._alive()
         fault = hosts._fault("stop")
         await hosts.world.service.stop()
+        if hosts.world.after_stop is not None:  # a signal in the moment the stop's work is done
+            hosts.world.after_stop()
+            await asyncio.sleep(0)  # where it lands: the command has not returned yet
         hosts._alive()
         if fault is not None:  # the stop ran, then the link dropped before its answer came back
             raise_fault(fault, "stop", INFERENCE)
@@ -467,6 +474,7 @@ class FakeWorld:
         self.ended: list[int] = []  # pids the console had ended
         self.go_files: list[str] = []
         self.vram_free_seen: list[float] = []  # when a sample showed the service's GPUs free
+        self.after_stop: Callable[[], Any] | None = None  # called once the unit is down, before the stop returns
         self._changed = asyncio.Event()
         self._next_pid = 7000
         for name in config.hosts:

@@ -8,6 +8,11 @@ the real engine and store, a fake unit, fake jobs whose workers write real event
 
 from __future__ import annotations
 
+import asyncio
+import time
+
+import pytest
+
 from console.procedure.engine import EXIT_FAILED
 from console.procedure.store import summary_of
 from tests.engine_fakes import Fault
@@ -27,3 +32,78 @@ async def test_a_stop_that_failed_with_the_server_up_records_no_downtime(window:
     assert not state.service.down and state.service.stopped_at is None and state.service.ready_at is None
     assert summary_of(window.store.open(window.run_id)).downtime_s is None
     assert window.store.left_down() is None
+
+
+# --- item 14: the re-projection on the worker's clock ----------------------------------------------
+
+class ProjectingEngine:
+    """What `steps/extract.py`'s event handler reads of the engine, and nothing else (a stand-in: the
+    handler is tested alone, with events as the real worker writes them, replayed late)."""
+
+    def __init__(self, stopped_at: float, budget_s: float):
+        from console.procedure import forecast as fc
+        from console.procedure.state import RunState, ServiceState
+        from console.session.bus import MessageBus
+
+        self.route = "pause"  # the restart at gpu_released is the stop route's: not under test here
+        self.state = RunState("r", stopped_at - 60)
+        self.state.service = ServiceState(down=True, stopped_at=stopped_at, stops=1)
+        inputs = fc.ForecastInputs(run_id="r", service_host="ct129", extract_host="ct129", staged=True,
+                                   prompt_tokens=(1000,), budget_s=budget_s,
+                                   staged_event={"forward_tokens_per_s": 5.0})  # the warm-up's rate: slow
+        start = fc.ForecastPhase("start", 10.0, "median of 2 earlier runs on ct129")
+        made = fc.Forecast("r", 210.0, (fc.ForecastPhase("extract", 200.0, "warm-up"), start), budget_s)
+        self._window_forecast = (made, inputs)
+        self._progress = fc.ExtractionProgress()
+        self._budget_asked, self._budget_task = False, None
+        self._gpu_released = asyncio.Event()
+        self._restart_task = None
+        self.bus = MessageBus()
+        self.asked: list = []
+        self.run = self
+
+    service_down_by_us = True
+
+    def save(self) -> None:
+        pass
+
+    def _crash(self, point: str) -> None:
+        pass
+
+    async def _ask(self, confirmation) -> bool:
+        self.asked.append(confirmation)
+        return False
+
+
+def tokens_event(t: float, done: int, total: int = 1000) -> dict:
+    return {"seq": 1, "t": t, "type": "progress", "key": "tokens", "done": done, "total": total, "unit": "tokens"}
+
+
+async def test_the_reprojection_runs_on_the_workers_clock_not_when_the_console_reads_it() -> None:
+    """A resumed console reads the worker's events in a burst, long after they happened. The rate,
+    the projection and gpu_released_at are the worker's own: a stale first sample (projected from the
+    slow warm-up rate: past the budget) asks nothing when the newest sample of the burst fits."""
+    from console.messages import WindowProjection
+    from console.procedure.steps import extract
+
+    stopped_at = time.time() - 3600.0  # the window began an hour before this console reads its events
+    engine = ProjectingEngine(stopped_at, budget_s=120.0)
+    seen: list[WindowProjection] = []
+    engine.bus.subscribe(lambda m: seen.append(m) if isinstance(m, WindowProjection) else None)
+    burst = [tokens_event(stopped_at + 20.0, 100), tokens_event(stopped_at + 30.0, 600),
+             tokens_event(stopped_at + 35.0, 900)]
+    for event in burst:
+        extract._on_extract_event(engine, event)
+    # 500 tokens in the worker's 10 s, then 300 in 5 s: 800 tokens in 15 s.
+    assert engine._progress.tokens_per_s == pytest.approx(800 / 15)
+    newest = seen[-1]
+    assert newest.expected_ready_at == pytest.approx(stopped_at + 35.0 + 100 / (800 / 15) + 10.0)
+    assert newest.expected_ready_at < newest.budget_ends_at == stopped_at + 120.0
+    # The first sample alone (1000 - 100 tokens at the warm-up's 5 tok/s) was past the budget: an offer
+    # was begun, and withdrawn once the burst's newest sample said the window fits.
+    assert seen[0].expected_ready_at > seen[0].budget_ends_at
+    if engine._budget_task is not None:
+        await engine._budget_task
+    assert engine.asked == [] and not engine._budget_asked
+    extract._on_extract_event(engine, {"seq": 9, "t": stopped_at + 37.5, "type": "gpu_released", "tokens": 1000})
+    assert engine.state.extraction.gpu_released_at == stopped_at + 37.5

@@ -77,7 +77,7 @@ def _on_extract_event(engine: Engine, event: dict[str, Any]) -> None:
     if event.get("type") != "gpu_released":
         return
     extraction = engine.state.extraction
-    extraction.gpu_released_at = extraction.gpu_released_at or time.time()
+    extraction.gpu_released_at = extraction.gpu_released_at or worker_time(event)
     extraction.window = {k: v for k, v in event.items() if k not in ("type", "seq")}
     engine.run.save()
     engine._gpu_released.set()
@@ -85,15 +85,24 @@ def _on_extract_event(engine: Engine, event: dict[str, Any]) -> None:
     stop.begin_restart(engine)
 
 
+def worker_time(event: dict[str, Any]) -> float:
+    """When the worker says the event happened (its own `t`), not when the console handles it:
+    events replayed after a resume arrive in a burst, long after they happened."""
+    t = event.get("t")
+    return float(t) if isinstance(t, (int, float)) and not isinstance(t, bool) else time.time()
+
+
 def _project(engine: Engine, event: dict[str, Any]) -> None:
-    """The window's end re-projected from the extraction's rate; past the budget, the operator is
-    offered to stop the extraction now (keeping every prompt extracted) and restart."""
+    """The window's end re-projected from the extraction's rate, on the worker's clock (the event's
+    own `t`); past the budget, the operator is offered to stop the extraction now (keeping every
+    prompt extracted) and restart."""
     svc = engine.state.service
     if engine._window_forecast is None or svc.stopped_at is None or not svc.down:
         return
     made, inputs = engine._window_forecast
-    engine._progress.add(time.time(), event.get("done") or 0, event.get("total"))
-    projection = fc.project(made, inputs, svc.stopped_at, time.time(), engine._progress)
+    at = worker_time(event)
+    engine._progress.add(at, event.get("done") or 0, event.get("total"))
+    projection = fc.project(made, inputs, svc.stopped_at, at, engine._progress)
     engine.bus.publish(projection)
     if fc.passes_budget(projection) and not engine._budget_asked and engine._progress.left:
         engine._budget_asked = True
@@ -101,6 +110,13 @@ def _project(engine: Engine, event: dict[str, Any]) -> None:
 
 
 async def _offer_budget_stop(engine: Engine, projection: Any) -> None:
+    await asyncio.sleep(0)  # the rest of a burst of replayed events first: the offer rests on the newest
+    latest = _latest_projection(engine)
+    if latest is not None:
+        if not fc.passes_budget(latest) or not engine._progress.left:
+            engine._budget_asked = False  # a stale sample said so; the newest does not
+            return
+        projection = latest
     target = engine.config.target.host
     window = await engine._window_dir(target)
     stop_file = f"{window}/stop"
@@ -117,6 +133,16 @@ async def _offer_budget_stop(engine: Engine, projection: Any) -> None:
     await engine.hosts.run(target, argv)
     engine.journal("extract", "the extraction stops after the prompt in hand (the budget): the rest in the next "
                             "window", host=target, level="warning")
+
+
+def _latest_projection(engine: Engine) -> Any:
+    """The projection from every progress event handled so far, as of the newest one's `t`."""
+    svc = engine.state.service
+    samples = engine._progress.samples
+    if engine._window_forecast is None or svc.stopped_at is None or not samples:
+        return None
+    made, inputs = engine._window_forecast
+    return fc.project(made, inputs, svc.stopped_at, samples[-1][0], engine._progress)
 
 
 async def run_extract(engine: Engine) -> str:
