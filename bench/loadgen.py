@@ -128,6 +128,9 @@ class Load:
         self.sender: threading.Thread | None = None
         self.began = self.ended = 0.0
         self.report: LoadReport | None = None
+        # (sent, answered, completed) per request in wall-clock time (time.time(), the run state's
+        # clock): what a bench splits into before, during and after a window.
+        self.answers: list[tuple[float, float, bool]] = []
 
     def __enter__(self) -> Load:
         self.start()
@@ -178,7 +181,7 @@ class Load:
             n += 1
 
     def _one(self) -> None:
-        begin = time.monotonic()
+        begin, sent_at = time.monotonic(), time.time()
         kind = None
         try:
             request = urllib.request.Request(self.url + self.route, self.body, self.headers)
@@ -193,6 +196,7 @@ class Load:
                 t = self.tally
                 t.in_flight -= 1
                 t.longest = max(t.longest, waited)
+                self.answers.append((sent_at, sent_at + waited, kind is None))
                 if kind is None:
                     t.completed += 1
                 else:

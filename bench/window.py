@@ -1,6 +1,7 @@
 """The downtime window on the drill, broken down by phase, staged and cold side by side.
 
     python bench/window.py [--runs N] [--dir DIR] [--json FILE] [--gpu] [--load [--load-rate R]]
+    python bench/window.py --replicas 2 --load [--load-rate R] [--dir DIR] [--json FILE]
 
 Downtime is the stop being issued until the server is ready again. Its phases, each timed by the
 part that does the work:
@@ -27,6 +28,12 @@ headline sets the downtime beside its limit: stop + copy + forward + the server'
 per second on the drill's server, bounded in flight), so each route's harm is counted: the requests
 that failed (by kind) and the longest any waited, per route, printed under the phases and on the last
 line. On the stop route every request sent while the server is down fails.
+
+`--replicas N` (N > 1): the fleet window instead (bench/fleet_window.py): the drill's N rehearsal
+servers behind SGLang's router, one drained, its window, rejoined, under users' chat requests through
+the router, beside the one-server stop route under the same load in the same run (the load is always
+on). Last line: failed requests during the fleet window, the longest wait, the replica's downtime,
+beside the stop route's failed requests.
 """
 
 from __future__ import annotations
@@ -143,7 +150,13 @@ def main() -> int:
     parser.add_argument("--gpu", action="store_true", help="the drill on this machine's CUDA GPU (REAL GPU)")
     parser.add_argument("--load", action="store_true", help="users' requests throughout each run (bench/loadgen.py)")
     parser.add_argument("--load-rate", type=float, default=2.0, help="--load's requests per second (default 2)")
+    parser.add_argument("--replicas", type=int, default=1,
+                        help="N > 1: the fleet window behind SGLang's router under load, beside the stop route")
     args = parser.parse_args()
+    if args.replicas > 1:
+        from bench.fleet_window import run_bench
+
+        return run_bench(args.replicas, args.load_rate, args.dir, args.json)
     rate = args.load_rate if args.load else None
     with tempfile.TemporaryDirectory(prefix="bench-window-") as tmp:
         drill_dir = Path(args.dir or Path(tmp) / "drill")
