@@ -13,6 +13,7 @@ import time
 
 import pytest
 
+from console.procedure import forecast as fc
 from console.procedure.engine import EXIT_FAILED
 from console.procedure.store import summary_of
 from tests.engine_fakes import Fault
@@ -107,3 +108,26 @@ async def test_the_reprojection_runs_on_the_workers_clock_not_when_the_console_r
     assert engine.asked == [] and not engine._budget_asked
     extract._on_extract_event(engine, {"seq": 9, "t": stopped_at + 37.5, "type": "gpu_released", "tokens": 1000})
     assert engine.state.extraction.gpu_released_at == stopped_at + 37.5
+
+
+# --- item 13: after a budget cut, only the missing prompts are forecast ---------------------------
+
+async def test_the_next_windows_forecast_counts_only_the_missing_prompts(window: Window) -> None:
+    """A window cut short at its budget kept 2 of 3 prompts; the next window extracts the one missing,
+    and its forecast (the stop's budget check, `prompts_that_fit`) counts that one alone."""
+    from console.procedure.engine import Engine
+    from tests.engine_fakes import ScriptedDecider
+    from tests.fake_hosts import FakeHosts
+
+    run = window.store.open(window.run_id)
+    state = run.state
+    state.facts.update(prompt_ids=["fizzbuzz", "merge_sort", "graph_bfs"], prompt_tokens=[300, 5000, 700])
+    state.windows = [{"service": {}, "steps": {}, "forecast": None,
+                      "extraction": {"partial": {"done": ["fizzbuzz", "graph_bfs"], "missing": ["merge_sort"]}}}]
+    run.save()
+    engine = Engine(FakeHosts(window.world), window.world.config, window.store.open(window.run_id),
+                    ScriptedDecider(window.world.clock), window.store)
+    inputs = await engine._forecast_inputs()
+    assert inputs.prompt_tokens == (5000,)
+    state.windows = []  # the first window: every prompt
+    assert fc.tokens_left(state, [300, 5000, 700]) == (300, 5000, 700)

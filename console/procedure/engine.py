@@ -709,7 +709,7 @@ class Engine:
         plan_stage = facts.get("plan_stage", {})
         return fc.ForecastInputs(
             run_id=self.run.run_id, service_host=self.config.service.host, extract_host=self._extract_host()[0],
-            staged=self._acts("stage"), prompt_tokens=tuple(int(t) for t in tokens), model_bytes=self.facts.model_bytes,
+            staged=self._acts("stage"), prompt_tokens=fc.tokens_left(self.state, tokens), model_bytes=self.facts.model_bytes,
             stop_grace_s=self.config.service.stop_grace_s, budget_s=self.config.window.max_downtime_s,
             systemd=history, speeds=self.facts.probes.get(self.config.target.host, {}).get("speeds"),
             staged_event=staged_event if isinstance(staged_event, dict) else None,

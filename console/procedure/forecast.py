@@ -477,6 +477,18 @@ def forecast_errors(states: Iterable[Mapping[str, Any] | RunState]) -> list[tupl
     return [(run_id, row) for _, run_id, row in sorted(rows, key=lambda r: r[0])]
 
 
+def tokens_left(run: RunState, tokens: Sequence[int]) -> tuple[int, ...]:
+    """The tokens of the prompts this window extracts, in order: every prompt's, or, after a window
+    cut short at its budget, only the missing prompts' (the extractor keeps the verified ones)."""
+    last = run.windows[-1] if run.windows else {}
+    partial = (last.get("extraction") or {}).get("partial") if isinstance(last, dict) else None
+    ids = [str(i) for i in run.facts.get("prompt_ids") or ()]
+    if not partial or len(ids) != len(tokens):
+        return tuple(int(t) for t in tokens)
+    missing = {str(i) for i in partial.get("missing") or ()}
+    return tuple(int(t) for i, t in zip(ids, tokens, strict=True) if i in missing)
+
+
 def inputs_of(run: RunState, earlier: Sequence[Mapping[str, Any] | RunState]) -> ForecastInputs:
     """The inputs a finished run's forecast would have had from `earlier` runs alone (its hosts, its
     mode and its tokens as its state says)."""
