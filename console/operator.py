@@ -16,6 +16,7 @@ from typing import Any
 
 from console.config import Config
 from console.messages import PlanReady, RunFinished
+from console.procedure import identity
 from console.procedure.decider import Decider, RefuseAll
 from console.procedure.engine import Engine, ResumeRefused
 from console.procedure.hosts import SessionHosts
@@ -126,8 +127,14 @@ class Operator:
             raise ReadOnly("read-only console: the service cannot be started from here")
         engine = self.engine
         if engine is None or not engine.service_down_by_us:
-            run = self.store.left_down()
+            run = self.store.left_down(service=self.config)  # this config's service only
             if run is None:
+                other = self.store.left_down()
+                if other is not None:  # another service's run: its resume, under its own config
+                    raise LookupError(f"no run left {identity.describe(identity.of(self.config))} down; run "
+                                      f"{other.run_id} left {identity.describe(other.state.service_identity)} down "
+                                      f"(config {other.state.config}): `dflash-ops run --resume {other.run_id} "
+                                      f"--config {other.state.config}` restarts it")
                 raise LookupError("no run left the service down")
             engine = Engine(SessionHosts(self.session), self.config, run, decider, self.store)
         engine.decider = decider
@@ -158,8 +165,8 @@ class Operator:
         await RunFollower(self.store, self.bus, self.session, ours).run()
 
     def left_down(self) -> Run | None:
-        """The run that left the service down (whatever its status), or None."""
-        return self.store.left_down()
+        """The run that left this config's service down (whatever its status), or None."""
+        return self.store.left_down(service=self.config)
 
     def runs(self) -> list[RunSummary]:
         """Earlier runs that can be read (`store.summaries()` also lists the unreadable ones)."""

@@ -18,8 +18,9 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import console.procedure.engine as engine_module
+from console.operator import Operator
 from console.procedure.engine import CRASH_POINTS, EXIT_DOWN, Engine, ResumeRefused
-from tests.engine_fakes import SCHEDULER_PID, TRAINING, Fault, Producers, ScriptedDecider
+from tests.engine_fakes import SCHEDULER_PID, TRAINING, Fault, Producers, ScriptedDecider, write_config
 from tests.engine_sweep import (  # its fixtures (producers, window) come through tests/conftest.py
     Crasher,
     Failure,
@@ -242,13 +243,15 @@ async def test_a_start_cut_off_is_waited_for_never_started_again(window: Window)
 
 async def test_the_stops_check_asks_the_host(window: Window) -> None:
     """Item 6: the saved `down` flag is not trusted: a server started outside the run meanwhile
-    is found running, and nothing more is done to it (never stopped a second time)."""
+    is found running, and it is never stopped a second time without asking (refused here: nothing
+    more is done to it). Issue 27's item 4 (tests/test_resume_rules.py) asks and stops it again."""
     assert await window.console(Crasher("stop-ran")) is None
     window.world.service.start()
     while window.world.service.state != "active":
         await window.world.wait_changed()
-    finished = await window.console()
-    assert finished.status == "failed" and "started outside this run" in finished.message
+    finished = await window.console(decider=ScriptedDecider(window.world.clock, refuse={"stop"}))
+    assert finished.status == "refused", finished.message
+    assert "started outside this run" in window.deciders[-1].asked[-1].impact
     assert window.world.service.stop_commands == 1 and window.world.service.start_commands == 1
     assert not window.state().service.down
 
@@ -415,3 +418,55 @@ async def test_the_early_restarts_failure_is_said_before_the_restart_is_asked_ag
     journal = window.store.open(window.run_id).read_journal()
     assert any("the restart begun at gpu_released failed" in e["message"] for e in journal)
     assert window.world.service.start_commands == 1
+
+
+# --- a resume under another config (issue 27, item 3) ----------------------------------------------
+
+OTHER_CONFIGS = {  # what another config changes, each written to a file of its own
+    "another host": {"host": TRAINING},
+    "another unit": {"unit": "sglang-b.service"},
+    "another URL": {"url": "http://127.0.0.1:30001"},
+    "another config file": {"ready_timeout_s": 901},  # the same service, another file with other bytes
+}
+UNDER_ANOTHER_CONFIG = ("stop-ran", "holders", "gpu-released", "start-issued", "refused-restart")
+
+
+@pytest.mark.parametrize("point", UNDER_ANOTHER_CONFIG)
+async def test_a_resume_under_another_config_is_refused_before_anything(window: Window, point: str,
+                                                                        producers: Producers) -> None:
+    """The class: wherever the run stands (down, releasing the GPUs, starting, ended with the service
+    down), a resume (`run --resume`, the console's offer) and `r` under a config that addresses
+    another service, or under another config file, are refused naming both, before anything is
+    written or sent: the state file is byte for byte the same and no host was asked anything. Then
+    the run's own config, edited in place since (the same service), resumes it to the end."""
+    if point == "refused-restart":
+        first = await window.console(decider=ScriptedDecider(window.world.clock, refuse={"restart"}))
+        assert first is not None and first.exit_code == EXIT_DOWN
+    else:
+        assert await window.console(Crasher(point)) is None
+    state_file = window.store.root / window.run_id / "state.json"
+    before = state_file.read_bytes()
+    own = window.world.config
+    for name, change in OTHER_CONFIGS.items():
+        (window.root / name.replace(" ", "-")).mkdir()
+        other = write_config(window.root / name.replace(" ", "-"), producers, **change)
+        hosts = FakeHosts(window.world)
+        with pytest.raises(ResumeRefused) as refused:
+            Engine(hosts, other, window.store.open(window.run_id), ScriptedDecider(window.world.clock), window.store)
+        said = str(refused.value)
+        assert str(own.source) in said and str(other.source) in said, said
+        assert hosts.calls == [] and state_file.read_bytes() == before, name
+        operator = Operator(other, runs_dir=window.store.root)
+        if point == "refused-restart" and name != "another config file":  # `r`: this service's run only
+            with pytest.raises(LookupError, match=f"run {window.run_id} left .* down"):
+                await operator.restart_service(ScriptedDecider(window.world.clock))
+            assert operator.left_down() is None
+    assert window.world.service.stop_commands == 1 and state_file.read_bytes() == before
+    edited = write_config(window.root, producers, ready_timeout_s=902)  # the run's own file, edited in place
+    assert edited.source == own.source
+    window.world.config = edited
+    finished = await window.console()
+    assert finished is not None and finished.service_up, finished
+    assert_promises(window, finished)
+    journal = window.store.open(window.run_id).read_journal()
+    assert any("changed since the run was made" in e["message"] for e in journal)

@@ -43,7 +43,7 @@ from console.messages import (
     StepUpdate,
 )
 from console.procedure import forecast as fc
-from console.procedure import run_jobs
+from console.procedure import identity, run_jobs
 from console.procedure.decider import Decider
 from console.procedure.fit import longest_tokens
 from console.procedure.hosts import WindowHosts, reconnect_wait
@@ -123,6 +123,10 @@ class Engine:
             raise ResumeRefused(f"run {run.run_id} was made for the {run.state.route} route: a resume keeps "
                                 f"its route (asked for {route})")
         self.route = route or run.state.route or "window"
+        if not plan_only and (run.state.started or run.state.service_identity):
+            refused = identity.refusal(run.state, config, run.run_id)  # before anything is written or sent
+            if refused is not None:
+                raise ResumeRefused(refused)
         self.facts = Preflight()
         self.fits: list[HostFit] = []
         self.plan: PlanReady | None = None
@@ -275,6 +279,9 @@ class Engine:
 
     async def _execute(self) -> RunFinished:
         state = self.state
+        changed = identity.edited(state, self.config) if state.started and not self.plan_only else None
+        if changed:  # the run's own file, edited since: allowed (the same service), said
+            self.journal(None, changed, level="warning")
         if state.finished and not self.plan_only:
             return await self._restart_only()
         state.route = self.route
@@ -285,6 +292,9 @@ class Engine:
         state.started = True
         if not self.plan_only:
             state.owner = Owner.this_process()
+            state.service_identity = state.service_identity or identity.of(self.config)
+            state.config = state.config or identity.config_path(self.config)
+            state.config_sha256 = state.config_sha256 or identity.config_sha256(self.config)
         self.run.save()
         self.journal(None, ("resumed" if resumed else "started") + f" run {self.run.run_id} "
                      f"({self.route} route, config {self.config.source})")

@@ -129,6 +129,11 @@ class ServiceState:
     ready_seen_late: bool = False  # the console was away when the service became ready: ready_at is when it saw so
     restarted_outside_at: float | None = None  # found running again, started by someone else
     pids_before_stop: list[int] = field(default_factory=list)
+    # The service's process before the stop, as its manager said at preflight (systemd's MainPID and
+    # ActiveEnterTimestamp, or the status command's pid and start time): a resume that finds it
+    # active again tells a restart outside the run from a stop that never took effect.
+    main_pid_before_stop: int | None = None
+    active_since_before_stop: float | None = None
     restart_error: str | None = None  # why the last restart failed, shown before it is offered again
     # The pause route (the server is never stopped): `paused` and `released` mean paused / released
     # by this run and not yet given back; `held` is either, as `down` is for the stop route.
@@ -192,6 +197,8 @@ class RunState:
     route: str | None = None
     config: str | None = None
     config_sha256: str | None = None
+    # The service the run addresses (console/procedure/identity.py): host, address, manager, unit, URL.
+    service_identity: dict[str, Any] | None = None
     started: bool = False
     owner: Owner | None = None
     steps: dict[str, StepState] = field(default_factory=dict)

@@ -28,6 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from console.messages import JournalEntry
+from console.procedure import identity
 from console.procedure.state import RUN_FINISHED, SCHEMA, RunState, StateError, current_user
 from remote.artifacts import write_json_atomic
 
@@ -281,14 +282,17 @@ class RunStore:
                 return run
         return None
 
-    def left_down(self, runs: list[Run] | None = None) -> Run | None:
+    def left_down(self, runs: list[Run] | None = None, service: Any = None) -> Run | None:
         """The run that left the service down, or paused with its memory released (the pause
         route), whatever its status (failed, refused and cancelled runs too): the newest whose stop
         was not followed by the service coming back ready, or whose pause by its continue.
         `run.state.service.left_as()` says which ("down" | "paused"). The banner, `status`, `r`,
-        quit, `drill` and `run` all ask this one question."""
+        quit, `drill` and `run` all ask this one question. `service` (a `Config`): only the runs
+        that address its service (`identity.same_service`), so that `r` under one config never
+        takes another service's run for its own."""
         for run in reversed(self.readable() if runs is None else runs):
-            if run.state.service.left_as() is not None:
+            if run.state.service.left_as() is not None and (
+                    service is None or identity.same_service(run.state.service_identity, service)):
                 return run
         return None
 

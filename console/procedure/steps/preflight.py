@@ -72,6 +72,8 @@ async def run_preflight(engine: Engine) -> str:
             raise StepFailed("preflight", f"{service_name(config)} on {config.service.host} is not up and "
                                           f"ready ({why}); the window starts from a live server")
         engine.facts.service_ready = True
+        before = engine.state.service  # the process the stop will end (a resume compares it: steps/stop.py)
+        before.main_pid_before_stop, before.active_since_before_stop = view.status.main_pid, view.status.since
         engine.facts.service_model = view.health.model_path
         if view.health.model_path and not same_model(view.health.model_path, config.target.model_path):
             raise StepFailed("preflight", f"the server serves {view.health.model_path}, the target is "

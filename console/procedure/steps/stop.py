@@ -4,13 +4,15 @@
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import shlex
 import time
 from typing import TYPE_CHECKING
 
-from console.messages import Confirmation, HoldersFound
+from console.messages import Confirmation, HoldersFound, ServiceStatus
 from console.procedure import forecast as fc
 from console.procedure.outcomes import Found, Refused, Skip, StepFailed
+from console.procedure.state import ServiceState
 from console.procedure.steps import extract, preflight
 from console.service.control import ReadyTimeout, ServiceError
 from console.service.vram import describe_outcomes, wait_vram_free
@@ -40,17 +42,65 @@ async def check_stop(engine: Engine) -> Skip | None:
                      f"{engine.config.service.host} (asked now)")
     if service.start_issued_at is not None:  # our own restart is under way: the restart step waits for it
         return Found(f"stopped by this run at {since}; our start is under way ({status.state})")
-    if service.stop_returned_at is None:
-        engine.journal("stop", f"the stop began at {since} but {manager.name} still runs ({status.state}): the "
-                             f"console died before the stop took effect; stopping it now", level="warning")
+    outside = restarted_outside(service, status)
+    if outside is None:  # the process the run meant to stop: the stop never took effect
+        engine.journal("stop", f"the stop began at {since} but {manager.name} still runs ({status.state}, the same "
+                             f"process as before the stop): the console died before the stop took effect; "
+                             f"stopping it now", level="warning")
+        service.stopped_at = None  # the downtime begins with the stop that takes effect
+        engine.run.save()
         return None
-    service.down = False
-    service.restarted_outside_at = time.time()
+    return await _started_outside(engine, manager.name, status, outside, since)
+
+
+def restarted_outside(service: ServiceState, status: ServiceStatus) -> str | None:
+    """Why the service found active after this run's stop was started again outside the run (its
+    manager's start time after the stop, or another main pid than before it), or None when it is
+    the same process (a stop that never took effect). Cannot tell: said so (never taken as ours)."""
+    stopped_at = service.stopped_at
+    if status.since is not None and stopped_at is not None and status.since >= stopped_at:
+        return f"active since {time.strftime('%H:%M:%S', time.localtime(status.since))}"
+    before = service.main_pid_before_stop
+    if status.main_pid is not None and before is not None and status.main_pid != before:
+        return f"main pid {status.main_pid}, {before} before the stop"
+    if service.stop_returned_at is not None:  # the stop returned and the manager said down: certainly restarted
+        return "its stop had returned"
+    if status.since is not None or (status.main_pid is not None and before is not None):
+        return None  # the same start time, the same pid: the process the stop was meant for
+    return "cannot tell whether it is the process the stop was meant for"
+
+
+async def _started_outside(engine: Engine, name: str, status: ServiceStatus, why: str, since: str) -> Skip | None:
+    """The service runs again, started outside this run after its stop: the time it was up is not
+    downtime (its down period ends at the manager's start time, else is not counted). With the GPU
+    work done (the extraction released them) nothing more is needed from it; otherwise the window
+    needs it down again: a second stop, which is asked (`run_stop`), never taken for granted."""
+    svc = engine.state.service
+    up_at = status.since if status.since is not None and status.since >= (svc.stopped_at or 0) else None
+    engine.journal("stop", f"{name} on {engine.config.service.host} is running again ({status.state}, {why}): "
+                           f"started outside this run after its stop at {since}; the time it was up is not downtime",
+                   level="warning")
+    svc.down, svc.restarted_outside_at, svc.ready_at = False, up_at or time.time(), up_at
+    if engine.state.extraction.complete or engine.state.extraction.gpu_released_at is not None:
+        engine.run.save()
+        engine._publish_downtime()
+        return Found(f"stopped by this run at {since}; started outside it since ({why}): the extraction had "
+                     f"released the GPUs, so it is not stopped again")
+    engine.state.windows.append({"service": dataclasses.asdict(svc), "extraction": {}, "steps": {},
+                                 "forecast": engine.state.forecast, "restarted_outside": why})
+    engine.state.service = ServiceState(main_pid_before_stop=status.main_pid, active_since_before_stop=status.since)
     engine.run.save()
     engine._publish_downtime()
-    raise StepFailed("stop", f"{manager.name} on {engine.config.service.host} is running again ({status.state}), "
-                             f"started outside this run after its stop at {since}: the extraction would fight it "
-                             f"for the GPUs; nothing more is done")
+    return None  # run_stop asks before this second stop (a new down period)
+
+
+def _outside_note(engine: Engine) -> str:
+    """The stop's question after a restart outside the run says so."""
+    windows = engine.state.windows
+    if engine.state.service.stops or not windows or not windows[-1].get("restarted_outside"):
+        return ""
+    return (f"; it was started outside this run after the run's stop ({windows[-1]['restarted_outside']}): this is "
+            f"a second stop")
 
 
 def _alternative(engine: Engine) -> str:
@@ -71,7 +121,8 @@ async def run_stop(engine: Engine) -> str:
     if refused and not engine.state.service.stops:
         raise StepFailed("stop", refused)
     impact = (f"{service_name(engine.config)} on {service.host} goes down; forecast downtime {fc.summary(made)}"
-              + (f" (budget {made.budget_s:g} s)" if made.budget_s is not None else "") + _alternative(engine))
+              + (f" (budget {made.budget_s:g} s)" if made.budget_s is not None else "") + _alternative(engine)
+              + _outside_note(engine))
     if not engine.state.service.stops and not await engine._ask(
             Confirmation("stop", "stop the service", service.host, tuple(argv), impact, True, made.downtime_s,
                          "forecast")):
@@ -93,6 +144,9 @@ async def run_stop(engine: Engine) -> str:
             await manager.stop()
         except ServiceError as exc:
             await _stop_did_not_take(engine, manager, exc)
+            raise
+        except asyncio.CancelledError:
+            await _stopped_anyway(engine, manager, started)
             raise
         svc.stop_returned_at = time.time()
         engine._irreversible["stop"] = f"stopped in {time.monotonic() - started:.1f} s"
@@ -123,6 +177,24 @@ async def _stop_did_not_take(engine: Engine, manager: object, exc: Exception) ->
     engine._publish_downtime()
     engine.journal("stop", f"the stop failed and {getattr(manager, 'name', 'the service')} stayed "
                            f"{status.state}: no downtime ({exc})", host=engine.config.service.host, level="error")
+
+
+async def _stopped_anyway(engine: Engine, manager: object, started: float) -> None:
+    """A cancel (SIGINT, SIGTERM, the console's quit) landed while the stop command was finishing:
+    its work may be done on the host though the command did not return. The manager is asked; a
+    service that is down is recorded stopped (the step `done`, the downtime running), so that the
+    compensation, a resume and the run's downtime go by what happened, not by the interruption."""
+    try:
+        status = await manager.status()  # type: ignore[attr-defined]
+    except (asyncio.CancelledError, Exception):  # noqa: BLE001 - cannot tell: `down` stays as written before the stop
+        return
+    if status.active:
+        return
+    svc = engine.state.service
+    svc.stop_confirmed = True
+    engine._irreversible["stop"] = (f"stopped in {time.monotonic() - started:.1f} s (the cancel came as the stop "
+                                    f"command finished: {getattr(manager, 'name', 'the service')} is {status.state})")
+    engine.run.save()
 
 
 async def verify_stop(engine: Engine) -> None:
