@@ -13,7 +13,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from rich.console import Group
+from rich.cells import cell_len
+from rich.console import Console, ConsoleOptions, Group, RenderResult
 from rich.table import Table
 from rich.text import Text
 from textual.app import ComposeResult
@@ -25,6 +26,7 @@ from textual_plotext import PlotextPlot
 
 from console.procedure.store import JOURNAL, STATE, TELEMETRY, for_replay_only, read_jsonl
 from console.views.probe_table import probe_table
+from console.views.report import window_rows, window_table
 from console.views.tables import (
     drafter_order,
     parity_soundness_table,
@@ -99,22 +101,40 @@ def vram_series(records: list[dict[str, Any]], scale: float = 60.0
     return t0, series
 
 
-def service_strip(state: dict[str, Any], t0: float | None, t1: float | None, width: int = 60) -> Text:
-    """The service over the run on one line: green while up, red while this run held it down."""
-    service = state.get("service") or {}
-    stopped, ready = service.get("stopped_at"), service.get("ready_at")
-    text = Text("service ", style="bold")
-    if t0 is None or t1 is None or t1 <= t0:
-        return text + Text("no telemetry recorded in this run", style="dim")
-    for i in range(width):
-        t = t0 + (t1 - t0) * (i + 0.5) / width
-        down = stopped is not None and t >= stopped and (ready is None or t < ready)
-        text.append("█", style="red" if down else "green")
-    if stopped is not None:
+class ServiceStrip:
+    """The service over the run on one line: green while up, red while this run held it down, then
+    how long it was down. The bar takes what the width leaves (at most 60 cells), so that the
+    downtime and its clock times stay whole on the line."""
+
+    def __init__(self, state: dict[str, Any], t0: float | None, t1: float | None) -> None:
+        self.state, self.t0, self.t1 = state, t0, t1
+
+    def __rich_console__(self, console: Console, options: ConsoleOptions) -> RenderResult:
+        tail = self.tail()
+        room = options.max_width - len("service ") - cell_len(tail.plain)
+        yield self.strip(max(10, min(60, room)))
+
+    def tail(self) -> Text:
+        service = self.state.get("service") or {}
+        stopped, ready = service.get("stopped_at"), service.get("ready_at")
+        if self.t0 is None or self.t1 is None or self.t1 <= self.t0 or stopped is None:
+            return Text("")
         took = f"down {duration(ready - stopped)}" if ready is not None else "NOT RESTARTED"
-        text.append(f"  {took} ({clock(stopped)} to {clock(ready) if ready else '-'})",
+        return Text(f"  {took} ({clock(stopped)} to {clock(ready) if ready else '-'})",
                     style="red" if ready is None else "")
-    return text
+
+    def strip(self, width: int) -> Text:
+        service = self.state.get("service") or {}
+        stopped, ready = service.get("stopped_at"), service.get("ready_at")
+        t0, t1 = self.t0, self.t1
+        text = Text("service ", style="bold")
+        if t0 is None or t1 is None or t1 <= t0:
+            return text + Text("no telemetry recorded in this run", style="dim")
+        for i in range(width):
+            t = t0 + (t1 - t0) * (i + 0.5) / width
+            down = stopped is not None and t >= stopped and (ready is None or t < ready)
+            text.append("█", style="red" if down else "green")
+        return text + self.tail()
 
 
 def steps_table(state: dict[str, Any], t0: float | None) -> Table:
@@ -130,6 +150,9 @@ def steps_table(state: dict[str, Any], t0: float | None) -> Table:
         table.add_row(name, step.get("status", "?"), offset, took, Text(step.get("detail") or step.get("why") or "",
                                                                           style="dim"))
     return table
+
+
+TIMELINE_TITLE = "VRAM in use per host, % (red: the stop, green: ready)"
 
 
 class TimelinePlot(PlotextPlot):
@@ -153,7 +176,7 @@ class TimelinePlot(PlotextPlot):
                 if service.get(key):
                     plt.vline((service[key] - t0) / scale, colour)
         plt.ylim(0, 100)
-        plt.title("VRAM in use per host (% of its GPUs' memory); red line: the stop, green: ready again")
+        plt.title(TIMELINE_TITLE)  # within 80 columns: plotext leaves out a title wider than the plot
         plt.xlabel(f"{unit} since the run began")
 
 
@@ -330,8 +353,10 @@ class ResultsScreen(Screen):
                 t0, _ = vram_series(data.telemetry)
                 t1 = max((r["t"] for r in data.telemetry if "t" in r), default=None)
                 yield TimelinePlot(data)
-                yield Static(service_strip(data.state, t0, t1), classes="strip")
-                yield VerticalScroll(Static(steps_table(data.state, t0)), classes="result-scroll steps")
+                yield Static(ServiceStrip(data.state, t0, t1), classes="strip")
+                window = window_rows(data.run_dir)  # the forecast against what the window measured
+                yield VerticalScroll(Static(Group(*([window_table(window), Text("")] if window else []),
+                                                  steps_table(data.state, t0))), classes="result-scroll steps")
             with TabPane("7 Online", id="online"):  # the online cross-check (screens/widgets/online.py)
                 yield OnlinePanel(read_online(data.run_dir))
         yield Footer()

@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from rich.table import Table
 from rich.text import Text
@@ -40,11 +40,15 @@ def headline(run: RunSummary) -> dict[str, float | None]:
 
 def compare_table(a: RunSummary, b: RunSummary) -> Table:
     """Two runs side by side: status, route, downtime and each drafter's vanilla tau, with the change."""
+    ta, tb = headline(a), headline(b)
+    names = list(dict.fromkeys([*ta, *tb]))
+    # the labels fold (a long drafter name), the run ids and the figures stay whole
     table = Table(title=f"{a.run_id}  vs  {b.run_id}", title_justify="left", header_style="bold")
-    table.add_column("", style="bold", no_wrap=True)
-    table.add_column(a.run_id, justify="right")
-    table.add_column(b.run_id, justify="right")
-    table.add_column("change", justify="right")
+    table.add_column("", style="bold", overflow="fold", min_width=8)
+    for run in (a, b):
+        table.add_column(run.run_id, justify="right", no_wrap=True,
+                         min_width=max(len(run.run_id), len(run.status), len(duration(run.downtime_s))))
+    table.add_column("change", justify="right", no_wrap=True, min_width=len("change"))
     table.add_row("status", a.status, b.status, "")
     table.add_row("route", a.route or "-", b.route or "-", "")
     change = ""
@@ -52,8 +56,7 @@ def compare_table(a: RunSummary, b: RunSummary) -> Table:
         delta = b.downtime_s - a.downtime_s
         change = Text(f"{'+' if delta >= 0 else '-'}{duration(abs(delta))}", style="red" if delta > 0 else "green")
     table.add_row("downtime", duration(a.downtime_s), duration(b.downtime_s), change)
-    ta, tb = headline(a), headline(b)
-    for name in list(dict.fromkeys([*ta, *tb])):
+    for name in names:
         va, vb = ta.get(name), tb.get(name)
         delta = Text("")
         if va is not None and vb is not None:
@@ -105,18 +108,22 @@ class RunsScreen(Screen):
         for run in self.runs:
             drafters += [n for n in headline(run) if n not in drafters]
         self.drafters = drafters
-        table.add_columns("", "run", "when", "status", "route", "downtime", *[f"tau {n}" for n in drafters])
+        # one row of a few lines per run, so that it fits 80 columns with every value whole: the run's
+        # id over its date, its status over its route, each drafter's tau on a line of its own
+        table.add_columns("", "run, when", "status, route", "downtime", "tau vanilla (macro)")
         for run in self.runs:
-            table.add_row(*self._row(run), key=run.run_id)
+            row = self._row(run)
+            table.add_row(*row, key=run.run_id, height=max(cell.count("\n") + 1 for cell in row))
         self.query_one("#compare").display = False
         if not self.runs:
             self.query_one(".hint", Static).update("no runs yet in the run store")
 
-    def _row(self, run: RunSummary) -> list[Any]:
+    def _row(self, run: RunSummary) -> list[str]:
         tau = headline(run)
         when = time.strftime("%Y-%m-%d %H:%M", time.localtime(run.created_at)) if run.created_at else "?"
-        return ["●" if run.run_id in self.marked else " ", run.run_id, when, run.status, run.route or "-",
-                duration(run.downtime_s), *["-" if tau.get(n) is None else f"{tau[n]:.2f}" for n in self.drafters]]
+        taus = "\n".join(f"{n} {'-' if tau.get(n) is None else f'{tau[n]:.2f}'}" for n in self.drafters) or "-"
+        return ["●" if run.run_id in self.marked else " ", f"{run.run_id}\n{when}",
+                f"{run.status}\n{run.route or '-'}", duration(run.downtime_s), taus]
 
     def _current(self) -> RunSummary | None:
         table = self.query_one(DataTable)

@@ -254,3 +254,36 @@ def test_the_drill_asset_build_reports_its_stages_as_it_goes(tmp_path: Path) -> 
             tell(line)
     shown = screen.getvalue()
     assert "building the tiny target" in shown and "fitting the reference and candidate drafters" in shown
+
+
+def test_the_jobs_summary_keeps_every_size_rate_and_label_whole_at_any_width() -> None:
+    """Piped (80 columns), the jobs' summary read `559.2 KiB / …` and `3500.3…`: rich's columns cut
+    the values. Each value stays whole at any width: the bar shrinks, then values go to the next line."""
+    import io
+
+    from hypothesis import given, settings
+    from hypothesis import strategies as st
+    from rich.console import Console
+
+    from console.messages import JobProgress
+    from console.session import MessageBus
+    from console.views.headless import HeadlessView
+
+    @settings(max_examples=40, deadline=None)
+    @given(width=st.integers(30, 200), label=st.sampled_from(["linked_list_reverse", "async_rate_limiter", ""]))
+    def check(width: int, label: str) -> None:
+        screen = io.StringIO()
+        bus = MessageBus()
+        view = HeadlessView(bus, Console(file=screen, width=width, no_color=True))
+        bus.publish(JobProgress("x-1", "extract", "ct129", 572620.8, 572620.8, "bytes", rate=3500.3 * 1024, key="bytes"))
+        bus.publish(JobProgress("x-1", "extract", "ct129", 33, 33, "tensors", rate=3500.3, key="tensors"))
+        bus.publish(JobProgress("x-1", "extract", "ct129", 7, 10, "prompts", rate=1.2, message=label, key="prompts"))
+        view.close()
+        out = screen.getvalue()
+        lines = out.splitlines()
+        assert "…" not in out and all(len(line) <= width for line in lines), out
+        for value in ("559.2 KiB / 559.2 KiB", "3.4 MiB/s", "33/33", "3500.3 tensors/s", "7/10", "1.2 prompts/s",
+                      "ct129 extract bytes", label):
+            assert any(value in line for line in lines), (value, out)
+
+    check()

@@ -109,6 +109,12 @@ def test_a_runs_own_directory_is_reported_from_its_results(run_dir: Path, tmp_pa
     out = capsys.readouterr().out
     assert "copy (reference)" in out and "tau vanilla (macro" in out
     assert f"wrote {directory / 'report.md'}" in out
+    # the window, forecast against measured, on the terminal as in report.md (issue 28: report.md only)
+    lines = out.splitlines()
+    assert any("Window: forecast against measured" in line for line in lines), out
+    for phase, forecast, measured in (("stop", "11 s", "4.0 s"), ("start", "1 min 50 s", "1 min 36 s"),
+                                      ("downtime", "3 min 14 s", "3 min 14 s")):
+        assert any(phase in line and forecast in line and measured in line for line in lines), (phase, out)
     report = json.loads((directory / "report.json").read_text())
     assert report["run_dir"] == str((directory / "results").resolve())
     assert "## Summary" in (directory / "report.md").read_text()

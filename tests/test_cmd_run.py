@@ -101,6 +101,43 @@ def test_runs_piped_keeps_every_id_and_tau_whole(runs_dir: Path) -> None:
         good_lines_are_whole(done.stdout, runs_dir)
 
 
+def test_runs_at_120_columns_is_a_table_and_its_blocks_keep_each_tau_line_whole() -> None:
+    """The walk's `runs` at 120 columns fell back to blocks (a status "refused (console gone),
+    SERVICE DOWN" made the table too wide) whose second tau line started at column 0. The status
+    wraps between its words; where blocks are drawn (80 columns), each tau line is indented alike."""
+    import io
+
+    from rich.console import Console
+
+    from console.cli.run import runs_rows
+    from console.procedure.store import RunSummary
+    from console.views.tables import FittedTable
+
+    summaries = [
+        RunSummary("20261202-051437-77bc", 1_764_652_477.0, "refused", "window", 626.4,
+                   {"candidate": 2.69, "reference": 8.0}, None, Path("/x"), service_down=True, console_gone=True,
+                   online={"reference": 8.0}, forecast_s=38.0, windows=2),
+        RunSummary("20261202-052118-84c8", 1_764_652_878.0, "done", "window", 26.4,
+                   {"candidate": 2.69, "reference": 8.0}, None, Path("/x"), online={"reference": 8.0}, forecast_s=16.0),
+    ]
+
+    def shown(width: int) -> list[str]:
+        out = io.StringIO()
+        Console(file=out, width=width, no_color=True).print(
+            FittedTable(runs_rows(summaries), "runs in /store", justify="left", wrap=(2,)))
+        return out.getvalue().splitlines()
+
+    wide = shown(120)
+    assert any(line.startswith("┏") for line in wide), "\n".join(wide)  # a table, not blocks
+    assert all(len(line) <= 120 for line in wide) and "…" not in "\n".join(wide)
+    for tau in ("candidate 2.69", "reference 8.00", "10 min 26 s (38 s)", "20261202-051437-77bc"):
+        assert any(tau in line for line in wide), tau
+    narrow = shown(60)
+    taus = [line for line in narrow if line.strip() in ("candidate 2.69", "reference 8.00")]
+    assert len(taus) == 4 and {len(line) - len(line.lstrip()) for line in taus} == {4}, "\n".join(narrow)
+    assert any("status: refused (console gone), SERVICE DOWN" in line for line in narrow)
+
+
 @pytest.fixture
 def config(tmp_path: Path) -> Iterator[Path]:
     """A config of two real SSH hosts (embedded servers on loopback)."""

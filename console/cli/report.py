@@ -23,7 +23,7 @@ from rich.text import Text
 from console.cli.main import UsageError
 from console.procedure.results import RESULTS_FILE, read_run
 from console.procedure.store import STATE, RunStore, RunStoreError, what_next
-from console.views.report import report_renderables, write_report
+from console.views.report import report_renderables, window_rows, window_table, write_report
 from console.views.tables import MISMATCH_THRESHOLD
 
 
@@ -58,6 +58,9 @@ def run(args: argparse.Namespace) -> int:
     console = Console()
     for part in report_renderables(*loaded, threshold=threshold):
         console.print(part)
+    window = window_rows(out_dir)  # a run's report: its window, forecast against measured, as report.md has it
+    if window is not None:
+        console.print(window_table(window))
     _, (markdown, exported) = write_report(run_dir, out_dir, threshold=threshold, loaded=loaded)
     console.print(Text(f"wrote {markdown} and {exported}"))
     return 0

@@ -340,8 +340,8 @@ def runs_rows(summaries: list[RunSummary | UnreadableRun]) -> tuple[list[str], l
         downtime = duration(summary.downtime_s, tenths=True)
         if summary.forecast_s is not None:
             downtime += f" ({duration(summary.forecast_s, tenths=True)})"
-        if summary.windows > 1:
-            downtime += f", {summary.windows} windows"
+        if summary.windows > 1:  # a line of its own: the column stays as wide as one window's figures
+            downtime += f"\n{summary.windows} windows"
         rows.append([summary.run_id, time.strftime("%Y-%m-%d %H:%M", time.localtime(summary.created_at)), status,
                      summary.route or "-", downtime, taus, online])
         styles.append("bold red" if summary.service_down or summary.server_paused or summary.drained else "")
@@ -353,7 +353,9 @@ def runs(args: argparse.Namespace) -> int:
     store = RunStore(args.runs)
     summaries = store.summaries()
     console = Console()
-    console.print(FittedTable(runs_rows(summaries), f"runs in {store.root}", justify="left"))
+    # the status is a phrase ("refused (console gone), SERVICE DOWN"): it wraps between its words, so
+    # that the table still fits 120 columns; ids, dates, downtimes and taus stay whole
+    console.print(FittedTable(runs_rows(summaries), f"runs in {store.root}", justify="left", wrap=(2,)))
     for summary in summaries:
         if isinstance(summary, UnreadableRun):
             console.print(unreadable_run_line(summary.run_id, summary.dir, summary.why), soft_wrap=True)

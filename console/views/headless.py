@@ -12,9 +12,9 @@ import time
 from collections.abc import Callable, Iterator
 from typing import Any
 
-from rich.console import Console
+from rich.cells import cell_len
+from rich.console import Console, ConsoleOptions, RenderResult
 from rich.progress import (
-    BarColumn,
     Progress,
     SpinnerColumn,
     TaskID,
@@ -51,6 +51,54 @@ def build_progress(title: str, console: Console | None = None) -> Iterator[Calla
         yield tell
 
 
+BAR_MIN, BAR_MAX = 10, 40
+
+
+class _JobLines:
+    """The jobs' bars, one task a line: its name, the bar, then its values (n/N or sizes, the
+    prompt, the rate) and the time. Where a line does not fit the width (80 columns piped, a narrow
+    terminal) the bar shrinks, then the values go to the next line, each whole (never `559.2 KiB /
+    …` nor `3500.3…`, as rich's table of columns cut them)."""
+
+    def __init__(self, progress: Progress):
+        self.progress = progress
+
+    def __rich_console__(self, console: Console, options: ConsoleOptions) -> RenderResult:
+        width = options.max_width
+        with self.progress._lock:
+            tasks = [t for t in self.progress.tasks if t.visible]
+        pad = max((cell_len(t.description) for t in tasks), default=0)
+        rows = []
+        for task in tasks:
+            values = [v for v in (task.fields.get("count", ""), *task.fields.get("extra", "").split("  ")) if v]
+            elapsed = int(task.finished_time if task.finished else (task.elapsed or 0))
+            values.append(f"{elapsed // 3600}:{elapsed // 60 % 60:02d}:{elapsed % 60:02d}")
+            rows.append((task, values))
+        # one bar width for all (the values start in one column), as wide as the longest line allows
+        room = min((width - pad - 2 - cell_len(" ".join(values)) for _, values in rows), default=BAR_MAX)
+        bar_width = max(0, min(BAR_MAX, room if room >= BAR_MIN else width - pad - 1))
+        for task, values in rows:
+            line = Text(task.description.ljust(pad) + " ", style="progress.description")
+            if bar_width:
+                line.append_text(_bar(task.percentage / 100 if task.total else 0.0, bar_width))
+            for value in values:  # each value whole: on this line, else on the next one, indented
+                if cell_len(line.plain) + 1 + cell_len(value) > width and line.plain.strip():
+                    yield line
+                    line = Text("  ")
+                line.append((" " if line.plain.strip() else "") + value)
+            yield line
+
+
+def _bar(fraction: float, width: int) -> Text:
+    done = round(max(0.0, min(1.0, fraction)) * width)
+    return Text("━" * done, style="bar.complete") + Text("━" * (width - done), style="bar.back")
+
+
+class _JobBars(Progress):
+    def get_renderables(self):
+        yield _JobLines(self)
+
+
 class HeadlessView:
     """Prints a run as it happens."""
 
@@ -58,9 +106,7 @@ class HeadlessView:
                  warnings_only: bool = False):
         self.console = console or Console(stderr=True)
         self.warnings_only = warnings_only  # `--plan`: the journal's warnings and errors, nothing else
-        self.progress = Progress(TextColumn("{task.description}"), BarColumn(), TextColumn("{task.fields[count]}"),
-                                 TextColumn("{task.fields[extra]}"), TimeElapsedColumn(),
-                                 console=self.console, transient=False) if show_progress else None
+        self.progress = _JobBars(console=self.console, transient=False) if show_progress else None
         self._tasks: dict[tuple[str, str], TaskID] = {}
         self._ended: dict[str, str] = {}  # steps ended before this run's plan (a resume shows them first)
         self._unsubscribe = bus.subscribe(self.on_message)
@@ -126,8 +172,8 @@ class HeadlessView:
         count = (f"{size(message.done)} / {size(total)}" if in_bytes else f"{message.done:g}/{total:g}") \
             if total is not None else (size(message.done) if in_bytes else f"{message.done:g}")
         extra = message.message or ""
-        if message.rate:
-            extra = f"{extra} {rate(message.rate) if in_bytes else f'{message.rate:.1f} {message.unit}/s'}".strip()
+        if message.rate:  # two spaces: the label and the rate are two values, each kept whole
+            extra = f"{extra}  {rate(message.rate) if in_bytes else f'{message.rate:.1f} {message.unit}/s'}".strip()
         if key not in self._tasks:
             description = f"{message.host} {message.worker} {message.key or message.unit}"
             self._tasks[key] = self.progress.add_task(description, total=total, extra=extra, count=count)

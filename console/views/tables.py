@@ -407,16 +407,23 @@ class FittedTable(Table):
     80 columns piped), it is drawn as blocks instead: each row's first value, then `header: value`
     lines (the value on a line of its own where both do not fit), wrapped only between words.
     `fold`: the column of labels or prose that may fold (None: every column holds values, such as
-    run ids); `justify`: of the value columns (figures right-aligned, text left)."""
+    run ids); `wrap`: columns of phrases (a run's status) that wrap between their words, never
+    inside one; `justify`: of the value columns (figures right-aligned, text left)."""
 
-    def __init__(self, rows: Rows, title: str, fold: int | None = None, justify: str = "right"):
+    def __init__(self, rows: Rows, title: str, fold: int | None = None, justify: str = "right",
+                 wrap: tuple[int, ...] = ()):
         super().__init__(title=title, title_justify="left", header_style="bold")
         self.rows_shown = rows
         self.fold = fold
+        self.wrap = wrap
         headers, body, styles = rows
         for i, h in enumerate(headers):
             if i == fold:
                 self.add_column(h, justify="left", overflow="fold", min_width=LABEL_MIN)
+            elif i in wrap:  # as narrow as its longest word (or header word)
+                words = [w for row in body for w in row[i].split()] + h.split()
+                self.add_column(Text(h, no_wrap=False, overflow="fold"), justify="left",
+                                min_width=max((cell_len(w) for w in words), default=1))
             else:  # the values whole on one line; a longer header wraps between its words (`squeezed`)
                 width = max([_width(row[i]) for row in body] + [cell_len(word) for word in h.split()] or [1])
                 self.add_column(Text(h, no_wrap=False, overflow="fold"), justify="left" if i == 0 else justify,
@@ -449,8 +456,8 @@ class FittedTable(Table):
             lines.append(Text(row[0], style=f"bold {style}".strip()))
             for header, value in zip(headers[1:], row[1:], strict=True):
                 line = f"  {header}: {value}"
-                if cell_len(line) > width:  # the value on lines of its own, indented, rather than cut in two
-                    lines += [Text(f"  {header}:", style=style), Padding(Text(value, style=style), (0, 0, 0, 4))]
+                if cell_len(line) > width or "\n" in value:  # on lines of its own, indented, never cut in two
+                    lines += [Text(f"  {header}:", style=style), Padding(Text(value, style=style), (0, 0, 0, 4), expand=False)]
                 else:
                     lines.append(Text(line, style=style))
         return lines

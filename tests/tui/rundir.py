@@ -12,6 +12,7 @@ from pathlib import Path
 import torch
 
 from console import messages as m
+from console.procedure import forecast as fc
 from console.procedure.state import RunState, StepState
 from console.procedure.store import JOURNAL, TELEMETRY, Run
 from remote.drafter import save_random_drafter
@@ -19,7 +20,7 @@ from remote.drill.synthetic import build_copying_setup, random_sequences, write_
 from remote.evaluate import main as evaluate_main
 from remote.events import EventWriter
 from remote.parity import compare_dirs
-from tests.tui.standin import PLAN_STEPS, T0, gpu, sample
+from tests.tui.standin import PLAN_STEPS, STOP_FORECAST, T0, gpu, sample
 
 RUN_ID = "20251201-093500-ab12"
 STOPPED, READY = T0 + 90, T0 + 284  # the service was down 3 min 14 s
@@ -91,6 +92,11 @@ def build_run(runs_root: Path, evaluation_dir: Path, parity_report: dict | None 
         state.steps[step.name] = StepState("done", t, t + took, work_s=took)
         t += took
     state.service.stopped_at, state.service.ready_at, state.service.stops, state.service.starts = STOPPED, READY, 1, 1
+    # the forecast the stop was asked with, and the marks its phases are measured by (4 s to stop, 36 s
+    # until the VRAM was free, the extraction until the GPUs were released, 96 s to start)
+    state.forecast = fc.to_state(STOP_FORECAST)
+    state.service.stop_returned_at, state.service.vram_free_at = STOPPED + 4, STOPPED + 40
+    state.extraction.gpu_released_at = state.service.start_issued_at = READY - 96
     run = Run(directory, state)
     run.save()  # the store's own writer, as the engine saves it
     with (directory / JOURNAL).open("w") as f:
