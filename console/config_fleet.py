@@ -140,13 +140,3 @@ def fleet_to_dict(fleet: FleetConfig) -> dict[str, Any]:
     out["replicas"] = [{"name": r.name, **_table_dict(r.service), **({"router_url": r.router_url} if r.router_url else {})}
                        for r in fleet.replicas]
     return out
-
-
-FLEET_WINDOW_MISSING = ("this config is a fleet ([fleet]: replicas behind SGLang's router): the console's screens do not "
-                        "show the fleet window yet (drain a replica, its window there, rejoin); `dflash-ops run "
-                        "--headless` (or --yes, --step) runs it. Nothing was done")
-
-
-def fleet_window_refusal(config: Any) -> str | None:
-    """Why the console's screens cannot run a window on `config` yet (a fleet), or None (one server)."""
-    return FLEET_WINDOW_MISSING if getattr(config, "fleet", None) is not None else None

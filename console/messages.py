@@ -440,7 +440,7 @@ class ForecastPhase:
     """One phase of the window's forecast downtime, with what it is based on."""
 
     name: str  # "stop" | "free-vram" | "extract" | "start"
-    seconds: float
+    seconds: float | None  # None: unknown (nothing on the hosts tells it), never taken as 0 s
     basis: str  # in the operator's words: "median of 3 earlier runs on ct129", "54 GiB at 3.1 GB/s (probe)"
     spread_s: float | None = None  # (max - min) of the earlier runs it is based on, when there are several
     estimated: bool = False  # True when no measurement of this host backs it (labelled "estimate")
@@ -451,7 +451,7 @@ class Forecast:
     """The window's downtime before the stop, by phase; `budget_s` from `[window] max_downtime_s`."""
 
     run_id: str
-    downtime_s: float
+    downtime_s: float  # the known phases' sum: a floor when a phase is unknown (forecast.unknown / figure)
     phases: tuple[ForecastPhase, ...]
     budget_s: float | None = None
     over_budget: bool = False
@@ -483,3 +483,38 @@ class LiveRun:
     service_down: bool  # this run stopped the service and it is not back
     ours: bool  # driven by this console
     question: str | None = None  # what its console waits for the operator to answer ("start the service on ct129")
+
+
+# --- the fleet behind SGLang's router (console/service/fleet_watch.py) ----------------------------------
+
+
+@dataclass(frozen=True)
+class ReplicaView:
+    """One replica as the router lists it and as it reports itself, and what a run does with it."""
+
+    name: str
+    host: str
+    gpus: tuple[int, ...]  # the GPUs its service uses ([service] gpus; () = all of its host's)
+    listed: bool  # the router lists it
+    healthy: bool  # ... healthy
+    router_load: int | None  # the router's own count of its requests in flight to it
+    running: int | None  # its own /metrics: running requests (None: unreadable)
+    queued: int | None
+    error: str | None = None  # why its figures could not be read
+    state: str = "serving"  # serving | draining | in window | rejoining | DRAINED | unhealthy | out of the router
+    run_id: str | None = None  # the run whose window it is in (or that left it drained)
+
+
+@dataclass(frozen=True)
+class FleetView:
+    """The router's health and every replica, at one time (epoch seconds)."""
+
+    router: str
+    router_up: bool  # GET /health answered 200
+    replicas: tuple[ReplicaView, ...]
+    checked_at: float
+    error: str | None = None  # why the router could not be read
+
+    @property
+    def healthy_count(self) -> int:
+        return sum(1 for r in self.replicas if r.listed and r.healthy)

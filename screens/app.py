@@ -28,6 +28,7 @@ from console import messages as m
 from console.session.bus import replace_key
 from screens.dashboard import DashboardScreen
 from screens.decider import ModalDecider
+from screens.fleet import drained_by, replica_name
 from screens.format import clock
 from screens.modals.confirm import QuestionModal
 from screens.modals.error import ErrorModal, ErrorReport, report_of, tail
@@ -130,6 +131,8 @@ class ConsoleApp(App[int]):
         config = operator.config
         service = config.service
         self.service_name = service.unit if service.manager == "systemd" else "server"
+        if replica_name(config) is not None:  # a fleet: the replica this console's window is on
+            self.service_name += f" (replica {replica_name(config)})"
         self.sub_title = ("read-only  " if self.read_only else "") + ", ".join(config.hosts)
 
     # --- lifecycle ------------------------------------------------------------------------------
@@ -361,8 +364,14 @@ class ConsoleApp(App[int]):
         if action == "cancel_run":
             return busy
         if action == "restart_service":
-            return self.can_restart() and not self._service_busy()
+            return (self.can_restart() or self.can_rejoin()) and not self._service_busy()
         return True
+
+    def can_rejoin(self) -> bool:
+        """`r` with a fleet: a replica a run left DRAINED (out of the router, no console driving that
+        run) is put back by that run's resume (its window finished first when it had not)."""
+        return not self.read_only and drained_by(self) is not None and self.state.down_since is None \
+            and not self.state.running
 
     def _service_busy(self) -> bool:
         return any(w.group == "service" and not w.is_finished for w in self.workers)
@@ -440,6 +449,9 @@ class ConsoleApp(App[int]):
         await self.operator.restart_service(self.decider)
 
     def action_restart_service(self) -> None:
+        if self.can_rejoin() and not self._service_busy():  # a DRAINED replica: its run's resume rejoins it
+            self.run_procedure(resume=drained_by(self))
+            return
         if self.can_restart() and not self._service_busy():
             self.restart()
 

@@ -11,8 +11,10 @@ from textual.css.query import NoMatches
 from textual.screen import Screen
 from textual.widgets import Footer, Header
 
+from screens.fleet import fleet_view
 from screens.widgets.downtime_banner import DowntimeBanner
 from screens.widgets.event_log import EventLog
+from screens.widgets.fleet_panel import FleetPanel
 from screens.widgets.host_panel import HISTORY_S, HostPanel
 from screens.widgets.job_panel import JobPanel
 from screens.widgets.service_panel import ServicePanel
@@ -34,6 +36,9 @@ class DashboardScreen(Screen):
         yield DowntimeBanner()
         with Horizontal(id="main"):
             with VerticalScroll(id="hosts"):
+                fleet = getattr(app.operator.config, "fleet", None)
+                if fleet is not None:  # the router and its replicas, above the hosts
+                    yield FleetPanel(fleet.router)
                 for host in app.operator.config.hosts:
                     yield HostPanel(host, self._history)
             with Vertical(id="side"):
@@ -57,7 +62,7 @@ class DashboardScreen(Screen):
         self.refresh_all()
 
     def refresh_all(self) -> None:
-        for kind in ("host", "service", "steps", "job", "downtime", "journal"):
+        for kind in ("host", "service", "fleet", "steps", "job", "downtime", "journal"):
             self.refresh_part(kind)
 
     def refresh_part(self, kind: str, payload: object = None) -> None:
@@ -80,7 +85,13 @@ class DashboardScreen(Screen):
             self.query_one(ServicePanel).show(state.service, state.downtime, state.startup, now,
                                               f"run {elsewhere.run_id}" if elsewhere else "this run")
             self.query_one(DowntimeBanner).show(state, now, self.app.can_restart())
-        elif kind == "steps":
+        elif kind == "fleet" or (kind == "steps" and getattr(payload, "step", None) in ("drain", "rejoin")):
+            for panel in self.query(FleetPanel):  # a drain or rejoin moves a replica's state at once
+                panel.show(fleet_view(self.app))
+            if kind == "fleet":
+                self.app.refresh_bindings()  # r rejoins a DRAINED replica
+                return
+        if kind == "steps":
             self.query_one(Stepper).show(state.steps, state.planned, state.run_id, state.route, now,
                                          compact=self.app.has_class("narrow"), running=state.running,
                                          read_only=self.app.read_only)

@@ -109,6 +109,7 @@ class ConsoleState:
     downtime_estimate_s: float | None = None  # the stop's confirmation: earlier windows' downtime
     plan: m.PlanReady | None = None
     live: m.LiveRun | None = None  # the run driving the hosts, as the store says (another console's too)
+    fleet: m.FleetView | None = None  # [fleet]: the router and its replicas, as the session last saw them
     driven_here: set = field(default_factory=set)  # the runs this console drove (their end, too, is ours)
 
     @property
@@ -123,8 +124,8 @@ class ConsoleState:
         return None if self.running and live.run_id == self.run_id else live
 
     def apply(self, message: Any, now: float | None = None) -> str | None:
-        """Fold one message in; returns which panel it concerns ("host", "service", "steps", "job",
-        "journal", "downtime", "run") or None when nothing shown changed."""
+        """Fold one message in; returns which panel it concerns ("host", "service", "fleet", "steps",
+        "job", "journal", "downtime", "run") or None when nothing shown changed."""
         if isinstance(message, m.HostState):
             self.hosts[message.host] = message
             return "host"
@@ -138,6 +139,9 @@ class ConsoleState:
             if message.status is not None and message.status.active and message.health and message.health.ready:
                 self.startup = None
             return "service"
+        if isinstance(message, m.FleetView):
+            self.fleet = message
+            return "fleet"
         if isinstance(message, m.StartupProgress):
             self.startup = None if message.stage == "ready" else message
             return "service"

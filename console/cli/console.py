@@ -7,7 +7,9 @@ The Textual app lives in `screens/`; it is imported only when the command runs, 
 from __future__ import annotations
 
 import argparse
+import asyncio
 import sys
+from typing import Any
 
 from console.config import DEFAULT_CONFIG_NAME, load_config
 
@@ -19,15 +21,32 @@ def run(args: argparse.Namespace) -> int:
     if not (sys.stdin.isatty() and sys.stdout.isatty()):
         raise UsageError("the console needs a terminal; for scripts use `dflash-ops run --headless`")
     config = load_config(args.config)
-    from console.config_fleet import fleet_window_refusal
-
-    if not args.read_only and (refusal := fleet_window_refusal(config)) is not None:
-        raise UsageError(f"{refusal} (--read-only watches it)")
+    if config.fleet is not None and not args.read_only:  # the replica the window runs on, before the screen
+        config = fleet_replica(config, args.runs, UsageError)
     from console.operator import Operator
     from screens.app import run_app
 
     operator = Operator(config, runs_dir=args.runs, read_only=args.read_only)
     return run_app(operator)
+
+
+def fleet_replica(config: Any, runs: str | None, error: type[Exception]) -> Any:
+    """A fleet config addressed to the replica whose window this console runs: the one a run to resume
+    recorded (a DRAINED replica: `r` puts it back), else the one chosen now (the least loaded; the
+    refusals, with their numbers, raise `error` before anything changes)."""
+    from console.procedure.outcomes import StepFailed
+    from console.procedure.steps.fleet import fleet_config
+    from console.procedure.store import RunStore, RunStoreError
+
+    try:
+        recorded = RunStore(runs).to_resume()
+    except RunStoreError:
+        recorded = None  # the console's resume offer says what is wrong with the store
+    try:
+        placed, _why = asyncio.run(fleet_config(config, recorded.state if recorded is not None else None))
+    except StepFailed as exc:
+        raise error(f"{exc.msg} (--read-only watches the fleet)") from None
+    return placed
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:

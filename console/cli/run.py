@@ -278,13 +278,9 @@ def run(args: argparse.Namespace) -> int:
     named = run_named(RunStore(args.runs), args.resume)
     config = config_for(args.config, named, say)
     if config.fleet is not None:  # the fleet window: the replica chosen (or recorded) before anything changes
-        from console.config_fleet import fleet_window_refusal
         from console.procedure.outcomes import StepFailed
         from console.procedure.steps.fleet import fleet_config
 
-        if not args.plan and not args.headless and not args.yes and sys.stdin.isatty():
-            err.print(f"dflash-ops: error: {fleet_window_refusal(config)}", style="red", soft_wrap=True)
-            return 2
         try:
             config, why = asyncio.run(fleet_config(config, named.state if named is not None and args.resume else None))
         except StepFailed as exc:

@@ -5,6 +5,9 @@ host), streams the telemetry agent, asks the service manager for its state and t
 health through a forwarded port. It never stops or starts anything (it does ship the worker code,
 which the agent needs, into the host's workdir).
 
+With `[fleet]`: the router's health and each replica (its state: serving, draining, in window,
+rejoining, DRAINED by run X; its requests, host and GPUs) under the service.
+
 A drill host whose workdir holds `simulated-gpu.json` (`remote.drill.simgpu`) is read through that
 file and shown SIMULATED. One snapshot by default (exit 0 when every host is connected and the
 service is ready, else 1); `--watch` redraws every second until Ctrl-C.
@@ -23,7 +26,9 @@ from rich.text import Text
 from console.cli.config_source import config_for
 from console.config import Config
 from console.procedure.store import RunStore, UnreadableRun, left_line, what_next
+from console.service.fleet_watch import with_runs
 from console.session import Session, service_name
+from console.views.fleet import fleet_renderable
 from console.views.status import status_view, unreadable_run_line
 
 FIRST_SAMPLE_WAIT_S = 15.0  # the first agent start may ship the worker code first
@@ -34,10 +39,17 @@ def render(session: Session, runs: RunStore | None = None) -> RenderableType:
     config = session.config
     view = status_view(session.states(), session.telemetry(), service_name(config), config.service.host,
                        session.service.last)
+    if config.fleet is not None:  # the router and each replica, with what the runs do with them
+        view = Group(view, fleet_renderable(with_runs(session.fleet, fleet_states(runs)) if session.fleet else None))
     if runs is None:
         return view
     unreadable = [unreadable_run_line(u.run_id, u.dir, u.why) for u in runs.summaries() if isinstance(u, UnreadableRun)]
     return screen(view, downtime_line(runs), unreadable)
+
+
+def fleet_states(runs: RunStore | None) -> list:
+    """The runs' states, newest first: what a replica's state is read from (`fleet_watch.with_runs`)."""
+    return [run.state for run in reversed(runs.readable())] if runs is not None else []
 
 
 def screen(view: RenderableType, down: Text | None, unreadable: list[Text]) -> RenderableType:
@@ -61,7 +73,8 @@ async def snapshot(config: Config, console: Console, runs: RunStore | None = Non
     session.start(watch_service=False)
     try:
         await session.wait_first_states()
-        await asyncio.gather(session.check_service(), session.wait_first_samples(FIRST_SAMPLE_WAIT_S))
+        await asyncio.gather(session.check_service(), session.check_fleet(),
+                             session.wait_first_samples(FIRST_SAMPLE_WAIT_S))
         console.print(render(session, runs), soft_wrap=True)  # an error line stays one line
         return 0 if session.all_well() else 1
     finally:

@@ -34,6 +34,8 @@ def replace_key(message: Any) -> Hashable | None:
         return ("host", message.host)
     if isinstance(message, m.ServiceView):
         return ("service",)
+    if isinstance(message, m.FleetView):
+        return ("fleet",)
     if isinstance(message, m.Downtime):
         return ("downtime", message.run_id)
     progress = getattr(m, "JobProgress", None)

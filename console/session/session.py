@@ -15,7 +15,7 @@ from collections.abc import Callable
 from urllib.parse import urlsplit
 
 from console.config import Config, ConfigError
-from console.messages import HostState, ServiceView, TelemetryUpdate
+from console.messages import FleetView, HostState, ServiceView, TelemetryUpdate
 from console.service.control import (
     CommandManager,
     ServiceMonitor,
@@ -117,6 +117,8 @@ class Session:
         self._unsubscribe: list[Callable[[], None]] = []
         self._poller: asyncio.Task | None = None
         self._service_wake = asyncio.Event()
+        self.fleet: FleetView | None = None  # [fleet]: the router and its replicas, last looked at
+        self._fleet_poller: asyncio.Task | None = None
 
     # --- lifecycle ----------------------------------------------------------------------------
 
@@ -130,10 +132,13 @@ class Session:
             stream.start()
         if watch_service:
             self._poller = asyncio.create_task(self._poll_service(), name="session-service")
+            if self.config.fleet is not None:
+                self._fleet_poller = asyncio.create_task(self._poll_fleet(), name="session-fleet")
 
     async def stop(self) -> None:
         await cancel_and_wait(self._poller)
-        self._poller = None
+        await cancel_and_wait(self._fleet_poller)
+        self._poller = self._fleet_poller = None
         for unsubscribe in self._unsubscribe:
             unsubscribe()
         self._unsubscribe.clear()
@@ -202,6 +207,24 @@ class Session:
             with contextlib.suppress(TimeoutError):
                 async with asyncio.timeout(self.service_interval if view.status is not None else 1.0):
                     await self._service_wake.wait()
+
+    # --- the fleet ([fleet]: replicas behind SGLang's router) ----------------------------------
+
+    async def check_fleet(self) -> FleetView | None:
+        """Look at the router and every replica now (console/service/fleet_watch.py); published.
+        None without [fleet]."""
+        if self.config.fleet is None:
+            return None
+        from console.service.fleet_watch import look
+
+        self.fleet = await look(self.config.fleet)
+        self.bus.publish(self.fleet)
+        return self.fleet
+
+    async def _poll_fleet(self) -> None:
+        while True:
+            await self.check_fleet()
+            await asyncio.sleep(self.service_interval)
 
     # --- snapshots for views ------------------------------------------------------------------
 

@@ -16,7 +16,7 @@ KEYS = [
     ("n", "the next step only, then pause (run again, or g, to go on)"),
     ("p", "plan only: preflight, touches nothing"),
     ("c", "cancel the running procedure (it then offers the restart)"),
-    ("r", "restart the service (while this run holds it down)"),
+    ("r", "restart the service (while this run holds it down); with a fleet, put a DRAINED replica back in the router"),
     ("o", "open the results of the newest run (or of the finished one)"),
     ("h", "earlier runs: pick two to compare, or open one's results"),
     ("tab", "move the focus between the hosts and the events; arrows / PageUp / PageDown scroll the focused one"),

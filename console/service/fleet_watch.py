@@ -1,0 +1,112 @@
+"""The fleet as every view shows it: the router's health, and per replica whether the router lists it
+healthy, its load, its GPUs and what a run is doing with it (serving / draining / in window /
+rejoining / DRAINED by run X).
+
+`look` asks the router (`GET /health`, `GET /workers`) and each replica (`/metrics`); it never
+raises: what cannot be read is said in the view. `with_runs` adds each replica's state from the runs'
+states (the run store's, the one source `status`, `runs` and the console share): a replica a live
+run has drained is "draining" while its drain step runs, "rejoining" while its rejoin runs, else "in
+window"; one a run left out of the router and no console drives is "DRAINED" by that run (`r` in the
+console, `run --resume` put it back). The session polls `look` while the config has `[fleet]`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import time
+from collections.abc import Iterable
+from typing import Any
+
+from console.config import ConfigError
+from console.messages import FleetView, ReplicaView
+from console.service.router import RouterClient, RouterError, Worker
+from console.service.sglang_api import ServerUnreachable, SglangClient, server_summary
+
+LOOK_TIMEOUT_S = 5.0  # one look at the fleet; a replica that does not answer in time is said so
+
+
+async def _replica(replica: Any, listed: Worker | None) -> ReplicaView:
+    service = replica.service
+    running = queued = None
+    error = None
+    try:
+        summary = server_summary(await SglangClient(service.url, timeout=LOOK_TIMEOUT_S).metrics())
+        running, queued = summary["running_requests"], summary["queued_requests"]
+        if running is None:
+            error = "no /metrics (start it with --enable-metrics)"
+    except (ServerUnreachable, OSError, ValueError) as exc:
+        error = f"no answer: {exc}"
+    return ReplicaView(replica.name, service.host, tuple(service.gpus), listed is not None,
+                       bool(listed and listed.healthy), listed.load if listed else None,
+                       None if running is None else int(running), None if queued is None else int(queued), error)
+
+
+async def look(fleet: Any) -> FleetView:
+    """The router and every replica, now. Never raises."""
+    workers: list[Worker] = []
+    error = None
+    up = False
+    try:
+        router = RouterClient(fleet.router, timeout=LOOK_TIMEOUT_S, api_key=fleet.api_key())
+        up = await router.health() == 200
+        workers = await router.workers()
+    except (RouterError, ServerUnreachable, ConfigError, OSError, ValueError) as exc:
+        error = str(exc)
+
+    def listed(replica: Any) -> Worker | None:
+        return next((w for w in workers if w.url.rstrip("/") == replica.worker_url.rstrip("/")), None)
+
+    replicas = await asyncio.gather(*(_replica(r, listed(r)) for r in fleet.replicas))
+    if error is not None:  # the listing is unknown: never say "out of the router" for what was not read
+        replicas = [dataclasses.replace(r, state="unknown") for r in replicas]
+    else:
+        replicas = [dataclasses.replace(r, state=_listing_state(r)) for r in replicas]
+    return FleetView(fleet.router, up, tuple(replicas), time.time(), error)
+
+
+def _listing_state(replica: ReplicaView) -> str:
+    return "serving" if replica.listed and replica.healthy else "unhealthy" if replica.listed else "out of the router"
+
+
+def _live(state: Any) -> bool:
+    """A console drives the run now (ours, another one, or one on another machine that cannot be told)."""
+    from console.procedure.store import driven_elsewhere
+
+    return state.status == "running" and driven_elsewhere(state) is not False
+
+
+def run_state_of(name: str, states: Iterable[Any]) -> tuple[str, str] | None:
+    """(state, run id) of replica `name` from the runs' states, newest first; None when no run holds it."""
+    for state in states:
+        svc = state.service
+        drained = svc.drained or {}
+        replica = drained.get("replica") or state.facts.get("fleet_replica")
+        if replica != name:
+            continue
+        live = _live(state)
+        if live and state.status_of("drain") == "running":
+            return "draining", state.run_id
+        if live and state.status_of("rejoin") == "running":
+            return "rejoining", state.run_id
+        if svc.drained is not None:
+            return ("in window" if live else "DRAINED"), state.run_id
+        return None  # the newest run on this replica has it back in the router
+    return None
+
+
+def with_runs(view: FleetView, states: Iterable[Any]) -> FleetView:
+    """`view` with each replica's state as the runs say (newest run first)."""
+    states = list(states)
+    replicas = []
+    for replica in view.replicas:
+        found = run_state_of(replica.name, states)
+        replicas.append(dataclasses.replace(replica, state=found[0], run_id=found[1]) if found else replica)
+    return dataclasses.replace(view, replicas=tuple(replicas))
+
+
+def drained_run(view: FleetView | None) -> str | None:
+    """The run that left a replica DRAINED (no console drives it): what `r` resumes to put it back."""
+    if view is None:
+        return None
+    return next((r.run_id for r in view.replicas if r.state == "DRAINED"), None)
