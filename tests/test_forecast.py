@@ -31,7 +31,7 @@ async def test_history_of_a_unit_stopped_and_started():
     runner = RecordedSystemctl("history", journal="journal_ready_monotonic.txt")
     history = await SystemdManager(runner, "sglang-qwen", sudo=True).history()
     assert history == {"type": "simple", "stop_s": pytest.approx(11.22), "start_s": pytest.approx(0.012),
-                       "ready_s": pytest.approx(260122.412118 - 260047.005)}
+                       "ready_s": pytest.approx(260122.412118 - 260047.005), "weights_s": None}
     show, journal = runner.calls
     assert show[:5] == ["sudo", "-n", "systemctl", "show", "sglang-qwen"]
     assert show[5] == "-p" and set(show[6].split(",")) == {
@@ -65,6 +65,85 @@ class JournalUnreadable(RecordedSystemctl):
 async def test_history_without_a_readable_journal_still_has_the_stop():
     history = await SystemdManager(JournalUnreadable("history"), "u").history()
     assert history["ready_s"] is None and history["stop_s"] == pytest.approx(11.22)
+
+
+class JournalWithoutReadyLine(RecordedSystemctl):
+    """A journal that no longer holds the last start's ready line (rotated, or a server that never
+    says it), but still its weight load, in SGLang's words, after the unit's last start."""
+
+    weights_line = ("[260083.120000] ct129 python3[2741803]: [2026-11-28 21:14:43 TP0] Load weight end. "
+                    "elapsed=36.12 s, type=Qwen3_5MoeForCausalLM, dtype=torch.bfloat16, avail mem=40.12 GB, "
+                    "mem usage=31.01 GB.")
+
+    async def run(self, argv: list[str], check: bool = True, timeout: float | None = None) -> Result:
+        if "journalctl" in argv:
+            self.calls.append(argv)
+            pattern = argv[argv.index("-g") + 1]
+            return Result(0, self.weights_line + "\n") if pattern == "Load weight end" else Result(1)
+        return await super().run(argv, check, timeout)
+
+
+async def test_without_its_ready_line_the_start_is_told_by_sglangs_weight_load():
+    history = await SystemdManager(JournalWithoutReadyLine("history"), "u").history()
+    assert history["ready_s"] is None and history["weights_s"] == pytest.approx(36.12)
+    made = fc.forecast(fc.ForecastInputs(run_id="r", service_host="ct129", extract_host="ct129", staged=False,
+                                         prompt_tokens=(100,), systemd=history))
+    start = fc.phase(made, "start")
+    assert start.seconds == pytest.approx(36.12) and start.estimated
+    assert "Load weight end. elapsed=36.12 s" in start.basis and "comes on top" in start.basis
+
+
+class LocalRunner:
+    """Runs the manager's commands on this machine, for real (a command manager's `log`: `tail -F`)."""
+
+    async def run(self, argv: list[str], check: bool = True, timeout: float | None = None) -> Result:
+        import asyncio
+
+        proc = await asyncio.create_subprocess_exec(*argv, stdout=asyncio.subprocess.PIPE,
+                                                    stderr=asyncio.subprocess.PIPE)
+        out, err = await asyncio.wait_for(proc.communicate(), timeout)
+        return Result(proc.returncode, out.decode(), err.decode())
+
+
+async def test_a_command_managed_servers_last_weight_load_is_read_from_its_log(tmp_path):
+    """The drill's kind of service: `log = tail -n +1 -F FILE`, a command that never ends by itself. It
+    is read for a moment, and the last start's `Load weight end` (the standin writes SGLang's line)
+    tells the start; no log command, or no such line: nothing (the start is then unknown)."""
+    from console.service.control import CommandManager
+
+    log = tmp_path / "server.log"
+    log.write_text("[2026-12-01 09:00:00] Load weight begin. avail mem=79.10 GB\n"
+                   "[2026-12-01 09:00:09] Load weight end. elapsed=9.20 s, type=Qwen3_5ForCausalLM\n"
+                   "[2026-12-01 09:00:15] The server is fired up and ready to roll!\n")
+    manager = CommandManager(LocalRunner(), "true", "true", "true", log=["tail", "-n", "+1", "-F", str(log)],
+                             timeout=30)
+    assert await manager.history() == {"weights_s": pytest.approx(9.2)}
+    log.write_text("[2026-12-01 09:00:00] Load weight begin.\n")
+    assert await manager.history() is None
+    assert await CommandManager(LocalRunner(), "true", "true", "true").history() is None
+
+
+def test_a_phase_nothing_tells_is_unknown_and_no_budget_passes_it():
+    """Issue 27: the drill's first question said `extract 0 s + start 0 s`. With no earlier run, no
+    systemd history, no log and no speeds, the extraction and the start are unknown, never 0 s; the
+    downtime is a floor, said so; and a budget, however large, refuses the stop, naming them."""
+    ask = fc.ForecastInputs(run_id="r", service_host="ct129", extract_host="ct129", staged=False,
+                            prompt_tokens=(300, 400), stop_grace_s=2, budget_s=10_000)
+    made = fc.forecast(ask)
+    assert fc.unknown(made) == ["extract", "start"]
+    assert [p.seconds for p in made.phases] == [2, 2, None, None] and made.downtime_s == 4 and not made.over_budget
+    said = fc.summary(made)
+    assert said.startswith("unknown (at least 4 s) = stop 2 s + free-vram 2 s + extract unknown + start unknown")
+    assert "0 s" not in said
+    refused = fc.refusal(made, ask)
+    assert refused.startswith("refused before the stop, the service untouched: the budget [window] "
+                              "max_downtime_s = 10000 s cannot be checked, the forecast's extract, start are unknown")
+    assert fc.prompts_that_fit(made, ask) is None
+    assert fc.refusal(made, dataclasses.replace(ask, budget_s=None)) is None  # no budget: nothing to check
+    kept = fc.from_state("r", json.loads(json.dumps(fc.to_state(made))))
+    assert kept == made and fc.unknown(kept) == ["extract", "start"]
+    projection = fc.project(made, ask, down_since=1000.0, now=1001.0)
+    assert "unknown" in projection.basis
 
 
 @settings(max_examples=200)
@@ -232,8 +311,12 @@ def test_a_staged_copy_is_forecast_from_the_probes_h2d_and_a_cold_one_from_its_d
     made = fc.forecast(inputs(staged_run, speeds=gpu_speeds, model_bytes=model_bytes, staged=False, staged_event=None))
     cold, start = fc.phase(made, "extract"), fc.phase(made, "start")
     disk = gpu_speeds["disk_read"]["bytes_per_s"]
-    assert cold.seconds == pytest.approx(model_bytes / disk) and "the probe's disk read" in cold.basis
-    assert "the forward is not forecast: no rate measured yet" in cold.basis and cold.estimated
+    # Cold with no forward rate yet: the copy is told (the disk read), the forward is not, so the phase
+    # is unknown, never the copy alone passed off as the extraction (issue 27: "extract 0 s").
+    assert cold.seconds is None and "the probe's disk read" in cold.basis and "78.93" not in cold.basis
+    assert "the forward is unknown: no rate measured yet" in cold.basis and cold.estimated
+    assert fc.unknown(made) == ["extract"] and fc.figure(made).startswith("unknown (at least ")
+    assert "extract unknown" in fc.summary(made)
     # No systemd history (a command-managed service) and no earlier start: the weights at the read speed,
     # labelled as an estimate.
     assert start.estimated and start.basis.startswith("estimate:") and start.seconds == pytest.approx(model_bytes / disk)

@@ -64,16 +64,19 @@ class ForecastInputs:
 
 @dataclass(frozen=True)
 class ExtractModel:
-    """The extract phase as `fixed_s` (everything but the forward) plus tokens at `tokens_per_s`."""
+    """The extract phase as `fixed_s` (everything but the forward) plus tokens at `tokens_per_s`;
+    either None when nothing tells it (the phase is then unknown, never 0 s)."""
 
-    fixed_s: float
+    fixed_s: float | None
     tokens_per_s: float | None
     basis: str
     estimated: bool
     spread_s: float | None = None
 
-    def seconds(self, tokens: int) -> float:
-        return self.fixed_s + (tokens / self.tokens_per_s if self.tokens_per_s else 0.0)
+    def seconds(self, tokens: int) -> float | None:
+        if self.fixed_s is None or (tokens and not self.tokens_per_s):
+            return None
+        return self.fixed_s + (tokens / self.tokens_per_s if tokens else 0.0)
 
 
 # --- what earlier runs measured ----------------------------------------------------------------
@@ -189,26 +192,33 @@ def extract_model(inputs: ForecastInputs) -> ExtractModel:
     # The first window on these hosts: an estimate whatever it is made of (the forward rate is
     # scaled from a few layers; the copy's speed is the probe's, not the worker's).
     parts = []
-    if inputs.model_bytes is None:
-        copy_s, parts = 0.0, ["the copy is not forecast: the weights' size is unknown"]
+    event = inputs.staged_event or {}
+    copy_s: float | None
+    if inputs.staged and event and event.get("pinned") is False and _speed(inputs, "h2d")[0] is None:
+        # No CUDA device (the drill's CPU host): the staged weights already are where the forward runs.
+        copy_s = 0.0
+        parts.append(f"no copy: the staged weights stay in host memory, where the forward runs "
+                     f"({_speed(inputs, 'h2d')[1]})")
+    elif inputs.model_bytes is None:
+        copy_s, parts = None, ["the copy is unknown: the weights' size is unknown"]
     else:
         key = "h2d" if inputs.staged else "disk_read"
         bps, what = _speed(inputs, key)
         if bps is None:
-            copy_s = 0.0
-            parts.append(f"the copy is not forecast ({what})")
+            copy_s = None
+            parts.append(f"the copy is unknown ({what})")
         else:
             copy_s = inputs.model_bytes / bps
             source = "pinned host-to-GPU" if inputs.staged else "disk read"
             parts.append(f"{inputs.model_bytes / 2**30:.1f} GiB at {bps / GB:.2f} GB/s (the probe's {source}: {what})")
-    event = inputs.staged_event or {}
     rate = float(event["forward_tokens_per_s"]) if event.get("forward_tokens_per_s") else None
     if rate:
         parts.append(f"{inputs.tokens} tokens at {rate:,.0f} tok/s ({event.get('forward_rate_basis') or 'stage warm-up'})")
     else:
-        parts.append("the forward is not forecast: no rate measured yet (the staged worker's warm-up or an "
+        parts.append("the forward is unknown: no rate measured yet (the staged worker's warm-up or an "
                      "earlier run gives one)")
-    return ExtractModel(copy_s, rate, "; ".join(parts), estimated=True)
+    unknown = copy_s is None or (inputs.tokens and not rate)
+    return ExtractModel(copy_s, rate, ("unknown: " if unknown else "") + "; ".join(parts), estimated=True)
 
 
 def _phase_stop(inputs: ForecastInputs, samples: list[float]) -> ForecastPhase:
@@ -239,18 +249,29 @@ def _phase_free_vram(inputs: ForecastInputs, runs: list[RunState]) -> ForecastPh
 def _phase_start(inputs: ForecastInputs, samples: list[float]) -> ForecastPhase:
     if earlier := _from_earlier("start", samples, inputs.service_host):
         return earlier
-    ready_s = (inputs.systemd or {}).get("ready_s")
+    history = inputs.systemd or {}
+    ready_s = history.get("ready_s")
     if ready_s is not None:
         return ForecastPhase("start", float(ready_s), f"the server's last start on {inputs.service_host} "
                                                       f"(systemd: the unit's start to its ready line)")
+    if history.get("start_s") and str(history.get("type") or "").startswith("notify"):
+        # A notify unit is active only once the server says it is ready: its start is the whole start.
+        return ForecastPhase("start", float(history["start_s"]), f"the server's last start on {inputs.service_host} "
+                                                                 f"(systemd: the notify unit's start to active)")
+    weights_s = history.get("weights_s")
+    if weights_s is not None:
+        return ForecastPhase("start", float(weights_s),
+                             f"estimate: the server's last weight load on {inputs.service_host} (SGLang's log: "
+                             f"Load weight end. elapsed={float(weights_s):.2f} s); the rest of its start-up comes "
+                             f"on top", estimated=True)
     bps, what = _speed(inputs, "disk_read")
     if inputs.model_bytes is not None and bps is not None:
         return ForecastPhase("start", inputs.model_bytes / bps,
                              f"estimate: {inputs.model_bytes / 2**30:.1f} GiB of weights at {bps / GB:.2f} GB/s "
                              f"(the probe's disk read: {what}); the server's own start-up comes on top",
                              estimated=True)
-    return ForecastPhase("start", 0.0, "not forecast: no earlier start, no systemd history and no read speed",
-                         estimated=True)
+    return ForecastPhase("start", None, "unknown: no earlier start, no start in the unit's history or the "
+                                        "server's log, and no read speed", estimated=True)
 
 
 def forecast(inputs: ForecastInputs) -> Forecast:
@@ -265,7 +286,7 @@ def forecast(inputs: ForecastInputs) -> Forecast:
     extract = ForecastPhase("extract", model.seconds(inputs.tokens), model.basis, model.spread_s, model.estimated)
     phases = (_phase_stop(inputs, samples("stop")), _phase_free_vram(inputs, runs), extract,
               _phase_start(inputs, samples("start")))
-    total = sum(p.seconds for p in phases)
+    total = sum(p.seconds for p in phases if p.seconds is not None)  # the known phases' (a floor when some are not)
     over = inputs.budget_s is not None and total > inputs.budget_s
     return Forecast(inputs.run_id, total, phases, inputs.budget_s, over)
 
@@ -274,12 +295,25 @@ def phase(forecast: Forecast, name: str) -> ForecastPhase:
     return next(p for p in forecast.phases if p.name == name)
 
 
+def unknown(forecast: Forecast) -> list[str]:
+    """The phases nothing on the hosts could tell (their seconds None): the downtime is then a floor."""
+    return [p.name for p in forecast.phases if p.seconds is None]
+
+
+def figure(forecast: Forecast) -> str:
+    """The downtime as one figure: '1 min 12 s', or 'unknown (at least 4 s)' when a phase is unknown."""
+    if unknown(forecast):
+        return f"unknown (at least {duration(forecast.downtime_s)})"
+    return duration(forecast.downtime_s)
+
+
 def summary(forecast: Forecast) -> str:
     """One figure and its basis in words: '5 min 12 s = stop 11 s + free-vram 2 s + extract 3 min +
     start 1 min 59 s; stop, start: systemd's history of the unit; free-vram, extract: median of 2
-    earlier runs on ct129'. An estimate says so ("estimate: ...")."""
-    parts = " + ".join(f"{p.name} {duration(p.seconds)}" for p in forecast.phases)
-    return f"{duration(forecast.downtime_s)} = {parts}; {basis_words(forecast)}"
+    earlier runs on ct129'. An estimate says so ("estimate: ..."), an unknown phase "unknown"."""
+    parts = " + ".join(f"{p.name} {duration(p.seconds) if p.seconds is not None else 'unknown'}"
+                       for p in forecast.phases)
+    return f"{figure(forecast)} = {parts}; {basis_words(forecast)}"
 
 
 def basis_words(forecast: Forecast) -> str:
@@ -287,7 +321,7 @@ def basis_words(forecast: Forecast) -> str:
     groups: dict[str, list[str]] = {}
     for p in forecast.phases:
         basis = _first_clause(p.basis) or "no basis"
-        if p.estimated and not basis.startswith(("estimate", "not forecast")):
+        if p.estimated and not basis.startswith(("estimate", "not forecast", "unknown")):
             basis = f"estimate: {basis}"
         groups.setdefault(basis, []).append(p.name)
     return "; ".join(f"{', '.join(names)}: {basis}" for basis, names in groups.items())
@@ -315,9 +349,11 @@ def prompts_that_fit(planned: Forecast, inputs: ForecastInputs) -> int | None:
     """How many of the prompts (in order) fit the budget with the other phases as forecast; None
     without a budget or a forward rate to tell."""
     model = extract_model(inputs)
-    if inputs.budget_s is None or not model.tokens_per_s:
+    if inputs.budget_s is None or not model.tokens_per_s or model.fixed_s is None:
         return None
-    others = sum(p.seconds for p in planned.phases if p.name != "extract")
+    if any(p.seconds is None for p in planned.phases if p.name != "extract"):
+        return None
+    others = sum(p.seconds or 0.0 for p in planned.phases if p.name != "extract")
     allowance = (inputs.budget_s - others - model.fixed_s) * model.tokens_per_s
     fit, tokens = 0, 0
     for n in inputs.prompt_tokens:
@@ -330,9 +366,12 @@ def prompts_that_fit(planned: Forecast, inputs: ForecastInputs) -> int | None:
 
 def refusal(planned: Forecast, inputs: ForecastInputs) -> str | None:
     """None within the budget; else why the stop is refused and what would fit: staging, the
-    zero-downtime route, fewer prompts."""
-    if not planned.over_budget or inputs.budget_s is None:
+    zero-downtime route, fewer prompts. A forecast with an unknown phase never passes a budget: it
+    cannot be shown to fit (refused, saying which phases are unknown and what would tell them)."""
+    if inputs.budget_s is None:
         return None
+    if not planned.over_budget:
+        return unchecked(planned, inputs)
     fits = []
     if not inputs.staged:
         bps, _ = _speed(inputs, "h2d")
@@ -359,6 +398,20 @@ def refusal(planned: Forecast, inputs: ForecastInputs) -> str | None:
                     f"([prompts] file)")
     return (f"refused before the stop, the service untouched: the forecast downtime {summary(planned)} exceeds "
             f"the budget [window] max_downtime_s = {inputs.budget_s:g} s. What would fit: " + "; ".join(fits))
+
+
+def unchecked(planned: Forecast, inputs: ForecastInputs) -> str | None:
+    """Why a budget cannot be checked: the phases nothing could tell; None when every one is known."""
+    names = unknown(planned)
+    if inputs.budget_s is None or not names:
+        return None
+    why = "; ".join(f"{p.name}: {p.basis}" for p in planned.phases if p.seconds is None)
+    return (f"refused before the stop, the service untouched: the budget [window] max_downtime_s = "
+            f"{inputs.budget_s:g} s cannot be checked, the forecast's {', '.join(names)} "
+            f"{'is' if len(names) == 1 else 'are'} unknown ({why}); known so far {summary(planned)}. What would "
+            f"tell them: staging the weights (its warm-up measures the forward rate), the server's start in the "
+            f"unit's journal or its log ([service] log), or one window without the budget (its measurements "
+            f"are the next forecast's basis)")
 
 
 # --- during the window -------------------------------------------------------------------------
@@ -392,7 +445,7 @@ def project(forecast: Forecast, inputs: ForecastInputs, down_since: float, now: 
             progress: ExtractionProgress | None = None) -> WindowProjection:
     """When the service is expected back: during the extraction, the tokens left at the rate
     measured so far (else the forecast's) then the start as forecast; before it, the forecast."""
-    start = phase(forecast, "start").seconds
+    start = phase(forecast, "start").seconds or 0.0  # unknown: said in the basis, never taken as known
     budget_ends = down_since + inputs.budget_s if inputs.budget_s is not None else None
     rate = (progress.tokens_per_s if progress else None) or extract_model(inputs).tokens_per_s
     if progress is not None and progress.left is not None and rate:
@@ -400,10 +453,15 @@ def project(forecast: Forecast, inputs: ForecastInputs, down_since: float, now: 
         measured = "measured" if progress.tokens_per_s else "forecast"
         return WindowProjection(forecast.run_id, down_since, now + eta + start, eta, budget_ends,
                                 f"{progress.done}/{progress.total} tokens, {progress.left} left at {rate:,.0f} tok/s "
-                                f"({measured}), then the start ({duration(start)}: {phase(forecast, 'start').basis})")
+                                f"({measured}), then the start ({_seconds(phase(forecast, 'start').seconds)}: "
+                                f"{phase(forecast, 'start').basis})")
     expected = max(down_since + forecast.downtime_s, now + start)
     return WindowProjection(forecast.run_id, down_since, expected, None, budget_ends,
                             f"the forecast: {summary(forecast)}")
+
+
+def _seconds(seconds: float | None) -> str:
+    return duration(seconds) if seconds is not None else "unknown"
 
 
 def passes_budget(projection: WindowProjection) -> bool:
@@ -424,7 +482,8 @@ def to_state(forecast: Forecast) -> dict[str, Any]:
 def from_state(run_id: str, data: Mapping[str, Any]) -> Forecast:
     # In the window's order (state.json is written with sorted keys).
     ordered = sorted(data["phases"].items(), key=lambda item: PHASES.index(item[0]) if item[0] in PHASES else len(PHASES))
-    phases = tuple(ForecastPhase(name, float(p["seconds"]), str(p["basis"]), p.get("spread_s"),
+    phases = tuple(ForecastPhase(name, None if p.get("seconds") is None else float(p["seconds"]), str(p["basis"]),
+                                 p.get("spread_s"),
                                  bool(p.get("estimated"))) for name, p in ordered)
     return Forecast(run_id, float(data["downtime_s"]), phases, data.get("budget_s"), bool(data.get("over_budget")))
 

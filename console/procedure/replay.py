@@ -447,7 +447,8 @@ def _from_state(run_id: str, run_dir: Path, state: RunState, entries: list[tuple
         yield Event(plan_at, m.PlanReady(run_id, state.route or "window", planned), STATE)
     if state.forecast and state.forecast.get("downtime_s") is not None:
         f = state.forecast
-        phases = tuple(m.ForecastPhase(name, float(p.get("seconds") or 0), p.get("basis", ""), p.get("spread_s"),
+        phases = tuple(m.ForecastPhase(name, None if p.get("seconds") is None else float(p["seconds"]),
+                                       p.get("basis", ""), p.get("spread_s"),
                                        bool(p.get("estimated"))) for name, p in (f.get("phases") or {}).items())
         yield Event(plan_at, m.Forecast(run_id, float(f["downtime_s"]), phases, f.get("budget_s"),
                                         bool(f.get("over_budget"))), STATE)

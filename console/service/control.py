@@ -17,6 +17,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import re
+import shlex
 import time
 from collections import deque
 from collections.abc import Awaitable, Callable, Sequence
@@ -232,6 +233,16 @@ class SystemdManager:
         match = re.match(r"^\[\s*(\d+\.\d+)\]", (journal.stdout or "").strip()) if journal.exit_status == 0 else None
         if match and started and float(match.group(1)) >= started:  # else: a line of an earlier start
             history["ready_s"] = float(match.group(1)) - started
+        history["weights_s"] = None
+        if history["ready_s"] is None:  # the last start's weight load, as SGLang logged it (a floor of the start)
+            base = ["journalctl", "-u", self.unit, "-b", "-g", "Load weight end", "-o", "short-monotonic", "-n", "1",
+                    "--no-pager"]
+            journal = await self.runner.run(["sudo", "-n", *base] if self.sudo else base, check=False,
+                                            timeout=self.timeout)
+            line = (journal.stdout or "").strip() if journal.exit_status == 0 else ""
+            match = re.match(r"^\[\s*(\d+\.\d+)\]", line)
+            if match and started and float(match.group(1)) >= started:
+                history["weights_s"] = weights_elapsed([line])
         return history
 
 
@@ -292,9 +303,17 @@ class CommandManager:
             detail=_output(result)[:200] or None,
         )
 
-    async def history(self) -> None:
-        """User commands keep no record of past stops and starts (systemd's manager has one)."""
-        return None
+    async def history(self) -> dict[str, Any] | None:
+        """User commands keep no record of past stops and starts (systemd's manager has one); the
+        server's own log (the `log` command, read for LOG_READ_S) says how long its last start took to
+        load the weights: {"weights_s"}, None without a log command or such a line."""
+        argv = self.log_argv()
+        if argv is None:
+            return None
+        read = ["sh", "-c", f"timeout {LOG_READ_S:g} {shlex.join(argv)} | tail -n {LOG_LINES}"]
+        result = await self.runner.run(read, check=False, timeout=self.timeout)
+        weights_s = weights_elapsed((result.stdout or "").splitlines())
+        return {"weights_s": weights_s} if weights_s is not None else None
 
     async def _run(self, argv: list[str]) -> None:
         result = await self.runner.run(argv, check=False, timeout=self.timeout)
@@ -327,6 +346,22 @@ def manager_from_config(service: ServiceConfig, runner: Runner) -> SystemdManage
         return SystemdManager(runner, service.unit, sudo=service.sudo)
     return CommandManager(runner, service.start, service.stop, service.status, name=f"{service.host} server",
                           sudo=service.sudo, log=service.log)
+
+
+_WEIGHTS_END = re.compile(r"Load weight end\. elapsed=\s*(\d+(?:\.\d+)?)\s*s")
+LOG_READ_S = 0.5  # the `log` command (a `tail -F`, which never ends by itself) is read this long
+LOG_LINES = 5000  # of which the last lines are kept: the last start's are at the end
+
+
+def weights_elapsed(lines: Sequence[str]) -> float | None:
+    """The last `Load weight end. elapsed=9.20 s, ...` of SGLang's start-up log (model_runner.py), in
+    seconds; None when no line says it."""
+    found = None
+    for line in lines:
+        match = _WEIGHTS_END.search(line)
+        if match:
+            found = float(match.group(1))
+    return found
 
 
 _SHARDS = re.compile(r"Loading safetensors checkpoint shards:\s*(\d+)% Completed \|\s*(\d+)/(\d+)")

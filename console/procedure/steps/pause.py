@@ -159,7 +159,7 @@ async def pause_forecast(engine: Engine, tags: list[str]) -> Forecast:
               ForecastPhase("extract", extract.seconds, extract.basis, extract.spread_s, extract.estimated),
               phase("resume", *h200("resume")),
               phase("continue", CONTROL_S, "estimate: one control request"))
-    total = sum(p.seconds for p in phases)
+    total = sum(p.seconds for p in phases if p.seconds is not None)  # a floor while the extraction is unknown
     budget = engine.config.window.max_downtime_s
     return Forecast(engine.run.run_id, total, phases, budget, budget is not None and total > budget)
 
@@ -225,6 +225,10 @@ async def run_pause(engine: Engine) -> str:
     if made.over_budget and engine.state.service.pauses == 0:
         raise StepFailed("pause", f"refused before the pause, the server untouched: the forecast pause "
                                   f"{fc.summary(made)} exceeds the budget [window] max_downtime_s = {made.budget_s:g} s")
+    if made.budget_s is not None and fc.unknown(made) and engine.state.service.pauses == 0:
+        raise StepFailed("pause", f"refused before the pause, the server untouched: the budget [window] "
+                                  f"max_downtime_s = {made.budget_s:g} s cannot be checked, the forecast pause "
+                                  f"{fc.summary(made)} has {', '.join(fc.unknown(made))} unknown")
     server = await engine.hosts.server()
     svc = engine.state.service
     if svc.probe_tokens is None:  # the greedy answer the resumed server must give again

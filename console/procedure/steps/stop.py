@@ -124,8 +124,8 @@ async def run_stop(engine: Engine) -> str:
               + (f" (budget {made.budget_s:g} s)" if made.budget_s is not None else "") + _alternative(engine)
               + _outside_note(engine))
     if not engine.state.service.stops and not await engine._ask(
-            Confirmation("stop", "stop the service", service.host, tuple(argv), impact, True, made.downtime_s,
-                         "forecast")):
+            Confirmation("stop", "stop the service", service.host, tuple(argv), impact, True,
+                         None if fc.unknown(made) else made.downtime_s, "forecast")):
         raise Refused("stop", "stop the service")
     engine._crash("stop-asked")
     stream = engine.hosts.telemetry(service.host)
