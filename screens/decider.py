@@ -5,13 +5,11 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from pathlib import Path
 from typing import TYPE_CHECKING
 
 from textual.message import Message
 
 from console.messages import Confirmation, HoldersFound
-from console.procedure.follower import write_question
 from screens.modals.confirm import ConfirmModal
 from screens.modals.holders import HoldersModal
 
@@ -69,8 +67,7 @@ class ModalDecider:
                 answer.set_result(bool(result))
 
         self.app.post_message(DecisionAsked(confirmation))
-        self.asking = confirmation
-        asked = self._publish_question(confirmation)
+        self.asking = confirmation  # (question.json, for the other consoles, is the engine's: its _ask)
         try:
             await self.app.push_screen(modal, callback=answered)
             approved = await answer
@@ -81,18 +78,5 @@ class ModalDecider:
             raise
         finally:
             self.asking = None
-            if asked is not None:
-                with contextlib.suppress(OSError):
-                    asked.unlink()
         self.app.post_message(DecisionAnswered(confirmation, approved))
         return approved
-
-    def _publish_question(self, c: Confirmation) -> Path | None:
-        """The question, beside the run's state while it waits: another console (read-only, `status
-        --watch`) says what this one waits on."""
-        run_id = self.app.state.run_id
-        if run_id is None:
-            return None
-        with contextlib.suppress(Exception):  # a store we cannot write loses only this courtesy
-            return write_question(self.app.operator.run_dir(run_id), c, self.app.now())
-        return None

@@ -163,3 +163,40 @@ async def test_a_finished_run_is_refused_in_the_stores_words(window: Window) -> 
     with pytest.raises(ResumeRefused) as refused:
         await window.console()
     assert str(refused.value) == what_next(window.store.open(window.run_id))
+
+
+async def test_each_question_is_in_question_json_while_it_waits_whoever_asks(window: Window) -> None:
+    """question.json (what a read-only console, the browser view and `status` show as the driving
+    console's open question) is the engine's: written for a headless decider too (`run --step`), for
+    as long as the question waits, and gone once it is answered."""
+    seen: list[dict[str, Any]] = []
+    path = window.store.root / window.run_id / "question.json"
+
+    class Looking(ScriptedDecider):
+        async def decide(self, confirmation: m.Confirmation) -> bool:
+            import json
+
+            seen.append(json.loads(path.read_text()))
+            return await super().decide(confirmation)
+
+    finished = await window.console(decider=Looking(window.world.clock))
+    assert finished.exit_code == 0, finished.message
+    assert [q["step"] for q in seen] == ["stop", "free-vram", "restart"]
+    restart = seen[-1]
+    assert restart["host"] and restart["command"] and restart["action"] == "start the service"
+    assert not path.exists()
+
+
+async def test_a_refused_restart_is_asked_once(window: Window) -> None:
+    """The walk's refused restart was asked three times: at gpu_released, again by the restart step,
+    again by the compensation. The operator's no stands for the run: asked once, the service left
+    down and said so; `r` (or `run --resume`) asks again, as a decision of its own."""
+    refuse = ScriptedDecider(window.world.clock, refuse={"restart"})
+    finished = await window.console(decider=refuse)
+    assert not finished.service_up and finished.exit_code == 3  # the service left down, and said so
+    assert [c.step for c in refuse.asked].count("restart") == 1, [c.step for c in refuse.asked]
+    assert window.world.service.start_commands == 0
+    said = [e["message"] for e in _journal(window) if e.get("step") == "restart"]
+    assert any("the restart was refused: the service stays down" in line for line in said), said
+    again = await window.console()  # the resume asks, once, and restarts it
+    assert again.service_up and window.world.service.start_commands == 1

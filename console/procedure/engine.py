@@ -46,6 +46,7 @@ from console.procedure import forecast as fc
 from console.procedure import identity, run_jobs
 from console.procedure.decider import Decider
 from console.procedure.fit import longest_tokens
+from console.procedure.follower import QUESTION, write_question
 from console.procedure.hosts import WindowHosts, reconnect_wait
 from console.procedure.outcomes import (  # noqa: F401  (re-exported: the views, the CLI and the tests import them here)
     Found,
@@ -134,6 +135,10 @@ class Engine:
         self._gpu_released = asyncio.Event()
         self._restart_task: asyncio.Task | None = None
         self._restart_lock = asyncio.Lock()
+        # The operator said no to the restart: the run asks no more (the restart step, the compensation);
+        # only `r` (or `run --resume`) asks again, as a decision of its own.
+        self.restart_refused = False
+        self._asking: list[Confirmation] = []  # the questions waiting for an answer, oldest first (question.json)
         self._unsubscribe_telemetry: Callable[[], None] | None = None
         self._decision_s: dict[str, float] = {}
         self._irreversible: dict[str, str] = {}  # step -> detail, once its change on the host is made
@@ -210,7 +215,13 @@ class Engine:
 
     async def _ask(self, confirmation: Confirmation) -> bool:
         asked, asked_at = time.monotonic(), time.time()
-        approved = await self.decider.decide(confirmation)
+        self._asking.append(confirmation)
+        self._say_question()
+        try:
+            approved = await self.decider.decide(confirmation)
+        finally:
+            self._asking.remove(confirmation)
+            self._say_question()
         self._decision_s[confirmation.step] = self._decision_s.get(confirmation.step, 0.0) + time.monotonic() - asked
         self.bus.publish(DecisionMade(confirmation, approved, self.decider.name, self.run.run_id))
         # The whole question, for the replay: it is shown at `asked_at`, answered at the entry's time.
@@ -221,6 +232,17 @@ class Engine:
                      host=confirmation.host, decision=f"{'yes' if approved else 'no'} ({self.decider.name})",
                      argv=list(confirmation.argv), kind="question", data=question)
         return approved
+
+    def _say_question(self) -> None:
+        """question.json beside the run's state: the question this run waits on (the oldest still
+        open), so that a read-only console, the browser view and `status` say what it waits on,
+        whichever decider asks (the TUI's modals, `run --step`'s prompts); removed once answered."""
+        path = self.run.dir / QUESTION
+        with contextlib.suppress(OSError):  # a store we cannot write loses only this courtesy
+            if self._asking:
+                write_question(self.run.dir, self._asking[0], time.time())
+            else:
+                path.unlink(missing_ok=True)
 
     def shown_plan(self) -> PlanReady | None:
         """The plan as the views show it: on a resume, the steps that ended earlier in this run do not
@@ -565,6 +587,10 @@ class Engine:
             return
         if not self.restart_on_failure:
             self.journal("restart", "the service is left down (--no-restart)", level="warning")
+            return
+        if self.restart_refused:  # the operator's no stands: never asked again by the same run
+            self.journal("restart", "the restart was refused: the service stays down (r in the console, or "
+                                    f"`dflash-ops run --resume {self.run.run_id}`, restarts it)", level="warning")
             return
         try:
             await stop.restart_service(self, reason=f"the run {why} after the stop")

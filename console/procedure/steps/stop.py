@@ -294,7 +294,9 @@ async def run_restart(engine: Engine) -> str:
         task, engine._restart_task = engine._restart_task, None
         try:
             await task  # begun at gpu_released
-        except (Refused, StepFailed, HostError, ServiceError, ReadyTimeout) as exc:
+        except Refused:
+            raise  # the operator said no to this restart: asked once, never again by the restart step
+        except (StepFailed, HostError, ServiceError, ReadyTimeout) as exc:
             engine.journal("restart", f"the restart begun at gpu_released failed: {exc}", level="error")
     if engine.service_down_by_us:
         await restart_service(engine, reason="the extraction finished")
@@ -331,6 +333,7 @@ async def restart_service(engine: Engine, reason: str) -> None:
                                                     f"{reason}: brings {service_name(engine.config)} back "
                                                     f"({so_far}){failed_before}", False,
                                                     engine.earlier.get("restart"))):
+                    engine.restart_refused = True
                     raise Refused("restart", "start the service")
                 svc.start_issued_at = time.time()
                 svc.starts += 1
