@@ -165,6 +165,15 @@ def test_a_crash_at_each_point_then_the_resume_ends_with_the_replica_back_once(r
     assert svc.drained is None and svc.drains == 1 and svc.rejoins == 1, (svc.drains, svc.rejoins)
 
 
+def test_the_operator_may_name_the_replica_and_a_name_the_fleet_lacks_is_refused(router_fleet):
+    router, urls = router_fleet
+    config, why = asyncio.run(fleet.fleet_config(fleet_config(router, urls), None, "r2"))  # `run --replica r2`
+    assert config.service.url == urls[1] and why is not None and why.startswith("r2: 0 running request(s); ")
+    with pytest.raises(StepFailed) as caught:
+        asyncio.run(fleet.fleet_config(fleet_config(router, urls), None, "r9"))
+    assert caught.value.msg == "--replica r9: [fleet] has no such replica (it lists r1, r2)"
+
+
 def test_the_fleet_window_is_refused_while_a_replica_is_out_and_names_it(router_fleet):
     router, urls = router_fleet
     client = RouterClient(router)

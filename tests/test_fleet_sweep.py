@@ -14,7 +14,8 @@ import pytest
 
 from console.config import config_to_dict, dump_toml, load_config
 from console.procedure.engine import EXIT_DONE
-from tests import engine_sweep
+from console.procedure.fit import CUDA_CONTEXT_MIB
+from tests import engine_fakes, engine_sweep
 from tests.engine_fakes import FakeWorld, Producers, ScriptedDecider, install_clock, write_config
 from tests.engine_sweep import Crasher, Window, assert_promises
 from tests.fake_hosts import FakeHosts
@@ -23,7 +24,8 @@ from tests.fake_router import R2, FakeRouter, attach
 ROUTER = "http://127.0.0.1:30000"
 
 
-def fleet_window(root: Path, producers: Producers, monkeypatch: pytest.MonkeyPatch) -> tuple[Window, FakeRouter]:
+def fleet_window(root: Path, producers: Producers, monkeypatch: pytest.MonkeyPatch, r1_gpus: list[int] | None = None,
+                 r2_gpus: list[int] | None = None) -> tuple[Window, FakeRouter]:
     import os
 
     from console.procedure.store import RunStore
@@ -32,9 +34,10 @@ def fleet_window(root: Path, producers: Producers, monkeypatch: pytest.MonkeyPat
     one = write_config(root, producers)
     data = config_to_dict(one)
     service = data.pop("service")
-    r1 = {**service, "url": "http://127.0.0.1:30001"}
+    r1 = {**service, "url": "http://127.0.0.1:30001", **({"gpus": r1_gpus} if r1_gpus is not None else {})}
+    r2 = {**service, "url": R2, **({"gpus": r2_gpus} if r2_gpus is not None else {})}
     data["fleet"] = {"router": ROUTER, "drain_timeout_s": 30,
-                     "replicas": [{"name": "r1", **r1}, {"name": "r2", **{**service, "url": R2}}]}
+                     "replicas": [{"name": "r1", **r1}, {"name": "r2", **r2}]}
     path = root / "dflash-ops.toml"
     path.write_text(dump_toml(data))
     config = load_config(path)
@@ -112,3 +115,22 @@ def test_the_pause_route_on_a_replica_ends_back_in_the_router_after_a_crash(tmp_
     assert point in w.crashes
     assert_fleet_promises(w, router, finished)
     assert w.world.service.stop_commands == 0 and w.state().steps["continue"].status == "done"
+
+
+def test_a_replica_whose_gpus_cannot_hold_the_extraction_is_refused_before_the_drain(tmp_path, producers,
+                                                                                        monkeypatch):
+    """r1 serves on GPU0 alone, r2 on GPU0+GPU1; each GPU holds 1 MiB less than the CUDA context the
+    extraction needs besides the tiny target: it fits two GPUs, not one. The run on r1 is refused at its preflight, naming
+    the numbers and r2; the router and the server are untouched."""
+    monkeypatch.setattr(engine_fakes, "GPU_TOTAL_MIB", CUDA_CONTEXT_MIB - 1)
+    w, router = fleet_window(tmp_path, producers, monkeypatch, r1_gpus=[0], r2_gpus=[0, 1])
+    finished = asyncio.run(w.console())
+    assert finished is not None and finished.status == "failed" and finished.service_up
+    assert "the fleet window is refused: replica r1 cannot take it: its GPUs (GPU0 on ct129) hold 599 MiB, the " \
+           "extraction needs ~" in finished.message
+    assert "; r2 can: `dflash-ops run --replica NAME` runs the window there; nothing was changed" in finished.message
+    fits = w.state().facts["fleet_fits"]
+    assert fits["r1"]["fits"] is False and fits["r2"]["fits"] is True
+    assert "its GPUs (GPU0+GPU1 on ct129) hold 1078 MiB" in fits["r2"]["why"]
+    assert (router.removals, router.adds) == ([], []) and w.world.service.stop_commands == 0
+    assert w.state().service.drains == 0 and w.store.left_down() is None

@@ -191,6 +191,10 @@ def _add_run(sub: argparse._SubParsersAction) -> None:
                              "zero-downtime (extract on a host with a free GPU, a copy of the weights and the "
                              "drafters' kernels; the plan proposes it when one has, and the stop's question names it); auto takes the "
                              "least harm these hosts allow: zero-downtime, else pause, else window")
+    parser.add_argument("--replica", metavar="NAME", default=None,
+                        help="a [fleet] config: run the window on this replica (default: the least loaded; the "
+                             "preflight refuses one that cannot take the window and names those that can); still "
+                             "refused while a replica is unhealthy or the others cannot take the load")
     _add_runs_option(parser)
     parser.set_defaults(run=_cmd_run)
 

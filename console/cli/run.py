@@ -282,7 +282,8 @@ def run(args: argparse.Namespace) -> int:
         from console.procedure.steps.fleet import fleet_config
 
         try:
-            config, why = asyncio.run(fleet_config(config, named.state if named is not None and args.resume else None))
+            config, why = asyncio.run(fleet_config(config, named.state if named is not None and args.resume else None,
+                                                   getattr(args, "replica", None)))
         except StepFailed as exc:
             err.print(f"dflash-ops: error: {exc.msg}", style="red", soft_wrap=True)
             return 2

@@ -6,11 +6,14 @@ plus an estimate of the activations of the longest prompt + completion, stated a
 whether the host holds a copy of the target's weights (`[target] paths`, checked by the probe), and
 whether it binds the same kernels as the host the drafters were trained on: a host with
 causal-conv1d missing computes other states (the story's lesson), so it is never proposed.
+
+A fleet's replicas (`replica_fits`): which of them can take the window, by the same measures.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 from typing import Any
 
 from console.config import Config
@@ -111,3 +114,80 @@ def where_it_fits(config: Config, probes: Mapping[str, Mapping[str, Any]],
                                          f"{room} MiB usable, the extraction needs {estimate}",
                             gpu, free[gpu], need, path))
     return fits
+
+
+@dataclass(frozen=True)
+class ReplicaFit:
+    """Whether a fleet's replica can take the window: the extraction runs where it serves, on the
+    GPUs its drain and stop free, with the drafters' kernels."""
+
+    name: str
+    fits: bool
+    why: str
+    need_mib: int | None = None
+    room_mib: int | None = None
+
+
+def replica_fits(config: Config, probes: Mapping[str, Mapping[str, Any]],
+                 samples: Mapping[str, TelemetrySample | None], tokens: int, layers_saved: int,
+                 simulated: Callable[[str], bool] = lambda host: False) -> list[ReplicaFit]:
+    """Every replica of `config.fleet`, in config order: it fits when it serves on the target's host
+    (the extraction runs there, on the GPUs the window frees), that host binds the kernels the
+    policy asks for and the same kernels as the drafters' hosts, and its GPUs (`[service] gpus`,
+    else all of the host's) hold the extraction: their memory once the replica is stopped (one
+    GPU whole, several filled to SPLIT_FILL each) against the weights and the activations' estimate.
+    No GPU readings: the memory is not checked, and said so."""
+    fleet = config.fleet
+    assert fleet is not None
+    target = config.target
+    trained_on = sorted({d.host for d in config.drafters})
+    reference_kernels = {h: _kernels(probes.get(h, {})) for h in trained_on if probes.get(h)}
+    out = []
+    for replica in fleet.replicas:
+        host = replica.service.host
+        if host != target.host:
+            out.append(ReplicaFit(replica.name, False, f"it serves on {host}; the extraction runs on the target's host "
+                                                       f"{target.host} ([target] host)"))
+            continue
+        probe = probes.get(host, {})
+        model = probe.get("model", {})
+        if not model.get("exists") or not model.get("tensor_bytes"):
+            out.append(ReplicaFit(replica.name, False, f"{host}:{target.model_path} is not a readable checkpoint "
+                                                       f"({model.get('error') or 'missing'})"))
+            continue
+        kernels = _kernels(probe)
+        if target.kernels == "fast" and not (probe.get("kernels") or {}).get("fast") and not simulated(host):
+            bound = ", ".join(f"{k}={v}" for k, v in kernels.items()) or "nothing"
+            out.append(ReplicaFit(replica.name, False, f"{host} binds {bound}, not the fast kernels ([target] "
+                                                       f"kernels = \"fast\")"))
+            continue
+        differs = [h for h, k in reference_kernels.items() if h != host and k and k != kernels]
+        if differs:
+            changed = sorted(f for f in kernels if kernels.get(f) != reference_kernels[differs[0]].get(f))
+            out.append(ReplicaFit(replica.name, False, f"{host} binds other kernels than {differs[0]}, where the "
+                                                       f"drafters were trained ({', '.join(changed)})"))
+            continue
+        need = need_mib(int(model["tensor_bytes"]), tokens, int(model.get("hidden_size") or 0), layers_saved,
+                        int(model.get("vocab_size") or 0))
+        sample = samples.get(host)
+        readings = {g.index: g.mem_total_mib for g in (sample.gpus if sample is not None else ()) if g.mem_total_mib}
+        if not readings:
+            out.append(ReplicaFit(replica.name, True, f"its GPUs' memory is not checked (no GPU readings from {host}); "
+                                                      f"the extraction needs ~{need} MiB", need))
+            continue
+        wanted = list(replica.service.gpus) or sorted(readings)
+        missing = [i for i in wanted if i not in readings]
+        if missing:
+            out.append(ReplicaFit(replica.name, False, f"its GPUs {', '.join(map(str, missing))} are not among "
+                                                       f"{host}'s ({', '.join(map(str, sorted(readings)))})", need))
+            continue
+        room = readings[wanted[0]] if len(wanted) == 1 else sum(int(readings[i] * SPLIT_FILL) for i in wanted)
+        gpus = "+".join(f"GPU{i}" for i in wanted)
+        if room < need:
+            out.append(ReplicaFit(replica.name, False, f"its GPUs ({gpus} on {host}) hold {room} MiB, the extraction "
+                                                       f"needs ~{need} MiB (weights + activations of ~{tokens} tokens, "
+                                                       f"estimated)", need, room))
+            continue
+        out.append(ReplicaFit(replica.name, True, f"its GPUs ({gpus} on {host}) hold {room} MiB for ~{need} MiB; "
+                                                  f"the drafters' kernels", need, room))
+    return out

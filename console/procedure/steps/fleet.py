@@ -92,7 +92,9 @@ def choose(loads: list[ReplicaLoad], eligible: set[str] | None = None) -> Choice
         fit = f"{total} running in the fleet, the others take up to {room}"
     else:
         fit = f"{total} running in the fleet; the others' max_running_requests not reported, not checked"
-    return Choice(chosen.name, f"{chosen.name}: the fewest running requests ({chosen.running}); {fit}")
+    how = f"the fewest running requests ({chosen.running})" if len(candidates) > 1 else \
+        f"{chosen.running} running request(s)"  # the one candidate (named with --replica, or the only one that fits)
+    return Choice(chosen.name, f"{chosen.name}: {how}; {fit}")
 
 
 def _router(fleet: FleetConfig) -> RouterClient:
@@ -377,17 +379,49 @@ def recorded_replica(state: Any) -> str | None:
     return drained.get("replica") or state.facts.get("fleet_replica")
 
 
-async def fleet_config(config: Config, state: Any | None = None) -> tuple[Config, str | None]:
+async def fleet_config(config: Config, state: Any | None = None, replica: str | None = None) -> tuple[Config, str | None]:
     """`config` addressed to the replica whose window this is: the one a resumed run recorded, else
-    the one chosen now (`choose_replica`: StepFailed naming the refusal, nothing changed). One server:
-    `config` itself."""
+    the one chosen now (`choose_replica`: StepFailed naming the refusal, nothing changed), among
+    `replica` alone when the operator named one (`run --replica`). One server: `config` itself."""
     if config.fleet is None:
+        if replica is not None:
+            raise StepFailed("preflight", f"--replica {replica}: this config has no [fleet] (one server)")
         return config, None
+    if replica is not None and config.fleet.replica(replica) is None:
+        raise StepFailed("preflight", f"--replica {replica}: [fleet] has no such replica (it lists "
+                                      f"{', '.join(r.name for r in config.fleet.replicas)})")
     name = recorded_replica(state) if state is not None else None
     if name is not None:
         replica = config.fleet.replica(name)
         if replica is None:
             raise StepFailed("preflight", f"the run's window is on replica {name!r}, which [fleet] no longer lists")
         return on_replica(config, replica), f"{name}: the replica this run's window is on"
-    replica, why = await choose_replica(config)
-    return on_replica(config, replica), why
+    if replica is not None and name is not None and name != replica:
+        raise StepFailed("preflight", f"--replica {replica}: the run's window is on replica {name}")
+    chosen, why = await choose_replica(config, {replica} if replica is not None else None)
+    return on_replica(config, chosen), why
+
+
+def check_fits(engine: Any, samples: dict[str, Any], tokens: int) -> None:
+    """Preflight, before the drain: the run's replica can take the window (`fit.replica_fits`: it
+    serves on the target's host, whose kernels are the drafters', and its GPUs hold the extraction),
+    else the window is refused, naming why and the replicas that can (`run --replica NAME`); nothing
+    has changed yet. Each replica's verdict is journalled and kept in the run's facts."""
+    from console.procedure.fit import replica_fits
+
+    if engine.config.fleet is None or engine.state.service.drains:  # drained already: the window is on it
+        return
+    fits = replica_fits(engine.config, engine.facts.probes, samples, tokens, len(engine.facts.layers),
+                        simulated=engine.hosts.simulated)
+    engine.state.facts["fleet_fits"] = {f.name: {"fits": f.fits, "why": f.why} for f in fits}
+    for f in fits:
+        engine.journal("preflight", f"fleet window on {f.name}: {'fits' if f.fits else 'no'}: {f.why}")
+    mine = replica_of(engine).name
+    verdict = next(f for f in fits if f.name == mine)
+    if verdict.fits:
+        return
+    others = [f for f in fits if f.fits and f.name != mine]
+    can = ("; " + ", ".join(f.name for f in others) + " can: `dflash-ops run --replica NAME` runs the window there"
+           if others else "; no replica can")
+    raise StepFailed("preflight", f"the fleet window is refused: replica {mine} cannot take it: {verdict.why}{can}; "
+                                  f"nothing was changed")

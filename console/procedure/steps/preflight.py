@@ -140,6 +140,8 @@ async def _where_it_fits(engine: Engine, prompts: list[dict[str, Any]]) -> None:
         engine.journal("preflight", f"zero-downtime on {fit.host}: {'fits' if fit.proposed else 'no'}: {fit.why}")
     if engine.route == "auto":
         await _choose_route(engine)
+    if engine.route != "zero-downtime":  # a fleet: the drained replica's GPUs take the extraction
+        fleet.check_fits(engine, samples, longest_tokens(prompts))
     chosen = engine.state.facts.get("extract_on")
     if engine.route == "zero-downtime" and chosen is None:
         fit = next((f for f in engine.fits if f.proposed), None)
@@ -215,9 +217,7 @@ async def _choose_plan(engine: Engine) -> None:
         acts["stage"] = (stage, why)
     manager = await engine.hosts.service_manager(engine.connect_s)
     acts.update(fleet.plan_acts(engine))
-    downtime = engine.earlier.get("downtime")
-    acts["stop"] = (True, f"{service_name(engine.config)} on {engine.config.service.host} goes down"
-                          + (f"; earlier windows took {duration(downtime)}" if downtime else ""))
+    acts["stop"] = (True, f"{service_name(engine.config)} on {engine.config.service.host} goes down")
     role_hosts = {"hosts": None, "target": engine.config.target.host, "service": engine.config.service.host,
                   "extract": engine._extract_host()[0], "eval": engine.config.eval.host, "console": None}
     hosts = {s.name: role_hosts[s.host_role] for s in table.route_steps(engine.route) if role_hosts[s.host_role]}
@@ -232,23 +232,28 @@ async def _choose_plan(engine: Engine) -> None:
     elif engine.route == "window":
         await _say_pause_route(engine)
     steps = table.planned(engine.route, acts, hosts, argvs, engine.earlier)
+    engine.plan = PlanReady(engine.run.run_id, engine.route, steps, tuple(engine.fits), preview=engine.plan_only)
+    made = None
+    if engine.route == "window" and not engine.state.service.stops:  # by phase, before any run begins (`run --plan`)
+        made, _ = await engine._forecast(manager)
+        engine.journal("preflight", f"forecast downtime: {fc.summary(made)}"
+                     + "".join(f"; {p.name}: {p.basis}" for p in made.phases))
+        steps = fc.planned_with(steps, made)  # one figure per step: its phase of the forecast
     fit = next((f for f in engine.fits if f.proposed), None)
     proposal = None
     if fit is not None:
         proposal = (f"zero-downtime: extract on {fit.host} GPU{fit.gpu} ({fit.why}); the window route would "
-                    f"stop the server" + (f" for ~{duration(downtime)} (earlier windows)" if downtime else ""))
+                    f"stop the server" + (f" for {fc.figure(made)} (the forecast: {fc.basis_words(made)})"
+                                          if made is not None else ""))
         engine.journal("preflight", f"proposed route: {proposal}; chosen: {engine.route}"
                      + (" (--route zero-downtime to take it)" if engine.route == "window" else ""))
     facts["proposal"] = proposal
-    engine.plan = PlanReady(engine.run.run_id, engine.route, steps, tuple(engine.fits), proposal, preview=engine.plan_only)
+    engine.plan = PlanReady(engine.run.run_id, engine.route, steps, tuple(engine.fits), proposal,
+                            preview=engine.plan_only, forecast=made)
     engine.state.plan = [{"name": s.name, "acts": s.acts, "why": s.why, "host": s.host, "argv": list(s.argv),
                         "estimate_s": s.estimate_s} for s in steps]
     engine.run.save()
     engine.bus.publish(engine.shown_plan())  # a resume's: the steps done earlier do not act again
-    if engine.route == "window" and not engine.state.service.stops:
-        made, _ = await engine._forecast(manager)
-        engine.journal("preflight", f"forecast downtime: {fc.summary(made)}"
-                     + "".join(f"; {p.name}: {p.basis}" for p in made.phases))
     for step in steps:
         engine.journal("preflight", f"plan: {step.name}: {'acts' if step.acts else 'left out'}: {step.why}"
                      + (f" ({shlex.join(step.argv)} on {step.host})" if step.argv else ""))
