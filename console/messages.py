@@ -229,6 +229,7 @@ class PlanReady:
     fits: tuple[HostFit, ...] = ()
     proposal: str | None = None  # the route the plan proposes, with its reason
     preview: bool = False  # `p` / `run --plan`: no run was kept, nothing was changed
+    forecast: Forecast | None = None  # the window's downtime by phase, made at preflight (before any stop)
 
 
 @dataclass(frozen=True)

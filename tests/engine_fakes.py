@@ -691,8 +691,10 @@ async def extract_worker(world: FakeWorld, job: FakeJob) -> dict[str, Any]:
     window: dict[str, Any] = {"staged": staged, "from_pretrained_s": 0.1, "bytes": 4352}
     if staged:
         await world.wait_file(Path(job.arg("--completions")))
+        # The real worker's `staged` fields, its warm-up's forward rate among them (the forecast reads it).
         events.emit("staged", bytes=4352, tensors=2, pinned=False, host_read_s=0.2, warmup_s=0.0, go_file=str(go_file),
-                    tokens=120, tokens_to_extract=120)
+                    tokens=120, tokens_to_extract=120, forward_tokens_per_s=60.0,
+                    forward_rate_basis="1 of 2 layers timed on 97 tokens at stage warm-up, scaled to 2")
         await world.point(job, "staged")
         events.log(f"staged: waiting for the go signal ({go_file})")
         await world.wait_file(go_file)

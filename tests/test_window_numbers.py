@@ -131,3 +131,48 @@ async def test_the_next_windows_forecast_counts_only_the_missing_prompts(window:
     assert inputs.prompt_tokens == (5000,)
     state.windows = []  # the first window: every prompt
     assert fc.tokens_left(state, [300, 5000, 700]) == (300, 5000, 700)
+
+
+# --- run --plan: the forecast before any run begins -------------------------------------------------
+
+async def test_the_plan_carries_the_forecast_by_phase_before_any_run_begins(window: Window, tmp_path) -> None:
+    """`run --plan` (and the console's `p`) is preflight alone: no stop, no run kept. Its plan carries
+    the downtime by phase with each basis, the window steps' estimates are their phases (one figure
+    each, "unknown" where nothing tells it, never "-" nor 0 s), and the stop's row names the downtime."""
+    import io
+
+    from rich.console import Console
+
+    from console.procedure.decider import RefuseAll
+    from console.procedure.engine import Engine
+    from console.procedure.store import RunStore
+    from console.views.plan import plan_view
+    from tests.fake_hosts import FakeHosts
+
+    world = window.world
+    scratch = RunStore(tmp_path / "scratch").create(str(world.config.source), None)
+    engine = Engine(FakeHosts(world), world.config, scratch, RefuseAll(), window.store, restart_on_failure=False,
+                    plan_only=True)
+    await engine.execute()
+    plan = engine.plan
+    assert plan is not None and plan.forecast is not None and world.service.stop_commands == 0
+    made = plan.forecast
+    assert [p.name for p in made.phases] == ["stop", "free-vram", "extract", "start"]
+    assert all(p.basis for p in made.phases)
+    # No staged worker has measured a forward rate yet, and nothing else tells one: unknown, said so.
+    assert fc.phase(made, "extract").seconds is None and "unknown" in fc.phase(made, "extract").basis
+    steps = {s.name: s for s in plan.steps}
+    assert steps["stop"].estimate_s == fc.phase(made, "stop").seconds is not None
+    assert steps["free-vram"].estimate_s == fc.phase(made, "free-vram").seconds
+    assert f"forecast downtime {fc.figure(made)}" in steps["stop"].why and "earlier windows" not in steps["stop"].why
+    screen = io.StringIO()
+    Console(file=screen, width=200, no_color=True).print(plan_view(plan))
+    text = screen.getvalue()
+    assert f"forecast downtime: {fc.figure(made)}" in text
+    plan_part = text[:text.index("forecast downtime:")]  # the steps' table, then the phases' own
+    rows = {line.split("│")[1].strip(): [c.strip() for c in line.split("│")[1:-1]]
+            for line in plan_part.splitlines() if line.count("│") >= 4}
+    assert rows["extract"][-1] == "unknown" and rows["stop"][-1] not in ("-", "0 s")
+    for p in made.phases:  # each basis whole, config keys and all ("[service] stop_grace_s")
+        assert p.basis.split(";")[0][:40] in text
+    assert "(no [fleet] router)" in text

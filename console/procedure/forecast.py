@@ -307,6 +307,24 @@ def figure(forecast: Forecast) -> str:
     return duration(forecast.downtime_s)
 
 
+# The plan's steps whose time is a phase of the downtime (the restart's is the start to ready).
+STEP_OF_PHASE = {"stop": "stop", "free-vram": "free-vram", "extract": "extract", "start": "restart"}
+
+
+def planned_with(steps: Sequence[Any], forecast: Forecast) -> tuple[Any, ...]:
+    """The plan's steps with the forecast in them, one figure each: a window step's estimate is its
+    phase (None where the phase is unknown), and the stop says the downtime it begins."""
+    seconds = {STEP_OF_PHASE[p.name]: p.seconds for p in forecast.phases if p.name in STEP_OF_PHASE}
+    out = []
+    for step in steps:
+        if step.name in seconds:
+            step = dataclasses.replace(step, estimate_s=seconds[step.name])
+        if step.name == "stop" and step.acts:
+            step = dataclasses.replace(step, why=f"{step.why}: forecast downtime {figure(forecast)}")
+        out.append(step)
+    return tuple(out)
+
+
 def summary(forecast: Forecast) -> str:
     """One figure and its basis in words: '5 min 12 s = stop 11 s + free-vram 2 s + extract 3 min +
     start 1 min 59 s; stop, start: systemd's history of the unit; free-vram, extract: median of 2

@@ -14,13 +14,14 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from rich.console import Group, RenderableType
+from rich.markup import escape
 from rich.padding import Padding
 from rich.panel import Panel
 from rich.table import Table
 from rich.text import Text
 
 from console.config import Config
-from console.messages import PlannedStep, PlanReady
+from console.messages import Forecast, PlannedStep, PlanReady
 from console.procedure.steps import ROUTES, STEP_TITLES
 from console.service.control import manager_from_config
 from console.views.tables import FittedTable
@@ -292,6 +293,34 @@ def done_earlier(steps: tuple[PlannedStep, ...], ended: Mapping[str, str]) -> tu
                                      argv=()) if step.name in earlier else step for step in steps)
 
 
+def forecast_unknown_steps(plan: PlanReady) -> set[str]:
+    """The plan's steps whose phase of the forecast is unknown (their estimate reads "unknown", not "-")."""
+    from console.procedure import forecast as fc
+
+    if plan.forecast is None:
+        return set()
+    return {fc.STEP_OF_PHASE[name] for name in fc.unknown(plan.forecast) if name in fc.STEP_OF_PHASE}
+
+
+def forecast_view(made: Forecast) -> list[RenderableType]:
+    """The downtime forecast before any run begins: one line with the figure and the budget, then
+    each phase with its basis in words (what `run --plan` and the console's plan screen show)."""
+    from console.procedure import forecast as fc
+
+    budget = ""
+    if made.budget_s is not None:
+        verdict = ("OVER it: the stop will be refused" if made.over_budget else
+                   "cannot be checked with a phase unknown: the stop will be refused" if fc.unknown(made) else "fits")
+        budget = f" (budget [window] max_downtime_s = {made.budget_s:g} s: {verdict})"
+    rows = [[p.name, duration(p.seconds) if p.seconds is not None else "unknown", escape(p.basis)]
+            for p in made.phases]  # a basis names config keys ("[service] stop_grace_s"): no markup
+    return [Text(f"forecast downtime: {fc.figure(made)}{budget}", style="bold red" if made.over_budget else "bold"),
+            FittedTable((["phase", "forecast", "basis"], rows, ["yellow" if p.seconds is None else ""
+                                                                 for p in made.phases]),
+                        "forecast downtime by phase (stop, VRAM free, extraction, start to ready)", fold=2,
+                        justify="left")]
+
+
 def plan_view(plan: PlanReady, commands_whole: bool = True, ended: Mapping[str, str] | None = None) -> Group:
     """The chosen plan, as `run --plan`, the headless run and the console's `p` screen all show it:
     per step whether it acts and why, where, the estimate; then each step's literal command on a
@@ -306,11 +335,14 @@ def plan_view(plan: PlanReady, commands_whole: bool = True, ended: Mapping[str, 
     shows only what it will do, so those read "no" (done earlier in this run) and their commands are
     not listed among those that will run."""
     steps = done_earlier(plan.steps, ended or {})
-    rows = [[step.name, "yes" if step.acts else "no", step.host or "-", step.why, duration(step.estimate_s)]
-            for step in steps]
+    unknown = forecast_unknown_steps(plan)
+    rows = [[step.name, "yes" if step.acts else "no", step.host or "-", escape(step.why),
+             "unknown" if step.name in unknown and step.acts else duration(step.estimate_s)] for step in steps]
     parts: list[RenderableType] = [FittedTable((["step", "acts", "host", "why", "estimate"], rows,
                                                 ["" if step.acts else "dim" for step in steps]),
                                                f"plan ({plan.route} route)", fold=3, justify="left")]
+    if plan.forecast is not None:
+        parts.extend(forecast_view(plan.forecast))
     commands = [step for step in steps if step.argv]
     if commands:
         parts.append(Text("commands, exactly as they will run:", style="bold"))

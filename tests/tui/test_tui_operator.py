@@ -283,9 +283,20 @@ class PlanWithFits(StandinOperator):
         fits = (m.HostFit("ct200", True, "GPU3 has 79 GiB free; the target needs 61 GiB", gpu=3, free_mib=80900,
                           need_mib=62464, model_path="/data/models/Qwen3.6-27B"),
                 m.HostFit("ct129", False, "its GPUs serve the target"))
-        plan = m.PlanReady(self.run_id, "window", PLAN_STEPS, fits, "zero-downtime: extract on ct200 GPU3")
+        plan = m.PlanReady(self.run_id, "window", PLAN_STEPS, fits, "zero-downtime: extract on ct200 GPU3",
+                           forecast=PLAN_FORECAST)
         self.publish(plan)
         return plan
+
+
+# The forecast preflight makes (forecast.forecast's words): the extraction unknown on a first window.
+PLAN_FORECAST = m.Forecast("r", 87.0, (
+    m.ForecastPhase("stop", 11.2, "the unit's last stop on ct129 (systemd)"),
+    m.ForecastPhase("free-vram", 10.0, "estimate: the stop's grace ([service] stop_grace_s); no earlier run measured "
+                                       "how long VRAM stays held after the stop", estimated=True),
+    m.ForecastPhase("extract", None, "unknown: the forward is unknown: no rate measured yet", estimated=True),
+    m.ForecastPhase("start", 65.8, "the server's last start on ct129 (systemd: the unit's start to its ready line)")),
+    budget_s=None)
 
 
 @SIZES
@@ -302,6 +313,10 @@ async def test_p_shows_the_plan_as_a_screen_every_step_command_and_the_proposal(
         assert "1 min 36 s" in shown  # the restart's estimate, in the one duration format
         assert "where the target fits" in shown and "79.0 GiB" in shown and "61.0 GiB" in shown
         assert "proposed: zero-downtime: extract on ct200 GPU3" in shown
+        # The forecast by phase with its basis, before any run begins (issue 27): unknown, never 0 s.
+        assert "forecast downtime: unknown (at least 1 min 27 s)" in shown
+        assert "the unit's last stop on ct129 (systemd)" in shown and "[service] stop_grace_s" in shown
+        assert "extract │ unknown │ unknown: the forward is unknown" in shown
         assert app.focused is app.screen.query_one("#plan-body")  # the arrows scroll it at once
         await pilot.press("escape")
         await until(pilot, lambda: app.screen.id == "dashboard")
