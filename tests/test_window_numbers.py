@@ -176,3 +176,34 @@ async def test_the_plan_carries_the_forecast_by_phase_before_any_run_begins(wind
     for p in made.phases:  # each basis whole, config keys and all ("[service] stop_grace_s")
         assert p.basis.split(";")[0][:40] in text
     assert "(no [fleet] router)" in text
+
+
+# --- issue 28, item 3: the operator's hesitation never enters an estimate ----------------------------
+
+def test_the_operators_answers_never_enter_an_estimate() -> None:
+    """An earlier window whose restart was refused (started by `r` 70 s after the GPUs' release) and
+    whose holders' question waited 20 s: the downtime estimate is the sum of its measured phases (the
+    hosts' work), the steps' are their work, never the 90 s spent deciding."""
+    from console.procedure.state import ExtractionState, RunState, ServiceState, StepState
+    from console.procedure.steps import estimates
+
+    t0 = 1_795_000_000.0
+    state = RunState("20261201-030000-aaaa", t0 - 60, status="done", route="window",
+                     service=ServiceState(stopped_at=t0, stop_returned_at=t0 + 1, vram_free_at=t0 + 26,
+                                          start_issued_at=t0 + 101, ready_at=t0 + 111),
+                     extraction=ExtractionState(gpu_released_at=t0 + 31, complete=True),
+                     steps={"free-vram": StepState("done", t0 + 1, t0 + 26, work_s=5.0, decision_s=20.0),
+                            "restart": StepState("done", t0 + 31, t0 + 111, work_s=10.0, decision_s=70.0),
+                            "evaluate": StepState("done", t0 + 120, t0 + 150, decision_s=0.0)})
+    raw = state.to_json()
+    made = estimates([raw])
+    phases = fc.measured_phases(raw)
+    assert phases == {"stop": 1.0, "free-vram": 5.0, "extract": 5.0, "start": 10.0}
+    assert made["downtime"] == sum(phases.values()) == 21.0  # not ready - stopped = 111 s
+    assert made["free-vram"] == 5.0 and made["restart"] == 10.0 and made["evaluate"] == 30.0
+    # A step recorded without work time (an older store): its span less the answers it waited for.
+    raw["steps"]["evaluate"] = {"status": "done", "started_at": t0 + 120, "ended_at": t0 + 150, "decision_s": 12.0}
+    assert estimates([raw])["evaluate"] == 18.0
+    # A window that did not measure every phase (the console away at ready) gives no downtime estimate.
+    raw["service"]["ready_seen_late"] = True
+    assert "downtime" not in estimates([raw])

@@ -147,7 +147,15 @@ def units(route: str) -> list[tuple[Step, ...]]:
 
 
 def estimates(earlier_states: Iterable[dict[str, Any]]) -> dict[str, float]:
-    """Median duration of each step (and of the downtime, key "downtime") over earlier finished runs."""
+    """Median duration of each step (and of the downtime, key "downtime") over earlier finished runs.
+
+    The operator's answers never enter one: a step's is its work time; the downtime is the sum of
+    the forecast's measured phases (forecast.measured_phases: the hosts' work from the stop to ready,
+    a question's wait left out), from runs that measured every phase; the pause route's is its pause
+    to its continue less the time its questions waited."""
+    from console.procedure.forecast import measured_phases
+    from console.procedure.state import StateError
+
     durations: dict[str, list[float]] = {}
     for state in earlier_states:
         for name, step in state.get("steps", {}).items():
@@ -156,12 +164,21 @@ def estimates(earlier_states: Iterable[dict[str, Any]]) -> dict[str, float]:
             if step.get("work_s"):  # the work alone, the operator's think time left out
                 durations.setdefault(name, []).append(step["work_s"])
             elif step.get("started_at") is not None and step.get("ended_at") is not None:
-                durations.setdefault(name, []).append(step["ended_at"] - step["started_at"])
+                durations.setdefault(name, []).append(max(0.0, step["ended_at"] - step["started_at"]
+                                                          - (step.get("decision_s") or 0.0)))
         service = state.get("service", {})
         if service.get("stopped_at") is not None and service.get("ready_at") is not None:
-            durations.setdefault("downtime", []).append(service["ready_at"] - service["stopped_at"])
+            try:
+                phases = measured_phases(state)
+            except StateError:
+                phases = {}
+            if phases and all(v is not None for v in phases.values()):
+                durations.setdefault("downtime", []).append(sum(phases.values()))
         if service.get("paused_at") is not None and service.get("continued_at") is not None:
-            durations.setdefault("pause-downtime", []).append(service["continued_at"] - service["paused_at"])
+            waited = sum((state.get("steps", {}).get(n) or {}).get("decision_s") or 0.0
+                         for n in ("release", "free-vram", "extract", "resume", "continue"))
+            durations.setdefault("pause-downtime", []).append(
+                max(0.0, service["continued_at"] - service["paused_at"] - waited))
     return {name: statistics.median(values) for name, values in durations.items()}
 
 
