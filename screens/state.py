@@ -66,6 +66,7 @@ class JobView:
     stalled: str | None = None
     worker: str | None = None
     received: dict[str, float] = field(default_factory=dict)  # unit -> when its newest progress came (console clock)
+    ended: int = 0  # the order in which the jobs ended (1 the first), 0 while it goes
 
     def eta_key(self) -> str | None:
         """The counter that measures the work: tokens, else prompts (the one the time left is read from)."""
@@ -291,11 +292,15 @@ class ConsoleState:
             job.stalled = f"no event for {message.silent_s:.0f} s (the process is alive)"
         elif kind in ("JobResult", "JobExit", "JobError"):
             job.finished = True
+            job.ended = job.ended or max((j.ended for j in self.jobs.values()), default=0) + 1
         return "job"
 
     def current_jobs(self) -> list[JobView]:
-        """The jobs still going, oldest first; when none, the newest one (finished)."""
+        """The jobs still going, oldest first; when none, the newest finished one that has bars to
+        show, the last to end (a check or a probe that reported none never hides the extraction's
+        last counts)."""
         going = [j for j in self.jobs.values() if not j.finished]
         if going:
             return going
-        return [next(reversed(self.jobs.values()))] if self.jobs else []
+        shown = [j for j in self.jobs.values() if j.bars]
+        return [max(shown, key=lambda j: j.ended)] if shown else []

@@ -344,7 +344,9 @@ def test_job_panel_note_only_for_the_live_job_and_no_raw_event_dumps():
     assert note_of(state.jobs["e1"]) == "staged: weights in host RAM, waiting for the stop"
     state.apply(m.JobLog("e1", "extract", "ct129", "info", "check", kind="phase"))
     state.apply(m.JobLog("e1", "extract", "ct129", "info", "x", kind="log"))
+    state.apply(m.JobProgress("e1", "extract", "ct129", 4, 4, "prompts", key="prompts"))
     state.apply(m.JobExit("e1", "extract", "ct129", 0))
+    state.apply(m.JobExit("c1", "check", "ct129", 0))  # ended later, with no bars: the extraction stays shown
     assert state.current_jobs()[0].job_id == "e1" and note_of(state.current_jobs()[0]) == ""  # not "phase check"
     state.apply(m.JobLog("r1", "relay", "console", "info", "evaluate", kind="phase"))
     state.apply(m.RunFinished("r", "done", 0, True, "done", "/runs/r"))

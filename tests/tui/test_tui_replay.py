@@ -230,3 +230,29 @@ def test_the_pause_routes_downtime_is_said_as_a_pause() -> None:
     assert downtime_text(state, 130.0, can_restart=True).plain.startswith("SERVER PAUSED 30 s")
     state.apply(m.Downtime("r1", 100.0), 100.0)
     assert downtime_text(state, 130.0, can_restart=True).plain.startswith("SERVICE DOWN 30 s")
+
+
+async def test_the_jobs_progress_bars_of_a_store_in_the_current_journal_format(window) -> None:
+    """A store the engine writes now (its journal's job-start, job-progress and job-exit entries, over
+    the engine's fakes): the replay draws the jobs' bars as the run saw them, the extraction's
+    counters going up to where its worker got, then the job finished."""
+    finished = await window.console()
+    assert finished.exit_code == 0, finished.message
+    recording = read_recording(window.store.root / window.run_id)
+    progress = [e for e in recording.events if isinstance(e.message, m.JobProgress)
+                and e.message.worker == "extract" and e.message.key == "prompts"]
+    assert progress, "the journal holds the extraction's progress"
+    app = ReplayApp(recording, playing=False, clock=Clock(), frame_s=3600)
+    async with app.run_test(size=SIZE) as pilot:
+        await until(pilot, lambda: "paused" in bar(app))
+        app.show_events(app.player.seek(progress[-1].t))
+        jobs = app.screen.query_one(JobPanel)
+        last = progress[-1].message
+        shown = f"prompts {last.done:g}/{last.total:g}"
+        await until(pilot, lambda: shown in " ".join(text_of(w) for w in jobs.query(Static)))
+        assert "extract on ct129" in str(jobs.border_title)
+        while not app.player.at_end:  # to the run's end: later jobs reported no bars (a check, the evaluation)
+            await pilot.press("right_square_bracket")
+            await pilot.pause()
+        await until(pilot, lambda: "extract on ct129 (finished)" in str(jobs.border_title))
+        assert shown in " ".join(text_of(w) for w in jobs.query(Static))  # its bars stay as far as they got
