@@ -74,9 +74,10 @@ class _JobLines:
             elapsed = int(task.finished_time if task.finished else (task.elapsed or 0))
             values.append(f"{elapsed // 3600}:{elapsed // 60 % 60:02d}:{elapsed % 60:02d}")
             rows.append((task, values))
-        # one bar width for all (the values start in one column), as wide as the longest line allows
+        # one bar width for all (the values start in one column), as wide as the longest line allows;
+        # at least BAR_MIN where the name leaves room (the values that do not fit go to the next line)
         room = min((width - pad - 2 - cell_len(" ".join(values)) for _, values in rows), default=BAR_MAX)
-        bar_width = max(0, min(BAR_MAX, room if room >= BAR_MIN else width - pad - 1))
+        bar_width = max(0, min(BAR_MAX, max(room, BAR_MIN), width - pad - 1))
         for task, values in rows:
             line = Text(task.description.ljust(pad) + " ", style="progress.description")
             if bar_width:
