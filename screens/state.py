@@ -24,6 +24,7 @@ def default_rows(fleet: bool = False) -> tuple[str, ...]:
 
 
 STEP_NAMES = default_rows()
+FLEET_STEPS = frozenset(s.name for s in STEPS if "[fleet]" in (s.left_out_when or ""))  # drain, rejoin
 JOURNAL_KEPT = 500
 DOWN_STEPS = tuple(s.name for s in STEPS if s.while_down)  # the service is down from the stop to the restart's ready
 
@@ -243,6 +244,8 @@ class ConsoleState:
         old = self.steps
         self.steps = {}
         for step in plan.steps:
+            if self._fleet_only(step.name) and not step.acts:
+                continue  # one server: drain and rejoin never run, and their rows would crowd the job's bars out
             view = StepView(step.name, acts=step.acts, why=step.why, host=step.host, estimate_s=step.estimate_s)
             if step.name in old and old[step.name].status != "pending" and same_run:
                 before = old[step.name]
@@ -253,11 +256,18 @@ class ConsoleState:
                 view.status = "left-out"
             self.steps[step.name] = view
 
+    def _fleet_only(self, name: str) -> bool:
+        """A step only a fleet takes (drain, rejoin), on a console whose rows have none (one server)."""
+        return name in FLEET_STEPS and name not in self.rows
+
     def _step(self, update: m.StepUpdate) -> None:
         if update.run_id != self.run_id and self.run_id is not None:  # another run's rows: none of ours stay
             self.steps = {n: StepView(n) for n in self.rows}
             self.planned = False
         self.run_id = update.run_id
+        if self._fleet_only(update.step) and update.step not in self.steps and update.status in ("skipped",
+                                                                                                "left-out"):
+            return  # "one server: no router to leave": not a row of a window without a fleet
         view = self.steps.setdefault(update.step, StepView(update.step))
         view.status = update.status
         view.started_at = update.started_at if update.started_at is not None else view.started_at

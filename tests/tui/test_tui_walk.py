@@ -429,3 +429,36 @@ async def test_the_online_tab_keeps_every_prompt_name_and_tau_whole_at_80x24(run
         assert all(n in shown for n in names), shown
         natural = max(len(line.rstrip()) for line in shown.splitlines())  # drawn at 200 columns: whole
         assert natural > 76 and table.region.width >= natural  # wider than the screen: it scrolls, never cut
+
+
+# --- the job's bars stay on screen -------------------------------------------------------------------
+
+
+async def test_one_servers_drain_and_rejoin_rows_never_crowd_the_jobs_bars_out():
+    """The walk (and a replay) showed an empty `Job extract on ct129` box at 120 x 40: the plan's
+    drain and rejoin rows (left out: one server) and their two notes pushed the job's counters below
+    the screen. Without a fleet they are no rows at all; the extraction's counters show."""
+    from screens.widgets.job_panel import JobPanel
+    from tests.tui.standin import PLAN_STEPS, extract_progress, mid_window
+
+    op = serving()
+    engine_plan = (*PLAN_STEPS[:3], m.PlannedStep("drain", False, "left out: one server (no [fleet] router)"),
+                   *PLAN_STEPS[3:7], m.PlannedStep("rejoin", False, "left out: one server (no [fleet] router)"),
+                   *PLAN_STEPS[7:], m.PlannedStep("crosscheck", True, "online tau beside the offline one"))
+    async with console(op, WIDE, clock=Clock()) as (app, pilot):
+        await pilot.pause()
+        mid_window(op)
+        op.publish(m.PlanReady(op.run_id, "window", engine_plan))
+        op.publish(m.StepUpdate(op.run_id, "drain", "skipped", T0, T0, "one server: no router to leave"))
+        for p in extract_progress(op.now):
+            op.publish(p)
+        await until(pilot, lambda: app.state.steps.get("extract") is not None and app.state.jobs)
+        await pilot.pause()
+        assert "drain" not in app.state.steps and "rejoin" not in app.state.steps
+        panel = app.screen.query_one(JobPanel)
+
+        def counter() -> Static | None:
+            return next((w for w in panel.query(Static) if "prompts 4/10" in text_of(w) and w.region.height), None)
+
+        await until(pilot, lambda: counter() is not None)
+        assert app.screen.region.contains_region(counter().region), (counter().region, app.screen.region)
