@@ -474,6 +474,7 @@ class FakeWorld:
         self.ended: list[int] = []  # pids the console had ended
         self.go_files: list[str] = []
         self.vram_free_seen: list[float] = []  # when a sample showed the service's GPUs free
+        self.flush_gate: asyncio.Event | None = None  # set: the extractor's flush waits for it
         self.after_stop: Callable[[], Any] | None = None  # called once the unit is down, before the stop returns
         self._changed = asyncio.Event()
         self._next_pid = 7000
@@ -714,6 +715,8 @@ async def extract_worker(world: FakeWorld, job: FakeJob) -> dict[str, Any]:
     world.sample(job.handle.host)
     await world.point(job, "gpu_released")
     events.phase("flush")
+    if world.flush_gate is not None:  # the files take their time: written once the test opens the gate
+        await world.flush_gate.wait()
     incoming = out.with_name(out.name + ".incoming")
     shutil.rmtree(incoming, ignore_errors=True)
     shutil.copytree(world.producers.states, incoming)

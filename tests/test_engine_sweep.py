@@ -302,11 +302,19 @@ async def test_a_cancel_lost_on_its_way_is_asked_again(window: Window, point: st
                                                        monkeypatch: pytest.MonkeyPatch) -> None:
     """Ctrl-C (or SIGTERM) at each crash point, and the host call it lands in loses it (Python
     3.11's wait_for, under asyncssh): the run is cancelled all the same, and compensates; it
-    never goes on to the end as if nobody had asked (a CI run saw exactly that, exit 0)."""
+    never goes on to the end as if nobody had asked (a CI run saw exactly that, exit 0). At
+    `gpu-released` the extractor is writing its files: it is left to finish and the run ends paused
+    for its resume, which evaluates (issue 27, item 6: a finished extraction is never thrown away)."""
     monkeypatch.setattr(engine_module, "CANCEL_AGAIN_S", 0.01)
     finished = await cancel_at(window, point)
-    assert finished.status == "cancelled", (finished, window.world.swallowed)
+    expected = "paused" if point == "gpu-released" else "cancelled"
+    assert finished.status == expected, (finished, window.world.swallowed)
     assert_promises(window, finished)
+    if expected == "paused":
+        assert "left to finish" in finished.message and finished.service_up, finished
+        resumed = await window.console()
+        assert resumed is not None and resumed.exit_code == 0, resumed
+        assert len(window.world.extraction_jobs()) == 1 and window.state().steps["evaluate"].status == "done"
     if window.world.swallowed:  # where the next call lost it, it was asked again, and taken
         assert window.world.swallow_cancels == 0
 

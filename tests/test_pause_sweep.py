@@ -180,11 +180,19 @@ async def test_every_pause_steps_failure_then_a_new_console(paused: Window, fail
 async def test_a_cancel_after_the_pause_resumes_and_continues(paused: Window, point: str,
                                                               monkeypatch: pytest.MonkeyPatch) -> None:
     """Ctrl-C, SIGTERM, SIGHUP or the console's quit (all `Engine.cancel`) after the pause, the
-    host call it lands in losing it: cancelled all the same, and the server given back."""
+    host call it lands in losing it: cancelled all the same, and the server given back. At
+    `gpu-released` the extractor writing its files is left to finish: the run ends paused, for its
+    resume to evaluate (issue 27, item 6)."""
     monkeypatch.setattr(engine_module, "CANCEL_AGAIN_S", 0.01)
     finished = await cancel_at(paused, point)
-    assert finished.status == "cancelled" and finished.service_up, finished
+    expected = "paused" if point == "gpu-released" else "cancelled"
+    assert finished.status == expected and finished.service_up, finished
     assert_pause_promises(paused, finished)
+    if expected == "paused":
+        assert "left to finish" in finished.message
+        resumed = await paused.console()
+        assert resumed is not None and resumed.exit_code == 0, resumed
+        assert_pause_promises(paused, resumed)
 
 
 async def test_a_server_without_the_memory_saver_is_told_the_one_line(paused: Window) -> None:

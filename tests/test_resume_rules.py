@@ -7,9 +7,14 @@ world's own clock, a unit whose start time systemd would report, workers that fl
 
 from __future__ import annotations
 
-from console.procedure.engine import Engine
+import asyncio
+
+import pytest
+
+from console.messages import Confirmation
+from console.procedure.engine import EXIT_DOWN, Engine
 from console.procedure.store import summary_of
-from tests.engine_fakes import ScriptedDecider
+from tests.engine_fakes import TRAINING, Fault, ScriptedDecider
 from tests.engine_sweep import (  # its fixtures (producers, window) come through tests/conftest.py
     Crasher,
     Window,
@@ -77,3 +82,101 @@ async def test_a_second_stop_refused_leaves_the_service_serving(window: Window) 
     assert window.store.left_down() is None
     first_stop = window.world.service.down_periods()[0][0]
     assert summary_of(window.store.open(window.run_id)).downtime_s == up_at - first_stop
+
+
+async def test_a_cancel_while_the_extractor_flushes_leaves_it_to_finish(window: Window) -> None:
+    """Item 6: Ctrl-C after `gpu_released`, the extractor still writing its files: it is not killed,
+    the service is restarted, and the run ends paused (resumable), not cancelled; once the files are
+    written the resume verifies them and evaluates, with one extraction in all."""
+    window.world.flush_gate = gate = asyncio.Event()
+    box: list[Engine] = []
+    engine = engine_for(window, crash_at=lambda point: box[0].cancel() if point == "gpu-released" else None)
+    box.append(engine)
+    finished = await engine.execute()
+    (job,) = window.world.extraction_jobs()
+    assert job.state == "running" and "killed" not in job.reached, "the flushing extractor was ended"
+    assert finished.status == "paused" and finished.service_up, finished
+    assert "left to finish" in finished.message and window.world.service.state == "active"
+    gate.set()
+    again = await window.console()
+    assert again is not None and again.exit_code == 0, again
+    assert job.seen("artifact") and len(window.world.extraction_jobs()) == 1
+    assert window.state().steps["evaluate"].status == "done"
+    assert_promises(window, again)
+
+
+async def test_a_resume_after_gpu_released_starts_the_server_before_verifying_the_states(
+        window: Window, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Item 6: the console dies at `gpu_released`; the resume sends the start before it reads the
+    sha256 of any state file (today every file was hashed while the server was down)."""
+    assert await window.console(Crasher("gpu-released")) is None
+    hashed_with: list[int] = []  # start commands sent when each verification began
+    verify = FakeHosts.manifest_complete
+
+    async def counted(self: FakeHosts, host: str, path: str) -> bool:
+        hashed_with.append(window.world.service.start_commands)
+        return await verify(self, host, path)
+    monkeypatch.setattr(FakeHosts, "manifest_complete", counted)
+    finished = await window.console()
+    assert finished is not None and finished.exit_code == 0, finished
+    assert hashed_with and min(hashed_with) == 1, hashed_with
+    assert_promises(window, finished)
+
+
+async def test_a_staged_worker_dead_before_the_stop_is_found_before_its_question(window: Window) -> None:
+    """Item 7: the staged extractor says `staged` and dies before the stop. The host is asked
+    before the stop's question: it is staged again while the server serves, so the stop is approved
+    on a live staged worker (not found dead only after the stop, with the disk read in the window)."""
+    window.world.faults.append(Fault("extract:staged", "dead"))
+    seen_at_stop: list[list[str]] = []
+
+    class Watching(ScriptedDecider):
+        async def decide(self, confirmation: Confirmation) -> bool:
+            if confirmation.step == "stop":
+                seen_at_stop.append([j.state for j in window.world.extraction_jobs()])
+            return await super().decide(confirmation)
+
+    finished = await window.console(decider=Watching(window.world.clock))
+    assert finished is not None and finished.exit_code == 0, finished
+    assert seen_at_stop == [["dead", "running"]], seen_at_stop
+    dead, staged = window.world.extraction_jobs()
+    assert staged.seen("staged") and staged.seen("artifact") and window.world.service.stop_commands == 1
+    assert_promises(window, finished)
+
+
+async def test_a_failed_preflight_on_resume_leaves_the_run_as_it_was(window: Window) -> None:
+    """Item 5: the console dies with the extraction running on the GPUs (the service down); the
+    next console's preflight cannot reach a host. Nothing is undone: the extractor goes on, the
+    service is not started, the state is as it was (running, the window's record untouched), exit 3
+    while it is down; once the host answers, the resume finishes with one extraction."""
+    window.world.flush_gate = gate = asyncio.Event()  # the extraction is still running when the resume fails
+    assert await window.console(Crasher("go")) is None
+    before = window.state()
+    window.world.faults.append(Fault("connect", "timeout", times=99))
+    failed = await window.console()
+    assert failed is not None and failed.exit_code == EXIT_DOWN, failed
+    assert "left as it was (running, the service down by it)" in failed.message
+    after = window.state()
+    assert (after.status, after.service, after.extraction, after.steps, after.jobs, after.windows) == \
+        (before.status, before.service, before.extraction, before.steps, before.jobs, before.windows)
+    (job,) = window.world.extraction_jobs()
+    assert job.state == "running" and window.world.service.start_commands == 0
+    window.world.faults.clear()
+    gate.set()
+    finished = await window.console()
+    assert finished is not None and finished.exit_code == 0, finished
+    assert len(window.world.extraction_jobs()) == 1
+    assert_promises(window, finished)
+
+
+async def test_a_resume_requires_only_the_hosts_its_remaining_steps_need(window: Window) -> None:
+    """Item 5: the console dies as the report is written (the evaluation done); the drafters' host
+    (ct200) is then unreachable. The resume needs only the inference host (the report, the
+    cross-check): it finishes instead of failing at preflight on a host it no longer needs."""
+    assert await window.console(Crasher("reported")) is None
+    window.world.faults.append(Fault("connect", "timeout", {"host": TRAINING}, times=99))
+    finished = await window.console()
+    assert finished is not None and finished.exit_code == 0, finished.message
+    assert window.state().steps["report"].status == "done"
+    assert not any(f.hit for f in window.world.faults), "the resume asked for a host it does not need"
+    assert_promises(window, finished)

@@ -16,7 +16,7 @@ from console.procedure import forecast as fc
 from console.procedure import run_jobs
 from console.procedure.fit import SPLIT_FILL
 from console.procedure.outcomes import Found, Skip, StepFailed
-from console.procedure.steps import between_hosts, stop
+from console.procedure.steps import between_hosts, pause, stop
 from console.service.vram import others_used
 from console.ssh.jobs import JobHandle
 from console.tasks import cancel_and_wait
@@ -53,12 +53,34 @@ async def extraction_complete(engine: Engine) -> bool:
 
 
 async def check_extract(engine: Engine) -> Skip | None:
+    await _back_before_verifying(engine)
     if await extraction_complete(engine):
         host_name, _ = engine._extract_host()
         engine._gpu_released.set()
         return Found(f"already extracted (manifest complete, sha256 verified): "
                      f"{host_name}:{await engine._window_dir(host_name)}/states")
     return None
+
+
+async def _back_before_verifying(engine: Engine) -> None:
+    """A resume that finds `gpu_released` recorded brings the server back first (the restart begun,
+    its start sent; on the pause route its memory given back and its requests let through), then
+    verifies the states: the sha256 of every file never runs while the server is down."""
+    record = engine.state.jobs.get("extract")
+    if record is None or "gpu_released" not in record.events_seen or engine.state.extraction.complete:
+        return
+    if engine.route == "pause" and engine.server_held_by_us:
+        await pause.give_back(engine, reason="the extraction had released the GPUs")
+        return
+    stop.begin_restart(engine)
+    task = engine._restart_task
+    if task is None or task.done():
+        return
+    issued = asyncio.ensure_future(engine.start_issued.wait())
+    try:
+        await asyncio.wait({task, issued}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        issued.cancel()
 
 
 async def verify_extract(engine: Engine) -> None:

@@ -30,7 +30,7 @@ LOCK_FILE = "dflash-ops.lock"  # in the service host's workdir: the run driving 
 
 async def run_preflight(engine: Engine) -> str:
     config = engine.config
-    for name in config.hosts:
+    for name in needed_hosts(engine):  # a resume: only the hosts its remaining steps need
         await engine._connected(name, "preflight")
     if not engine.plan_only:
         await take_host_lock(engine)
@@ -50,10 +50,12 @@ async def run_preflight(engine: Engine) -> str:
     engine.facts.model_bytes = model.get("tensor_bytes")
     engine.facts.ram_available = target_probe.get("ram", {}).get("available")
     kernels = target_probe.get("kernels", {})
-    if config.target.kernels == "fast" and not kernels.get("fast") and not engine.hosts.simulated(config.target.host):
+    if config.target.kernels == "fast" and config.target.host in probes and not kernels.get("fast") \
+            and not engine.hosts.simulated(config.target.host):
         raise StepFailed("preflight", f"kernels = \"fast\" but {config.target.host} binds "
                                       f"{', '.join(f'{k}={v}' for k, v in kernels.get('bound', {}).items()) or 'nothing'}")
-    engine.facts.layers = _layers(engine, drafters)
+    recorded = engine.state.facts.get("layers") if engine._resumed else None
+    engine.facts.layers = list(recorded) if recorded else _layers(engine, drafters)  # a resume keeps its layers
     for name, facts in drafters.items():
         overridden = facts.get("layers_source") == "override"
         engine.journal("preflight", f"drafter {name} on {facts.get('host')}: target layers {facts.get('target_layer_ids')}"
@@ -158,6 +160,27 @@ async def _where_it_fits(engine: Engine, prompts: list[dict[str, Any]]) -> None:
                                   f"never touched")
 
 
+def needed_hosts(engine: Engine) -> list[str]:
+    """The hosts preflight requires: every one for a new run; for a resume only those its remaining
+    steps need (the service host always: its state is asked), so a host the run is done with (the
+    drafters' once evaluated, say) may be away without failing the resume."""
+    config = engine.config
+    if not engine._resumed:
+        return list(config.hosts)
+    roles = {"target": config.target.host, "service": config.service.host, "extract": engine._extract_host()[0],
+             "eval": config.eval.host}
+    need = {config.service.host}
+    for step in table.route_steps(engine.route):
+        if engine.state.status_of(step.name) in ("done", "skipped", "left-out"):
+            continue
+        need.add(roles.get(step.host_role) or config.service.host)
+        if step.name in ("cache", "stage", "extract"):  # the completions are checked and read on the target host
+            need.add(config.target.host)
+        if step.name == "evaluate":  # the drafters are read (and relayed) where they live
+            need.update(d.host for d in config.drafters)
+    return [name for name in config.hosts if name in need]
+
+
 async def _probe_all(engine: Engine) -> dict[str, dict[str, Any]]:
     async def probe(name: str) -> tuple[str, dict[str, Any]]:
         args = ["--workdir", await engine.hosts.workdir(name)]
@@ -168,7 +191,7 @@ async def _probe_all(engine: Engine) -> dict[str, dict[str, Any]]:
         if not isinstance(outcome.get("result"), dict):
             raise StepFailed("preflight", f"the probe on {name} gave no facts: {outcome.get('error')}")
         return name, outcome["result"]
-    return dict(await asyncio.gather(*(probe(name) for name in engine.config.hosts)))
+    return dict(await asyncio.gather(*(probe(name) for name in needed_hosts(engine))))
 
 
 async def _read_drafters(engine: Engine) -> dict[str, dict[str, Any]]:
@@ -176,7 +199,8 @@ async def _read_drafters(engine: Engine) -> dict[str, dict[str, Any]]:
     config field the forward uses, `target_layer_ids` (required, or the config's explicit
     override), the fc width from the weights, finite weights. One job per drafter host."""
     by_host: dict[str, list[Any]] = {}
-    for drafter in engine.config.drafters:
+    needed = needed_hosts(engine)
+    for drafter in (d for d in engine.config.drafters if d.host in needed):
         by_host.setdefault(drafter.host, []).append(drafter)
 
     async def check(host_name: str, drafters: list[Any]) -> dict[str, dict[str, Any]]:

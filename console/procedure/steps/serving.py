@@ -4,6 +4,7 @@ verified and checked against the target)."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from typing import TYPE_CHECKING
 
@@ -19,11 +20,11 @@ if TYPE_CHECKING:
 async def check_stage(engine: Engine) -> Skip | None:
     if not engine._acts("stage"):
         return LeftOut(engine.state.facts["plan_stage"]["why"])
+    if engine.state.service.stops or engine.server_held_by_us:  # first: no sha256 of the states while it is down
+        return Skip("the service was stopped (or paused) already: the extraction reads the weights itself if the "
+                    "staged worker is gone")
     if await extract.extraction_complete(engine):
         return Found("the extraction already finished")
-    if engine.state.service.stops:
-        return Skip("the service was stopped already: the extraction reads the weights itself if the staged "
-                    "worker is gone")
     record = engine.state.jobs.get("extract")
     if record is not None and "staged" in record.events_seen:
         if await run_jobs.job_state(engine, "extract") == "running":
@@ -47,6 +48,39 @@ async def run_stage(engine: Engine) -> str:
     engine._crash("staged")
     return (f"{size_text(staged.get('bytes', 0))} in host RAM, kernels warmed "
             f"({staged.get('warmup_s', 0):.1f} s); waiting for the go")
+
+
+async def staged_before_the_stop(engine: Engine) -> None:
+    """Asked of the host before the stop's question: a staged worker that said `staged` and died
+    since is staged again while the server still serves; if that fails too, the stage is left out of
+    the plan and the stop is asked (and forecast, and held to its budget) for the cold path, the
+    weights read from disk inside the window. Never a stop approved on a staged worker that is gone."""
+    record = engine.state.jobs.get("extract")
+    if (not engine._acts("stage") or record is None or "staged" not in record.events_seen
+            or engine.state.extraction.begun_at is not None or engine.state.service.stops):
+        return
+    if await run_jobs.job_state(engine, "extract") == "running":
+        return
+    engine.journal("stop", f"the staged extractor (pid {record.pid}) on {record.host} is gone since it said "
+                           f"`staged`: staging again before the stop is asked", host=record.host, level="warning")
+    run_jobs.new_attempt(engine, "extract")
+    try:
+        said = await run_stage(engine)
+    except StepFailed as exc:
+        run_jobs.new_attempt(engine, "extract")
+        why = (f"left out: the staged extractor died after `staged` and staging again failed ({exc.msg}): the "
+               f"weights are read from disk inside the window")
+        engine.state.facts["plan_stage"] = {"stage": False, "why": why}
+        if engine.plan is not None:
+            engine.plan = dataclasses.replace(engine.plan, steps=tuple(
+                dataclasses.replace(s, acts=False, why=why) if s.name == "stage" else s for s in engine.plan.steps))
+        for step in engine.state.plan:
+            if step.get("name") == "stage":
+                step.update(acts=False, why=why)
+        engine.run.save()
+        engine.journal("stop", why, level="warning")
+        return
+    engine.journal("stop", f"staged again: {said}", host=record.host)
 
 
 def _completions_path(engine: Engine, window: str) -> str:

@@ -13,7 +13,7 @@ from console.messages import Confirmation, HoldersFound, ServiceStatus
 from console.procedure import forecast as fc
 from console.procedure.outcomes import Found, Refused, Skip, StepFailed
 from console.procedure.state import ServiceState
-from console.procedure.steps import extract, preflight
+from console.procedure.steps import extract, preflight, serving
 from console.service.control import ReadyTimeout, ServiceError
 from console.service.vram import describe_outcomes, wait_vram_free
 from console.session import service_name
@@ -114,6 +114,7 @@ async def run_stop(engine: Engine) -> str:
         raise StepFailed("stop", "refused: the completions are not cached and verified")
     if engine._acts("stage") and engine.state.status_of("stage") not in ("done", "skipped"):
         raise StepFailed("stop", "refused: the staged extractor has not reported `staged`")
+    await serving.staged_before_the_stop(engine)  # the host is asked: a dead stager is staged again (or cold)
     manager = await engine.hosts.service_manager(engine.connect_s)
     argv = manager.stop_argv()
     made, inputs = await engine._forecast(manager)
@@ -320,6 +321,7 @@ async def restart_service(engine: Engine, reason: str) -> None:
         started = time.monotonic()
         try:
             if status.active or status.state in ("activating", "reloading"):
+                engine.start_issued.set()
                 engine.journal("restart", f"{manager.name} is already {status.state}: waiting until it is ready, "
                                         f"not starting it again", host=service.host)
                 health = await engine.hosts.wait_service_ready(service.ready_timeout_s)
@@ -338,6 +340,7 @@ async def restart_service(engine: Engine, reason: str) -> None:
                 svc.start_issued_at = time.time()
                 svc.starts += 1
                 engine.run.save()
+                engine.start_issued.set()  # a resume's verification of the states waits for this (steps/extract.py)
                 engine._crash("start-issued")
                 health = await engine.hosts.start_service_and_wait(service.ready_timeout_s, engine.bus.publish)
         except (ServiceError, ReadyTimeout, HostError, TimeoutError) as exc:
