@@ -64,10 +64,12 @@ class Operator:
 
     def open_run(self, resume: str | bool | None) -> Run:
         """A new run, or the one to resume (`True`: the latest unfinished one)."""
-        if resume is True:
-            return self.store.run_to_resume()  # a damaged newer run is named, never passed over
-        if resume:
-            return self.store.open(str(resume))
+        if resume:  # a damaged newer run is named, never passed over
+            run = self.store.run_to_resume() if resume is True else self.store.open(str(resume))
+            refused = identity.refusal(run.state, self.config, run.run_id) if run.state.started else None
+            if refused is not None:  # another service or config file: said before connecting (the engine checks too)
+                raise ResumeRefused(refused)
+            return run
         self.refuse_new_run()
         return self.store.create(self._config_path(), self._config_sha())
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import re
 from pathlib import Path
 
 import pytest
@@ -465,6 +466,8 @@ async def test_a_resume_under_another_config_is_refused_before_anything(window: 
         assert str(own.source) in said and str(other.source) in said, said
         assert hosts.calls == [] and state_file.read_bytes() == before, name
         operator = Operator(other, runs_dir=window.store.root)
+        with pytest.raises(ResumeRefused, match=re.escape(str(other.source))):  # `run --resume`: said before connecting
+            operator.open_run(window.run_id)
         if point == "refused-restart" and name != "another config file":  # `r`: this service's run only
             with pytest.raises(LookupError, match=f"run {window.run_id} left .* down"):
                 await operator.restart_service(ScriptedDecider(window.world.clock))
