@@ -4,7 +4,8 @@ refusals, drain then rejoin, a crash at each of the steps' crash points then the
 ends in the router, one drain and one rejoin), and a replica that does not drain within its bound
 (put back by the compensation). The steps run on a real run directory (state.json written and read
 back); only the engine around them is the small `StepsOnly` below: the route's inner steps (stop ...
-restart) are the sweep's business (tests/test_engine_sweep.py), not this file's."""
+restart) are the sweep's business (tests/test_engine_sweep.py), not this file's. Last, the console
+over the same fleet (Pilot): its fleet panel, and `r` putting a DRAINED replica back."""
 
 from __future__ import annotations
 
@@ -17,17 +18,26 @@ from typing import Any
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from textual.widgets import Static
 
 from bench.loadgen import Load
+from console import messages as m
 from console.cli.run import runs_rows
 from console.config import config_to_dict, dump_toml, parse_config
 from console.procedure.outcomes import SimulatedCrash, StepFailed
 from console.procedure.steps import fleet
 from console.procedure.steps.fleet import Choice, ReplicaLoad, choose
 from console.procedure.store import RunStore, left_line, what_next
+from console.service.fleet_watch import look, with_runs
 from console.service.router import RouterClient
 from console.service.sglang_api import SglangClient, server_summary
+from console.views.fleet import fleet_renderable
+from screens.app import ConsoleApp
+from screens.modals.confirm import ConfirmModal
+from screens.widgets.fleet_panel import FleetPanel
 from tests.test_config_fleet import one_server
+from tests.tui.standin import StandinOperator, wall_clock
+from tests.tui.test_tui_operator import plain, text_of, until
 
 pytest.importorskip("sglang_router", reason="the fleet extra (sglang-router) is not installed")
 
@@ -242,3 +252,93 @@ def test_a_load_through_the_router_sees_no_failure_across_drain_and_rejoin(route
     report = load.report
     assert report is not None and report.sent > 8 and report.failed == 0, report.line()
     assert listed(router) == dict.fromkeys(urls, True)
+
+
+# --- the console over the fleet (Pilot) ------------------------------------------------------------
+# Here rather than in tests/tui/: this file's process has the real router's fleet running already
+# (CI runs each file in one process), so the console's test costs no second fleet.
+
+
+async def listed_now(router: str) -> dict[str, bool]:
+    return {w.url: w.healthy for w in await RouterClient(router).workers()}
+
+
+class AskingSteps(StepsOnly):
+    """The fleet steps' view of the engine, asking the console's decider (as the engine does)."""
+
+    def __init__(self, config: Any, run: Any, decider: Any, operator: FleetOperator):
+        super().__init__(config, run)
+        self.decider, self.operator = decider, operator
+
+    async def _ask(self, confirmation: Any) -> bool:
+        return await self.operator._ask(self.decider, confirmation)
+
+
+class FleetOperator(StandinOperator):
+    """The stand-in operator (tests/tui/standin.py) over a real run store and the real router. Its
+    session's fleet look is `look()` (published, as `Session.check_fleet` does); its `run(resume=X)`
+    does what `Operator.run` does for a finished run that left its replica drained
+    (`Engine._rejoin_only`): the fleet steps' `rejoin_after`, each question asked of the console."""
+
+    def __init__(self, config: Any, runs_dir: Path):
+        super().__init__(config, runs_dir)
+        self.store = RunStore(runs_dir)
+        self.resumed: list[Any] = []
+
+    async def look(self) -> m.FleetView:
+        view = await look(self.config.fleet)
+        self.publish(view)
+        return view
+
+    async def run(self, decider: Any, resume: str | bool | None = None, **_: Any) -> m.RunFinished:
+        self.resumed.append(resume)
+        run = self.store.open(str(resume))
+        await fleet.rejoin_after(AskingSteps(self.config, run, decider, self), f"run {resume} ended with it drained")
+        await self.look()
+        return self._finish(run.state.status, 0, True, "the rejoin was asked for")
+
+
+async def test_the_fleet_panel_shows_every_replica_and_r_puts_a_drained_one_back(router_fleet, tmp_path: Path):
+    router, urls = router_fleet
+    config = fleet_config(router, urls)
+    placed = fleet.on_replica(config, config.fleet.replicas[1])
+    store = RunStore(tmp_path / "runs")
+    run = store.create(None, None)
+    try:
+        await fleet.run_drain(StepsOnly(placed, run))  # out of the real router, idle
+        run.state.status = "failed"  # ... and the run ended there: r2 is DRAINED by it
+        run.save()
+        # `status` and `runs` say the same of it, in text.
+        status_text = plain(fleet_renderable(with_runs(await look(config.fleet), [run.state])))
+        assert f"r2       DRAINED by run {run.run_id}" in status_text and "not listed" in status_text
+        _, rows, _ = runs_rows(store.summaries())
+        assert "DRAINED (r2 out of the router)" in rows[0][2]
+
+        op = FleetOperator(placed, tmp_path / "runs")
+        op.seed()
+        app = ConsoleApp(op, clock=wall_clock)
+        async with app.run_test(size=(120, 40)) as pilot:
+            await op.look()
+            panel = app.screen.query_one(FleetPanel)
+            await until(pilot, lambda: "DRAINED" in text_of(panel))
+            shown = text_of(panel)
+            assert f"router {router} up, 1 of 2 replicas healthy" in shown
+            assert "r1  serving" in shown and f"r2  DRAINED by run {run.run_id}" in shown
+            assert "router not listed · 0 running, 0 queued · ct129 GPU" in shown and panel.has_class("drained")
+            assert "(replica r2)" in app.screen.query_one("#service").border_title
+            await pilot.press("r")
+            await until(pilot, lambda: isinstance(app.screen, ConfirmModal))
+            assert "put replica r2 back in the router" in " ".join(text_of(w) for w in app.screen.query(Static))
+            await pilot.press("y")
+            await until(pilot, lambda: "r2  serving" in text_of(panel), timeout=60)
+            assert "2 of 2 replicas healthy" in text_of(panel) and not panel.has_class("drained")
+            assert op.resumed == [run.run_id] and op.decisions == [("rejoin", True)]
+            assert not app.check_action("restart_service", ())  # nothing left to put back
+    finally:  # the shared fleet ends with both replicas in the router, whatever happened
+        client = RouterClient(router)
+        if urls[1] not in await listed_now(router):
+            await client.add_worker(urls[1])
+        await client.wait_listed(urls[1], 30)
+    svc = store.open(run.run_id).state.service
+    assert svc.drained is None and (svc.drains, svc.rejoins) == (1, 1)
+    assert await listed_now(router) == dict.fromkeys(urls, True)

@@ -2,7 +2,7 @@
 rejoining from a live run's steps, DRAINED by run X once no console drives the run that left it out,
 and the router's own listing otherwise. The runs are real run directories (state.json written and read
 back); the router's answer is a `FleetView` as `look` builds it (`look` itself runs against the real
-router in tests/tui/test_tui_fleet.py)."""
+router in tests/test_fleet_steps.py, with the console over it)."""
 
 from __future__ import annotations
 
