@@ -27,6 +27,7 @@ from console.drill import procs
 from console.drill.assets import CACHE_ENV, cache_root, ensure_assets, find_assets, version_key
 from console.drill.hosts import down, status, up
 from console.drill.layout import DrillLayout
+from console.drill.rearm import rearm
 from console.procedure.store import RunStore
 from console.service.control import manager_from_config
 from console.ssh.host_specs import host_spec
@@ -188,7 +189,9 @@ async def test_first_stop_leaves_vram_held_by_a_live_holder_and_a_later_stop_doe
         holder = held[0]["pid"]
         assert holder in holders_before and pid_alive(holder)  # a real process, the server's GPU worker
         cmdline = Path(f"/proc/{holder}/cmdline").read_bytes().split(b"\0")
-        assert b"--gpu-worker" in cmdline and b"--hold-until-killed" in cmdline
+        assert b"--gpu-worker" in cmdline and b"--stuck-marker" in cmdline
+        # The holder took the episode at the stop: its marker names it, so later stops release.
+        assert f"pid {holder} holds" in (drill.service_state / drill_service.STUCK_MARKER).read_text()
         os.kill(holder, signal.SIGTERM)  # what the VRAM waiter's end_holders does
         _wait(lambda: not _holders(drill), 20, "the memory is free once its holder is ended")
 
@@ -206,6 +209,46 @@ async def test_first_stop_leaves_vram_held_by_a_live_holder_and_a_later_stop_doe
             await manager.start()
         _wait(lambda: status(drill.dir).service_health == 200, 60, "the server is back")
         await host.close()
+
+
+def test_rearm_undoes_a_rehearsal_without_starting_the_hosts_again(drill: DrillLayout):
+    """What the tests' shared drill relies on: after a window's leftovers (a stop whose holder keeps
+    the VRAM, a detached job, a console still driving it, an edited config, a run directory), `rearm`
+    ends them, restores the rest and starts the service again; the hosts' process stays. A serving
+    server is kept, and the episode is re-armed on it: its next stop holds the VRAM again."""
+    state = json.loads(drill.state_file.read_text())
+    pristine = drill.config.read_text()
+    config = load_config(drill.config)
+    stop = subprocess.run(list(config.service.stop), cwd=drill.home("ct129"), capture_output=True, text=True, timeout=60)
+    assert stop.returncode == 0, stop.stderr
+    _wait(lambda: bool(_holders(drill)), 20, "the first stop leaves the VRAM held")
+    holder = _holders(drill)[0]["pid"]
+    job = subprocess.Popen(["sleep", "300"], env={**os.environ, procs.MARK_ENV: procs.mark_value(drill.dir)},
+                           start_new_session=True)
+    console = subprocess.Popen([str(ENTRY_POINT), "status", "--watch", "--config", str(drill.config)],
+                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    (drill.workdir("ct129") / "runs" / "left-by-a-run").mkdir(parents=True)
+    drill.config.write_text(pristine + "\n# edited by a rehearsal\n")
+    try:
+        assert rearm(drill.dir, say=lambda msg: None) == drill.config
+        job.wait(10), console.wait(10)  # ended (they would sleep and watch for minutes)
+        _wait(lambda: not pid_alive(holder), 10, "the holder the stop left is ended")
+        assert json.loads(drill.state_file.read_text())["pid"] == state["pid"] and pid_alive(state["pid"])
+        assert drill.config.read_text() == pristine and not (drill.workdir("ct129") / "runs").exists()
+        assert status(drill.dir).service_health == 200  # started again: one new server holds the VRAM
+        assert len({p["pid"] for p in _holders(drill)}) == 1 and holder not in {p["pid"] for p in _holders(drill)}
+        server = drill_service.running_pid(drill.service_state)
+        assert rearm(drill.dir, say=lambda msg: None) == drill.config
+        assert drill_service.running_pid(drill.service_state) == server  # serving as up left it: kept
+        stop = subprocess.run(list(config.service.stop), cwd=drill.home("ct129"), capture_output=True, text=True,
+                              timeout=60)
+        assert stop.returncode == 0, stop.stderr
+        _wait(lambda: bool(_holders(drill)), 20, "the re-armed episode: the next stop holds the VRAM again")
+    finally:
+        job.kill()
+        console.kill()
+        rearm(drill.dir, say=lambda msg: None)  # the module's other tests share this drill
+        assert status(drill.dir).service_health == 200
 
 
 def test_drafters_taus_differ_on_the_real_workers(drill: DrillLayout, tmp_path: Path):
@@ -244,7 +287,8 @@ def test_down_leaves_no_process_behind(drill_cache: Path, tmp_path: Path):
     assert state["pid"] != first and not pid_alive(first)
     server = drill_service.running_pid(layout.service_state)
     worker = _holders(layout)[0]["pid"]
-    assert b"--hold-until-killed" in Path(f"/proc/{server}/cmdline").read_bytes().split(b"\0")
+    assert b"--stuck-marker" in Path(f"/proc/{server}/cmdline").read_bytes().split(b"\0")
+    assert not (layout.service_state / drill_service.STUCK_MARKER).exists()  # armed: the next stop holds
     started = {"hosts": state["pid"], "trainer": state["trainer_pid"], "server": server, "gpu worker": worker}
     # A detached job started over SSH, as the console starts its workers.
     config, spec = _spec(layout, "ct200")

@@ -1,8 +1,11 @@
 """The drill's rehearsal hosts for the window tests: real SSH servers in their own process, the
 rehearsal server as a command-managed service, simulated GPUs with the stuck-VRAM episode.
 
-Each test gets a fresh drill (`up(fresh=True)`: the first stop leaves VRAM held again); the assets
-are built once per machine (the user cache dir) and reused.
+Each test process keeps one drill up, and each test gets it as `up` leaves it: `rearm` ends what the
+last test started, empties the hosts' run directories, restores the config and assets, re-arms the
+stuck-VRAM episode (the first stop leaves VRAM held again) and starts the service again only when it
+is not serving as `up` started it; a drill the last test brought down or broke is started fresh.
+Each test has its own run store. The assets are built once per machine (the user cache dir).
 """
 
 from __future__ import annotations
@@ -21,7 +24,8 @@ from typing import Any
 import pytest
 
 from console.config import Config, load_config
-from console.drill.hosts import down, up
+from console.drill.hosts import down
+from console.drill.rearm import rearm
 from console.procedure.store import RunStore
 
 ENTRY_POINT = str(Path(sys.executable).parent / "dflash-ops")
@@ -96,11 +100,17 @@ def read_json(path: Path) -> Any:
     return json.loads(path.read_text())
 
 
-@pytest.fixture
-def drill(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Drill]:
-    root = tmp_path_factory.mktemp("drill")
-    config = up(root / "drill", fresh=True, say=lambda _: None)
+@pytest.fixture(scope="session")
+def shared_drill_dir(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
+    """One drill per test process, brought down at its end."""
+    root = tmp_path_factory.mktemp("shared-drill") / "drill"
     try:
-        yield Drill(root / "drill", config, root / "runs")
+        yield root
     finally:
-        down(root / "drill", say=lambda _: None)
+        down(root, say=lambda _: None)
+
+
+@pytest.fixture
+def drill(shared_drill_dir: Path, tmp_path: Path) -> Drill:
+    config = rearm(shared_drill_dir, say=lambda _: None)
+    return Drill(shared_drill_dir, config, tmp_path / "runs")

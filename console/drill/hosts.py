@@ -376,16 +376,22 @@ def _simulated_layout(spec: dict[str, Any]) -> dict[str, Any]:
     return simgpu.default_layout(spec["count"], spec["total_mib"], spec["name"])
 
 
-def prepare_hosts(layout: DrillLayout, assets: DrillAssets) -> None:
-    """Homes, workdirs, assets on their hosts, empty simulated GPUs, the stuck-VRAM episode re-armed."""
-    for name in HOSTS:
-        layout.workdir(name).mkdir(parents=True, exist_ok=True, mode=0o700)
-        layout.ssh_dir(name).mkdir(parents=True, exist_ok=True, mode=0o700)
+def install_assets(layout: DrillLayout, assets: DrillAssets) -> None:
+    """The target, its copy on the training host, the drafters and the prompts, as the cache has them
+    (what a test or an operator edited in a host's home is replaced)."""
     _install(assets.target, layout.target)
     _install(assets.target, layout.target_copy)
     _install(assets.reference, layout.reference)
     _install(assets.candidate, layout.candidate)
     shutil.copyfile(assets.prompts, layout.prompts)
+
+
+def prepare_hosts(layout: DrillLayout, assets: DrillAssets) -> None:
+    """Homes, workdirs, assets on their hosts, empty simulated GPUs, the stuck-VRAM episode re-armed."""
+    for name in HOSTS:
+        layout.workdir(name).mkdir(parents=True, exist_ok=True, mode=0o700)
+        layout.ssh_dir(name).mkdir(parents=True, exist_ok=True, mode=0o700)
+    install_assets(layout, assets)
     layout.service_state.mkdir(parents=True, exist_ok=True)
     (layout.service_state / drill_service.STUCK_MARKER).unlink(missing_ok=True)
     if layout.gpu:  # the real GPU: nothing to simulate, and no file that says otherwise
@@ -495,6 +501,7 @@ async def serve(layout: DrillLayout, assets: DrillAssets, python: str) -> int:
             "state": "ready", "pid": os.getpid(), "started_at": previous.get("started_at") or time.time(),
             "ready_at": time.time(), "ports": ports, "user": user, "service_port": service_port, "service_url": url,
             "trainer_pid": trainer.pid if trainer else None, "config": str(layout.config), "assets": str(assets.root),
+            "python": python,
             "fit_taus": assets.fit_taus, "gpu": layout.gpu, "memory_saver": layout.memory_saver,
             "replicas": layout.replicas, "router_url": running_fleet.router_url if running_fleet else None,
             "router_pid": running_fleet.router.pid if running_fleet else None,

@@ -6,15 +6,17 @@
 
 `start` launches `python -m remote.drill.standin STANDIN_ARGS` detached (a session of its own, stdin
 from /dev/null, output to DIR/standin.log), records its pid in DIR/standin.pid and returns at once, as
-`systemctl start` of a simple unit would. The first start of a drill (no DIR/stuck-vram.used yet) adds
-`--hold-until-killed`, so the next stop leaves the simulated GPU memory held by a leftover process
-(the story's 47 GB after `systemctl stop`); later starts add `--release-after 1.5`. Removing the
-marker (a fresh drill) arms the episode again.
+`systemctl start` of a simple unit would. The stuck-VRAM episode: the first stop of a drill (no
+DIR/stuck-vram.used yet) leaves the simulated GPU memory held by a leftover process (the story's 47 GB
+after `systemctl stop`), later stops release it 1.5 s after the server has gone. The simulated
+holder decides when the server ends (`--stuck-marker`, creating the marker), so removing the marker
+(a fresh drill, or `console.drill.hosts.rearm` on a running one) arms the episode again.
 
 On the GPU drill (`start --cuda-mib N`) the server serves from the GPU and a real CUDA process
 (`hold-vram`, SGLang's scheduler in the story) holds N MiB beside it from the start; `start` returns
-once that memory is held. It outlives the server the same way: the first stop leaves it holding
-until someone kills it, later ones release it RELEASE_AFTER_S after the server has gone. Its
+once that memory is held. It outlives the server the same way, decided at the start: the first
+start's stop leaves it holding until someone kills it, later ones release it RELEASE_AFTER_S after
+the server has gone. Its
 log is DIR/cuda-worker.log.
 
 `stop` sends SIGTERM to the recorded server and waits until it is gone; its log is moved to
@@ -71,7 +73,9 @@ def start(state: Path, standin_args: list[str], cuda_mib: int = 0) -> int:
         return 0
     state.mkdir(parents=True, exist_ok=True)
     marker = state / STUCK_MARKER
-    if marker.exists():
+    if not cuda_mib:  # the simulated holder decides when the server ends (a marker removed re-arms it)
+        episode = ["--stuck-marker", str(marker), "--release-after", str(RELEASE_AFTER_S)]
+    elif marker.exists():
         episode = ["--release-after", str(RELEASE_AFTER_S)]
     else:
         episode = ["--hold-until-killed"]

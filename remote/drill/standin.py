@@ -56,7 +56,10 @@ Simulated GPU memory (`--gpu-file`, see `remote.drill.simgpu`): like SGLang, who
 the GPU memory, the server starts a child "GPU worker" that records `--gpu-mib` on every simulated GPU
 under its own pid. When the server stops (SIGTERM, or killed) the worker sees its pipe close and
 releases the memory `--release-after` seconds later, or with `--hold-until-killed` keeps it until
-someone kills it: the story's 47 GB that stayed held after `systemctl stop`. `--stubborn-holder` makes
+someone kills it: the story's 47 GB that stayed held after `systemctl stop`. With `--stuck-marker F`
+that choice is made when the server ends: the first stop that finds no file F creates it and keeps
+the memory held, later ones release it (removing F re-arms the episode on a running server: the
+drill's `rearm`). `--stubborn-holder` makes
 that worker ignore SIGTERM, so only SIGKILL ends it. `--flap-health` is a fault, not SGLang: the port
 opens before the weights load, /health alternates 200/503 and /generate answers 503 until loaded, then
 it is up without a warm-up (a server whose health endpoint answers before it can generate). `--nan-after N`
@@ -378,6 +381,8 @@ class Server:
                 "--gpu-mib", str(args.gpu_mib), "--release-after", str(args.release_after)]
         if args.hold_until_killed:
             argv.append("--hold-until-killed")
+        if args.stuck_marker:
+            argv += ["--stuck-marker", args.stuck_marker]
         if args.stubborn_holder:
             argv.append("--stubborn-holder")
         # The worker's stdin is our pipe: it closes when we end, however we end.
@@ -834,12 +839,23 @@ def run_gpu_worker(args: argparse.Namespace) -> int:
     pid = os.getpid()
     simgpu.hold(args.gpu_file, pid, args.gpu_mib)
     sys.stdin.buffer.read()  # returns at EOF: the server has ended
-    if args.hold_until_killed:
+    if args.hold_until_killed or (args.stuck_marker and _first_stuck_stop(args.stuck_marker)):
         while True:
             time.sleep(3600)
     time.sleep(args.release_after)
     simgpu.release(args.gpu_file, pid)
     return 0
+
+
+def _first_stuck_stop(marker: str) -> bool:
+    """Whether this stop is the episode's (the marker created now, by this holder alone)."""
+    try:
+        fd = os.open(marker, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+    except FileExistsError:
+        return False
+    with os.fdopen(fd, "w") as out:
+        out.write(f"used by the stop at {time.strftime('%Y-%m-%d %H:%M:%S')}: pid {os.getpid()} holds the memory\n")
+    return True
 
 
 def _warm_up_when_loaded(state: Server) -> None:
@@ -859,6 +875,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--gpu-mib", type=int, default=40000, help="MiB held on each simulated GPU")
     parser.add_argument("--release-after", type=float, default=2.0, help="seconds after a stop until memory is free")
     parser.add_argument("--hold-until-killed", action="store_true", help="never release until the holder is killed")
+    parser.add_argument("--stuck-marker", help="the first stop that finds no such file creates it and holds until killed")
     parser.add_argument("--stubborn-holder", action="store_true", help="the holder ignores SIGTERM (needs KILL)")
     parser.add_argument("--served-name", help="served_model_name (default: the model path)")
     parser.add_argument("--metrics", action="store_true", help="serve /metrics (SGLang's --enable-metrics)")
