@@ -256,7 +256,7 @@ class ConsoleApp(App[int]):
             self.refresh_banners()  # the extraction's rate moves the expected time back
         elif isinstance(payload, m.PlanReady):
             self.refresh_bindings()  # p reads the run's plan from now on
-        if kind is None:
+        if kind is None or not self.screen_stack:  # (no screen left: the console is closing)
             return
         screen = self.screen
         if isinstance(screen, ModalScreen):  # the screen under it is redrawn whole when it resumes

@@ -76,3 +76,13 @@ def test_a_dead_consoles_run_leaves_the_replica_drained_and_the_newest_run_decid
 
 def test_gpus_are_written_as_ranges():
     assert gpus_text((0, 1, 2, 3, 5)) == "0-3,5" and gpus_text(()) == "all" and gpus_text((1,)) == "1"
+
+
+def test_status_exits_0_only_while_the_router_lists_every_replica_healthy():
+    import dataclasses
+
+    from console.service.fleet_watch import all_serving
+
+    assert all_serving(seen()) and not all_serving(seen(r2_listed=False)) and not all_serving(None)
+    assert not all_serving(dataclasses.replace(seen(), router_up=False))
+    assert not all_serving(dataclasses.replace(seen(), error="router http://127.0.0.1:30000: no answer"))

@@ -10,7 +10,7 @@ rejoining, DRAINED by run X; its requests, host and GPUs) under the service.
 
 A drill host whose workdir holds `simulated-gpu.json` (`remote.drill.simgpu`) is read through that
 file and shown SIMULATED. One snapshot by default (exit 0 when every host is connected and the
-service is ready, else 1); `--watch` redraws every second until Ctrl-C.
+service is ready, and with `[fleet]` the router lists every replica healthy; else 1); `--watch` redraws every second until Ctrl-C.
 """
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ from rich.text import Text
 from console.cli.config_source import config_for
 from console.config import Config
 from console.procedure.store import RunStore, UnreadableRun, left_line, what_next
-from console.service.fleet_watch import with_runs
+from console.service.fleet_watch import all_serving, with_runs
 from console.session import Session, service_name
 from console.views.fleet import fleet_renderable
 from console.views.status import status_view, unreadable_run_line
@@ -76,7 +76,8 @@ async def snapshot(config: Config, console: Console, runs: RunStore | None = Non
         await asyncio.gather(session.check_service(), session.check_fleet(),
                              session.wait_first_samples(FIRST_SAMPLE_WAIT_S))
         console.print(render(session, runs), soft_wrap=True)  # an error line stays one line
-        return 0 if session.all_well() else 1
+        fleet_well = session.config.fleet is None or all_serving(session.fleet)
+        return 0 if session.all_well() and fleet_well else 1
     finally:
         await session.stop()
 

@@ -110,3 +110,8 @@ def drained_run(view: FleetView | None) -> str | None:
     if view is None:
         return None
     return next((r.run_id for r in view.replicas if r.state == "DRAINED"), None)
+
+
+def all_serving(view: FleetView | None) -> bool:
+    """The router answers and lists every replica healthy (what `status` exits 0 for)."""
+    return view is not None and view.error is None and view.router_up and view.healthy_count == len(view.replicas)
