@@ -24,6 +24,7 @@ from bench.loadgen import Load
 from console import messages as m
 from console.cli.run import runs_rows
 from console.config import config_to_dict, dump_toml, parse_config
+from console.procedure import identity
 from console.procedure.outcomes import SimulatedCrash, StepFailed
 from console.procedure.steps import fleet
 from console.procedure.steps.fleet import Choice, ReplicaLoad, choose
@@ -182,6 +183,26 @@ def test_the_operator_may_name_the_replica_and_a_name_the_fleet_lacks_is_refused
     with pytest.raises(StepFailed) as caught:
         asyncio.run(fleet.fleet_config(fleet_config(router, urls), None, "r9"))
     assert caught.value.msg == "--replica r9: [fleet] has no such replica (it lists r1, r2)"
+
+
+def test_the_choice_skips_a_replica_the_last_preflight_found_unable_to_take_the_window(router_fleet, store):
+    router, urls = router_fleet
+    config = fleet_config(router, urls)
+    earlier = store.create(identity.config_path(config), None)  # a run on this config whose preflight checked them
+    earlier.state.facts["fleet_fits"] = {"r1": {"fits": False, "why": "its GPUs (GPU0 on ct129) hold 599 MiB, ..."},
+                                         "r2": {"fits": True, "why": "its GPUs ..."}}
+    earlier.save()
+    placed, why = asyncio.run(fleet.fleet_config(config, None, None, [store.open(earlier.run_id).state]))
+    assert placed.service.url == urls[1] and why is not None
+    assert why.endswith("of those the last preflight found able to take the window (r2)")
+    other = store.create("/elsewhere/another.toml", None)  # another config's verdicts are not this fleet's
+    other.state.facts["fleet_fits"] = {"r1": {"fits": False}, "r2": {"fits": False}}
+    assert fleet.known_fits(config, [other.state]) is None
+    earlier.state.facts["fleet_fits"]["r2"]["fits"] = False  # none could: refused, saying how to try one
+    with pytest.raises(StepFailed) as caught:
+        asyncio.run(fleet.fleet_config(config, None, None, [earlier.state]))
+    assert "no replica can take the window (GPUs that hold the extraction, the drafters' kernels) as the last " \
+           "preflight found; `dflash-ops run --replica NAME` tries one again" in caught.value.msg
 
 
 def test_the_fleet_window_is_refused_while_a_replica_is_out_and_names_it(router_fleet):

@@ -34,6 +34,7 @@ def fleet_replica(config: Any, runs: str | None, error: type[Exception]) -> Any:
     """A fleet config addressed to the replica whose window this console runs: the one a run to resume
     recorded (a DRAINED replica: `r` puts it back), else the one chosen now (the least loaded; the
     refusals, with their numbers, raise `error` before anything changes)."""
+    from console.cli.run import known_states
     from console.procedure.outcomes import StepFailed
     from console.procedure.steps.fleet import fleet_config
     from console.procedure.store import RunStore, RunStoreError
@@ -43,7 +44,8 @@ def fleet_replica(config: Any, runs: str | None, error: type[Exception]) -> Any:
     except RunStoreError:
         recorded = None  # the console's resume offer says what is wrong with the store
     try:
-        placed, _why = asyncio.run(fleet_config(config, recorded.state if recorded is not None else None))
+        placed, _why = asyncio.run(fleet_config(config, recorded.state if recorded is not None else None, None,
+                                                known_states(runs)))
     except StepFailed as exc:
         raise error(f"{exc.msg} (--read-only watches the fleet)") from None
     return placed

@@ -269,6 +269,14 @@ def discard(args: argparse.Namespace, err: Console) -> int:
     return 0
 
 
+def known_states(runs: str | None) -> list[Any]:
+    """The store's run states (the fleet's choice reads the newest preflight's verdicts from them)."""
+    try:
+        return [run.state for run in RunStore(runs).readable()]
+    except RunStoreError:
+        return []
+
+
 def run(args: argparse.Namespace) -> int:
     """`dflash-ops run [--plan] [--headless] [--yes] [--step] [--resume [RUN]] [--discard [RUN]]`."""
     err = Console(stderr=True)
@@ -283,7 +291,7 @@ def run(args: argparse.Namespace) -> int:
 
         try:
             config, why = asyncio.run(fleet_config(config, named.state if named is not None and args.resume else None,
-                                                   getattr(args, "replica", None)))
+                                                   getattr(args, "replica", None), known_states(args.runs)))
         except StepFailed as exc:
             err.print(f"dflash-ops: error: {exc.msg}", style="red", soft_wrap=True)
             return 2

@@ -78,7 +78,8 @@ def choose(loads: list[ReplicaLoad], eligible: set[str] | None = None) -> Choice
                             f"drained")
     candidates = [r for r in loads if eligible is None or r.name in eligible]
     if not candidates:
-        return Choice(None, "no replica has GPUs that fit the extraction and the drafters' kernels")
+        return Choice(None, "no replica can take the window (GPUs that hold the extraction, the drafters' kernels) "
+                            "as the last preflight found; `dflash-ops run --replica NAME` tries one again")
     chosen = min(candidates, key=lambda r: (r.running, r.name))
     others = [r for r in loads if r.name != chosen.name]
     total = sum(r.running or 0 for r in loads)
@@ -379,10 +380,13 @@ def recorded_replica(state: Any) -> str | None:
     return drained.get("replica") or state.facts.get("fleet_replica")
 
 
-async def fleet_config(config: Config, state: Any | None = None, replica: str | None = None) -> tuple[Config, str | None]:
+async def fleet_config(config: Config, state: Any | None = None, replica: str | None = None,
+                       known: Any = ()) -> tuple[Config, str | None]:
     """`config` addressed to the replica whose window this is: the one a resumed run recorded, else
     the one chosen now (`choose_replica`: StepFailed naming the refusal, nothing changed), among
-    `replica` alone when the operator named one (`run --replica`). One server: `config` itself."""
+    `replica` alone when the operator named one (`run --replica`), else among those the newest
+    preflight on this config found able to take the window (`known_fits` over `known`, the store's
+    run states). One server: `config` itself."""
     if config.fleet is None:
         if replica is not None:
             raise StepFailed("preflight", f"--replica {replica}: this config has no [fleet] (one server)")
@@ -398,8 +402,26 @@ async def fleet_config(config: Config, state: Any | None = None, replica: str | 
         return on_replica(config, replica), f"{name}: the replica this run's window is on"
     if replica is not None and name is not None and name != replica:
         raise StepFailed("preflight", f"--replica {replica}: the run's window is on replica {name}")
-    chosen, why = await choose_replica(config, {replica} if replica is not None else None)
+    eligible = {replica} if replica is not None else known_fits(config, known)
+    chosen, why = await choose_replica(config, eligible)
+    if replica is None and eligible is not None:
+        why += f"; of those the last preflight found able to take the window ({', '.join(sorted(eligible)) or 'none'})"
     return on_replica(config, chosen), why
+
+
+def known_fits(config: Config, states: Any) -> set[str] | None:
+    """The replicas the newest preflight on this config found able to take the window (its run's
+    `fleet_fits`), or None when no run recorded them. Fits rarely change (hosts, GPUs, kernels); a
+    stale one is caught again by the preflight before the drain."""
+    from console.procedure.identity import config_path
+
+    path = config_path(config)
+    names = {r.name for r in config.fleet.replicas} if config.fleet is not None else set()
+    for state in sorted(states, key=lambda s: s.created_at, reverse=True):
+        fits = state.facts.get("fleet_fits")
+        if isinstance(fits, dict) and state.config == path and set(fits) == names:
+            return {name for name, verdict in fits.items() if isinstance(verdict, dict) and verdict.get("fits")}
+    return None
 
 
 def check_fits(engine: Any, samples: dict[str, Any], tokens: int) -> None:
