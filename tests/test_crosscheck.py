@@ -6,6 +6,7 @@ tested by an independent path."""
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 import shutil
 from collections.abc import Iterator
@@ -266,13 +267,25 @@ def test_the_pooled_interval_lies_within_the_per_request_figures(pairs):
         assert lo == hi == pytest.approx(ratios[0])
 
 
-@given(st.tuples(st.floats(0, 10), st.floats(0, 10)), st.tuples(st.floats(0, 10), st.floats(0, 10)))
-def test_overlap_is_symmetric_and_an_interval_overlaps_itself(a, b):
-    a, b = sorted(a), sorted(b)
-    assert cc.overlap(a, b) == cc.overlap(b, a)
-    assert cc.overlap(a, a) is True
-    assert cc.overlap(a, b) == (max(a[0], b[0]) <= min(a[1], b[1]))
-    assert cc.overlap(None, a) is None
+@settings(max_examples=50, deadline=None)
+@given(st.lists(st.tuples(st.floats(1, 9), st.floats(-0.5, 0.5)), min_size=cc.MIN_COMPARED, max_size=12))
+def test_the_paired_difference_is_told_the_same_whichever_side_is_called_online(rows):
+    """The verdict's test is symmetric: swapping online and offline flips the difference and its
+    interval, never the verdict; a prompt set against itself always agrees."""
+    def checks(flip: bool) -> list[cc.PromptCheck]:
+        out = []
+        for i, (offline, delta) in enumerate(rows):
+            online = offline + delta
+            a, b = (round(x * 1000) for x in ((offline, online) if flip else (online, offline)))
+            out.append(cc.PromptCheck(f"p{i}", completion_tokens=a, verify_ct=1000, online=a / 1000, offline=b / 1000,
+                                      same_tokens=True))
+        return out
+    one, other = cc.compare(checks(False)), cc.compare(checks(True))
+    assert one["agrees"] == other["agrees"]
+    assert one["macro"]["difference"] == pytest.approx(-other["macro"]["difference"], abs=1e-9)
+    assert one["macro"]["ci95"][0] == pytest.approx(-other["macro"]["ci95"][1], abs=1e-9)
+    itself = [dataclasses.replace(c, offline=c.online) for c in checks(False)]
+    assert cc.compare(itself)["agrees"] is True
 
 
 # -- the command and the report --------------------------------------------------------------------

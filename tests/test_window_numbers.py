@@ -9,6 +9,7 @@ the real engine and store, a fake unit, fake jobs whose workers write real event
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import time
 
 import pytest
@@ -207,3 +208,58 @@ def test_the_operators_answers_never_enter_an_estimate() -> None:
     # A window that did not measure every phase (the console away at ready) gives no downtime estimate.
     raw["service"]["ready_seen_late"] = True
     assert "downtime" not in estimates([raw])
+
+
+# --- item 15: the cross-check never fails a finished run; its verdict compares like with like --------
+
+async def test_a_cross_check_that_cannot_be_made_ends_the_run_done_saying_why(window: Window, monkeypatch) -> None:
+    """The server answers the replay with something the check cannot read (CrossCheckError): the
+    run's work is done, so it ends done (exit 0), and crosscheck.json says "no online check: why"."""
+    from console.procedure import crosscheck as cc
+    from tests.fake_hosts import FakeHosts
+
+    async def bad_answer(self, config, run_dir, run_id, facts):
+        raise cc.CrossCheckError("prompt fizzbuzz: meta_info has no spec_verify_ct although /server_info says "
+                                 "the server decodes speculatively")
+    monkeypatch.setattr(FakeHosts, "crosscheck", bad_answer)  # the one call the fake server cannot answer here
+    finished = await window.console()
+    assert finished is not None and finished.exit_code == 0 and finished.status == "done", finished
+    state = window.state()
+    assert state.step("crosscheck").status == "done"
+    assert state.step("crosscheck").detail.startswith("no online check: prompt fizzbuzz: meta_info has no")
+    saved = cc.load(window.store.root / window.run_id)
+    assert saved.status == "no-check" and saved.tau is None and saved.line().startswith("no online check: ")
+
+
+def _prompt(i: int, online: float, offline: float, steps: int = 40, rounds: int = 38) -> object:
+    from console.procedure.crosscheck import PromptCheck
+
+    return PromptCheck(id=f"p{i}", completion_tokens=round(online * steps), verify_ct=steps,
+                       online=round(online * steps) / steps, offline=offline, same_tokens=True, offline_rounds=rounds)
+
+
+def test_the_verdict_compares_the_same_prompts_like_with_like() -> None:
+    """Per-request mean beside macro, pooled beside micro, on the same prompts, each with a paired test
+    on the difference; below MIN_COMPARED prompts, not compared."""
+    from console.procedure.crosscheck import MIN_COMPARED, compare
+
+    # The same drafter measured two ways: per prompt close, across prompts spread (easy and hard prompts).
+    same = [_prompt(i, online, online + delta) for i, (online, delta) in
+            enumerate([(2.0, 0.02), (5.5, -0.03), (3.1, 0.01), (7.0, -0.02), (4.2, 0.03), (2.6, -0.01)])]
+    said = compare(same)
+    assert said["prompts"] == 6 and said["agrees"] is True
+    assert said["macro"]["ci95"][0] <= 0 <= said["macro"]["ci95"][1] and abs(said["macro"]["difference"]) < 0.05
+    assert said["micro"]["online"] == pytest.approx(sum(c.completion_tokens for c in same) / sum(c.verify_ct for c in same))
+    # Online a steady 0.3 above offline on every prompt, small beside the prompts' spread: the paired
+    # difference says it.
+    shifted = [_prompt(i, c.offline + 0.3, c.offline) for i, c in enumerate(same)]
+    said = compare(shifted)
+    assert said["agrees"] is False and said["macro"]["ci95"][0] > 0.2
+    # Too few prompts with both figures: not compared, saying how many and the least.
+    few = compare(same[:MIN_COMPARED - 1])
+    assert few["agrees"] is None and "macro" not in few
+    assert few["why"] == f"not compared: {MIN_COMPARED - 1} prompts with both figures, fewer than {MIN_COMPARED} " \
+                        f"([crosscheck] prompts)"
+    # A prompt with no offline figure is left out of the comparison, not counted as 0.
+    partial = [*same[:3], dataclasses.replace(same[3], offline=None)]
+    assert compare(partial)["prompts"] == 3 and compare(partial)["agrees"] is None

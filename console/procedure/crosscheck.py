@@ -19,10 +19,14 @@ Definitions (stated in every result):
 - offline tau: the evaluation's vanilla tau (results.json, macro over prompts, its bootstrap CI):
   r + 1 per walk round (the bonus token counted), rounds only while a whole block of known truth
   remains, the prefill token not counted, same block size as the checkpoint;
-- they agree when the two 95 % intervals overlap. When they do not, a triage list of what the run
-  knows that could explain it (block size and draft window, layers and their provenance, the
-  cache's template and sampling, each host's kernel path, g != x divergence, online tokens that left
-  the cached completion).
+- compared like with like, on the same prompts (the replayed ones that have an offline figure): the
+  per-request mean beside the offline macro (mean over prompts of each prompt's tau), the pooled
+  figure beside the offline micro (every round of those prompts pooled); each difference online -
+  offline with a 95 % paired percentile bootstrap over those prompts (fixed seed). They agree when
+  every interval holds 0; below MIN_COMPARED prompts they are "not compared" (an interval over fewer
+  says nothing). When they do not agree, a triage list of what the run knows that could explain it
+  (block size and draft window, layers and their provenance, the cache's template and sampling, each
+  host's kernel path, g != x divergence, online tokens that left the cached completion).
 """
 
 from __future__ import annotations
@@ -52,7 +56,11 @@ DEFINITION = ("online tau = sum of completion_tokens / sum of spec_verify_ct ove
 OFFLINE_DEFINITION = ("offline tau = the evaluation's vanilla tau (macro over prompts, bootstrap CI): r+1 per walk "
                       "round, bonus token counted, prefill token not, rounds only while a whole block of known truth "
                       "remains; same block size as the checkpoint")
-AGREEMENT = "agree: the two 95% intervals overlap"
+MIN_COMPARED = 4  # prompts with both figures, at the least, for a verdict
+AGREEMENT = (f"compared on the same prompts (at least {MIN_COMPARED}): per-request mean beside the offline macro, "
+             f"pooled beside the offline micro; agree when the 95% paired bootstrap interval of each difference "
+             f"(online - offline) holds 0")
+NO_CHECK = "no online check"
 
 
 class CrossCheckError(Exception):
@@ -70,13 +78,14 @@ class PromptCheck:
     offline: float | None  # this prompt's vanilla tau in the evaluation
     same_tokens: bool  # the online output is the cached completion, token for token
     histogram: list[int] | None = None  # spec_correct_drafts_histogram: index r = steps that accepted r drafts
+    offline_rounds: int | None = None  # the rounds its offline tau is the mean of (the micro's weight)
 
 
 @dataclass
 class CrossCheck:
     """The cross-check's outcome; `to_json()` is report.json's `online`."""
 
-    status: str  # "checked", "not-speculative", "unknown-drafter", "out-of-time" (nothing replayed)
+    status: str  # "checked", "not-speculative", "unknown-drafter", "out-of-time" (nothing replayed), "no-check"
     message: str
     drafter: str | None = None
     tau: float | None = None
@@ -84,7 +93,8 @@ class CrossCheck:
     per_request_mean: float | None = None
     offline_tau: float | None = None
     offline_ci: list[float] | None = None
-    agrees: bool | None = None
+    agrees: bool | None = None  # None: not compared (`compared` says why)
+    compared: dict[str, Any] = field(default_factory=dict)  # like with like on the same prompts (`compare`)
     prompts: list[PromptCheck] = field(default_factory=list)
     triage: list[dict[str, Any]] = field(default_factory=list)
     server: dict[str, Any] = field(default_factory=dict)  # the speculative settings /server_info reported
@@ -134,11 +144,49 @@ def pooled_ci(tokens: list[int], steps: list[int], seed: int = 0, draws: int = B
     return [ratios[int(0.025 * (draws - 1))], ratios[int(round(0.975 * (draws - 1)))]]
 
 
-def overlap(a: list[float] | None, b: list[float] | None) -> bool | None:
-    """Whether two intervals overlap; None when either is missing."""
-    if not a or not b:
-        return None
-    return a[0] <= b[1] and b[0] <= a[1]
+def compare(checks: list[PromptCheck], seed: int = 0, draws: int = BOOTSTRAP_DRAWS) -> dict[str, Any]:
+    """Online beside offline on the same prompts, like with like: {"prompts": n, "min_prompts",
+    "macro": {online, offline, difference, ci95}, "micro": {...} (when every prompt's offline rounds
+    are known), "agrees": True/False, or None with "why" below MIN_COMPARED prompts}. The difference
+    is online - offline; its 95% interval a percentile bootstrap over prompts resampled whole, each
+    prompt's online and offline figures kept together (paired)."""
+    pairs = [c for c in checks if c.offline is not None]
+    out: dict[str, Any] = {"prompts": len(pairs), "min_prompts": MIN_COMPARED, "agrees": None}
+    if len(pairs) < MIN_COMPARED:
+        out["why"] = (f"not compared: {len(pairs)} prompt{'s' if len(pairs) != 1 else ''} with both figures, "
+                      f"fewer than {MIN_COMPARED} ([crosscheck] prompts)")
+        return out
+
+    def macro(ps: list[PromptCheck]) -> tuple[float, float]:
+        return sum(c.online for c in ps) / len(ps), sum(float(c.offline or 0) for c in ps) / len(ps)
+
+    def micro(ps: list[PromptCheck]) -> tuple[float, float]:
+        online = sum(c.completion_tokens for c in ps) / sum(c.verify_ct for c in ps)
+        rounds = sum(c.offline_rounds or 0 for c in ps)
+        return online, sum(float(c.offline or 0) * (c.offline_rounds or 0) for c in ps) / rounds
+
+    figures = {"macro": macro}
+    if all(c.offline_rounds for c in pairs):
+        figures["micro"] = micro
+    rng = random.Random(seed)
+    n = len(pairs)
+    samples: dict[str, list[float]] = {name: [] for name in figures}
+    for _ in range(draws):
+        picks = [pairs[rng.randrange(n)] for _ in range(n)]
+        for name, of in figures.items():
+            online, offline = of(picks)
+            samples[name].append(online - offline)
+    agrees = True
+    for name, of in figures.items():
+        online, offline = of(pairs)
+        diffs = sorted(samples[name])
+        ci = [diffs[round(0.025 * (draws - 1))], diffs[round(0.975 * (draws - 1))]]  # as many left out each side
+        holds = ci[0] <= 0.0 <= ci[1]
+        agrees = agrees and holds
+        out[name] = {"online": online, "offline": offline, "difference": online - offline, "ci95": ci,
+                     "agrees": holds}
+    out["agrees"] = agrees
+    return out
 
 
 # -- what the server says ------------------------------------------------------------------------
@@ -326,10 +374,12 @@ async def crosscheck(source: SglangClient | Any, config: Config, run_dir: str | 
                 break  # the budget ran out during this request: it is left out, not an error
             raise ServerUnreachable(f"cross-check, prompt {record['id']}: {exc}") from None
         tokens, steps, histogram = read_answer(answer, record["id"])
-        offline_tau = ((per_prompt.get(record["id"]) or {}).get("tau", {}).get("vanilla") or {}).get("macro")
+        vanilla = (per_prompt.get(record["id"]) or {}).get("tau", {}).get("vanilla") or {}
+        rounds = vanilla.get("rounds")
         checks.append(PromptCheck(id=record["id"], completion_tokens=tokens, verify_ct=steps, online=tokens / steps,
-                                  offline=offline_tau, same_tokens=answer["output_ids"] == record["completion_ids"],
-                                  histogram=histogram))
+                                  offline=vanilla.get("macro"), same_tokens=answer["output_ids"] == record["completion_ids"],
+                                  histogram=histogram,
+                                  offline_rounds=rounds if isinstance(rounds, int) and rounds > 0 else None))
     result = CrossCheck(status="checked", message="", drafter=drafter, server=dict(settings), prompts=checks,
                         left_out=len(completions["prompts"]) - len(checks),
                         budget={"prompts": limit, "budget_s": budget_s})
@@ -349,8 +399,9 @@ async def crosscheck(source: SglangClient | Any, config: Config, run_dir: str | 
                           f"= NAME to compare it")
         return result
     vanilla = ((offline or {}).get("drafters", {}).get(drafter) or {}).get("tau", {}).get("vanilla") or {}
-    result.offline_tau, result.offline_ci = vanilla.get("macro"), vanilla.get("ci95")
-    result.agrees = overlap(result.ci, result.offline_ci)
+    result.offline_tau, result.offline_ci = vanilla.get("macro"), vanilla.get("ci95")  # the whole set's, shown
+    result.compared = compare(checks)
+    result.agrees = result.compared["agrees"]
     if result.agrees is False:
         probes = (facts or {}).get("probes") or _saved_probes(run_dir)
         result.triage = triage(settings, drafter, offline, completions, checks, probes, config)
@@ -416,16 +467,32 @@ def prompt_rows(online: Mapping[str, Any]) -> list[list[str]]:
              "yes" if p.get("same_tokens") else "NO"] for p in online.get("prompts") or []]
 
 
+def _difference(name: str, said: Mapping[str, Any]) -> str:
+    ci = said.get("ci95") or [0.0, 0.0]
+    return (f"{name} {said['online']:.2f} vs {said['offline']:.2f}, difference {said['difference']:+.2f} "
+            f"[{ci[0]:+.2f}, {ci[1]:+.2f}]")
+
+
 def summary_sentence(online: Mapping[str, Any]) -> str:
-    """The result in one sentence (its message when nothing was measured)."""
+    """The result in one sentence (its message when nothing was measured): the served drafter's
+    online tau, then the verdict of the like-with-like comparison on the same prompts."""
     if online.get("tau") is None:
-        return online.get("message") or "no online check"
+        return online.get("message") or NO_CHECK
     verdict = {True: "agree", False: "DISAGREE", None: "not compared"}[online.get("agrees")]
     served = online.get("drafter") or (online.get("server") or {}).get("speculative_draft_model_path") or "?"
     text = (f"served drafter {served}: online tau {online['tau']:.2f} {interval(online.get('ci'))} "
             f"(per-request mean {_figure(online.get('per_request_mean'))}, {len(online.get('prompts') or [])} prompts, "
-            f"{online.get('left_out', 0)} left out) vs offline vanilla tau {_figure(online.get('offline_tau'))} "
-            f"{interval(online.get('offline_ci'))}: {verdict}")
+            f"{online.get('left_out', 0)} left out); offline vanilla tau {_figure(online.get('offline_tau'))} "
+            f"{interval(online.get('offline_ci'))}")
+    compared = online.get("compared") or {}
+    if compared.get("macro"):
+        said = [_difference("per-request mean vs macro", compared["macro"])]
+        if compared.get("micro"):
+            said.append(_difference("pooled vs micro", compared["micro"]))
+        text += f"; on the same {compared['prompts']} prompts: " + "; ".join(said)
+    elif compared.get("why"):
+        text += f"; {compared['why']}"
+    text += f": {verdict}"
     return f"{text} ({online['message']})" if online.get("status") == "unknown-drafter" else text
 
 

@@ -92,6 +92,20 @@ async def check_crosscheck(engine: Engine) -> Skip | None:
     return None
 
 
+def no_online_check(engine: Engine, exc: Exception) -> str:
+    """Record "no online check: why" (crosscheck.json, which the report and `runs` read) and say it."""
+    from console.procedure.crosscheck import NO_CHECK, CrossCheck, CrossCheckError, save
+    from console.service.sglang_api import ServerAnswerError, ServerUnreachable
+
+    known = (CrossCheckError, ServerUnreachable, ServerAnswerError, HostError, ServiceError, TimeoutError, OSError)
+    why = str(exc) if isinstance(exc, known) and str(exc) else f"{type(exc).__name__}: {exc}"
+    line = f"{NO_CHECK}: {why}"
+    with contextlib.suppress(OSError):  # a full disk: the journal still says it
+        save(engine.run.dir, CrossCheck(status="no-check", message=line))
+    engine.journal("crosscheck", line, level="warning")
+    return line
+
+
 async def run_crosscheck(engine: Engine) -> str:
     """Bounded (a prompt count and a time budget) and after the service is ready: it never slows
     the restart. A server that does not decode speculatively gives a one-line "no online check";
@@ -100,9 +114,9 @@ async def run_crosscheck(engine: Engine) -> str:
 
     try:
         result = await engine.hosts.crosscheck(engine.config, engine.run.dir, engine.run.run_id, engine.state.facts)
-    except (HostError, ServiceError, TimeoutError, OSError, ValueError) as exc:
-        engine.journal("crosscheck", f"no online check: {exc}", level="warning")
-        return f"no online check: {exc}"
+    except Exception as exc:  # noqa: BLE001 - whatever it is (CrossCheckError, an unreachable server, a bad
+        # answer), the run's work is done: it ends done, saying why there is no online figure
+        return no_online_check(engine, exc)
     engine.state.facts["headline_online"] = result.headline()
     engine.run.save()
     if (engine.run.results_dir / "results.json").exists():
