@@ -189,7 +189,7 @@ class ConsoleState:
         return self._job(message, now)
 
     def confirmation_seen(self, confirmation: m.Confirmation) -> None:
-        """The stop's question carries the downtime earlier windows took: the fallback projection."""
+        """The stop's question carries its one figure (the forecast downtime): the fallback projection."""
         if confirmation.step == "stop" and confirmation.estimate_s is not None:
             self.downtime_estimate_s = confirmation.estimate_s
 
@@ -211,10 +211,12 @@ class ConsoleState:
         eta = job.eta_s(now) if job is not None else None
         if eta is not None and restart is not None and restart.estimate_s is not None:
             return now + eta + restart.estimate_s, "extraction's rate + the restart's estimate"
-        if self.forecast is not None:
-            return down + self.forecast.downtime_s, "forecast"
+        if self.forecast is not None:  # with a phase unknown its downtime is a floor, and says so
+            unknown = [p.name for p in self.forecast.phases if p.seconds is None]
+            return down + self.forecast.downtime_s, (f"forecast, at least ({', '.join(unknown)} unknown)"
+                                                     if unknown else "forecast")
         if self.downtime_estimate_s is not None:
-            return down + self.downtime_estimate_s, "earlier windows"
+            return down + self.downtime_estimate_s, "the stop's question"
         window = [self.steps[n].estimate_s for n in DOWN_STEPS if n in self.steps]
         if window and all(e is not None for e in window):
             return down + sum(window), "the plan's step estimates"

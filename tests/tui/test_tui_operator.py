@@ -251,7 +251,10 @@ def test_expected_back_falls_back_from_projection_to_rate_forecast_stop_and_plan
     plan_sum = sum(s.estimate_s for s in PLAN_STEPS if s.name in ("stop", "free-vram", "extract", "restart"))
     assert state.expected_back(now) == (T0 + plan_sum, "the plan's step estimates")
     state.apply(m.DecisionMade(m.Confirmation("stop", "stop", "ct129", (), "", True, 194.0), True, "tui"), now)
-    assert state.expected_back(now) == (T0 + 194.0, "earlier windows")
+    assert state.expected_back(now) == (T0 + 194.0, "the stop's question")
+    unknown = m.Forecast("r", 120.0, (m.ForecastPhase("stop", 20.0, "b"), m.ForecastPhase("start", None, "unknown: b")))
+    state.apply(unknown, now)  # a floor, said so: never a return passed off as known
+    assert state.expected_back(now) == (T0 + 120.0, "forecast, at least (start unknown)")
     state.apply(m.Forecast("r", 150.0, ()), now)
     assert state.expected_back(now) == (T0 + 150.0, "forecast")
     for progress in extract_progress(now):
