@@ -8,11 +8,14 @@ world's own clock, a unit whose start time systemd would report, workers that fl
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 
 import pytest
 
-from console.messages import Confirmation
+from console.messages import Confirmation, ServiceStatus
 from console.procedure.engine import EXIT_DOWN, Engine
+from console.procedure.state import ServiceState
+from console.procedure.steps.stop import restarted_outside
 from console.procedure.store import summary_of
 from tests.engine_fakes import TRAINING, Fault, ScriptedDecider
 from tests.engine_sweep import (  # its fixtures (producers, window) come through tests/conftest.py
@@ -180,3 +183,21 @@ async def test_a_resume_requires_only_the_hosts_its_remaining_steps_need(window:
     assert window.state().steps["report"].status == "done"
     assert not any(f.hit for f in window.world.faults), "the resume asked for a host it does not need"
     assert_promises(window, finished)
+
+
+def test_a_restart_outside_the_run_is_told_by_the_managers_start_time_or_its_pid() -> None:
+    """Item 4, the rule itself: systemd's ActiveEnterTimestamp after the stop, or (a command-managed
+    server such as the drill's, whose status prints its pid) another main pid than before the stop,
+    is a restart outside the run; the same process is a stop that never took effect; when nothing
+    tells, it is never taken for the same process (the second stop is asked)."""
+    stopped = ServiceState(stopped_at=1000.0, main_pid_before_stop=42, active_since_before_stop=500.0)
+    systemd = ServiceStatus("systemd", "sglang.service", True, "active", main_pid=42, since=1030.0)
+    assert "active since" in restarted_outside(stopped, systemd)
+    assert restarted_outside(stopped, dataclasses.replace(systemd, since=500.0)) is None
+    command = ServiceStatus("command", "ct129 server", True, "running", main_pid=77)
+    assert "main pid 77, 42 before the stop" in restarted_outside(stopped, command)
+    assert restarted_outside(stopped, dataclasses.replace(command, main_pid=42)) is None
+    returned = dataclasses.replace(stopped, stop_returned_at=1004.0)
+    assert restarted_outside(returned, dataclasses.replace(command, main_pid=42)) == "its stop had returned"
+    unknown = ServiceState(stopped_at=1000.0)
+    assert "cannot tell" in restarted_outside(unknown, dataclasses.replace(command, main_pid=None))
