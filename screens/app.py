@@ -282,9 +282,7 @@ class ConsoleApp(App[int]):
             stderr = getattr(payload, "stderr_tail", None) or getattr(payload, "stderr", None)
             text = str(getattr(payload, "msg", None) or getattr(payload, "message", None) or "failed")
             self.show_error(ErrorReport(title, text, tail(stderr)))
-        elif isinstance(payload, m.RunFinished) and payload.status == "done":
-            self.notify(f"run {payload.run_id} done: o opens the results", title="done", timeout=15)
-        elif isinstance(payload, m.RunFinished) and payload.status == "failed":
+        elif isinstance(payload, m.RunFinished) and payload.status == "failed":  # (done: said under the steps)
             down = "  The service is up." if payload.service_up else "  The service is DOWN: r restarts it."
             self.show_error(ErrorReport(f"run {payload.run_id} failed", payload.message + down))
 

@@ -94,7 +94,7 @@ class DashboardScreen(Screen):
         if kind == "steps":
             self.query_one(Stepper).show(state.steps, state.planned, state.run_id, state.route, now,
                                          compact=self.app.has_class("narrow"), running=state.running,
-                                         read_only=self.app.read_only)
+                                         read_only=self.app.read_only, finished=state.finished)
         elif kind == "job":
             self.query_one(JobPanel).show(state.current_jobs(), now)
         elif kind == "journal":

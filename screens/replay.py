@@ -130,8 +130,10 @@ def question_lines(decision: m.DecisionMade | m.Confirmation | None) -> list[Tex
     lines = [asked]
     if q.impact:  # one row, cut at the width: the estimate first (the impact is whole in the event log)
         estimate = f"estimate {duration(q.estimate_s)} ({q.estimate_basis}) · " if q.estimate_s is not None else ""
-        lines.append(Text(f"  {'DESTRUCTIVE · ' if q.destructive else ''}{estimate}{q.impact}"))
-    return [*lines, Text(f"  $ {' '.join(q.argv)}")] if q.argv else lines
+        impact = Text(f"  {'DESTRUCTIVE · ' if q.destructive else ''}{estimate}{q.impact}")
+        impact.no_wrap, impact.overflow = True, "ellipsis"
+        lines.append(impact)
+    return [*lines, Text(f"  $ {' '.join(q.argv)}")] if q.argv else lines  # the literal command whole
 
 
 class ReplayBar(Static):
@@ -151,10 +153,9 @@ class ReplayBar(Static):
         step = player.current_step()
         if step:
             head.append(f"  step {step}")
-        head.append("   space ▶/❚❚  . next  [ ] steps  + - speed", style="dim")
+        # (the keys are in the footer) where it stands, the question and its command, the damage: whole,
+        # wrapped between words; only the impact is one row, cut (the event log has it whole)
         lines = [head, *question_lines(question), *(Text(line, style="bold red") for line in damage)]
-        for line in lines:  # one row each, whatever the width: the event log has them whole
-            line.no_wrap, line.overflow = True, "ellipsis"
         key = tuple(t.plain for t in lines)
         shown = Group(*lines)
         update_static(self, shown, key, len(lines))
@@ -224,9 +225,6 @@ class ReplayApp(ConsoleApp):
             if isinstance(message, m.DecisionMade | m.Confirmation):  # asked, then answered
                 self.question = message
                 kinds.add("question")
-            elif isinstance(message, m.RunFinished):
-                self.notify(f"run {message.status} (exit {message.exit_code}): {message.message}",
-                            title=f"run {message.run_id}", severity="information" if message.exit_code in (0, 4) else "error")  # 4: paused, the service up
         dashboard = self._dashboard()
         if dashboard is not None:
             if self.player.reset or len(kinds) > 2:

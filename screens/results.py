@@ -310,6 +310,7 @@ class ResultsScreen(Screen):
     ResultsScreen #window-pane PlotextPlot { height: 1fr; min-height: 12; }
     ResultsScreen #window-pane .strip { height: auto; }
     ResultsScreen #window-pane VerticalScroll { height: auto; max-height: 12; }
+    ResultsScreen #exported { height: auto; display: none; background: $boost; padding: 0 1; }
     """
     BINDINGS = [
         Binding("escape", "back", "Dashboard"),
@@ -359,6 +360,7 @@ class ResultsScreen(Screen):
                                                   steps_table(data.state, t0))), classes="result-scroll steps")
             with TabPane("7 Online", id="online"):  # the online cross-check (screens/widgets/online.py)
                 yield OnlinePanel(read_online(data.run_dir))
+        yield Static(id="exported")  # what `e` wrote: a line of its own, never a toast over the tables
         yield Footer()
 
     def on_mount(self) -> None:
@@ -402,7 +404,10 @@ class ResultsScreen(Screen):
 
             self.app.show_error(report_of("export failed", exc))
             return
-        self.notify(f"wrote {markdown} and {exported}", title="report exported", timeout=8)
+        line = self.query_one("#exported", Static)
+        line.update(Text.assemble(("report exported: ", "bold"), f"{markdown}\n", " " * len("report exported: "),
+                                  str(exported)))  # each path whole on its own line
+        line.display = True
 
 
 def journal_tail(run_dir: Path, lines: int = 10) -> Group:

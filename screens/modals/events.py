@@ -48,10 +48,17 @@ class EventsModal(ConsoleModal[str]):
         self.action_close()
 
     def _show(self) -> None:
-        shown = [journal_line(e, whole=True) for e in self.journal if matches(e, self.word.strip())]
-        text = Text("\n").join(shown) if shown else Text("no event matches", style="dim")
+        word = self.word.strip()
+        shown = [journal_line(e, whole=True) for e in self.journal if matches(e, word)]
+        if not self.journal:  # a fresh console: nothing to count yet
+            text, title = Text("no event yet: a run's journal shows here as it is written", style="dim"), \
+                "Events: none yet"
+        else:
+            text = Text("\n").join(shown) if shown else Text(f"no event contains {word!r}", style="dim")
+            title = f"Events matching {word!r}: {len(shown)} of {len(self.journal)}" if word else \
+                f"Events ({len(self.journal)})"
         self.query_one("#events-text", Static).update(text)
-        self.query_one(Vertical).border_title = f"Events ({len(shown)} of {len(self.journal)})"
+        self.query_one(Vertical).border_title = title
 
     def action_close(self) -> None:
         self.dismiss(self.word.strip())

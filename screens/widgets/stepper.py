@@ -6,6 +6,7 @@ what "+" means), so that a slow answer never reads as a slow stop. Hints name on
 from __future__ import annotations
 
 from collections.abc import Mapping
+from typing import Any
 
 from rich.console import Group
 from rich.table import Table
@@ -22,7 +23,7 @@ MARKS = {"pending": ("·", "dim"), "running": ("▶", "bold yellow"), "done": ("
 
 
 def stepper_renderable(steps: Mapping[str, StepView], planned: bool, now: float, running: bool = False,
-                       read_only: bool = False) -> Group:
+                       read_only: bool = False, ended: Text | None = None) -> Group:
     table = Table(box=None, show_header=False, padding=(0, 1), pad_edge=False, expand=True)
     table.add_column("", width=1, no_wrap=True)
     table.add_column("step", no_wrap=True, min_width=9, ratio=1)
@@ -53,7 +54,19 @@ def stepper_renderable(steps: Mapping[str, StepView], planned: bool, now: float,
         idle = "no run going: this console watches" if read_only else "no plan yet: p plans, g runs"
         parts.append(Text("planning: preflight is running" if running else idle, style="dim"))
     parts.extend(notes[-3:])
+    if ended is not None:  # the run's end, where the steps are (a toast covered the last rows)
+        parts.append(ended)
     return Group(*parts)
+
+
+def ended_line(finished: Any, read_only: bool = False) -> Text | None:
+    """'run 20251201-093500-ab12 done: o opens the results', under the steps of the run this console drove."""
+    if finished is None:
+        return None
+    if finished.status == "done":
+        return Text(f"run {finished.run_id} done" + ("" if read_only else ": o opens the results"), style="green")
+    return Text(f"run {finished.run_id} {finished.status} (exit {finished.exit_code})",
+                style="yellow" if finished.service_up else "bold red")
 
 
 def stepper_chips(steps: Mapping[str, StepView], now: float) -> Text:
@@ -79,11 +92,17 @@ class Stepper(Static):
         self.border_title = "Steps"
 
     def show(self, steps: Mapping[str, StepView], planned: bool, run_id: str | None, route: str | None,
-             now: float, compact: bool = False, running: bool = False, read_only: bool = False) -> None:
+             now: float, compact: bool = False, running: bool = False, read_only: bool = False,
+             finished: Any = None) -> None:
         self.border_title = f"Steps  {run_id}" + (f" ({route})" if route and route != "window" else "") \
             if run_id else "Steps"
-        key = (compact, planned, running, read_only, tuple((s.name, s.status, s.estimate_s, s.started_at, s.ended_at, s.detail,
+        ended = None if running else ended_line(finished, read_only)
+        key = (compact, planned, running, read_only, ended and ended.plain, tuple((s.name, s.status, s.estimate_s, s.started_at, s.ended_at, s.detail,
                                         s.work_s, s.decision_s,
                                         int(now - s.started_at) if s.status == "running" and s.started_at else None)
                                        for s in steps.values()))
-        update_static(self, stepper_chips(steps, now) if compact else stepper_renderable(steps, planned, now, running, read_only), key)
+        if compact:  # the chips, and the run's end on a line of its own
+            shown = stepper_chips(steps, now) if ended is None else Text("\n").join([stepper_chips(steps, now), ended])
+        else:
+            shown = stepper_renderable(steps, planned, now, running, read_only, ended)
+        update_static(self, shown, key)

@@ -368,6 +368,12 @@ async def test_results_screen_and_export(runs_root: Path):
         run_dir = runs_root / "20251201-093500-ab12"
         assert (run_dir / "report.md").is_file()
         assert json.loads((run_dir / "report.json").read_text())["format"] == "dflash-ops.report/1"
+        # what it wrote, in a line of its own under the tabs, each path whole (a toast split one and
+        # covered the table)
+        exported = text_of(screen.query_one("#exported", Static)).splitlines()
+        assert any(str(run_dir / "report.md") in line for line in exported)
+        assert any(str(run_dir / "report.json") in line for line in exported)
+        assert not list(app._notifications)
         await pilot.press("escape")
         await pilot.pause()
         assert app.screen.id == "dashboard"

@@ -462,3 +462,43 @@ async def test_one_servers_drain_and_rejoin_rows_never_crowd_the_jobs_bars_out()
 
         await until(pilot, lambda: counter() is not None)
         assert app.screen.region.contains_region(counter().region), (counter().region, app.screen.region)
+
+
+# --- polish: no toast over the steps, no `(0 of 0)` ---------------------------------------------------
+
+
+async def test_a_run_done_is_said_under_the_steps_never_in_a_toast_over_them():
+    """The walk's toasts covered the crosscheck line (the steps' last rows) and the results table: a
+    run done here is said under its steps, in the panel, for as long as it is the news."""
+    op = serving()
+    async with console(op, WIDE, clock=Clock()) as (app, pilot):
+        await pilot.press("g")
+        await until(pilot, lambda: on_top(app, ConfirmModal))
+        await pilot.press("y")
+        await until(pilot, lambda: on_top(app, HoldersModal))
+        await pilot.press("y")
+        await until(pilot, lambda: app.state.finished is not None and not app.state.running)
+        app.screen.refresh_part("steps")
+        await until(pilot, lambda: f"run {op.run_id} done: o opens the results" in text_of(
+            app.screen.query_one(Stepper)))
+        assert not [n for n in app._notifications if "done" in str(n.message)]
+
+
+async def test_a_fresh_consoles_events_say_none_yet_not_0_of_0():
+    from screens.modals.events import EventsModal
+
+    op = serving()
+    async with console(op, (80, 24), clock=Clock()) as (app, pilot):
+        await pilot.press("slash")
+        await until(pilot, lambda: isinstance(app.screen, EventsModal))
+        box = app.screen.query_one("Vertical")
+        assert box.border_title == "Events: none yet"
+        assert "no event yet" in text_of(app.screen.query_one("#events-text", Static))
+        await pilot.press("escape")
+        op.publish(m.JournalEntry(T0, op.run_id, "stop", "sglang-qwen stopped", host="ct129"))
+        await until(pilot, lambda: app.state.journal_count == 1)
+        await pilot.press("slash")
+        await until(pilot, lambda: isinstance(app.screen, EventsModal))
+        assert app.screen.query_one("Vertical").border_title == "Events (1)"
+        await pilot.press(*"zzz")
+        await until(pilot, lambda: app.screen.query_one("Vertical").border_title == "Events matching 'zzz': 0 of 1")
