@@ -259,3 +259,20 @@ async def test_the_pause_route_says_its_overrun_and_its_return(tmp_path: Path) -
     assert "has been paused" in overrun["message"] and f"(run {run_id})" in overrun["message"]
     assert back["title"] == "dflash-ops: sglang.service on ct129 is back"
     assert "takes requests again at" in back["message"] and "paused 42 s (forecast 0 s)" in back["message"]
+
+
+def test_the_stop_notification_says_an_unknown_phase_never_a_dash(tmp_path: Path) -> None:
+    """A forecast with a phase nothing told (issue 27): 'unknown (at least N s)' and 'start unknown'."""
+    from console.notify.events import Watcher
+
+    store = RunStore(tmp_path / "runs")
+    run = store.create(None, None)
+    run.state.route = "window"
+    phases = (m.ForecastPhase("stop", 12.0, "systemd"), m.ForecastPhase("start", None, "unknown: nothing tells it"))
+    run.state.forecast = fc.to_state(m.Forecast(run.run_id, 12.0, phases))
+    run.save()
+    watcher = Watcher(config_with(f'urls = ["json://127.0.0.1:{closed_port()}/hook"]'), store.open, "sglang.service on ct129")
+    question = m.Confirmation("stop", "stop the service", "ct129", ("systemctl", "stop", "sglang.service"),
+                              "goes down", True, None, "forecast")
+    said = watcher.on(m.DecisionMade(question, True, "--yes", run_id=run.run_id))
+    assert "forecast downtime unknown (at least 12 s) (stop 12 s, start unknown)" in said[0].body

@@ -21,7 +21,7 @@ from typing import Any
 
 from console import messages as m
 from console.config import Config
-from console.procedure.forecast import from_state
+from console.procedure.forecast import figure, from_state
 from console.procedure.state import RunState
 from console.procedure.store import Run, left_line, what_next
 from console.views.units import duration
@@ -92,12 +92,12 @@ class Watcher:
             return []
         state = self._state(run_id)
         route = (state.route if state else None) or "window"
-        forecast, phases = asked.estimate_s, ""
+        said = f"forecast downtime {duration(asked.estimate_s)}" if asked.estimate_s is not None else "no forecast"
         if state is not None and state.forecast:  # state.json's forecast, as the engine wrote it before asking
             told = from_state(run_id, state.forecast)
-            phases = " (" + ", ".join(f"{p.name} {duration(p.seconds)}" for p in told.phases) + ")"
-            forecast = told.downtime_s
-        said = f"forecast downtime {duration(forecast)}{phases}" if forecast is not None else "no forecast"
+            said = (f"forecast downtime {figure(told)} ("
+                    + ", ".join(f"{p.name} {duration(p.seconds) if p.seconds is not None else 'unknown'}"
+                                for p in told.phases) + ")")
         doing, what = STOPPING_STEPS[asked.step]
         return [Notification(
             "stop-approved", run_id, f"dflash-ops: {doing} {self.service}",
