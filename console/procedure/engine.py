@@ -44,7 +44,7 @@ from console.messages import (
     StepUpdate,
 )
 from console.procedure import forecast as fc
-from console.procedure import identity, run_jobs
+from console.procedure import identity, kept, run_jobs
 from console.procedure.decider import Decider
 from console.procedure.fit import longest_tokens
 from console.procedure.follower import QUESTION, write_question
@@ -88,7 +88,7 @@ EXIT_PAUSED = 4  # paused with the service up (cut short at its budget, or one s
 LINK_RETRIES = 3  # a step whose link drops is run again this many times
 SETTLED = ("done", "skipped", "left-out")
 log = logging.getLogger(__name__)
-AS_IT_WAS = "as-it-was"  # a resume's preflight failed: the run is left as it was (`Engine._left_as_it_was`)
+AS_IT_WAS = "as-it-was"  # a resume's preflight failed: the run is left as it was (`kept.left_as_it_was`)
 CANCEL_AGAIN_S = 0.5  # a cancel the run has not taken yet is asked again this often (Engine.cancel)
 CRASH_POINTS = ("staged", "cached", "stop-asked", "stop-ran", "holders", "go", "gpu-released", "start-issued",
                 "ready", "evaluated", "reported")
@@ -138,8 +138,8 @@ class Engine:
         self._restart_task: asyncio.Task | None = None
         self._restart_lock = asyncio.Lock()
         self.start_issued = asyncio.Event()  # the restart's start is being sent (or the service found starting)
-        self._left_flushing: str | None = None  # why the extractor was left to finish (`_flushing`)
-        self._before_resume: Any = None  # a resumed run's state before this console touched it (`_left_as_it_was`)
+        self._left_flushing: str | None = None  # why the extractor was left to finish (`kept.flushing`)
+        self._before_resume: Any = None  # a resumed run's state before this console touched it (`kept.left_as_it_was`)
         # The operator said no to the restart: the run asks no more (the restart step, the compensation);
         # only `r` (or `run --resume`) asks again, as a decision of its own.
         self.restart_refused = False
@@ -418,7 +418,7 @@ class Engine:
         if self._unsubscribe_telemetry:
             self._unsubscribe_telemetry()
         if status == AS_IT_WAS:
-            return self._left_as_it_was(message)
+            return kept.left_as_it_was(self, message)
         if status not in ("done", "paused"):
             if status not in ("failed",):  # a failed step journalled its own error
                 self.journal(None, message, level="warning")
@@ -428,26 +428,6 @@ class Engine:
         if not self.service_down_by_us and not self.server_held_by_us and not self.plan_only:
             await preflight.release_host_lock(self)
         return self._finish(status, message)
-
-    def _left_as_it_was(self, why: str) -> RunFinished:
-        """A resume whose preflight failed (a host briefly unreachable, the server not ready yet, the
-        host's lock held): nothing of the resume has acted, so nothing is undone. The run's state is
-        restored whole (paused or running, its window and kept prompts as they were), no job is
-        ended, nothing is compensated; a later resume tries again."""
-        assert self._before_resume is not None
-        self.run.state = state = self._before_resume
-        left = state.service.left_as()
-        code = EXIT_DOWN if left else EXIT_FAILED
-        message = (f"the resume's preflight failed: {why}; run {self.run.run_id} is left as it was ({state.status}"
-                   + (f", the service {left} by it" if left else "") + "): no job was ended and nothing was "
-                   f"changed; `dflash-ops run --resume {self.run.run_id}` tries again")
-        state.message = message
-        self.run.save()
-        finished = RunFinished(self.run.run_id, "failed", code, left is None, message, str(self.run.dir))
-        self.journal(None, message, level="error", exit=code)
-        self.bus.publish(finished)
-        self.run.close()
-        return finished
 
     async def _compensate_to_the_end(self, why: str) -> None:
         """Compensation in a task of its own: a second Ctrl-C or signal is journalled and waited
@@ -577,7 +557,7 @@ class Engine:
             for handle in handles:
                 try:
                     status = await self.hosts.job_status(handle)
-                    if self._flushing(handle, status.state, status.exit_code):
+                    if kept.flushing(self, handle, status.state, status.exit_code):
                         continue  # it released the GPUs: its files are all but written, never thrown away
                     if status.state == "running":
                         status = await self.hosts.cancel_job(handle, grace=5.0)
@@ -586,30 +566,13 @@ class Engine:
                                      host=host, level="warning")
                 except (HostError, TimeoutError) as exc:
                     for unreached in handles[handles.index(handle):]:  # an extractor flushing is left to the resume
-                        self._flushing(unreached, None, None)
+                        kept.flushing(self, unreached, None, None)
                     left = ", ".join(f"{h.worker} (pid {h.pid})" for h in handles[handles.index(handle):])
                     self.journal(None, f"could not end our jobs on {host}: {left}: {exc or 'no answer'}",
                                  host=host, level="error")
                     return
 
         await asyncio.gather(*(end_on(host, handles) for host, handles in by_host.items()))
-
-    def _flushing(self, handle: JobHandle, state: str | None, exit_code: int | None) -> bool:
-        """The extractor after `gpu_released`, running (writing its files), exited 0, or on a host
-        that cannot be asked (`state` None): left alone, and the run ends paused for its resume to
-        verify the states and evaluate (`_end`), never killed while it flushes."""
-        record = self.state.jobs.get("extract")
-        if (record is None or record.job_id != handle.job_id or "gpu_released" not in record.events_seen
-                or record.exit_code is not None):  # its exit handled: the step saw it end (and verified it)
-            return False
-        if state not in (None, "running") and not (state == "exited" and exit_code == 0):
-            return False
-        if self._left_flushing is None:
-            self._left_flushing = (f"the extractor (pid {handle.pid} on {handle.host}) had released the GPUs "
-                                   f"and was writing its files: it is left to finish, and `dflash-ops run --resume "
-                                   f"{self.run.run_id}` verifies them and evaluates")
-            self.journal("extract", self._left_flushing, host=handle.host, level="warning")
-        return True
 
     async def _compensate_and_rejoin(self, why: str) -> None:
         """The route's compensation, then (the fleet window) the drained replica back in the router:
