@@ -20,7 +20,15 @@ from console.procedure import identity
 from console.procedure.decider import Decider, RefuseAll
 from console.procedure.engine import Engine, ResumeRefused
 from console.procedure.hosts import SessionHosts
-from console.procedure.store import Run, RunStore, RunSummary, UnfinishedRun, left_line, what_next
+from console.procedure.store import (
+    Run,
+    RunStore,
+    RunSummary,
+    UnfinishedRun,
+    left_line,
+    owned_elsewhere,
+    what_next,
+)
 from console.session import MessageBus, Session
 
 
@@ -66,6 +74,8 @@ class Operator:
         """A new run, or the one to resume (`True`: the latest unfinished one)."""
         if resume:  # a damaged newer run is named, never passed over
             run = self.store.run_to_resume() if resume is True else self.store.open(str(resume))
+            if owned_elsewhere(run.state):  # another live console drives it: refused before anything is sent
+                raise ResumeRefused(f"{what_next(run)}; nothing was written or sent")
             refused = identity.refusal(run.state, self.config, run.run_id) if run.state.started else None
             if refused is not None:  # another service or config file: said before connecting (the engine checks too)
                 raise ResumeRefused(refused)
@@ -149,6 +159,15 @@ class Operator:
             self.engine.restart_on_failure = False
         if self.engine is not None:
             self.engine.cancel()  # asked again until the run takes it (a cancel can be lost on 3.11)
+
+    def driven_elsewhere(self, run_id: str) -> str | None:
+        """Who drives run `run_id` when it is another live console (or one that cannot be told):
+        its resume and `r` are refused here, and this says so; None when nobody else drives it."""
+        try:
+            run = self.store.open(run_id)
+        except Exception:  # noqa: BLE001 - unreadable: opening it for real says why
+            return None
+        return what_next(run) if owned_elsewhere(run.state) else None
 
     def unfinished_run(self) -> str | None:
         """The run a new console offers to continue: the one that left the service down, else the

@@ -93,6 +93,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    help="let --device-map auto put modules on the CPU (slow; implied by a cpu entry in --max-memory)")
     p.add_argument("--staged", action="store_true", help="stage weights in host RAM and wait for --go-file")
     p.add_argument("--go-file", default=None, help="staged mode: start the window when this file appears")
+    p.add_argument("--lease-file", default=None,
+                   help="staged mode: the console renews this file while it runs (its mtime); see --lease-s")
+    p.add_argument("--lease-s", type=float, default=0.0,
+                   help="staged mode: end (freeing the weights) when --lease-file has not been renewed for this "
+                        "long before the go: the console is gone (0: no lease)")
     p.add_argument("--stop-file", default=None,
                    help="when this file appears, finish the prompt in hand and publish a partial extraction")
     p.add_argument("--limit", type=int, default=None, help="only the first N prompts")
@@ -560,22 +565,51 @@ def prompt_tokens(entries: Iterable[dict[str, Any]]) -> int:
     return sum(len(p["prompt_ids"]) + len(p["completion_ids"]) for p in entries)
 
 
-def wait_for_go(go_file: str, events: EventWriter) -> float:
-    """Block until `go_file` exists (the console creates it over SSH); returns seconds waited."""
+class Lease:
+    """The console's lease on a staged worker: it renews `path` (touch) while it runs. A staged
+    worker whose console is gone (killed, its disk full before it could end us, the link cut for
+    good) would hold the weights in host RAM waiting for a go forever: once the file has not been
+    renewed for `seconds`, the wait ends with an error, and the worker with it."""
+
+    def __init__(self, path: str | None, seconds: float):
+        self.path, self.seconds = path, seconds
+        self.since = time.time()  # a lease file not made yet counts from the wait's start
+
+    def check(self) -> None:
+        if not self.path or self.seconds <= 0:
+            return
+        try:
+            renewed = os.path.getmtime(self.path)
+        except OSError:
+            renewed = self.since
+        age = time.time() - renewed
+        if age > self.seconds:
+            raise WorkerError(f"the console's lease ran out: {self.path} not renewed for {age:.0f} s (over "
+                              f"{self.seconds:.0f} s), so its console is gone; ending, the weights freed",
+                              "--lease-file")
+
+
+def wait_for_go(go_file: str, events: EventWriter, lease: Lease | None = None) -> float:
+    """Block until `go_file` exists (the console creates it over SSH); returns seconds waited. Ends
+    with an error when the console's `lease` runs out first."""
     start = time.perf_counter()
     events.log(f"staged: waiting for the go signal ({go_file})")
     while not os.path.exists(go_file):
+        if lease is not None:
+            lease.check()
         time.sleep(0.05)
     return time.perf_counter() - start
 
 
-def wait_for_file(path: str, go_file: str, events: EventWriter) -> float:
+def wait_for_file(path: str, go_file: str, events: EventWriter, lease: Lease | None = None) -> float:
     """Staged: block until the completions cache exists (written atomically by remote.completions)."""
     start = time.perf_counter()
     events.log(f"staged: weights read; waiting for the completions ({path})")
     while not os.path.exists(path):
         if os.path.exists(go_file):
             raise WorkerError(f"the go signal came before the completions {path} existed", "--go-file")
+        if lease is not None:
+            lease.check()
         time.sleep(0.1)
     return time.perf_counter() - start
 
@@ -707,7 +741,7 @@ def main(events: EventWriter, argv: list[str] | None = None) -> dict[str, Any]:
         place_weights(model, {"": "cpu"}, pin=pin, on_tensor=on_tensor("weights"))
         window["host_read_s"] = round(time.perf_counter() - t0, 3)
         if late:
-            wait_for_file(args.completions, args.go_file, events)
+            wait_for_file(args.completions, args.go_file, events, Lease(args.lease_file, args.lease_s))
             completions, prompts, checked = read_completions()
             kept = keep()
         # Only Triton kernels (fla, the top-8 pass) compile on first use; the torch path has nothing to warm.
@@ -722,7 +756,7 @@ def main(events: EventWriter, argv: list[str] | None = None) -> dict[str, Any]:
                     host_read_s=window["host_read_s"], warmup_s=window["warmup_s"], go_file=args.go_file,
                     tokens=prompt_tokens(prompts), **rate,
                     tokens_to_extract=prompt_tokens(p for p in prompts if f"{p['id']}.safetensors" not in kept))
-        window["waited_s"] = round(wait_for_go(args.go_file, events), 3)
+        window["waited_s"] = round(wait_for_go(args.go_file, events, Lease(args.lease_file, args.lease_s)), 3)
         events.phase("window")
     t_window = time.perf_counter()
     place_weights(model, device_map, on_tensor=on_tensor("weights_to_device" if args.staged else "weights"))

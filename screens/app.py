@@ -176,6 +176,11 @@ class ConsoleApp(App[int]):
             return
         if not run_id:
             return
+        driven = self.operator.driven_elsewhere(run_id)
+        if driven is not None:  # another live console's run: nothing to offer here, only who drives it
+            self.notify(f"{driven}; it is not resumed from here, and r restarts nothing while it runs",
+                        title="run driven by another console", severity="warning", timeout=15)
+            return
         question = (f"Unfinished run {run_id}: resume / discard. Resume it from its first unsatisfied step? "
                     f"(Not now: no new window starts while it is unfinished; `dflash-ops run --discard {run_id}` "
                     "discards it and says what it leaves on the hosts.)")
@@ -340,7 +345,14 @@ class ConsoleApp(App[int]):
     def can_restart(self) -> bool:
         """The restart key: while the service is down because of a run and no procedure is going
         (a running one restarts it itself, and c cancels it, which offers the restart)."""
-        return not self.read_only and self.state.down_since is not None and not self.state.running
+        return not self.read_only and self.state.down_since is not None and not self.state.running \
+            and self._live_elsewhere() is None
+
+    def _live_elsewhere(self) -> Any:
+        """The run another live console drives (it restarts the service itself), or None."""
+        elsewhere = self.state.driven_elsewhere()
+        live = elsewhere is not None and elsewhere.status == "running" and not elsewhere.console_gone
+        return elsewhere if live else None
 
     def check_action(self, action: str, parameters: tuple[object, ...]) -> bool | None:
         if action in self.ACTING and self.read_only:
@@ -459,6 +471,10 @@ class ConsoleApp(App[int]):
             return "read-only: this console restarts nothing"
         if self.state.down_since is None:
             return "the service is not down because of this run: nothing to restart"
+        elsewhere = self._live_elsewhere()
+        if elsewhere is not None:
+            return (f"run {elsewhere.run_id} is driven by another console ({elsewhere.owner or 'cannot tell whose'}): "
+                    "it restarts the service itself; this console only watches it")
         if self.decider.asking is not None and self.decider.asking.step == "restart":
             return "the run is asking to restart it: stay and answer its question (y)"
         if self.state.running:

@@ -8,6 +8,7 @@ import asyncio
 import contextlib
 import hashlib
 import json
+import os
 import shlex
 import shutil
 from collections.abc import AsyncIterator, Callable, Sequence
@@ -20,7 +21,7 @@ from console.procedure.engine import SimulatedCrash
 from console.service.control import ReadyTimeout
 from console.service.vram import endpids_argv
 from console.session.bus import MessageBus
-from console.ssh.hosts import HostDisconnected
+from console.ssh.hosts import CommandFailed, HostDisconnected
 from console.ssh.jobs import JobDead, JobHandle, JobStalledError, JobStatus
 from tests.engine_fakes import INFERENCE, UNIT, FakeJob, FakeManager, FakeWorld, Fault, _Watch, raise_fault
 from tests.fake_sglang import FakeServerClient
@@ -85,7 +86,8 @@ class FakeHosts:
         return str(self.world.workdir(host) / "code")
 
     async def run(self, host: str, argv: list[str], timeout: float | None = None) -> None:
-        """The few commands the engine runs itself: its directories, the go file, the lock's removal."""
+        """The few commands the engine runs itself: its directories, the go file, the host lock (made
+        whole by `ln`, which fails when one is there; moved aside by `mv`; removed)."""
         self._call("run", host, argv0=argv[0])
         await self.answer("run")
         if argv[:3] == ["mkdir", "-p", "-m"]:
@@ -98,6 +100,14 @@ class FakeHosts:
         elif argv[:3] == ["rm", "-f", "--"]:
             for path in argv[3:]:
                 Path(path).unlink(missing_ok=True)
+        elif argv[:2] == ["touch", "--"]:  # the staged worker's lease (the fake workers do not read it)
+            Path(argv[2]).touch()
+        elif argv[:2] in (["ln", "--"], ["mv", "--"]) and len(argv) == 4:
+            try:
+                (os.link if argv[0] == "ln" else os.rename)(argv[2], argv[3])
+            except OSError as exc:  # as the command says it on the host: exit 1, the reason on stderr
+                raise CommandFailed(host, argv, 1, f"{argv[0]}: {exc.strerror}") from None
+            self.world.changed()
         else:
             raise AssertionError(f"the fake host {host} does not know the command {shlex.join(argv)}")
 

@@ -15,6 +15,7 @@ from console.operator import Operator
 from console.procedure.engine import EXIT_DONE, LOCK_FILE
 from console.procedure.follower import RunFollower
 from console.procedure.store import RunStore, RunSummary
+from tests.small_fs import fill, small_filesystem
 from tests.window_fixtures import Drill, drill, kill  # noqa: F401 - the fixture
 
 EXIT_USAGE = 2
@@ -54,6 +55,18 @@ async def test_a_second_console_follows_the_run_and_a_second_run_is_refused(dril
         async with asyncio.timeout(240):
             await stop_done.wait()
             await bars.wait()
+        # Issue 27, item 1: its resume (and `status`) from a second console while the first one lives.
+        # Refused before anything is written or sent: the owner and the host lock stay the first's.
+        state_file = drill.runs / run_id / "state.json"
+        lock_before = lock_path(drill).read_bytes()
+        resume = await asyncio.to_thread(drill.run_cli, "run", "--headless", "--yes", "--resume", run_id)
+        assert resume.returncode == EXIT_USAGE, resume.stdout + resume.stderr
+        said = " ".join(resume.stderr.split())
+        assert "driven by" in said and f"pid {console.pid}" in said and "nothing was written or sent" in said
+        assert json.loads(state_file.read_text())["owner"]["pid"] == console.pid
+        assert lock_path(drill).read_bytes() == lock_before
+        status = await asyncio.to_thread(drill.run_cli, "status")
+        assert "--resume" not in status.stdout and f"pid {console.pid}" in " ".join(status.stdout.split()), status.stdout
         live = [x for x in seen if isinstance(x, m.LiveRun)]
         assert live and live[-1].run_id == run_id and f"pid {console.pid}" in live[-1].owner and not live[-1].ours
         assert any(isinstance(x, m.Downtime) and x.run_id == run_id and x.down_since for x in seen)
@@ -66,6 +79,11 @@ async def test_a_second_console_follows_the_run_and_a_second_run_is_refused(dril
     out, _ = await asyncio.to_thread(console.communicate, timeout=300)
     assert console.returncode == EXIT_DONE, out
     assert not lock_path(drill).exists()  # released once the run finished with the service up
+    # Held until the run ended (item 2), not released at the ready moment: a second run could
+    # otherwise stop the service during the evaluation and offer to end its evaluator.
+    said = [e["message"] for e in drill.journal()]
+    released = [i for i, line in enumerate(said) if line.startswith("released the host lock")]
+    assert len(released) == 1 and released[0] > max(i for i, line in enumerate(said) if line.startswith("evaluate: done"))
 
 
 def test_a_killed_consoles_run_comes_first_and_keeps_its_route(drill: Drill) -> None:  # noqa: F811
@@ -95,3 +113,29 @@ def test_a_killed_consoles_run_comes_first_and_keeps_its_route(drill: Drill) -> 
     again = drill.run_cli("run", "--headless", "--yes", "--resume", summary.run_id)
     assert again.returncode == EXIT_USAGE and "a finished run is never resumed" in again.stderr
     assert store.open(summary.run_id).state.service.stops == 1
+
+
+def test_a_resume_with_the_run_store_on_a_full_disk_brings_the_service_back(drill: Drill, tmp_path: Path) -> None:  # noqa: F811
+    """Issue 27, item 12: the console killed with the service down; the run store's disk is full when
+    `run --resume` comes. Its first save used to end it there (exit 2, the service left down). It
+    goes on instead, saying once what it cannot write: the service back, our jobs ended, the lock
+    released."""
+    with small_filesystem(tmp_path / "small", size_kib=16384) as mount:
+        store = Drill(drill.dir, drill.config_path, mount / "runs")
+        console = store.start_cli("run", "--headless", "--yes")
+        store.wait_journal(lambda e: e["message"].startswith("stop: done"), proc=console)
+        kill(console)
+        assert store.service_pid() is None
+        fill(mount)
+        resumed = store.run_cli("run", "--headless", "--yes", "--resume")
+        on_disk = RunStore(mount / "runs").open(store.only_run()[0]).state
+    assert resumed.returncode not in (2, 3), resumed.stdout + resumed.stderr
+    assert "Traceback" not in resumed.stderr
+    assert "No space left on device" in resumed.stderr and "the run goes on" in resumed.stderr
+    assert store.service_pid() is not None, "the service was left down"
+    assert not lock_path(drill).exists()
+    for key, job in on_disk.jobs.items():  # the killed console's jobs: none left running
+        pid = (job.handle or {}).get("pid")
+        if pid and not key.startswith(("probe-", "provenance-", "check")):
+            assert not Path(f"/proc/{pid}").exists() or "zombie" in Path(f"/proc/{pid}/status").read_text().lower() \
+                or "remote." not in Path(f"/proc/{pid}/cmdline").read_bytes().decode(errors="replace"), (key, pid)

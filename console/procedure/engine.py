@@ -74,7 +74,7 @@ from console.procedure.steps import (
     units,
 )
 from console.procedure.steps.preflight import LOCK_FILE  # noqa: F401  (re-exported)
-from console.procedure.store import Run, RunStore, what_next
+from console.procedure.store import Run, RunStore, owned_elsewhere, what_next
 from console.service.control import ReadyTimeout, ServiceError
 from console.service.sglang_api import ServerAnswerError, ServerUnreachable
 from console.service.vram import VramError
@@ -126,6 +126,10 @@ class Engine:
             raise ResumeRefused(f"run {run.run_id} was made for the {run.state.route} route: a resume keeps "
                                 f"its route (asked for {route})")
         self.route = route or run.state.route or "window"
+        if not plan_only and owned_elsewhere(run.state):  # another live console's run: refused, nothing written or sent
+            raise ResumeRefused(f"{what_next(run)}; nothing was written or sent")
+        if run.state.service.left_as() is not None:  # stopped (paused, drained) by this run: a full disk must not keep it so
+            run.keep_going_on_write_errors = True
         if not plan_only and (run.state.started or run.state.service_identity):
             refused = identity.refusal(run.state, config, run.run_id)  # before anything is written or sent
             if refused is not None:
@@ -144,6 +148,9 @@ class Engine:
         # only `r` (or `run --resume`) asks again, as a decision of its own.
         self.restart_refused = False
         self._asking: list[Confirmation] = []  # the questions waiting for an answer, oldest first (question.json)
+        self.holds_lock = False  # this engine took the host lock (host_lock.take): the run's jobs are its own
+        self.lock_refused = False  # another live console's run holds the host: nothing of it is touched
+        self.lease: Any = None  # renews the staged worker's lease while this engine runs (steps/serving.py)
         self._unsubscribe_telemetry: Callable[[], None] | None = None
         self._decision_s: dict[str, float] = {}
         self._irreversible: dict[str, str] = {}  # step -> detail, once its change on the host is made
@@ -303,6 +310,8 @@ class Engine:
         finally:
             self._task = None
             self._cancel_no_more()
+            if self.lease is not None:  # the console's lease is not renewed past its run
+                self.lease.cancel()
 
     async def _execute(self) -> RunFinished:
         state = self.state
@@ -409,16 +418,22 @@ class Engine:
         except StepFailed as exc:
             return "failed", str(exc)
         except Exception as exc:  # anything at all: the run still compensates and finishes
+            self.run.keep_going_on_write_errors = True  # a full disk among them: the end must still be written past
             message = f"{type(exc).__name__}: {exc}" if not isinstance(exc, HostError | ServiceError | VramError
                                                                          | ReadyTimeout | OSError) else str(exc)
             self.journal(None, f"the run failed: {message}", level="error")
             return "failed", message
 
     async def _end(self, status: str, message: str) -> RunFinished:
+        # From here a full disk never stops the run's end: our jobs ended, the service back, the
+        # lock released (what cannot be written is kept in memory and said once).
+        self.run.keep_going_on_write_errors = True
         if self._unsubscribe_telemetry:
             self._unsubscribe_telemetry()
         if status == AS_IT_WAS:
             return kept.left_as_it_was(self, message)
+        if self.lock_refused:  # another live console's run holds the host: nothing there is ours to undo
+            return self._finish(status, message)
         if status not in ("done", "paused"):
             if status not in ("failed",):  # a failed step journalled its own error
                 self.journal(None, message, level="warning")
@@ -426,8 +441,28 @@ class Engine:
             if self._left_flushing is not None:  # the extraction is not thrown away: the run stays resumable
                 status, message = "paused", f"{message}; {self._left_flushing}"
         if not self.service_down_by_us and not self.server_held_by_us and not self.plan_only:
-            await preflight.release_host_lock(self)
+            await self._release_lock()
         return self._finish(status, message)
+
+    async def _release_lock(self) -> None:
+        """The host lock released in a task of its own: a signal that lands meanwhile is journalled
+        and waited through, never escaping the run's end (which would leave it "running")."""
+        task = asyncio.ensure_future(preflight.release_host_lock(self))
+        while True:
+            try:
+                await asyncio.shield(task)
+                return
+            except asyncio.CancelledError:
+                current = asyncio.current_task()
+                if current is not None:
+                    current.uncancel()
+                if task.done():
+                    return
+                self.journal(None, "interrupted while releasing the host lock: it is released first", level="warning")
+            except Exception as exc:  # noqa: BLE001 - said; the lock then names a finished run, taken over next time
+                self.journal(None, f"the host lock could not be released: {type(exc).__name__}: {exc}",
+                             level="warning")
+                return
 
     async def _compensate_to_the_end(self, why: str) -> None:
         """Compensation in a task of its own: a second Ctrl-C or signal is journalled and waited
@@ -495,6 +530,8 @@ class Engine:
         down = state.service.down
         if not down and state.service.drained:  # the fleet window: back up, then back in the router
             return await self._rejoin_only()
+        if not down:  # held until the run's service is back (its console gone): released now
+            await self._release_lock()
         code = EXIT_DOWN if down else EXIT_FAILED if state.status != "done" else EXIT_DONE
         return self._closed(code, message)
 
@@ -548,8 +585,8 @@ class Engine:
         out the same timeout while the service stays down)."""
         by_host: dict[str, list[JobHandle]] = {}
         for key, record in self.state.jobs.items():
-            if record.handle is None or key.startswith(("probe-", "provenance-", "check")):
-                continue
+            if record.handle is None or key.startswith(("probe-", "provenance-", "check")) or not self.holds_lock:
+                continue  # only while this engine holds the run's host (its lock): never another console's jobs
             handle = JobHandle.from_json(record.handle)
             by_host.setdefault(handle.host, []).append(handle)
 
@@ -827,8 +864,10 @@ class Engine:
         (`steps/stop.py`), or, paused by this run, resume and continue it (`steps/pause.py`)."""
         if self.server_held_by_us and not self.service_down_by_us:
             await pause.give_back(self, reason)
-            return
-        await stop.restart_service(self, reason)
+        else:
+            await stop.restart_service(self, reason)
+        if self.state.finished and self.state.service.left_as() is None:  # `r` on a finished run: its lock goes
+            await self._release_lock()
 
     # --- telemetry ----------------------------------------------------------------------------
 

@@ -29,7 +29,7 @@ from typing import Any
 
 from console.messages import JournalEntry
 from console.procedure import identity
-from console.procedure.state import RUN_FINISHED, SCHEMA, RunState, StateError, current_user
+from console.procedure.state import RUN_FINISHED, SCHEMA, Owner, RunState, StateError, current_user
 from remote.artifacts import write_json_atomic
 
 STATE, JOURNAL, TELEMETRY = "state.json", "journal.jsonl", "telemetry.jsonl"
@@ -436,6 +436,12 @@ def what_next(run: Run) -> str:
     console and `discard`: a finished run is never resumed (one that left the service down is only
     restarted); an unfinished one is resumed or discarded, unless a live console drives it."""
     s, rid = run.state, run.run_id
+    owner = s.owner
+    alive = driven_elsewhere(s)
+    if owner is not None and alive is not False:  # driven now (down, paused or drained by it): never --resume
+        where = "" if alive else " (on another machine: cannot tell from here whether it still runs)"
+        return (f"run {rid} is {s.status}, driven by {owner.describe()}{where}: `dflash-ops console --read-only` "
+                f"follows it")
     if s.service.left_as() == "drained":
         return (f"run {rid} left replica {(s.service.drained or {}).get('replica', '?')} out of the router "
                 f"({s.status}): `dflash-ops run --resume {rid}` finishes its window and puts it back (`r` in the "
@@ -448,12 +454,6 @@ def what_next(run: Run) -> str:
             return (f"run {rid} ended {s.status} with the service down: `dflash-ops run --resume {rid}` restarts "
                     f"the service (a finished run is never run again)")
         return f"run {rid} ended {s.status}: a finished run is never resumed; `dflash-ops run` starts a new one"
-    owner = s.owner
-    alive = driven_elsewhere(s)
-    if owner is not None and alive is not False:
-        where = "" if alive else " (on another machine: cannot tell from here whether it still runs)"
-        return (f"run {rid} is {s.status}, driven by {owner.describe()}{where}: `dflash-ops console --read-only` "
-                f"follows it")
     gone = ", its console is gone" if s.status == "running" and owner is not None else ""
     restarts = " and restarts the service" if s.service.down else ""
     return (f"run {rid} has not finished ({s.status}{gone}): `dflash-ops run --resume {rid}` continues it{restarts}"
@@ -466,6 +466,16 @@ def driven_elsewhere(state: RunState) -> bool | None:
     if state.finished or state.status != "running" or state.owner is None:
         return False
     return state.owner.alive()
+
+
+def owned_elsewhere(state: RunState) -> bool:
+    """A live console other than this process drives the run, or one that cannot be told (on
+    another machine): a resume, `r` or a discard from here is refused before anything is written
+    or sent. This process's own earlier engine (a console reopening its run) is not another."""
+    if driven_elsewhere(state) is False:
+        return False
+    owner, me = state.owner, Owner.this_process()
+    return not (owner.pid == me.pid and owner.host == me.host and owner.start_ticks in (None, me.start_ticks))
 
 
 def left_on_hosts(state: RunState, workdirs: dict[str, str], service_host: str | None = None) -> list[str]:

@@ -186,6 +186,16 @@ class StandinOperator:
     def unfinished_run(self) -> str | None:
         return self.unfinished
 
+    def driven_elsewhere(self, run_id: str) -> str | None:
+        """The real store's answer over the test's runs directory (as `Operator.driven_elsewhere`)."""
+        from console.procedure.store import RunStoreError, owned_elsewhere, what_next
+
+        try:
+            run = RunStore(self.runs_dir).open(run_id)
+        except RunStoreError:  # a run the test names without a store: nobody else drives it
+            return None
+        return what_next(run) if owned_elsewhere(run.state) else None
+
     def left_down(self) -> Any:
         """The real store's answer over the test's runs directory (as `Operator.left_down`)."""
         return RunStore(self.runs_dir).left_down() if self.runs_dir.is_dir() else None

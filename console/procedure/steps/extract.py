@@ -26,14 +26,19 @@ if TYPE_CHECKING:
     from console.procedure.engine import Engine
 
 
+STAGE_LEASE_S = 600.0  # a staged worker whose console has not renewed its lease for this long ends itself
+LEASE_RENEW_S = 30.0  # the console renews it this often while it runs
+
+
 def extract_args(engine: Engine, window_dir: str, staged: bool) -> list[str]:
     target = engine.config.target
     args = ["--model", target.model_path, "--completions", f"{window_dir}/completions.json",
             "--out", f"{window_dir}/states", "--layers", ",".join(map(str, engine.facts.layers)),
             "--kernels", target.kernels]
     args += ["--stop-file", f"{window_dir}/stop"]  # the operator's stop at the budget
-    if staged:
-        args += ["--staged", "--go-file", f"{window_dir}/go"]
+    if staged:  # the console's lease on it (steps/serving.py: keep_lease): it ends itself once the console is gone
+        args += ["--staged", "--go-file", f"{window_dir}/go", "--lease-file", f"{window_dir}/lease",
+                 "--lease-s", f"{STAGE_LEASE_S:g}"]
     return args
 
 

@@ -5,18 +5,17 @@ zero-downtime extraction would fit, and the plan chosen from what was found."""
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import json
 import shlex
 from typing import TYPE_CHECKING, Any
 
 from console.messages import PlanReady
 from console.procedure import forecast as fc
-from console.procedure import run_jobs
+from console.procedure import host_lock, run_jobs
 from console.procedure import steps as table  # the step table (this module is one of its families)
 from console.procedure.fit import longest_tokens, where_it_fits
+from console.procedure.host_lock import LOCK_FILE  # noqa: F401  (re-exported)
 from console.procedure.outcomes import StepFailed
-from console.procedure.state import Owner
 from console.procedure.steps import fleet, pause
 from console.procedure.steps.facts import layer_override, same_model, stage_decision
 from console.session import service_name
@@ -25,7 +24,6 @@ from console.views.units import duration
 if TYPE_CHECKING:
     from console.procedure.engine import Engine
 
-LOCK_FILE = "dflash-ops.lock"  # in the service host's workdir: the run driving that host
 
 
 async def run_preflight(engine: Engine) -> str:
@@ -85,51 +83,16 @@ async def run_preflight(engine: Engine) -> str:
     engine.state.facts["layers"] = engine.facts.layers
     engine.run.save()
     if not engine.plan_only:
-        (engine.run.dir / "probes.json").write_text(json.dumps({"format": "dflash-ops.probes/1", "hosts": probes}))
+        try:
+            (engine.run.dir / "probes.json").write_text(json.dumps({"format": "dflash-ops.probes/1", "hosts": probes}))
+        except OSError as exc:  # a full disk: fails a run that changed nothing yet, never one that stopped the service
+            engine.run._failed_write(engine.run.dir / "probes.json", exc)
     await _choose_plan(engine)
     return f"{len(engine.config.hosts)} hosts, layers {engine.facts.layers}"
 
 
-async def _lock_path(engine: Engine) -> str:
-    return f"{await engine.hosts.workdir(engine.config.service.host)}/{LOCK_FILE}"
-
-
-async def take_host_lock(engine: Engine) -> None:
-    """One run per inference host: the lock in its workdir names the run and its console. A lock
-    whose console is gone is taken over, saying so; a live (or unknowable) one refuses."""
-    host = engine.config.service.host
-    path = await _lock_path(engine)
-    mine = {"run_id": engine.run.run_id, **(engine.state.owner.__dict__ if engine.state.owner else {})}
-    try:
-        held = json.loads(await engine.hosts.read_text(host, path))
-    except FileNotFoundError:
-        held = None
-    except (json.JSONDecodeError, UnicodeDecodeError):
-        held = {"run_id": "?", "damaged": True}
-    me = engine.state.owner
-    same_console = me is not None and (held or {}).get("pid") == me.pid and (held or {}).get("host") == me.host
-    if isinstance(held, dict) and held.get("run_id") is not None and not same_console:
-        owner = None
-        with contextlib.suppress(TypeError):
-            owner = Owner(**{k: held[k] for k in ("user", "host", "pid", "since", "start_ticks") if k in held})
-        alive = owner.alive() if owner is not None else False
-        who = ("this run's earlier console" if held.get("run_id") == engine.run.run_id else
-               f"run {held.get('run_id')}") + (f" ({owner.describe()})" if owner else "")
-        if alive is not False:
-            raise StepFailed("preflight", f"{host} is driven by {who} ({path}): one run per inference host at "
-                                          f"a time; wait for it, or watch it with dflash-ops console --read-only")
-        engine.journal("preflight", f"taking over the lock of {who} on {host}: its console is gone", host=host,
-                     level="warning")
-    await engine.hosts.write_text(host, path, json.dumps(mine))
-
-
-async def release_host_lock(engine: Engine) -> None:
-    host = engine.config.service.host
-    with contextlib.suppress(Exception):
-        path = await _lock_path(engine)
-        held = json.loads(await engine.hosts.read_text(host, path))
-        if held.get("run_id") == engine.run.run_id:
-            await engine.hosts.run(host, ["rm", "-f", "--", path])
+# The host lock (`console/procedure/host_lock.py`), by the names the engine and the steps call.
+take_host_lock, release_host_lock = host_lock.take, host_lock.release
 
 
 async def _where_it_fits(engine: Engine, prompts: list[dict[str, Any]]) -> None:

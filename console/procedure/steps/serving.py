@@ -4,6 +4,8 @@ verified and checked against the target)."""
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import dataclasses
 import json
 from typing import TYPE_CHECKING
@@ -12,6 +14,7 @@ from console.procedure import run_jobs
 from console.procedure.outcomes import Found, LeftOut, Skip, StepFailed
 from console.procedure.steps import between_hosts, extract
 from console.procedure.steps.facts import same_model, size_text
+from console.ssh.hosts import HostError
 
 if TYPE_CHECKING:
     from console.procedure.engine import Engine
@@ -28,6 +31,7 @@ async def check_stage(engine: Engine) -> Skip | None:
     record = engine.state.jobs.get("extract")
     if record is not None and "staged" in record.events_seen:
         if await run_jobs.job_state(engine, "extract") == "running":
+            await keep_lease(engine, record.host)
             return Found(f"staged worker pid {record.pid} alive on {record.host}, waiting for the go")
         engine.journal("stage", f"the staged worker pid {record.pid} on {record.host} is gone: staging again",
                      host=record.host, level="warning")
@@ -40,6 +44,7 @@ async def check_stage(engine: Engine) -> Skip | None:
 async def run_stage(engine: Engine) -> str:
     window = await engine._window_dir(engine.config.target.host)
     await engine.hosts.run(engine.config.target.host, ["rm", "-f", "--", f"{window}/stop", f"{window}/go"])
+    await keep_lease(engine, engine.config.target.host)
     outcome = await run_jobs.job(engine, engine.config.target.host, "extract", "extract", extract.extract_args(engine, window, True),
                               step="stage", until="staged")
     staged = outcome["until"]
@@ -81,6 +86,42 @@ async def staged_before_the_stop(engine: Engine) -> None:
         engine.journal("stop", why, level="warning")
         return
     engine.journal("stop", f"staged again: {said}", host=record.host)
+
+
+async def keep_lease(engine: Engine, host: str) -> None:
+    """The console's lease on its staged worker (`remote.extract`'s --lease-file): made now, then
+    renewed every LEASE_RENEW_S while this engine runs (ended with it, `Engine.execute`). A worker
+    whose console is gone (killed, or a full disk before it could end it) ends itself after
+    STAGE_LEASE_S instead of holding the weights in RAM, waiting for a go, forever."""
+    if engine.lease is not None:
+        return
+    path = f"{await engine._window_dir(host)}/lease"
+    await engine.hosts.run(host, ["touch", "--", path])
+    engine.lease = Lease(engine, host, path)
+
+
+class Lease:
+    """The renewal: a timer (no task waits between renewals), each firing one `touch` on the host."""
+
+    def __init__(self, engine: Engine, host: str, path: str):
+        self.engine, self.host, self.path = engine, host, path
+        self.touching: set[asyncio.Task] = set()
+        self._timer = asyncio.get_running_loop().call_later(extract.LEASE_RENEW_S, self._renew)
+
+    def _renew(self) -> None:
+        self._timer = asyncio.get_running_loop().call_later(extract.LEASE_RENEW_S, self._renew)
+        task = asyncio.get_running_loop().create_task(self._touch(), name="stage-lease")
+        self.touching.add(task)
+        task.add_done_callback(self.touching.discard)
+
+    async def _touch(self) -> None:
+        with contextlib.suppress(HostError, TimeoutError):  # a dropped link: the next renewal, in time
+            await self.engine.hosts.run(self.host, ["touch", "--", self.path])
+
+    def cancel(self) -> None:
+        self._timer.cancel()
+        for task in self.touching:
+            task.cancel()
 
 
 def _completions_path(engine: Engine, window: str) -> str:

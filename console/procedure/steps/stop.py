@@ -13,7 +13,7 @@ from console.messages import Confirmation, HoldersFound, ServiceStatus
 from console.procedure import forecast as fc
 from console.procedure.outcomes import Found, Refused, Skip, StepFailed
 from console.procedure.state import ServiceState
-from console.procedure.steps import extract, preflight, serving
+from console.procedure.steps import extract, serving
 from console.service.control import ReadyTimeout, ServiceError
 from console.service.vram import describe_outcomes, wait_vram_free
 from console.session import service_name
@@ -354,6 +354,5 @@ async def restart_service(engine: Engine, reason: str) -> None:
         engine.journal("restart", f"ready after {time.monotonic() - started:.1f} s ({health.model or 'model ?'})",
                      host=service.host, argv=manager.start_argv(), duration_s=round(time.monotonic() - started, 3))
         engine._publish_downtime()
-        engine.hosts.poke_service()
-        await preflight.release_host_lock(engine)
+        engine.hosts.poke_service()  # the host lock stays until the run ends (its evaluation, its cross-check)
         engine._crash("ready")
