@@ -10,8 +10,10 @@
 names another. A run id sorts by time: `20261201-091500-ab12`.
 
 Writing the store can fail (a full disk). Before the service is stopped that fails the run: nothing
-has changed yet. Once the service is down (`Run.keep_going_on_write_errors`), a failed write is said
-once on stderr and kept in memory, and the run goes on: the restart needs no disk of ours.
+has changed yet. Once the service is down, from the first save of a run opened with the service down
+(`run --resume`, `r`), and whenever a run ends (`Run.keep_going_on_write_errors`), a failed write is
+said once on stderr and kept in memory, and the run goes on: ending our jobs, the restart and the
+lock's release need no disk of ours.
 """
 
 from __future__ import annotations
