@@ -1,6 +1,15 @@
 """Shared fixtures: tiny models always; the SSH servers only where asyncssh is installed (the GPU
 host has no asyncssh and runs `tests/gpu` alone, which needs no SSH)."""
 
+import os
+
+# One torch thread per process: the suite runs two test processes on two cores, each starting
+# workers and rehearsal servers that use torch at the same time. With torch's default (a thread per
+# core each) the threads spin waiting on each other: a speculative-decoding test took 120 s instead
+# of 22 s, with four times the CPU. The workers and servers the tests start inherit this.
+for _threads in ("OMP_NUM_THREADS", "MKL_NUM_THREADS"):
+    os.environ.setdefault(_threads, "1")
+
 pytest_plugins = ["tests.fixtures_models", "tests.engine_sweep", "tests.router_helpers"]  # engine_sweep: the engine sweeps' fixtures; router_helpers: the real router's fleet
 
 try:

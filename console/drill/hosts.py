@@ -66,7 +66,8 @@ TRAINING_MIB = 91000
 
 
 PASSED_ENV = ("PYTHONPATH", "TRITON_CACHE_DIR", "CUDA_VISIBLE_DEVICES", "NCCL_NVLS_ENABLE",
-              "TORCH_SYMM_MEM_DISABLE_MULTICAST", "NVSHMEM_DISABLE_NVLS", "HF_HUB_OFFLINE")
+              "TORCH_SYMM_MEM_DISABLE_MULTICAST", "NVSHMEM_DISABLE_NVLS", "HF_HUB_OFFLINE",
+              "OMP_NUM_THREADS", "MKL_NUM_THREADS")  # the threads per worker: both hosts share these cores
 
 
 class DrillError(Exception):

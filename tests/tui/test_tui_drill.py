@@ -10,14 +10,14 @@ the service down, and quitting then asks first (r restarts it, then the console 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 from console import messages as m
 from console.config import load_config
-from console.drill.hosts import down, status, up
+from console.drill.hosts import status
+from console.drill.rearm import rearm
 from console.operator import Operator
 from screens.app import ConsoleApp, CoreMessage, ProcedureEnded
 from screens.decider import DecisionAsked
@@ -33,11 +33,9 @@ pytestmark = pytest.mark.timeout(600)
 
 
 @pytest.fixture(scope="module")
-def drill_config(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
-    drill_dir = tmp_path_factory.mktemp("tui-drill")
-    config = Path(up(drill_dir, fresh=True))  # the assets from the machine's cache, as the console's
-    yield config
-    down(drill_dir)
+def drill_config(shared_drill_dir: Path) -> Path:
+    """The test process's drill (tests/window_fixtures.py) as `up` leaves it, for this module's tests in turn."""
+    return Path(rearm(shared_drill_dir, say=lambda _: None))
 
 
 class Seen(list):
