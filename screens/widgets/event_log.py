@@ -43,7 +43,8 @@ def journal_line(entry: JournalEntry, whole: bool = False) -> Text:
     if entry.exit is not None:
         text.append(f"  exit {entry.exit}", style="green" if entry.exit == 0 else "red")
     if entry.duration_s is not None:
-        text.append(f"  {duration(entry.duration_s, tenths=True)}", style="dim")
+        # compact ('2.7s'): a wrapped line never parts a figure from its unit
+        text.append(f"  {duration(entry.duration_s, compact=True, tenths=True)}", style="dim")
     return text
 
 

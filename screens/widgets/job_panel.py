@@ -7,6 +7,10 @@ from __future__ import annotations
 
 from typing import Any
 
+from rich.cells import cell_len
+from rich.console import Console, ConsoleOptions, RenderResult
+from rich.measure import Measurement
+from rich.text import Text
 from textual.app import ComposeResult
 from textual.containers import Horizontal, Vertical
 from textual.widgets import ProgressBar, Static
@@ -15,6 +19,29 @@ from console.views.units import duration, size
 from screens.state import JobView
 
 NBSP = "\u00a0"
+
+
+class Glued:
+    """Text that wraps at its plain spaces only: a value and its unit joined by a no-break space
+    stay on one line (rich itself breaks at a no-break space: `7000.5` / `anchor/s`)."""
+
+    def __init__(self, text: str) -> None:
+        self.text = text
+
+    def __rich_measure__(self, console: Console, options: ConsoleOptions) -> Measurement:
+        words = self.text.split(" ")
+        return Measurement(max((cell_len(w) for w in words), default=1), cell_len(self.text))
+
+    def __rich_console__(self, console: Console, options: ConsoleOptions) -> RenderResult:
+        line = ""
+        for word in self.text.split(" "):
+            joined = f"{line} {word}" if line else word
+            if line and cell_len(joined) > options.max_width:
+                yield Text(line.replace(NBSP, " "), overflow="fold")
+                line = word
+            else:
+                line = joined
+        yield Text(line.replace(NBSP, " "), overflow="fold")
 
 
 def whole(text: str) -> str:
@@ -100,9 +127,9 @@ class Counter(Horizontal):
         if total:
             bar.update(total=float(total), progress=float(done or 0))
         head, detail = counter_text(progress, in_bytes, eta_s)
-        self.query_one(".text", Static).update(head)
+        self.query_one(".text", Static).update(Glued(head))
         shown = self.query_one(".detail", Static)
-        shown.update(detail)
+        shown.update(Glued(detail))
         shown.display = bool(detail)
 
 

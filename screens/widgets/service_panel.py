@@ -51,7 +51,9 @@ def service_renderable(view: ServiceView | None, downtime: Downtime | None, star
         lines.append(line)
     health = view.health
     if health is not None:
-        if health.health_status is None:
+        if health.health_status is None and startup is not None:  # expected while it loads: no alarm, no essay
+            lines.append(Text("health: no answer yet (starting)", style="yellow"))
+        elif health.health_status is None:
             lines.append(Text(f"health: no answer ({health.error})", style="bold red"))
         else:
             line = Text("health ")

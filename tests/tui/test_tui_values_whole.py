@@ -87,3 +87,24 @@ async def test_every_results_tab_and_the_runs_list_keep_their_values_whole(runs_
             lines_with(compare, RUN_ID, OTHER_RUN, "tau vanilla copy", "+0.40")
             app.pop_screen()  # back to the dashboard, for the next size
             await pilot.pause()
+
+
+async def test_the_job_panels_counters_never_part_a_figure_from_its_unit():
+    """The walk's job panel read `7000.5` / `anchor/s` on two lines (rich breaks at a no-break
+    space): the counters wrap between their values, each value whole, at both sizes."""
+    from console import messages as m
+    from tests.tui.standin import T0
+
+    op = StandinOperator()
+    op.seed(history=5)
+    app = ConsoleApp(op, clock=fixed_clock)
+    job = dict(job_id="r-evaluate", worker="evaluate", host="ct129", phase="drafters")
+    async with app.run_test(size=SIZES[0]) as pilot:
+        for size in SIZES:
+            await pilot.resize_terminal(*size)
+            op.publish(m.JobProgress(**job, done=23, total=23, unit="anchor", key="anchors", rate=7000.5,
+                                     message="candidate [4/4] json_parser", t=T0))
+            op.publish(m.JobProgress(**job, done=58, total=58, unit="tensors", key="weights_to_device", t=T0))
+            await until(pilot, lambda: "anchor/s" in screen_text(app))
+            await pilot.pause()
+            lines_with(screen_text(app), "7000.5 anchor/s", "58/58 tensors")

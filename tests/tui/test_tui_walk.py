@@ -502,3 +502,20 @@ async def test_a_fresh_consoles_events_say_none_yet_not_0_of_0():
         assert app.screen.query_one("Vertical").border_title == "Events (1)"
         await pilot.press(*"zzz")
         await until(pilot, lambda: app.screen.query_one("Vertical").border_title == "Events matching 'zzz': 0 of 1")
+
+
+def test_while_the_service_starts_its_unanswered_health_is_no_alarm():
+    """The walk: while the restart loaded the server, the service panel read `health: no answer
+    (http://…/health: no answer (the server closed …); SGLang answers /health within …)` in red over
+    five lines, pushing the job's bars off screen. Starting, that is expected: one line says so. Up,
+    a health that does not answer is still said whole, in red."""
+    from screens.widgets.service_panel import service_renderable
+
+    status = m.ServiceStatus("command", "server", True, "running", None, main_pid=21945)
+    silent = m.ServiceHealth(None, False, error="http://127.0.0.1:36789/health: no answer (the server closed it)")
+    view = m.ServiceView(status, silent, T0)
+    starting = "\n".join(t.plain for t in service_renderable(
+        view, m.Downtime("r1", T0 - 50), m.StartupProgress("weights_loaded", "weights loaded"), T0).renderables)
+    assert "health: no answer yet (starting)" in starting and "closed" not in starting
+    up = "\n".join(t.plain for t in service_renderable(view, None, None, T0).renderables)
+    assert "health: no answer (http://127.0.0.1:36789/health: no answer (the server closed it))" in up
