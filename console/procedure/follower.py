@@ -76,7 +76,9 @@ class RunFollower:
         gone = state.status == "running" and owner is not None and owner.alive() is False
         live = LiveRun(run.run_id, state.status, owner.describe() if owner else None,
                        console_gone=gone, service_down=state.service.down, ours=self.ours(run.run_id),
-                       question=None if gone or state.status != "running" else _question(run))
+                       # a question waits while the run goes, or while `r` restarts a finished run that left
+                       # the service down (the same console, still alive): never a dead console's
+                       question=None if owner is not None and owner.alive() is False else _question(run))
         if live != self._live:
             self._live = live
             self.bus.publish(live)

@@ -25,13 +25,16 @@ def downtime_text(state: ConsoleState, now: float, can_restart: bool, asking: bo
         text.append(f" · run {elsewhere.run_id}")
         if elsewhere.console_gone:
             text.append(" (its console is gone: run --resume restarts it)")
+        elif elsewhere.status != "running" and elsewhere.question:  # ended, and its console asks (r) now
+            text.append(f" ({elsewhere.status}: its console asks to restart it)")
         elif elsewhere.status != "running":  # ended: whoever drove it is no longer the question
             text.append(f" ({elsewhere.status}: run --resume restarts it)")
         elif elsewhere.owner:
             text.append(f" by {elsewhere.owner}")
     live = state.live
     driving = live is not None and live.status == "running" and not live.console_gone  # a run is going
-    if asking or (driving and elsewhere is not None and elsewhere.question):
+    asked = elsewhere is not None and elsewhere.question and not elsewhere.console_gone  # a run's, or `r`'s
+    if asking or asked:
         text.append(" · waiting for your answer" if asking else f" · waiting for an answer: {elsewhere.question}")
     elif not (state.running or restarting or driving):
         text.append(" · no restart under way" + (": r restarts it" if can_restart else ""))

@@ -519,3 +519,22 @@ def test_while_the_service_starts_its_unanswered_health_is_no_alarm():
     assert "health: no answer yet (starting)" in starting and "closed" not in starting
     up = "\n".join(t.plain for t in service_renderable(view, None, None, T0).renderables)
     assert "health: no answer (http://127.0.0.1:36789/health: no answer (the server closed it))" in up
+
+
+async def test_the_read_only_console_shows_the_restart_r_asks_for_a_finished_run(tmp_path: Path):
+    """The walk's known gap (docs/walks a10): a run that ended refused with the service down, restarted
+    with `r` in the console that drove it: a watching console said "no restart under way" while the
+    other one asked. The engine writes question.json whoever asks; the follower shows it for a
+    finished run too, while that console lives."""
+    store = RunStore(tmp_path / "runs")
+    run = store.create(None, None)
+    state = run.state
+    state.status, state.owner, state.route = "refused", Owner.this_process(), "window"
+    state.service.stopped_at, state.service.down = T0, True
+    run.save()
+    write_question(run.dir, restart_confirmation(), T0 + 10)
+    op = serving(runs_dir=store.root, read_only=True)
+    async with console(op, WIDE, clock=Clock()) as (app, pilot):
+        await until(pilot, lambda: app.state.live is not None and app.state.down_since is not None)
+        await until(pilot, lambda: "start the service on ct129: $ systemctl start sglang-qwen" in banner_text(app))
+        assert "no restart under way" not in banner_text(app)
