@@ -227,3 +227,13 @@ def test_a_table_that_fits_folds_only_its_labels() -> None:
     assert "┃ metric" in text  # still a table at 80 columns
     assert "1.50 [1.20, 1.80]  0.24x" in text and "simulated_acc_len" in text
     assert "(SpecForge: teacher-forced," in text  # the label folded onto a second line, the values whole
+
+
+def test_a_value_in_brackets_is_shown_not_taken_for_markup() -> None:
+    """The walk's Window tab read `the stop's grace ( stop_grace_s)`: rich took `[service]` for a
+    style tag and dropped it. A table's cells are values, never markup."""
+    from console.views.report import window_table
+
+    basis = "estimate: the stop's grace ([service] stop_grace_s); [bold]not a style[/bold]"
+    text = render_at(window_table([["stop", "2.0 s", "2.7 s", "-26%", basis]]), 200)
+    assert basis in text

@@ -16,6 +16,7 @@ from typing import Any
 
 from rich.cells import cell_len
 from rich.console import Console, ConsoleOptions, Group, RenderableType, RenderResult
+from rich.markup import escape
 from rich.padding import Padding
 from rich.table import Table
 from rich.text import Text
@@ -429,7 +430,8 @@ class FittedTable(Table):
                 self.add_column(Text(h, no_wrap=False, overflow="fold"), justify="left" if i == 0 else justify,
                                 no_wrap=True, min_width=width)
         for row, style in zip(body, styles, strict=True):
-            self.add_row(*row, style=style or None)
+            # values, not markup: '[service] stop_grace_s' keeps its brackets
+            self.add_row(*(escape(cell) for cell in row), style=style or None)
 
     def squeezed(self) -> Table:
         """This table narrower than its natural width: each value column exactly as wide as its
