@@ -47,6 +47,7 @@ from console.ssh.hosts import HostDisconnected
 from console.ssh.jobs import JobExists, JobHandle
 from console.telemetry import HostTelemetry
 from remote.events import EventWriter, WorkerError
+from remote.extract_check import PARTIAL_MANIFEST
 from tests.fake_sglang import FakeServer
 
 if TYPE_CHECKING:
@@ -476,6 +477,11 @@ class FakeWorld:
         self.vram_free_seen: list[float] = []  # when a sample showed the service's GPUs free
         self.flush_gate: asyncio.Event | None = None  # set: the extractor's flush waits for it
         self.after_stop: Callable[[], Any] | None = None  # called once the unit is down, before the stop returns
+        # The operator's stop at the budget: the engine offers it from the extraction's projection and
+        # writes the stop file on a yes (tests/test_budget_window.py drives that offer on the drill);
+        # here the file is written once this many prompts of a window are extracted (None: never).
+        self.budget_prompts: int | None = None
+        self.extracted: list[str] = []  # every prompt an extractor extracted, in order (none twice)
         self._changed = asyncio.Event()
         self._next_pid = 7000
         for name in config.hosts:
@@ -704,11 +710,9 @@ async def extract_worker(world: FakeWorld, job: FakeJob) -> dict[str, Any]:
     job.reached.append("holds-gpu")
     world.sample(job.handle.host)
     events.phase("forward")
-    events.progress("prompts", 1, 2, "prompts")
-    await world.point(job, "forward")
-    events.progress("prompts", 2, 2, "prompts")
-    window.update(copy_s=0.5, forward_s=2.0, tokens=120, window_s=2.6, stopped_early=False, prompts_done=2,
-                  prompts_missing=0)
+    kept, done, missing = await _forward(world, job, out)
+    window.update(copy_s=0.5, forward_s=2.0, tokens=120, window_s=2.6, stopped_early=bool(missing),
+                  prompts_done=len(kept) + len(done), prompts_missing=len(missing))
     world.gpus.pop(job.handle.pid, None)
     events.emit("gpu_released", **window)
     job.reached.append("gpu_released")
@@ -720,11 +724,43 @@ async def extract_worker(world: FakeWorld, job: FakeJob) -> dict[str, Any]:
     incoming = out.with_name(out.name + ".incoming")
     shutil.rmtree(incoming, ignore_errors=True)
     shutil.copytree(world.producers.states, incoming)
+    if missing:  # the real extractor's partial: manifest.partial.json, never manifest.json
+        (incoming / "manifest.json").unlink()
+        (incoming / PARTIAL_MANIFEST).write_text(json.dumps({"complete": False, "prompts_done": kept + done,
+                                                             "prompts_missing": missing}))
     shutil.rmtree(out, ignore_errors=True)
     incoming.rename(out)
-    events.artifact(str(out), "extract", manifest=str(out / "manifest.json"), prompts=2, missing=0)
-    return {"out": str(out), "complete": True, "prompts": 2, "prompts_missing": [], "prompts_kept": [],
-            "tokens": 120, "layers": [1, 2], "window": window}
+    manifest = out / (PARTIAL_MANIFEST if missing else "manifest.json")
+    events.artifact(str(out), "extract-partial" if missing else "extract", manifest=str(manifest),
+                    prompts=len(kept) + len(done), missing=len(missing))
+    return {"out": str(out), "complete": not missing, "prompts": len(kept) + len(done), "prompts_missing": missing,
+            "prompts_kept": kept, "tokens": 120, "layers": [1, 2], "window": window}
+
+
+async def _forward(world: FakeWorld, job: FakeJob, out: Path) -> tuple[list[str], list[str], list[str]]:
+    """The forward over the prompts, as the real extractor's: the verified prompts of a partial
+    extraction in `out` are kept, the stop file is checked before each prompt. (kept, done, missing)."""
+    partial = out / PARTIAL_MANIFEST
+    kept = json.loads(partial.read_text())["prompts_done"] if partial.is_file() else []
+    if world.budget_prompts is None and not kept:  # the usual window: its two progress events, its point
+        job.events.progress("prompts", 1, 2, "prompts")
+        await world.point(job, "forward")
+        job.events.progress("prompts", 2, 2, "prompts")
+        return [], [], []
+    ids = [r["id"] for r in json.loads(Path(job.arg("--completions")).read_text())["prompts"]]
+    todo, done = [i for i in ids if i not in kept], []
+    stop = Path(job.arg("--stop-file"))
+    for prompt in todo:
+        if stop.exists():
+            break
+        world.extracted.append(prompt)
+        done.append(prompt)
+        job.events.progress("prompts", len(done), len(todo), "prompts", label=prompt)
+        if len(done) == 1:
+            await world.point(job, "forward")
+        if len(done) == world.budget_prompts:
+            stop.touch()
+    return kept, done, [i for i in todo if i not in done]
 
 
 async def evaluate_worker(world: FakeWorld, job: FakeJob) -> dict[str, Any]:

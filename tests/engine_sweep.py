@@ -76,6 +76,9 @@ class Window:
     crashes: list[str] = field(default_factory=list)
     deciders: list[ScriptedDecider] = field(default_factory=list)
     route: str | None = None  # the route the run is made for (the first console's)
+    # The config each console runs under, made from the run's state and the console's hosts (a
+    # fleet's: narrowed to its window's replica, as `run` does); None: the world's config.
+    config_of: Any = None
 
     def state(self) -> Any:
         return self.store.open(self.run_id).state
@@ -91,7 +94,8 @@ class Window:
         crash = crash or Crasher(None)
         crash.hosts, crash.run = hosts, run
         engine_kwargs.setdefault("route", self.route)
-        engine = Engine(hosts, self.world.config, run, decider, self.store, crash_at=crash, **engine_kwargs)
+        config = await self.config_of(run.state, hosts) if self.config_of is not None else self.world.config
+        engine = Engine(hosts, config, run, decider, self.store, crash_at=crash, **engine_kwargs)
         before = asyncio.all_tasks()
         try:
             finished = await engine.execute()

@@ -1,5 +1,6 @@
 """A fake of SGLang's router (sglang-router 0.3.2) for the fleet window's engine sweep: the fake
-world's service (`tests/engine_fakes.py`) is replica r1, r2 always serves. It answers as the real
+world's service (`tests/engine_fakes.py`) is replica r1 (`in_world`: r2, for a run's second window
+on it), the other always serves. It answers as the real
 router does (docs/sglang.md, "Router"; checked against the real one in tests/test_router.py and
 tests/test_fleet_steps.py): a removal drops the worker from the listing and from the rotation at once;
 an add lists it healthy once the replica answers its health check, with a new id; an add of a listed
@@ -29,6 +30,7 @@ class FakeRouter:
     removals: list[str] = field(default_factory=list)
     adds: list[str] = field(default_factory=list)
     served: dict[str, int] = field(default_factory=dict)  # url -> requests it answered
+    in_world: str = ""  # the replica whose server is the world's service ("": r1); the others always serve
     _turn: Any = None
 
     def __post_init__(self) -> None:
@@ -37,7 +39,7 @@ class FakeRouter:
         self._turn = itertools.count()
 
     def replica_up(self, url: str) -> bool:
-        if url == R2:
+        if url != (self.in_world or self.r1):
             return True
         service = self.world.service
         return service.state == "active" and bool(service.ready)

@@ -3,20 +3,23 @@ rejoin) over the sweep's fake world, its service being replica r1 behind a fake 
 (tests/fake_router.py; the steps against the real router: tests/test_fleet_steps.py). At every point
 the console dies; the next consoles finish the run. The promises: the window's own (every case of
 tests/engine_sweep.py's `assert_promises`), and the replica ends in the router, listed, with one
-removal and one add, and the service ends serving."""
+removal and one add, and the service ends serving. A prompt set over one window's budget takes r1
+then r2, each extracting the next missing prompts (issue 29's large prompt sets)."""
 
 from __future__ import annotations
 
 import asyncio
+import json
 from pathlib import Path
 
 import pytest
 
 from console.config import config_to_dict, dump_toml, load_config
-from console.procedure.engine import EXIT_DONE
+from console.procedure.engine import EXIT_DONE, EXIT_PAUSED
 from console.procedure.fit import CUDA_CONTEXT_MIB
+from remote.extract_check import PARTIAL_MANIFEST
 from tests import engine_fakes, engine_sweep
-from tests.engine_fakes import FakeWorld, Producers, ScriptedDecider, install_clock, write_config
+from tests.engine_fakes import INFERENCE, FakeWorld, Producers, ScriptedDecider, install_clock, write_config
 from tests.engine_sweep import Crasher, Window, assert_promises
 from tests.fake_hosts import FakeHosts
 from tests.fake_router import R2, FakeRouter, attach
@@ -134,3 +137,102 @@ def test_a_replica_whose_gpus_cannot_hold_the_extraction_is_refused_before_the_d
     assert "its GPUs (GPU0+GPU1 on ct129) hold 1078 MiB" in fits["r2"]["why"]
     assert (router.removals, router.adds) == ([], []) and w.world.service.stop_commands == 0
     assert w.state().service.drains == 0 and w.store.left_down() is None
+
+
+# --- a prompt set larger than one window's budget: successive replicas in turn --------------------
+
+
+def two_windows(tmp_path: Path, producers: Producers, monkeypatch: pytest.MonkeyPatch) -> tuple[Window, FakeRouter]:
+    """The fleet window whose budget fits half the prompts (5 of 10: the operator's stop at the
+    budget, `FakeWorld.budget_prompts`); each console's config narrowed to its window's replica as
+    `run` narrows it (`fleet.fleet_config`: the recorded replica, or at a window's end the next one)."""
+    from console.procedure.steps.fleet import fleet_config
+
+    w, router = fleet_window(tmp_path, producers, monkeypatch)
+    w.world.budget_prompts = 5
+
+    async def config_of(state, hosts):
+        placed, _ = await fleet_config(w.world.config, state if state.started else None, None,
+                                       [run.state for run in w.store.readable()], via=hosts)
+        return placed
+
+    w.config_of = config_of
+    return w, router
+
+
+@pytest.mark.parametrize("point", (None, "next-window", "drain-recorded"))
+def test_prompts_over_one_windows_budget_take_r1_then_r2_each_extracting_the_next_missing_ones(
+        tmp_path, producers, monkeypatch, point):
+    """Window 1 on r1 extracts 5 prompts, rejoins r1 and pauses (exit 4); the resume drains r2 (not r1,
+    just used), extracts the 5 missing, rejoins r2, then evaluates the whole set once. A console dies
+    between the windows (`next-window`: the next window's record made, nothing drained yet) or once
+    r2's drain is recorded: the next console keeps r2. Every drain has its rejoin, nothing is extracted
+    twice, and the service ends serving."""
+    w, router = two_windows(tmp_path, producers, monkeypatch)
+    first = asyncio.run(w.console())
+    assert first is not None and first.exit_code == EXIT_PAUSED, first
+    state = w.state()
+    assert len(state.extraction.partial["done"]) == 5 and len(state.extraction.partial["missing"]) == 5
+    assert (router.removals, router.adds) == ([router.r1], [router.r1]) and router.r1 in router.workers
+    assert state.service.drained is None and w.world.service.state == "active" and w.store.left_down() is None
+    assert state.service_identity["router"] == ROUTER  # the run's identity is the fleet, not r1
+
+    router.in_world = R2  # the world's unit now stands for r2's server
+    finished = asyncio.run(w.until_finished([Crasher(point)] if point else []))
+    assert point is None or point in w.crashes
+    assert finished.exit_code == EXIT_DONE, finished.message
+    state, ids = w.state(), [str(r["id"]) for r in json.loads(
+        (w.world.workdir(INFERENCE) / "windows" / w.run_id / "completions.json").read_text())["prompts"]]
+    assert w.world.extracted == ids and len(ids) == 10  # every prompt once, r1's five then r2's
+    states = w.world.workdir(INFERENCE) / "windows" / w.run_id / "states"
+    assert (states / "manifest.json").is_file() and not (states / PARTIAL_MANIFEST).exists()
+    assert state.extraction.complete and state.extraction.partial is None
+    assert sum(j.kind == "evaluate" for j in w.world.job_order) == 1  # the whole set evaluated once
+    # Each window on its own replica, each drain with its rejoin; both replicas listed at the end.
+    assert [window["replica"] for window in state.windows] == ["r1"] and state.facts["fleet_replica"] == "r2"
+    assert [(x["service"]["drains"], x["service"]["rejoins"]) for x in state.windows] == [(1, 1)]
+    assert (state.service.drains, state.service.rejoins, state.service.drained) == (1, 1, None)
+    assert (router.removals, router.adds) == ([router.r1, R2], [router.r1, R2])
+    assert router.r1 in router.workers and R2 in router.workers and router.served[R2] > 0
+    # The unit: one stop per window, one start per down period, serving at the end.
+    periods = w.world.service.down_periods()
+    assert len(periods) == 2 and all(ready is not None and starts == 1 for _, ready, starts in periods), periods
+    assert w.world.service.state == "active" and w.world.service.ready and w.store.left_down() is None
+
+
+def test_the_next_window_goes_back_to_the_same_replica_when_no_other_can_take_it(tmp_path, producers, monkeypatch):
+    """r2's GPUs cannot hold the extraction (the newest preflight said so): the next window is on r1
+    again, said so, never refused for want of another."""
+    from console.procedure.steps.fleet import fleet_config
+
+    w, router = two_windows(tmp_path, producers, monkeypatch)
+    assert asyncio.run(w.console()).exit_code == EXIT_PAUSED
+    state = w.state()
+    state.facts["fleet_fits"]["r2"] = {"fits": False, "why": "its GPUs hold less than the extraction needs"}
+    hosts = engine_sweep.FakeHosts(w.world)
+    placed, why = asyncio.run(fleet_config(w.world.config, state, None, [state], via=hosts))
+    assert placed.service.url == router.r1 and "on r1 again: no other replica can take it" in why
+
+
+def test_a_fleet_runs_identity_is_the_fleet_so_its_next_window_on_another_replica_is_its_own(
+        tmp_path, producers, monkeypatch):
+    """A resume narrowed to r2 addresses the run's own fleet; another router (another fleet) is
+    refused naming both; a run recorded by its replica (before the fleet's identity) still by it."""
+    import dataclasses
+
+    from console.procedure import identity
+    from console.procedure.steps.fleet import on_replica
+
+    w, _ = fleet_window(tmp_path, producers, monkeypatch)
+    config = w.world.config
+    state = w.state()
+    state.service_identity = identity.of(config)
+    state.config, state.config_sha256 = identity.config_path(config), identity.config_sha256(config)
+    on_r2 = on_replica(config, config.fleet.replica("r2"))
+    assert identity.refusal(state, on_r2, w.run_id) is None
+    other = dataclasses.replace(on_r2, fleet=dataclasses.replace(config.fleet, router="http://127.0.0.1:39999"))
+    refused = identity.refusal(state, other, w.run_id)
+    assert refused is not None and f"addresses the fleet behind the router {ROUTER} (replicas r1, r2)" in refused
+    assert "this config addresses the fleet behind the router http://127.0.0.1:39999" in refused
+    state.service_identity = identity.service_of(config)  # recorded by r1, before the fleet's identity
+    assert identity.refusal(state, config, w.run_id) is None and identity.refusal(state, on_r2, w.run_id) is not None

@@ -323,7 +323,8 @@ class Engine:
         if state.finished and not self.plan_only:
             return await self._restart_only()
         state.route = self.route
-        if state.extraction.partial and state.service.stops and not state.service.down:
+        if state.extraction.partial and state.service.stops and not state.service.down \
+                and not state.service.drained:  # a fleet's replica back in the router first (its rejoin)
             self._next_window()
         state.status = "running"
         resumed = self._resumed = state.started
@@ -664,10 +665,14 @@ class Engine:
             else:
                 await self._side_by_side(unit)
             partial = self.state.extraction.partial
-            if partial and unit[-1].name in ("restart", "extract") and not self.service_down_by_us:
+            if partial and unit[-1].name in ("restart", "extract", "rejoin") and not self.service_down_by_us \
+                    and not self.state.service.drained:  # a fleet's window ends with its replica back in the router
                 raise Paused(unit[-1].name, f"the window was cut short at its budget: {len(partial['done'])} prompts "
                                             f"extracted and kept, {len(partial['missing'])} missing; `run --resume "
-                                            f"{self.run.run_id}` extracts only those in the next window, then evaluates")
+                                            f"{self.run.run_id}` extracts only those in the next window"
+                                            + (f" (on the next replica: the least loaded other than "
+                                               f"{self.state.facts.get('fleet_replica')} that can take it)"
+                                               if self.config.fleet is not None else "") + ", then evaluates")
             if self.one_step and self._ran - ran_before and unit[-1].name != ROUTES[self.route][-1]:
                 raise Paused(unit[-1].name)
 
@@ -772,21 +777,29 @@ class Engine:
     def _next_window(self) -> None:
         """A run cut short at its budget goes on in a new window: its service record and window steps
         start over (the earlier window kept in `windows`); the extractor, run again into the same
-        output, keeps the verified prompts and extracts only the missing ones."""
+        output, keeps the verified prompts and extracts only the missing ones. On a fleet the drain and
+        the rejoin start over too (one drain per window, one rejoin per drain), each window records
+        its replica, and this one is on the replica the config was narrowed to (`fleet.next_replica`)."""
         state = self.state
-        window_steps = [s.name for s in route_steps(self.route) if s.while_down or s.name == "stage"]
+        window_steps = [s.name for s in route_steps(self.route)
+                        if s.while_down or s.name in ("stage", "drain", "rejoin")]
         state.windows.append({"service": dataclasses.asdict(state.service),
                               "extraction": dataclasses.asdict(state.extraction),
                               "steps": {n: dataclasses.asdict(state.steps[n]) for n in window_steps if n in state.steps},
-                              "forecast": state.forecast})
+                              "forecast": state.forecast,
+                              **({"replica": state.facts.get("fleet_replica")} if self.config.fleet else {})})
+        if self.config.fleet is not None:
+            state.facts["fleet_replica"] = fleet.replica_of(self).name  # drained None: the narrowed config's
         missing = state.extraction.partial["missing"]
         state.service, state.extraction, state.forecast = ServiceState(), ExtractionState(), None
         for name in window_steps:
             state.steps.pop(name, None)
         run_jobs.new_attempt(self, "extract")
         self.run.save()
-        self.journal(None, f"window {len(state.windows) + 1} of run {self.run.run_id}: the {len(missing)} prompts "
+        on = f" on replica {state.facts['fleet_replica']}" if self.config.fleet is not None else ""
+        self.journal(None, f"window {len(state.windows) + 1} of run {self.run.run_id}{on}: the {len(missing)} prompts "
                            f"missing ({', '.join(missing)}) are extracted now; the others are kept")
+        self._crash("next-window")
 
     async def _forecast_inputs(self, manager: Any | None = None) -> fc.ForecastInputs:
         facts = self.state.facts

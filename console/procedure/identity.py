@@ -7,6 +7,12 @@ addresses another service, or under another config file altogether, is refused n
 engine would otherwise ask another server whether it is down, and could mark this run's down service
 "ready" because a different server answered. The run's own config file edited since (the same path)
 is allowed while it addresses the same service; the engine says so.
+
+A fleet run's identity is the fleet (`[fleet]`): the router's URL and the replicas' set (each name,
+host and URL), never the replica of one window: a prompt set larger than one window's budget takes
+successive replicas in turn (`steps/fleet.py: next_replica`), each window's replica recorded in the
+run's `windows` and `facts.fleet_replica`. A run recorded before the fleet's identity (a replica's
+service identity) is still compared by its service, against the replica the config was narrowed to.
 """
 
 from __future__ import annotations
@@ -18,9 +24,19 @@ from typing import Any
 from console.config import Config
 
 KEYS = ("host", "address", "manager", "unit", "url")  # what names the service (SSH port and user do not)
+FLEET_KEYS = ("router", "replicas")  # what names a fleet: its router and the set of its replicas
 
 
 def of(config: Config) -> dict[str, Any]:
+    """The identity of what `config` addresses: the fleet (its router and replicas' set) on a fleet
+    config, else the service."""
+    if config.fleet is not None:
+        return {"router": config.fleet.router,
+                "replicas": sorted(f"{r.name} {r.service.host} {r.worker_url}" for r in config.fleet.replicas)}
+    return service_of(config)
+
+
+def service_of(config: Config) -> dict[str, Any]:
     """The identity of the service `config` addresses (on a fleet: the replica it was narrowed to)."""
     service = config.service
     host = config.hosts.get(service.host)
@@ -43,6 +59,9 @@ def describe(identity: dict[str, Any] | None) -> str:
     """"sglang.service on ct129 (10.0.0.5), http://127.0.0.1:30000"."""
     if not identity:
         return "a service not recorded"
+    if identity.get("router"):
+        return (f"the fleet behind the router {identity['router']} (replicas "
+                f"{', '.join(str(r).split(' ')[0] for r in identity.get('replicas') or ())})")
     what = identity.get("unit") or f"the {identity.get('manager')}-managed server"
     where = identity.get("host")
     if identity.get("address") and identity.get("address") != where:
@@ -59,7 +78,10 @@ def same_service(recorded: dict[str, Any] | None, config: Config) -> bool:
     be told, and the config file is compared instead)."""
     if not recorded:
         return True
-    now = of(config)
+    if recorded.get("router"):  # a fleet run: the same router and the same replicas
+        now = of(config)
+        return all(recorded.get(k) == now.get(k) for k in FLEET_KEYS)
+    now = service_of(config)  # one server, or a fleet run recorded by its replica (before the fleet's identity)
     return all(recorded.get(k) == now.get(k) for k in KEYS)
 
 

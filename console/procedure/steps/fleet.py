@@ -127,10 +127,11 @@ async def _capacity(client: SglangClient) -> int | None:
     return None
 
 
-async def measure(fleet: FleetConfig) -> list[ReplicaLoad]:
+async def measure(fleet: FleetConfig, via: Any = None) -> list[ReplicaLoad]:
     """Each replica as the router lists it and as it reports itself. RouterError when the router
-    does not answer /health 200."""
-    router = _router(fleet)
+    does not answer /health 200. `via`: hosts that give the router's and replicas' clients (the
+    sweep's fake world: tests/fake_router.py), else the router at [fleet] router."""
+    router = via.router_client() if via is not None else _router(fleet)
     status = await router.health()
     if status != 200:
         raise RouterError(f"router {fleet.router}: GET /health answers {status}: the fleet window needs the router up")
@@ -138,7 +139,7 @@ async def measure(fleet: FleetConfig) -> list[ReplicaLoad]:
 
     async def one(replica: ReplicaConfig) -> ReplicaLoad:
         listed = next((w for w in workers if w.url.rstrip("/") == replica.worker_url.rstrip("/")), None)
-        client = SglangClient(replica.service.url)
+        client = via.replica_client(replica.service.url) if via is not None else SglangClient(replica.service.url)
         running = None
         try:
             summary = server_summary(await client.metrics())
@@ -152,14 +153,14 @@ async def measure(fleet: FleetConfig) -> list[ReplicaLoad]:
     return list(await asyncio.gather(*(one(r) for r in fleet.replicas)))
 
 
-async def choose_replica(config: Config, eligible: set[str] | None = None) -> tuple[ReplicaConfig, str]:
+async def choose_replica(config: Config, eligible: set[str] | None = None, via: Any = None) -> tuple[ReplicaConfig, str]:
     """The replica to drain and why; StepFailed("preflight", the refusal) before anything changes."""
     fleet = config.fleet
     assert fleet is not None
     from console.config import ConfigError
 
     try:
-        choice = choose(await measure(fleet), eligible)
+        choice = choose(await measure(fleet, via), eligible)
     except (*FLEET_ERRORS, ConfigError) as exc:
         raise StepFailed("preflight", f"the fleet window is refused: {exc}; nothing was changed") from None
     if choice.replica is None:
@@ -381,7 +382,7 @@ def recorded_replica(state: Any) -> str | None:
 
 
 async def fleet_config(config: Config, state: Any | None = None, replica: str | None = None,
-                       known: Any = ()) -> tuple[Config, str | None]:
+                       known: Any = (), via: Any = None) -> tuple[Config, str | None]:
     """`config` addressed to the replica whose window this is: the one a resumed run recorded, else
     the one chosen now (`choose_replica`: StepFailed naming the refusal, nothing changed), among
     `replica` alone when the operator named one (`run --replica`), else among those the newest
@@ -395,6 +396,9 @@ async def fleet_config(config: Config, state: Any | None = None, replica: str | 
         raise StepFailed("preflight", f"--replica {replica}: [fleet] has no such replica (it lists "
                                       f"{', '.join(r.name for r in config.fleet.replicas)})")
     name = recorded_replica(state) if state is not None else None
+    if name is not None and between_windows(state):  # its next window: the next replica, chosen now
+        chosen, why = await next_replica(config, name, replica, known_fits(config, known), via)
+        return on_replica(config, chosen), why
     if name is not None:
         replica = config.fleet.replica(name)
         if replica is None:
@@ -403,10 +407,40 @@ async def fleet_config(config: Config, state: Any | None = None, replica: str | 
     if replica is not None and name is not None and name != replica:
         raise StepFailed("preflight", f"--replica {replica}: the run's window is on replica {name}")
     eligible = {replica} if replica is not None else known_fits(config, known)
-    chosen, why = await choose_replica(config, eligible)
+    chosen, why = await choose_replica(config, eligible, via)
     if replica is None and eligible is not None:
         why += f"; of those the last preflight found able to take the window ({', '.join(sorted(eligible)) or 'none'})"
     return on_replica(config, chosen), why
+
+
+def between_windows(state: Any) -> bool:
+    """A run cut short at its budget whose window is over (the replica served and back in the router):
+    its next window extracts the missing prompts, on the replica chosen for it (`next_replica`)."""
+    svc = state.service
+    return bool(state.extraction.partial) and svc.stops > 0 and svc.left_as() is None  # as Engine._execute
+
+
+async def next_replica(config: Config, last: str, named: str | None, fits: set[str] | None,
+                       via: Any = None) -> tuple[ReplicaConfig, str]:
+    """The replica of a run's next window (its prompts did not fit one window's budget): the least
+    loaded among those able to take it, not `last` (the one just used) when another can take it;
+    `named` alone when the operator named one (`run --resume --replica NAME`). The same refusals as
+    the first choice (StepFailed, nothing changed)."""
+    assert config.fleet is not None
+    if named is not None:
+        chosen, why = await choose_replica(config, {named}, via)
+        return chosen, f"{why}; the run's next window, as named"
+    able = fits if fits is not None else {r.name for r in config.fleet.replicas}
+    others = able - {last}
+    if others:
+        try:
+            chosen, why = await choose_replica(config, others, via)
+            return chosen, f"{why}; the run's next window (its last was on {last})"
+        except StepFailed:
+            if last not in able:
+                raise
+    chosen, why = await choose_replica(config, able, via)
+    return chosen, f"{why}; the run's next window, on {last} again: no other replica can take it"
 
 
 def known_fits(config: Config, states: Any) -> set[str] | None:
