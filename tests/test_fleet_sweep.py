@@ -236,3 +236,8 @@ def test_a_fleet_runs_identity_is_the_fleet_so_its_next_window_on_another_replic
     assert "this config addresses the fleet behind the router http://127.0.0.1:39999" in refused
     state.service_identity = identity.service_of(config)  # recorded by r1, before the fleet's identity
     assert identity.refusal(state, config, w.run_id) is None and identity.refusal(state, on_r2, w.run_id) is not None
+    state.service_identity = identity.of(config)
+    state.facts["fleet_replica"] = "r1"  # the window is on r1: resumed or restarted on r1 only
+    refused = identity.refusal(state, on_r2, w.run_id)
+    assert refused is not None and "window is on replica r1; this console addresses replica r2" in refused
+    assert identity.refusal(state, config, w.run_id) is None

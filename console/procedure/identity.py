@@ -94,12 +94,33 @@ def refusal(state: Any, config: Config, run_id: str) -> str | None:
         return (f"run {run_id} addresses {describe(recorded)} (config {_config_said(state.config, state.config_sha256)}); "
                 f"this config addresses {describe(of(config))} ({_config_said(path, sha)}): a resume and `r` "
                 f"address the run's own service; use its config: --config {state.config}")
+    elsewhere = _other_replica(state, config, run_id)
+    if elsewhere is not None:
+        return elsewhere
     same_file = state.config is None or path is None or Path(state.config).resolve() == Path(path)
     same_bytes = state.config_sha256 is not None and state.config_sha256 == sha
     if not same_file and not same_bytes:
         return (f"run {run_id} was made with the config {_config_said(state.config, state.config_sha256)}; this "
                 f"is {_config_said(path, sha)}: a run is resumed under its own config; use --config {state.config}")
     return None
+
+
+def _other_replica(state: Any, config: Config, run_id: str) -> str | None:
+    """A fleet run's window on one replica is resumed (restarted, rejoined) on that replica only: a
+    config narrowed to another is refused, naming both. Between two windows the next one may be on
+    any replica (`steps/fleet.py: next_replica`)."""
+    from console.procedure.steps.fleet import between_windows, recorded_replica
+
+    name = recorded_replica(state)
+    if config.fleet is None or not (state.service_identity or {}).get("router") or name is None \
+            or between_windows(state):
+        return None
+    replica = config.fleet.replica(name)
+    if replica is not None and replica.service == config.service:
+        return None
+    now = next((r.name for r in config.fleet.replicas if r.service == config.service), config.service.url)
+    return (f"run {run_id}'s window is on replica {name}; this console addresses replica {now}: its resume and `r` "
+            f"address {name} (`dflash-ops run --resume {run_id}` narrows to it)")
 
 
 def edited(state: Any, config: Config) -> str | None:
