@@ -43,9 +43,19 @@ from console.messages import (
     RunFinished,
     StepUpdate,
 )
+from console.procedure import ending, identity, run_jobs
 from console.procedure import forecast as fc
-from console.procedure import identity, kept, run_jobs
 from console.procedure.decider import Decider
+from console.procedure.ending import (  # noqa: F401  (re-exported: the CLI, the views and the tests import them here)
+    AS_IT_WAS,
+    EXIT_DONE,
+    EXIT_DOWN,
+    EXIT_FAILED,
+    EXIT_PAUSED,
+    EXIT_USAGE,
+    GIVE_BACK_ERRORS,
+    held_line,
+)
 from console.procedure.fit import longest_tokens
 from console.procedure.follower import QUESTION, write_question
 from console.procedure.hosts import WindowHosts, reconnect_wait
@@ -68,7 +78,6 @@ from console.procedure.steps import (
     estimates,
     fleet,
     pause,
-    preflight,
     route_steps,
     stop,
     units,
@@ -76,26 +85,19 @@ from console.procedure.steps import (
 from console.procedure.steps.preflight import LOCK_FILE  # noqa: F401  (re-exported)
 from console.procedure.store import Run, RunStore, owned_elsewhere, what_next
 from console.service.control import ReadyTimeout, ServiceError
-from console.service.sglang_api import ServerAnswerError, ServerUnreachable
 from console.service.vram import VramError
 from console.ssh.hosts import HostDisconnected, HostError
-from console.ssh.jobs import JobHandle
 from console.views.plan import done_earlier
 from remote.prompts import DEFAULT_PROMPTS, load_prompts
 
-EXIT_DONE, EXIT_FAILED, EXIT_USAGE, EXIT_DOWN = 0, 1, 2, 3
-EXIT_PAUSED = 4  # paused with the service up (cut short at its budget, or one step done): `run --resume` goes on
 LINK_RETRIES = 3  # a step whose link drops is run again this many times
 SETTLED = ("done", "skipped", "left-out")
 log = logging.getLogger(__name__)
-AS_IT_WAS = "as-it-was"  # a resume's preflight failed: the run is left as it was (`kept.left_as_it_was`)
 CANCEL_AGAIN_S = 0.5  # a cancel the run has not taken yet is asked again this often (Engine.cancel)
 CRASH_POINTS = ("staged", "cached", "stop-asked", "stop-ran", "holders", "go", "gpu-released", "start-issued",
                 "ready", "evaluated", "reported")
 PAUSE_CRASH_POINTS = ("staged", "cached", "paused", "released", "go", "gpu-released", "resumed", "continued",
                       "evaluated", "reported")  # the pause route's
-GIVE_BACK_ERRORS = (Refused, StepFailed, HostError, ServiceError, ReadyTimeout, TimeoutError, ServerAnswerError,
-                    ServerUnreachable, ValueError)
 
 
 class Engine:
@@ -426,234 +428,16 @@ class Engine:
             return "failed", message
 
     async def _end(self, status: str, message: str) -> RunFinished:
-        # From here a full disk never stops the run's end: our jobs ended, the service back, the
-        # lock released (what cannot be written is kept in memory and said once).
-        self.run.keep_going_on_write_errors = True
-        if self._unsubscribe_telemetry:
-            self._unsubscribe_telemetry()
-        if status == AS_IT_WAS:
-            return kept.left_as_it_was(self, message)
-        if self.lock_refused:  # another live console's run holds the host: nothing there is ours to undo
-            return self._finish(status, message)
-        if status not in ("done", "paused"):
-            if status not in ("failed",):  # a failed step journalled its own error
-                self.journal(None, message, level="warning")
-            await self._compensate_to_the_end(status)
-            if self._left_flushing is not None:  # the extraction is not thrown away: the run stays resumable
-                status, message = "paused", f"{message}; {self._left_flushing}"
-        if not self.service_down_by_us and not self.server_held_by_us and not self.plan_only:
-            await self._release_lock()
-        return self._finish(status, message)
+        return await ending.end(self, status, message)
 
     async def _release_lock(self) -> None:
-        """The host lock released in a task of its own: a signal that lands meanwhile is journalled
-        and waited through, never escaping the run's end (which would leave it "running")."""
-        task = asyncio.ensure_future(preflight.release_host_lock(self))
-        while True:
-            try:
-                await asyncio.shield(task)
-                return
-            except asyncio.CancelledError:
-                current = asyncio.current_task()
-                if current is not None:
-                    current.uncancel()
-                if task.done():
-                    return
-                self.journal(None, "interrupted while releasing the host lock: it is released first", level="warning")
-            except Exception as exc:  # noqa: BLE001 - said; the lock then names a finished run, taken over next time
-                self.journal(None, f"the host lock could not be released: {type(exc).__name__}: {exc}",
-                             level="warning")
-                return
-
-    async def _compensate_to_the_end(self, why: str) -> None:
-        """Compensation in a task of its own: a second Ctrl-C or signal is journalled and waited
-        through, never abandoning a restart half-way."""
-        task = asyncio.ensure_future(self._compensate_and_rejoin(why))
-        while True:
-            try:
-                await asyncio.shield(task)
-                return
-            except asyncio.CancelledError:
-                current = asyncio.current_task()
-                if current is not None:
-                    current.uncancel()
-                if task.done():
-                    return
-                self.journal(None, "interrupted again during the compensation: it goes on (the restart is "
-                                   "not abandoned half-way)", level="warning")
-            except Exception as exc:  # journalled: the finish below still runs
-                self.journal(None, f"the compensation failed: {type(exc).__name__}: {exc}", level="error")
-                return
-
-    def _finish(self, status: str, message: str) -> RunFinished:
-        down = self.service_down_by_us
-        held = self.server_held_by_us and not down
-        drained = self.state.service.left_as() == "drained"  # the fleet window: a replica out of the router
-        code = EXIT_DOWN if down or held or drained else EXIT_DONE if status == "done" else \
-            EXIT_PAUSED if status == "paused" else EXIT_FAILED
-        if not self.plan_only:
-            self.state.status = status
-            self.state.exit_code = code
-        self.state.message = message
-        self.run.save()
-        if down:
-            since = self.state.service.stopped_at or time.time()
-            message += f"; THE SERVICE IS STILL DOWN (since {time.strftime('%H:%M:%S', time.localtime(since))})"
-        if held:
-            message += "; " + held_line(self.run.run_id, self.state.service)
-        if drained:
-            message += "; " + fleet.drained_line(self.run.run_id, self.state.service)
-        finished = RunFinished(self.run.run_id, status, code, not down and not held, message, str(self.run.dir))
-        self.journal(None, f"run {status} (exit {code}): {message}", exit=code)
-        for line in self.run.write_errors:
-            self.journal(None, f"not recorded on disk: {line}", level="error")
-        self.bus.publish(finished)
-        self.run.close()
-        return finished
+        await ending.release_lock(self)
 
     async def _restart_only(self) -> RunFinished:
-        """A finished run is never run again; one that left the service down may still restart it."""
-        state = self.state
-        if state.service.left_as() == "drained":
-            return await self._rejoin_only()
-        if state.service.held and not state.service.down:
-            return await self._give_back_only()
-        if not state.service.down:
-            raise ResumeRefused(what_next(self.run))  # one wording everywhere: run, status, the console
-        self.journal(None, f"run {self.run.run_id} had finished {state.status} with the service down: only its "
-                           f"restart is done")
-        message = f"run {state.status} earlier; the restart was asked for"
-        try:
-            await stop.restart_service(self, reason=f"run {self.run.run_id} ended {state.status} with the service down")
-        except (Refused, StepFailed, HostError, ServiceError, ReadyTimeout, TimeoutError) as exc:
-            self.journal("restart", f"the restart failed: {exc}", level="error")
-            message = f"run {state.status} earlier; the restart failed: {exc}"
-        down = state.service.down
-        if not down and state.service.drained:  # the fleet window: back up, then back in the router
-            return await self._rejoin_only()
-        if not down:  # held until the run's service is back (its console gone): released now
-            await self._release_lock()
-        code = EXIT_DOWN if down else EXIT_FAILED if state.status != "done" else EXIT_DONE
-        return self._closed(code, message)
-
-    async def _rejoin_only(self) -> RunFinished:
-        """A finished run that left its replica out of the fleet's router: only its rejoin."""
-        state = self.state
-        message = f"run {state.status} earlier; the rejoin was asked for"
-        try:
-            await fleet.rejoin_after(self, reason=f"run {self.run.run_id} ended {state.status} with the replica drained")
-        except GIVE_BACK_ERRORS + fleet.FLEET_ERRORS as exc:
-            self.journal("rejoin", f"the rejoin failed: {exc}", level="error")
-            message = f"run {state.status} earlier; the rejoin failed: {exc}"
-        if state.service.drained:
-            return self._closed(EXIT_DOWN, message + "; " + fleet.drained_line(self.run.run_id, state.service))
-        await preflight.release_host_lock(self)
-        return self._closed(EXIT_FAILED if state.status != "done" else EXIT_DONE, message)
-
-    async def _give_back_only(self) -> RunFinished:
-        """A finished run that left the server paused or released: only its resume + continue."""
-        state = self.state
-        self.journal(None, f"run {self.run.run_id} had finished {state.status} with the server paused: only its "
-                           f"resume and continue are done")
-        message = f"run {state.status} earlier; the resume and continue were asked for"
-        try:
-            await pause.give_back(self, reason=f"run {self.run.run_id} ended {state.status} with the server paused")
-        except GIVE_BACK_ERRORS as exc:
-            self.journal("resume", f"giving the server back failed: {exc}", level="error")
-            message = f"run {state.status} earlier; giving the server back failed: {exc}"
-        if state.service.held:
-            return self._closed(EXIT_DOWN, message + "; " + held_line(self.run.run_id, state.service))
-        if state.service.drained:  # the fleet window: given back, then back in the router
-            return await self._rejoin_only()
-        await preflight.release_host_lock(self)
-        return self._closed(EXIT_FAILED if state.status != "done" else EXIT_DONE, message)
-
-    def _closed(self, code: int, message: str) -> RunFinished:
-        state = self.state
-        state.exit_code = code
-        self.run.save()
-        up = not state.service.down and not state.service.held
-        finished = RunFinished(self.run.run_id, state.status, code, up, message, str(self.run.dir))
-        self.bus.publish(finished)
-        self.run.close()
-        return finished
+        return await ending.restart_only(self)
 
     async def _end_own_jobs(self) -> None:
-        """A run that ends without finishing leaves no worker of its own behind: the staged extractor
-        would wait for its go forever holding the weights in RAM, and an extraction still on the
-        GPUs would fight the restarting server for them. Ended before the restart, every host at
-        once; a host that cannot be reached is said once, its other jobs not tried (each would wait
-        out the same timeout while the service stays down)."""
-        by_host: dict[str, list[JobHandle]] = {}
-        for key, record in self.state.jobs.items():
-            if record.handle is None or key.startswith(("probe-", "provenance-", "check")) or not self.holds_lock:
-                continue  # only while this engine holds the run's host (its lock): never another console's jobs
-            handle = JobHandle.from_json(record.handle)
-            by_host.setdefault(handle.host, []).append(handle)
-
-        async def end_on(host: str, handles: list[JobHandle]) -> None:
-            for handle in handles:
-                try:
-                    status = await self.hosts.job_status(handle)
-                    if kept.flushing(self, handle, status.state, status.exit_code):
-                        continue  # it released the GPUs: its files are all but written, never thrown away
-                    if status.state == "running":
-                        status = await self.hosts.cancel_job(handle, grace=5.0)
-                        self.journal(None, f"ended our {handle.worker} job on {host} (pid {handle.pid}): "
-                                           f"{status.state}" + (f", {status.note}" if status.note else ""),
-                                     host=host, level="warning")
-                except (HostError, TimeoutError) as exc:
-                    for unreached in handles[handles.index(handle):]:  # an extractor flushing is left to the resume
-                        kept.flushing(self, unreached, None, None)
-                    left = ", ".join(f"{h.worker} (pid {h.pid})" for h in handles[handles.index(handle):])
-                    self.journal(None, f"could not end our jobs on {host}: {left}: {exc or 'no answer'}",
-                                 host=host, level="error")
-                    return
-
-        await asyncio.gather(*(end_on(host, handles) for host, handles in by_host.items()))
-
-    async def _compensate_and_rejoin(self, why: str) -> None:
-        """The route's compensation, then (the fleet window) the drained replica back in the router:
-        never while it is still down or paused."""
-        await self._compensate(why)
-        if not self.restart_on_failure:
-            return
-        try:
-            await fleet.rejoin_after(self, reason=f"the run {why} after the drain")
-        except GIVE_BACK_ERRORS + fleet.FLEET_ERRORS as exc:
-            self.journal("rejoin", f"putting the replica back in the router failed: {exc}", level="error")
-
-    async def _compensate(self, why: str) -> None:
-        """After a failure, refusal or cancel: end our jobs, and with the service down because of us,
-        offer the restart."""
-        await self._end_own_jobs()
-        if self._restart_task is not None:
-            try:
-                await self._restart_task
-            except Exception as exc:
-                self.journal("restart", f"the restart begun at gpu_released failed: {exc}", level="error")
-        if self.server_held_by_us and not self.service_down_by_us:
-            if not self.restart_on_failure:
-                self.journal("resume", "the server is left paused (--no-restart)", level="warning")
-                return
-            try:
-                await pause.give_back(self, reason=f"the run {why} after the pause")
-            except GIVE_BACK_ERRORS as exc:
-                self.journal("resume", f"giving the server back failed: {exc}", level="error")
-            return
-        if not self.service_down_by_us:
-            return
-        if not self.restart_on_failure:
-            self.journal("restart", "the service is left down (--no-restart)", level="warning")
-            return
-        if self.restart_refused:  # the operator's no stands: never asked again by the same run
-            self.journal("restart", "the restart was refused: the service stays down (r in the console, or "
-                                    f"`dflash-ops run --resume {self.run.run_id}`, restarts it)", level="warning")
-            return
-        try:
-            await stop.restart_service(self, reason=f"the run {why} after the stop")
-        except (Refused, StepFailed, HostError, ServiceError, ReadyTimeout, TimeoutError) as exc:
-            self.journal("restart", f"the restart failed: {exc}", level="error")
+        await ending.end_own_jobs(self)
 
     async def _steps(self) -> None:
         for unit in units(self.route)[1:]:
@@ -900,10 +684,3 @@ class Engine:
                             data={"state": verdict[0], "ready": verdict[1], "health_status": verdict[2],
                                   "error": verdict[3]})
 
-
-def held_line(run_id: str, service: Any) -> str:
-    """"THE SERVER IS STILL PAUSED: memory released by run X (kv_cache, cuda_graph) since 09:31:02"."""
-    since = time.strftime("%H:%M:%S", time.localtime(service.paused_at or service.released_at or time.time()))
-    released = service.released or service.releasing
-    what = f"memory released by run {run_id} ({', '.join(released)})" if released else f"paused by run {run_id}"
-    return f"THE SERVER IS STILL PAUSED: {what} since {since}"
