@@ -201,3 +201,26 @@ def test_a_restart_outside_the_run_is_told_by_the_managers_start_time_or_its_pid
     assert restarted_outside(returned, dataclasses.replace(command, main_pid=42)) == "its stop had returned"
     unknown = ServiceState(stopped_at=1000.0)
     assert "cannot tell" in restarted_outside(unknown, dataclasses.replace(command, main_pid=None))
+
+
+async def test_ctrl_c_while_a_finished_run_only_restarts_the_service_is_taken(window: Window) -> None:
+    """Issue 27: Ctrl-C during `run --resume` of a finished run that only restarts its service
+    (here, while the restart's question waits) ends the resume at once, saying the service is still
+    down, never ignored; the next resume restarts it."""
+    refuse = ScriptedDecider(window.world.clock, refuse={"restart"})
+    finished = await window.console(decider=refuse)
+    assert finished.exit_code == EXIT_DOWN and window.store.left_down() is not None
+    engine: list[Engine] = []
+
+    class CtrlC(ScriptedDecider):
+        async def decide(self, confirmation):  # the operator presses Ctrl-C instead of answering
+            engine[0].cancel()
+            await asyncio.sleep(3600)
+
+    engine.append(Engine(FakeHosts(window.world), window.world.config, window.store.open(window.run_id),
+                         CtrlC(window.world.clock), window.store))
+    cancelled = await asyncio.wait_for(engine[0].execute(), 30)
+    assert cancelled.exit_code == EXIT_DOWN and not cancelled.service_up, cancelled
+    assert window.world.service.start_commands == 0 and window.store.left_down() is not None
+    again = await window.console()
+    assert again.service_up and window.world.service.start_commands == 1

@@ -147,6 +147,8 @@ async def restart_only(engine: Engine) -> RunFinished:
     except (Refused, StepFailed, HostError, ServiceError, ReadyTimeout, TimeoutError) as exc:
         engine.journal("restart", f"the restart failed: {exc}", level="error")
         message = f"run {state.status} earlier; the restart failed: {exc}"
+    except asyncio.CancelledError:
+        message = f"run {state.status} earlier; {cancelled(engine, 'restart')}"
     down = state.service.down
     if not down and state.service.drained:  # the fleet window: back up, then back in the router
         return await rejoin_only(engine)
@@ -164,6 +166,8 @@ async def rejoin_only(engine: Engine) -> RunFinished:
     except GIVE_BACK_ERRORS + fleet.FLEET_ERRORS as exc:
         engine.journal("rejoin", f"the rejoin failed: {exc}", level="error")
         message = f"run {state.status} earlier; the rejoin failed: {exc}"
+    except asyncio.CancelledError:
+        message = f"run {state.status} earlier; {cancelled(engine, 'rejoin')}"
     if state.service.drained:
         return closed(engine, EXIT_DOWN, message + "; " + fleet.drained_line(engine.run.run_id, state.service))
     await preflight.release_host_lock(engine)
@@ -180,12 +184,26 @@ async def give_back_only(engine: Engine) -> RunFinished:
     except GIVE_BACK_ERRORS as exc:
         engine.journal("resume", f"giving the server back failed: {exc}", level="error")
         message = f"run {state.status} earlier; giving the server back failed: {exc}"
+    except asyncio.CancelledError:
+        message = f"run {state.status} earlier; {cancelled(engine, 'resume')}"
     if state.service.held:
         return closed(engine, EXIT_DOWN, message + "; " + held_line(engine.run.run_id, state.service))
     if state.service.drained:  # the fleet window: given back, then back in the router
         return await rejoin_only(engine)
     await preflight.release_host_lock(engine)
     return closed(engine, EXIT_FAILED if state.status != "done" else EXIT_DONE, message)
+
+def cancelled(engine: Engine, step: str) -> str:
+    """Ctrl-C (or a signal) while a finished run only recovers its service: taken, never ignored;
+    the run is closed saying where the service stands, and `run --resume` (or r) asks again."""
+    task = asyncio.current_task()
+    while task is not None and task.cancelling():
+        task.uncancel()
+    what = {"restart": "the restart", "rejoin": "the rejoin", "resume": "giving the server back"}[step]
+    engine.journal(step, f"{what} was cancelled (Ctrl-C or a signal): `dflash-ops run --resume "
+                         f"{engine.run.run_id}` or r asks again", level="warning")
+    return f"{what} was cancelled"
+
 
 def closed(engine: Engine, code: int, message: str) -> RunFinished:
     state = engine.state
