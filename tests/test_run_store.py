@@ -190,9 +190,24 @@ def test_stage_left_out_without_ram_and_estimates_from_earlier_runs() -> None:
     assert not stage and "40.0 GiB RAM available" in why and "56.0 GiB" in why
     stage, _ = stage_decision(Preflight(model_bytes=3 * gib, ram_available=100 * gib))
     assert stage
-    earlier = [{"steps": {"stop": {"status": "done", "started_at": 0, "ended_at": d}},
-                "service": {"stopped_at": 0, "ready_at": 10 * d}} for d in (1.0, 2.0, 9.0)]
+    from console.procedure.state import RunState
+
+    def earlier_run(d: float) -> dict:
+        """A window whose phases took d (stop), d (free-vram), d (extract) and 7 d (start)."""
+        state = RunState(f"earlier-{d:g}", 0.0, status="done")
+        stop = state.step("stop")
+        stop.status, stop.started_at, stop.ended_at = "done", 0.0, d
+        svc = state.service
+        svc.stopped_at, svc.stop_returned_at, svc.vram_free_at, svc.ready_at = 0.0, d, 2 * d, 10 * d
+        state.extraction.gpu_released_at = 3 * d
+        return state.to_json()
+
+    earlier = [earlier_run(d) for d in (1.0, 2.0, 9.0)]
     assert estimates(earlier) == {"stop": 2.0, "downtime": 20.0}
+    # A run that did not measure every phase (its start seen late, the console away) is no basis.
+    late = earlier_run(100.0)
+    late["service"]["ready_seen_late"] = True
+    assert estimates([late]) == {"stop": 100.0}
 
 
 def a_full_state(store: RunStore):

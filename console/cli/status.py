@@ -18,6 +18,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import signal
 
 from rich.console import Console, Group, RenderableType
 from rich.live import Live
@@ -83,12 +84,30 @@ async def snapshot(config: Config, console: Console, runs: RunStore | None = Non
 
 
 async def watch(config: Config, console: Console, runs: RunStore | None = None) -> None:
-    """Redraw every second until cancelled (Ctrl-C); the session checks the service every few seconds."""
-    async with Session(config) as session:
-        with Live(render(session, runs), console=console, refresh_per_second=4) as live:
-            while True:
-                await asyncio.sleep(REFRESH_S)
-                live.update(render(session, runs))
+    """Redraw every second until Ctrl-C; the session checks the service every few seconds.
+
+    Ctrl-C ends the loop through an event, not by cancelling the task: a cancel landing while a
+    link is being made can be lost (Python 3.11's wait_for, under asyncssh) and the watch went on
+    as if nobody had asked. A second Ctrl-C cancels whatever the ending waits on."""
+    ending = asyncio.Event()
+    main = asyncio.current_task()
+
+    def ctrl_c() -> None:
+        if ending.is_set() and main is not None:
+            main.cancel()
+        ending.set()
+
+    loop = asyncio.get_running_loop()
+    loop.add_signal_handler(signal.SIGINT, ctrl_c)
+    try:
+        async with Session(config) as session:
+            with Live(render(session, runs), console=console, refresh_per_second=4) as live:
+                while not ending.is_set():
+                    with contextlib.suppress(TimeoutError):
+                        await asyncio.wait_for(ending.wait(), REFRESH_S)
+                    live.update(render(session, runs))
+    finally:
+        loop.remove_signal_handler(signal.SIGINT)
 
 
 def run(args: argparse.Namespace) -> int:

@@ -102,6 +102,23 @@ def _forget_last_frame(display: LiveDisplay) -> None:
 
 
 PROMPT = "Proceed? [y]es / [n]o / [c]ontinue without asking: "
+PROMPT_END_S = 2.0  # a cancelled prompt's own end (its half-typed line dropped) is waited this long
+
+
+async def _read_line(prompt: Any) -> str:
+    """The prompt's line; a cancel (Ctrl-C, a signal) is the run's at once. The prompt reads in a
+    task of its own, shielded: a cancel landing while prompt_toolkit sets up its reader was taken
+    by it and lost (CI saw the run wait on a question nobody could answer), so the prompt is then
+    ended apart, and the cancel goes on to the run."""
+    reading = asyncio.ensure_future(prompt)
+    try:
+        return await asyncio.shield(reading)
+    except asyncio.CancelledError:
+        reading.cancel()
+        await asyncio.wait({reading}, timeout=PROMPT_END_S)
+        if reading.done() and not reading.cancelled():
+            reading.exception()  # retrieved: its own end is no news
+        raise
 
 
 class TerminalDecider:
@@ -150,7 +167,7 @@ class TerminalDecider:
             try:
                 # handle_sigint=False: a SIGINT stays the run's (asyncio.run cancels it and the
                 # compensation asks its own question), not a Ctrl-C key for this prompt to re-ask.
-                line = await session.prompt_async(PROMPT if terminal else "", handle_sigint=False)
+                line = await _read_line(session.prompt_async(PROMPT if terminal else "", handle_sigint=False))
             except EOFError:  # end of input: nobody is there to say yes
                 out.write("\n(no answer: refused)\n")
                 return False

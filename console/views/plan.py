@@ -14,7 +14,6 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from rich.console import Group, RenderableType
-from rich.markup import escape
 from rich.padding import Padding
 from rich.panel import Panel
 from rich.table import Table
@@ -312,8 +311,8 @@ def forecast_view(made: Forecast) -> list[RenderableType]:
         verdict = ("OVER it: the stop will be refused" if made.over_budget else
                    "cannot be checked with a phase unknown: the stop will be refused" if fc.unknown(made) else "fits")
         budget = f" (budget [window] max_downtime_s = {made.budget_s:g} s: {verdict})"
-    rows = [[p.name, duration(p.seconds) if p.seconds is not None else "unknown", escape(p.basis)]
-            for p in made.phases]  # a basis names config keys ("[service] stop_grace_s"): no markup
+    rows = [[p.name, duration(p.seconds) if p.seconds is not None else "unknown", p.basis]
+            for p in made.phases]  # a basis names config keys ("[service] stop_grace_s"): the table keeps them
     return [Text(f"forecast downtime: {fc.figure(made)}{budget}", style="bold red" if made.over_budget else "bold"),
             FittedTable((["phase", "forecast", "basis"], rows, ["yellow" if p.seconds is None else ""
                                                                  for p in made.phases]),
@@ -336,7 +335,7 @@ def plan_view(plan: PlanReady, commands_whole: bool = True, ended: Mapping[str, 
     not listed among those that will run."""
     steps = done_earlier(plan.steps, ended or {})
     unknown = forecast_unknown_steps(plan)
-    rows = [[step.name, "yes" if step.acts else "no", step.host or "-", escape(step.why),
+    rows = [[step.name, "yes" if step.acts else "no", step.host or "-", step.why,
              "unknown" if step.name in unknown and step.acts else duration(step.estimate_s)] for step in steps]
     parts: list[RenderableType] = [FittedTable((["step", "acts", "host", "why", "estimate"], rows,
                                                 ["" if step.acts else "dim" for step in steps]),

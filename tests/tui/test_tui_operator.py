@@ -234,7 +234,7 @@ async def test_the_banner_says_when_the_service_is_back_and_when_the_window_ends
         banner = app.screen.query_one(DowntimeBanner)
         await until(pilot, lambda: "(in 1 min 51 s)" in text_of(banner))  # 15 s of extraction + 96 s of restart
         panel = app.screen.query_one(JobPanel)
-        await until(pilot, lambda: any("15\u00a0s\u00a0left" in text_of(d) for d in panel.query(".detail")))
+        await until(pilot, lambda: any("15 s left" in text_of(d) for d in panel.query(".detail")))
         projection = m.WindowProjection(op.run_id, app.state.down_since, clock.t + 300, extract_eta_s=40,
                                         budget_ends_at=clock.t + 600, basis="median of 3 starts on ct129")
         op.publish(projection)
