@@ -695,6 +695,7 @@ async def extract_worker(world: FakeWorld, job: FakeJob) -> dict[str, Any]:
         raise WorkerError(f"the go file {go_file} already exists (left by an earlier run?): remove it first",
                           "--go-file")
     events.phase("load")
+    await world.point(job, "load")  # a worker that cannot load the weights fails here ("exit")
     window: dict[str, Any] = {"staged": staged, "from_pretrained_s": 0.1, "bytes": 4352}
     if staged:
         await world.wait_file(Path(job.arg("--completions")))

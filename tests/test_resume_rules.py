@@ -147,6 +147,33 @@ async def test_a_staged_worker_dead_before_the_stop_is_found_before_its_question
     assert_promises(window, finished)
 
 
+async def test_a_staged_worker_dead_that_cannot_be_staged_again_leaves_the_cold_path_asked(window: Window) -> None:
+    """Item 7, its fallback: the staged extractor dies after `staged`, and staging again fails too
+    (the weights cannot be loaded). The stage is left out of the plan, saying why, and the stop is
+    asked for the cold path: the extraction reads the weights from disk inside the window, and the
+    run still ends done with every promise."""
+    window.world.faults += [Fault("extract:staged", "dead"), Fault("extract:load", "exit", skip=1)]
+    at_stop: list[tuple[list[str], bool]] = []
+
+    class Watching(ScriptedDecider):
+        async def decide(self, confirmation: Confirmation) -> bool:
+            if confirmation.step == "stop":
+                plan = window.state().plan
+                at_stop.append(([j.state for j in window.world.extraction_jobs()],
+                                next(s for s in plan if s["name"] == "stage")["acts"]))
+            return await super().decide(confirmation)
+
+    finished = await window.console(decider=Watching(window.world.clock))
+    assert finished is not None and finished.exit_code == 0, finished
+    assert at_stop == [(["dead", "exited"], False)], at_stop  # asked knowing the stage is gone
+    state = window.state()
+    assert "staging again failed" in state.facts["plan_stage"]["why"]
+    cold = window.world.extraction_jobs()[-1]
+    assert cold.kind == "extract" and "holds-gpu" in cold.reached  # the cold extraction did the work
+    assert window.world.service.stop_commands == 1
+    assert_promises(window, finished)
+
+
 async def test_a_failed_preflight_on_resume_leaves_the_run_as_it_was(window: Window) -> None:
     """Item 5: the console dies with the extraction running on the GPUs (the service down); the
     next console's preflight cannot reach a host. Nothing is undone: the extractor goes on, the
