@@ -118,7 +118,11 @@ def test_help_lists_the_commands(capsys: pytest.CaptureFixture[str]) -> None:
 # --- run --headless --step: the questions on the terminal ------------------------------------------
 
 ASK_TWICE = """
-import asyncio, sys
+import asyncio, signal, sys
+# As a process started from a shell: Ctrl-C's default handler, the signal not blocked (a test
+# process that ran other tests before may pass on what they left; CI saw SIGINT never arrive).
+signal.signal(signal.SIGINT, signal.default_int_handler)
+signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
 from console.messages import Confirmation
 from console.procedure.decider import TerminalDecider
 
