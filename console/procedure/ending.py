@@ -64,10 +64,11 @@ async def end(engine: Engine, status: str, message: str) -> RunFinished:
         await release_lock(engine)
     return finish(engine, status, message)
 
-async def release_lock(engine: Engine) -> None:
-    """The host lock released in a task of its own: a signal that lands meanwhile is journalled
-    and waited through, never escaping the run's end (which would leave it "running")."""
-    task = asyncio.ensure_future(preflight.release_host_lock(engine))
+async def _through_interruptions(engine: Engine, work: Any, interrupted: str, failed: str, level: str) -> None:
+    """`work` in a task of its own: a signal or second Ctrl-C that lands meanwhile is journalled
+    (`interrupted`) and waited through, never escaping the run's end half-way; its error is said
+    (`failed`: the error follows) and the run's end goes on."""
+    task = asyncio.ensure_future(work)
     while True:
         try:
             await asyncio.shield(task)
@@ -78,31 +79,26 @@ async def release_lock(engine: Engine) -> None:
                 current.uncancel()
             if task.done():
                 return
-            engine.journal(None, "interrupted while releasing the host lock: it is released first", level="warning")
-        except Exception as exc:  # noqa: BLE001 - said; the lock then names a finished run, taken over next time
-            engine.journal(None, f"the host lock could not be released: {type(exc).__name__}: {exc}",
-                         level="warning")
+            engine.journal(None, interrupted, level="warning")
+        except Exception as exc:  # noqa: BLE001 - said; the finish below still runs
+            engine.journal(None, f"{failed}: {type(exc).__name__}: {exc}", level=level)
             return
 
+
+async def release_lock(engine: Engine) -> None:
+    """The host lock released, never leaving the run "running" on a signal; one it cannot release
+    then names a finished run, taken over next time."""
+    await _through_interruptions(engine, preflight.release_host_lock(engine),
+                                 "interrupted while releasing the host lock: it is released first",
+                                 "the host lock could not be released", "warning")
+
+
 async def compensate_to_the_end(engine: Engine, why: str) -> None:
-    """Compensation in a task of its own: a second Ctrl-C or signal is journalled and waited
-    through, never abandoning a restart half-way."""
-    task = asyncio.ensure_future(compensate_and_rejoin(engine, why))
-    while True:
-        try:
-            await asyncio.shield(task)
-            return
-        except asyncio.CancelledError:
-            current = asyncio.current_task()
-            if current is not None:
-                current.uncancel()
-            if task.done():
-                return
-            engine.journal(None, "interrupted again during the compensation: it goes on (the restart is "
-                               "not abandoned half-way)", level="warning")
-        except Exception as exc:  # journalled: the finish below still runs
-            engine.journal(None, f"the compensation failed: {type(exc).__name__}: {exc}", level="error")
-            return
+    """The compensation, never abandoning a restart half-way."""
+    await _through_interruptions(engine, compensate_and_rejoin(engine, why),
+                                 "interrupted again during the compensation: it goes on (the restart is "
+                                 "not abandoned half-way)", "the compensation failed", "error")
+
 
 def finish(engine: Engine, status: str, message: str) -> RunFinished:
     down = engine.service_down_by_us
