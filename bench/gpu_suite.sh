@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # Everything that needs the GPU machine, in one go (a fresh machine costs minutes, so batch it).
 # From the repo root on the GPU host, with ../shared/device copied to .dev/:
-#   bash bench/gpu_suite.sh [tests|bench-extract|window|all]
-# Each stage fits one 10-minute call. Logs and figures go to $OUT (or ./gpu-out): gpu-tests.log,
+#   bash bench/gpu_suite.sh [tests|bench-extract|window|window-tests|window-bench|all]
+# Each stage fits one 10-minute call, but `window` (its tests, then its bench), which takes two:
+# window-tests and window-bench. Logs and figures go to $OUT (or ./gpu-out): gpu-tests.log,
 # bench-*.txt, *.json; the window stage's window-gpu-tests.log, bench-window-gpu.txt, window-gpu.json.
 # The window stage runs the console and the drill there: asyncssh, textual and their dependencies,
 # fetched as wheels into .whl/ on a machine with a registry (the device README's pip download
@@ -31,11 +32,13 @@ fi
 if [[ "$what" == bench-extract || "$what" == all ]]; then
   python3 bench/extract.py --json "$out/bench-extract.json" 2>&1 | tee "$out/bench-extract.txt"
 fi
-if [[ "$what" == window || "$what" == all ]]; then
-  # The drill's hosts run `python -m console...` / `remote...` from their homes: the repo is on the path.
-  export PYTHONPATH="$PYTHONPATH:$PWD" DFLASH_OPS_DRILL_CACHE="${DFLASH_OPS_DRILL_CACHE:-/tmp/dflash-drill-assets}"
+# The drill's hosts run `python -m console...` / `remote...` from their homes: the repo is on the path.
+export PYTHONPATH="$PYTHONPATH:$PWD" DFLASH_OPS_DRILL_CACHE="${DFLASH_OPS_DRILL_CACHE:-/tmp/dflash-drill-assets}"
+if [[ "$what" == window || "$what" == window-tests || "$what" == all ]]; then
   python3 -m pytest --noconftest -p no:cacheprovider -q -rs --timeout 400 tests/gpu/test_window_gpu.py 2>&1 \
     | tee "$out/window-gpu-tests.log"
+fi
+if [[ "$what" == window || "$what" == window-bench || "$what" == all ]]; then
   python3 bench/window.py --gpu --runs "${WINDOW_RUNS:-1}" --json "$out/window-gpu.json" 2>&1 | tee "$out/bench-window-gpu.txt"
 fi
 nvidia-smi --query-gpu=index,memory.used --format=csv,noheader >> "$out/gpu-tests.log" 2>&1

@@ -292,3 +292,31 @@ def test_a_real_intruder_mid_extraction_stops_the_route_cleanly_and_offers_the_w
         assert state["service"]["stopped_at"] is None and drill.service_pid() == pid  # the server untouched
     finally:
         intruder.close()
+
+
+def test_pause_route_gives_the_extraction_the_kv_cache_and_never_stops_the_server(gpu_drill: Drill) -> None:
+    """SGLang's memory saver for real (torch_memory_saver on the H200): the drill's server pauses,
+    releases its KV cache (its weights stay when the extraction fits beside them), the extraction runs
+    on the same GPU, and the memory comes back, the server process the same throughout."""
+    drill = gpu_drill
+    pid = drill.service_pid()
+    before = run_ids(drill)
+    done = cli(drill, "run", "--headless", "--yes", "--route", "pause")
+    assert done.returncode == EXIT_DONE, done.stdout[-4000:] + done.stderr[-4000:]
+    run_id, state = only_new_run(drill, before)
+    steps = ("pause", "release", "free-vram", "extract", "resume", "continue", "evaluate", "report")
+    assert [state["steps"][s]["status"] for s in steps] == ["done"] * len(steps), state["steps"]
+    service = state["service"]
+    assert service["stopped_at"] is None and drill.service_pid() == pid  # never stopped
+    # One pause, one release, one resume, one continue; the KV cache went, and came back.
+    assert (service["pauses"], service["releases"], service["resumes"], service["continues"]) == (1, 1, 1, 1)
+    assert "kv_cache" in service["released_tags"] and not service["released"] and not service["paused"]
+    gpu = next(iter(service["used_before_release_mib"]))
+    freed = service["used_before_release_mib"][gpu] - service["used_after_release_mib"][gpu]
+    assert freed >= 1024, (service["used_before_release_mib"], service["used_after_release_mib"])
+    # NVML through the agent saw the memory leave the GPU while paused.
+    samples = telemetry(drill, run_id)
+    assert samples and all(r["sample"]["source"] == "nvml" for r in samples)
+    results = read_json(drill.runs / run_id / "results" / "results.json")
+    assert results["device"].startswith("cuda")
+    print(f"pause route: freed {freed} MiB on GPU {gpu}; paused {service['continued_at'] - service['paused_at']:.2f} s")
