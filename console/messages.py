@@ -266,6 +266,11 @@ class Confirmation:
     estimate_s: float | None = None  # expected downtime or duration
     estimate_basis: str = "earlier runs"  # what `estimate_s` comes from ("forecast": the stop's, by phase)
 
+    def estimate_apart(self) -> float | None:
+        """The estimate to show beside the impact, or None: the stop's forecast is in its impact
+        already, with its basis by phase (one figure per question, never the same one twice)."""
+        return None if self.estimate_basis == "forecast" else self.estimate_s
+
 
 @dataclass(frozen=True)
 class DecisionMade:
@@ -474,6 +479,21 @@ class WindowProjection:
 
 
 @dataclass(frozen=True)
+class AskedQuestion:
+    """The question a run's console waits on (question.json), in its parts: the banner says what and
+    where ("start the service on ct129"), the block under it (screens/widgets/asked_panel.py) the
+    literal command, whole."""
+
+    action: str  # "start the service"
+    host: str
+    command: str  # the literal command, shell-quoted ("" for a question that runs none: the budget offer)
+
+    @property
+    def what(self) -> str:
+        return f"{self.action} on {self.host}"
+
+
+@dataclass(frozen=True)
 class LiveRun:
     """The run driving the hosts now, as any console sees it (its own, or another console's)."""
 
@@ -483,7 +503,7 @@ class LiveRun:
     console_gone: bool  # its console is no longer running (killed): resume it
     service_down: bool  # this run stopped the service and it is not back
     ours: bool  # driven by this console
-    question: str | None = None  # what its console waits for the operator to answer ("start the service on ct129")
+    question: AskedQuestion | None = None  # what its console waits for the operator to answer
 
 
 # --- the fleet behind SGLang's router (console/service/fleet_watch.py) ----------------------------------

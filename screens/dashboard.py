@@ -12,6 +12,7 @@ from textual.screen import Screen
 from textual.widgets import Footer, Header
 
 from screens.fleet import fleet_view
+from screens.widgets.asked_panel import AskedPanel
 from screens.widgets.downtime_banner import DowntimeBanner
 from screens.widgets.event_log import EventLog
 from screens.widgets.fleet_panel import FleetPanel
@@ -34,6 +35,7 @@ class DashboardScreen(Screen):
         service = app.operator.config.service
         yield Header(show_clock=False, icon="")
         yield DowntimeBanner()
+        yield AskedPanel()  # another console's open question, its command whole, the screen's width
         with Horizontal(id="main"):
             with VerticalScroll(id="hosts"):
                 fleet = getattr(app.operator.config, "fleet", None)
@@ -84,6 +86,9 @@ class DashboardScreen(Screen):
             elsewhere = state.driven_elsewhere()
             self.query_one(ServicePanel).show(state.service, state.downtime, state.startup, now,
                                               f"run {elsewhere.run_id}" if elsewhere else "this run")
+            # The question another console waits on (never a gone console's): its command, whole.
+            asked = elsewhere.question if elsewhere is not None and not elsewhere.console_gone else None
+            self.query_one(AskedPanel).show(asked, elsewhere.run_id if elsewhere else None)
             self.query_one(DowntimeBanner).show(state, now, self.app.can_restart())
         elif kind == "fleet" or (kind == "steps" and getattr(payload, "step", None) in ("drain", "rejoin")):
             for panel in self.query(FleetPanel):  # a drain or rejoin moves a replica's state at once

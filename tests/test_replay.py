@@ -283,3 +283,18 @@ def test_the_cli_prints_a_run_by_id_and_names_damage(copy: Path, capsys: pytest.
     assert main(["replay", "20990101-000000-zzzz", "--runs", str(copy.parent)]) == 2
     assert "no run '20990101-000000-zzzz'" in capsys.readouterr().err
     assert main(["replay", str(copy), "--speed", "0"]) == 2
+
+
+def test_print_says_the_stop_questions_forecast_once() -> None:
+    """`replay --print` of a stop asked: its forecast is in its impact (with its basis); it is not said
+    again as "(estimate 3 min 14 s, forecast)". Another question's estimate still is."""
+    from console.cli.replay import describe
+    from console.procedure.replay import Event
+
+    stop = m.Confirmation("stop", "stop the service", "ct129", ("systemctl", "stop", "sglang"),
+                          "sglang on ct129 goes down; forecast downtime 3 min 14 s = stop 11 s + start 3 min 03 s",
+                          True, 194.0, "forecast")
+    said = describe(Event(0.0, stop, "journal.jsonl:1"))
+    assert said.count("3 min 14 s") == 1 and "estimate" not in said
+    restart = m.Confirmation("restart", "start the service", "ct129", ("systemctl", "start", "sglang"), "back", False, 96.0)
+    assert "(estimate 1 min 36 s, earlier runs)" in describe(Event(0.0, restart, "journal.jsonl:2"))

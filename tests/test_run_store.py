@@ -142,6 +142,31 @@ def test_terminal_decider_y_n_c() -> None:
     assert text.count("Proceed?") == 4  # after `c` nothing more is asked
 
 
+def test_the_stop_question_on_the_terminal_says_its_forecast_once() -> None:
+    """Issue 28 item 3: the stop's forecast is in its impact with its basis by phase; `run --step` and
+    the headless run (this decider) printed it again as "estimate: 3 min 14 s (forecast)". Another
+    question's estimate (earlier runs) is still said beside its impact."""
+    from prompt_toolkit.input import create_pipe_input
+
+    from console.procedure.decider import confirmation_text
+
+    out = io.StringIO()
+    stop = Confirmation("stop", "stop the service", "ct129", ("systemctl", "stop", "sglang"),
+                        "sglang on ct129 goes down; forecast downtime 3 min 14 s = stop 11 s + start 3 min 03 s; "
+                        "stop, start: systemd's history of the unit", True, 194.0, "forecast")
+
+    async def ask() -> bool:
+        with create_pipe_input() as keys:
+            keys.send_text("n\r")
+            return await TerminalDecider(input=keys, out=out).decide(stop)
+
+    assert asyncio.run(ask()) is False
+    text = out.getvalue()
+    assert text.count("3 min 14 s") == 1 and "estimate:" not in text and "forecast downtime 3 min 14 s" in text
+    restart = Confirmation("restart", "start the service", "ct129", ("systemctl", "start", "sglang"), "back", False, 96.0)
+    assert "  estimate: 1 min 36 s (earlier runs)" in confirmation_text(restart)
+
+
 def test_end_of_input_refuses() -> None:
     from prompt_toolkit.input import create_pipe_input
 

@@ -47,7 +47,8 @@ def describe(event: Event) -> str:
         return (f"asked: {q.action} on {q.host}: $ {' '.join(q.argv)} -> "
                 f"{'approved' if msg.approved else 'refused'} ({msg.by})")
     if isinstance(msg, m.Confirmation):  # asked; its answer comes with the DecisionMade
-        estimate = f" (estimate {duration(msg.estimate_s)}, {msg.estimate_basis})" if msg.estimate_s is not None else ""
+        apart = msg.estimate_apart()  # the stop's forecast is in its impact already: one figure per question
+        estimate = f" (estimate {duration(apart)}, {msg.estimate_basis})" if apart is not None else ""
         return f"asking: {msg.action} on {msg.host}: {msg.impact}{estimate}"
     if isinstance(msg, m.Downtime):
         if msg.paused:

@@ -53,8 +53,9 @@ def confirmation_text(c: Confirmation) -> str:
     """The question as the terminal shows it."""
     lines = [f"{c.step}: {c.action} on {c.host}" + ("  [DESTRUCTIVE]" if c.destructive else ""),
              f"  command: {shlex.join(c.argv)}", f"  impact:  {c.impact}"]
-    if c.estimate_s is not None:
-        lines.append(f"  estimate: {duration(c.estimate_s)} ({c.estimate_basis})")
+    estimate = c.estimate_apart()  # the stop's forecast is in its impact already: one figure per question
+    if estimate is not None:
+        lines.append(f"  estimate: {duration(estimate)} ({c.estimate_basis})")
     return "\n".join(lines)
 
 

@@ -17,7 +17,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from console.messages import Confirmation, Downtime, LiveRun, StepUpdate
+from console.messages import AskedQuestion, Confirmation, Downtime, LiveRun, StepUpdate
 from console.procedure.store import JOURNAL, CachedStore, Run, RunStore, for_replay_only, journal_entry
 from console.session.bus import MessageBus
 from console.ssh.jobs import JobHandle, follow_with_reconnect, job_message
@@ -186,11 +186,11 @@ def write_question(run_dir: Path, confirmation: Confirmation, now: float) -> Pat
     return path
 
 
-def _question(run: Run) -> str | None:
-    """What the run's console waits on: "start the service on ct129: $ systemctl start sglang-qwen"."""
+def _question(run: Run) -> AskedQuestion | None:
+    """What the run's console waits on: its action, host and literal command."""
     try:
         asked = json.loads((run.dir / QUESTION).read_text())
-        return f"{asked['action']} on {asked['host']}: $ {asked['command']}"
+        return AskedQuestion(str(asked["action"]), str(asked["host"]), str(asked["command"]))
     except (OSError, ValueError, KeyError, TypeError):
         return None
 

@@ -35,7 +35,9 @@ def downtime_text(state: ConsoleState, now: float, can_restart: bool, asking: bo
     driving = live is not None and live.status == "running" and not live.console_gone  # a run is going
     asked = elsewhere is not None and elsewhere.question and not elsewhere.console_gone  # a run's, or `r`'s
     if asking or asked:
-        text.append(" · waiting for your answer" if asking else f" · waiting for an answer: {elsewhere.question}")
+        # What is asked and where; its literal command, too long for the banner's rows, is whole in the
+        # block under it (asked_panel.py).
+        text.append(" · waiting for your answer" if asking else f" · waiting for an answer: {elsewhere.question.what}")
     elif not (state.running or restarting or driving):
         text.append(" · no restart under way" + (": r restarts it" if can_restart else ""))
     else:

@@ -9,12 +9,14 @@ from pathlib import Path
 
 import pytest
 
+from console import messages as m
 from screens.app import ConsoleApp
 from screens.modals.confirm import ConfirmModal
 from screens.modals.holders import HoldersModal
 from screens.modals.quit import QuitWhileDownModal
 from screens.plan import PlanScreen
 from screens.results import ResultsScreen
+from screens.widgets.asked_panel import AskedPanel
 from tests.tui.standin import (
     StandinOperator,
     fixed_clock,
@@ -25,12 +27,13 @@ from tests.tui.standin import (
     stop_confirmation,
     stuck_telemetry,
 )
+from tests.tui.test_tui_walk import DRILL_START
 
 WIDE, NARROW = (120, 40), (80, 24)
 
 
-def serving(runs_dir: Path | None = None) -> StandinOperator:
-    op = StandinOperator(runs_dir=runs_dir)
+def serving(runs_dir: Path | None = None, read_only: bool = False) -> StandinOperator:
+    op = StandinOperator(runs_dir=runs_dir, read_only=read_only)
     op.seed(history=600)
     return op
 
@@ -47,9 +50,9 @@ async def settle(pilot, condition=lambda: True) -> None:
 SIZES = pytest.mark.parametrize("size", [WIDE, NARROW], ids=["120x40", "80x24"])
 
 
-def shot(snap_compare, size: tuple[int, int], scene, runs_dir: Path | None = None) -> bool:
+def shot(snap_compare, size: tuple[int, int], scene, runs_dir: Path | None = None, read_only: bool = False) -> bool:
     """The console over the serving stand-in, `scene(app, op, pilot)` played, then compared."""
-    op = serving(runs_dir)
+    op = serving(runs_dir, read_only)
     app = ConsoleApp(op, clock=fixed_clock)
 
     async def before(pilot) -> None:
@@ -123,6 +126,22 @@ def test_restart_modal_while_down(snap_compare, size):
         await asked(app, pilot, restart_confirmation(), ConfirmModal)
 
     assert shot(snap_compare, size, scene)
+
+
+@SIZES
+def test_read_only_while_the_restart_is_asked(snap_compare, size):
+    """A watching console while the driving one waits on the restart: the banner says what is asked
+    and where (its rows hold it at 80 x 24); the block under it has the drill's long command whole."""
+    async def scene(app, op, pilot) -> None:
+        mid_window(op)
+        op.publish(m.StepUpdate(op.run_id, "extract", "done", op.now - 75, op.now - 5))
+        op.publish(m.StepUpdate(op.run_id, "restart", "running", op.now - 5))
+        asked = m.AskedQuestion("start the service", "ct129", " ".join(DRILL_START))
+        op.publish(m.LiveRun(op.run_id, "running", "op@ws1 pid 4242 since 09:30:00", False, True, ours=False,
+                             question=asked))
+        await settle(pilot, lambda: not app.screen.query_one(AskedPanel).has_class("idle"))
+
+    assert shot(snap_compare, size, scene, read_only=True)
 
 
 @SIZES

@@ -22,6 +22,7 @@ from screens.app import ConsoleApp, ProcedureEnded
 from screens.modals.confirm import ConfirmModal
 from screens.modals.holders import HoldersModal
 from screens.modals.quit import QuitWhileDownModal
+from screens.widgets.asked_panel import AskedPanel
 from screens.widgets.downtime_banner import DowntimeBanner
 from screens.widgets.service_panel import ServicePanel
 from screens.widgets.stepper import Stepper
@@ -218,8 +219,9 @@ async def test_the_read_only_console_names_the_driver_its_question_and_the_end(t
         await until(pilot, lambda: "waiting for an answer" in banner_text(app))
         text = banner_text(app)
         assert f"run {run.run_id} by {state.owner.describe()}" in text
-        assert "start the service on ct129: $ systemctl start sglang-qwen" in text
+        assert "waiting for an answer: start the service on ct129" in text and "$" not in text
         assert f"stopped by run {run.run_id}" in text_of(app.screen.query_one(ServicePanel))
+        assert "$ systemctl start sglang-qwen" in text_of(app.screen.query_one(AskedPanel))
         stepper = text_of(app.screen.query_one(Stepper))
         assert "p plans" not in stepper and "+N" not in stepper and "waiting for your answer" not in stepper
         assert "p" not in footer_keys(app) and "g" not in footer_keys(app)
@@ -232,6 +234,7 @@ async def test_the_read_only_console_names_the_driver_its_question_and_the_end(t
         run.save()
         await until(pilot, lambda: app.state.steps["crosscheck"].status == "done")
         await until(pilot, lambda: app.state.down_since is None)
+        await until(pilot, lambda: app.screen.query_one(AskedPanel).has_class("idle"))  # answered: gone
         assert "running" not in text_of(app.screen.query_one(Stepper))
         assert app.state.live.status == "done"
 
@@ -536,5 +539,53 @@ async def test_the_read_only_console_shows_the_restart_r_asks_for_a_finished_run
     op = serving(runs_dir=store.root, read_only=True)
     async with console(op, WIDE, clock=Clock()) as (app, pilot):
         await until(pilot, lambda: app.state.live is not None and app.state.down_since is not None)
-        await until(pilot, lambda: "start the service on ct129: $ systemctl start sglang-qwen" in banner_text(app))
+        await until(pilot, lambda: "waiting for an answer: start the service on ct129" in banner_text(app))
         assert "no restart under way" not in banner_text(app)
+        assert "$ systemctl start sglang-qwen" in text_of(app.screen.query_one(AskedPanel))
+
+
+# The drill's restart command, as the walk's watching console met it: longer than the banner's rows.
+DRILL_START = ("/work/main/.venv/bin/python3", "-m", "remote.drill.service", "start", "--state",
+               "/root/.local/state/dflash-ops/drill/ct129/home/standin", "--", "--model",
+               "/root/.local/state/dflash-ops/drill/ct129/home/models/tiny-qwen3.5-hybrid", "--port", "36789",
+               "--host", "127.0.0.1", "--mem-fraction-static", "0.8")
+
+
+def shown_in(app: ConsoleApp, widget) -> list[str]:
+    """The rows of `widget`'s content as the terminal shows them (the compositor's lines): what a
+    container's edge or a max-height cuts is not there."""
+    from tests.tui.test_tui_values_whole import screen_text
+
+    region = widget.content_region
+    rows = screen_text(app).splitlines()[region.y:region.y + region.height]
+    return [row[region.x:region.x + region.width] for row in rows]
+
+
+async def test_the_watching_console_shows_the_question_whole_at_both_sizes(tmp_path: Path):
+    """Item 6, the walk's c5: the banner (three rows at most) ended in the drill's command, cut at 80 x
+    24. The banner says what is asked and where; the block under it shows the literal command whole."""
+    store = RunStore(tmp_path / "runs")
+    run = store.create(None, None)
+    state = run.state
+    state.status, state.owner, state.route = "running", Owner.this_process(), "window"
+    state.service.stopped_at, state.service.down = T0, True
+    for name in ("preflight", "stage", "cache", "stop", "free-vram", "extract"):
+        state.step(name).status, state.step(name).started_at, state.step(name).ended_at = "done", T0 - 60, T0 - 50
+    state.step("restart").status, state.step("restart").started_at = "running", T0 + 10
+    run.save()
+    write_question(run.dir, dataclasses.replace(restart_confirmation(), argv=DRILL_START), T0 + 10)
+    command = " ".join(DRILL_START)
+    assert len(command) > 200
+    op = serving(runs_dir=store.root, read_only=True)
+    async with console(op, WIDE, clock=Clock()) as (app, pilot):
+        for size in (WIDE, (80, 24)):
+            await pilot.resize_terminal(*size)
+            await until(pilot, lambda: "waiting for an answer" in banner_text(app))
+            await pilot.pause()
+            banner = " ".join(row.strip() for row in shown_in(app, app.screen.query_one(DowntimeBanner)))
+            assert "waiting for an answer: start the service on ct129" in banner, (size, banner)
+            assert "$" not in banner and "remote.drill" not in banner, (size, banner)
+            panel = shown_in(app, app.screen.query_one(AskedPanel))
+            # Wrapped (and folded inside a path longer than the panel), in order, nothing left out.
+            assert "".join(command.split()) in "".join("".join(panel).split()), (size, "\n".join(panel))
+            assert any(f"{run.run_id}'s console asks: start the service on ct129" in row for row in panel), panel
