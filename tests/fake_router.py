@@ -69,6 +69,7 @@ class RouterClientView:
         if wid is None:
             raise RouterError(f"router fake: no worker listed at {url}: nothing to remove")
         self.router.removals.append(url)
+        self.router.in_world = url  # the world's unit stands for the replica drained now (its window)
         return wid
 
     async def add_worker(self, url: str) -> str:

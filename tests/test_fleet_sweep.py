@@ -160,26 +160,11 @@ def two_windows(tmp_path: Path, producers: Producers, monkeypatch: pytest.Monkey
     return w, router
 
 
-@pytest.mark.parametrize("point", (None, "next-window", "drain-recorded"))
-def test_prompts_over_one_windows_budget_take_r1_then_r2_each_extracting_the_next_missing_ones(
-        tmp_path, producers, monkeypatch, point):
-    """Window 1 on r1 extracts 5 prompts, rejoins r1 and pauses (exit 4); the resume drains r2 (not r1,
-    just used), extracts the 5 missing, rejoins r2, then evaluates the whole set once. A console dies
-    between the windows (`next-window`: the next window's record made, nothing drained yet) or once
-    r2's drain is recorded: the next console keeps r2. Every drain has its rejoin, nothing is extracted
-    twice, and the service ends serving."""
-    w, router = two_windows(tmp_path, producers, monkeypatch)
-    first = asyncio.run(w.console())
-    assert first is not None and first.exit_code == EXIT_PAUSED, first
-    state = w.state()
-    assert len(state.extraction.partial["done"]) == 5 and len(state.extraction.partial["missing"]) == 5
-    assert (router.removals, router.adds) == ([router.r1], [router.r1]) and router.r1 in router.workers
-    assert state.service.drained is None and w.world.service.state == "active" and w.store.left_down() is None
-    assert state.service_identity["router"] == ROUTER  # the run's identity is the fleet, not r1
-
-    router.in_world = R2  # the world's unit now stands for r2's server
-    finished = asyncio.run(w.until_finished([Crasher(point)] if point else []))
-    assert point is None or point in w.crashes
+def assert_two_windows(w: Window, router: FakeRouter, finished) -> None:
+    """The promises of one run over two windows (r1's five prompts, then r2's five): done, every
+    prompt extracted once into one complete manifest, verified and evaluated once; each window on its
+    own replica with one drain and one rejoin; both replicas listed at the end; one stop and one start
+    per window, the service serving."""
     assert finished.exit_code == EXIT_DONE, finished.message
     state, ids = w.state(), [str(r["id"]) for r in json.loads(
         (w.world.workdir(INFERENCE) / "windows" / w.run_id / "completions.json").read_text())["prompts"]]
@@ -188,16 +173,119 @@ def test_prompts_over_one_windows_budget_take_r1_then_r2_each_extracting_the_nex
     assert (states / "manifest.json").is_file() and not (states / PARTIAL_MANIFEST).exists()
     assert state.extraction.complete and state.extraction.partial is None
     assert sum(j.kind == "evaluate" for j in w.world.job_order) == 1  # the whole set evaluated once
-    # Each window on its own replica, each drain with its rejoin; both replicas listed at the end.
     assert [window["replica"] for window in state.windows] == ["r1"] and state.facts["fleet_replica"] == "r2"
     assert [(x["service"]["drains"], x["service"]["rejoins"]) for x in state.windows] == [(1, 1)]
     assert (state.service.drains, state.service.rejoins, state.service.drained) == (1, 1, None)
     assert (router.removals, router.adds) == ([router.r1, R2], [router.r1, R2])
     assert router.r1 in router.workers and R2 in router.workers and router.served[R2] > 0
-    # The unit: one stop per window, one start per down period, serving at the end.
     periods = w.world.service.down_periods()
     assert len(periods) == 2 and all(ready is not None and starts == 1 for _, ready, starts in periods), periods
     assert w.world.service.state == "active" and w.world.service.ready and w.store.left_down() is None
+
+
+def test_prompts_over_one_windows_budget_take_r1_then_r2_within_one_run(tmp_path, producers, monkeypatch):
+    """Window 1 on r1 extracts 5 prompts and rejoins r1; the same run then drains r2 (not r1, just
+    used; its drain asked as every drain is), extracts the 5 missing, rejoins r2, and evaluates the
+    whole set once: one console, no `run --resume`."""
+    w, router = two_windows(tmp_path, producers, monkeypatch)
+    finished = asyncio.run(w.console())
+    assert finished is not None
+    assert_two_windows(w, router, finished)
+    asked = [c.action for c in w.deciders[0].asked if c.step in ("drain", "rejoin")]
+    assert asked == ["take replica r1 out of the router", "put replica r1 back in the router",
+                     "take replica r2 out of the router", "put replica r2 back in the router"]
+    said = [e["message"] for e in w.store.open(w.run_id).read_journal()]
+    assert any("the run goes on with the next replica: r2" in m for m in said), said
+    assert w.state().service_identity["router"] == ROUTER  # the run's identity is the fleet, not r1
+
+
+# The points of a run's second window (its `nth` time reached): between the windows (`window-over`:
+# r1 back, nothing chosen yet; `next-window`: r2's window recorded, nothing drained) and r2's own.
+NEXT_WINDOW_POINTS = (("window-over", 1), ("next-window", 1), ("before-drain-recorded", 2), ("drain-recorded", 2),
+                      ("draining", 2), ("stop-ran", 2), ("gpu-released", 2), ("ready", 2), ("before-add", 2),
+                      ("added", 2))
+
+
+@pytest.mark.parametrize(("point", "nth"), NEXT_WINDOW_POINTS)
+def test_a_crash_in_a_runs_next_window_ends_with_every_replica_back_and_nothing_extracted_twice(
+        tmp_path, producers, monkeypatch, point, nth):
+    """The console dies at each point of the run's second window; the next consoles (`run --resume`,
+    narrowed as `run` narrows it: the recorded replica, or between the windows the next one) finish
+    it. Whatever the point: the two-window promises hold."""
+    w, router = two_windows(tmp_path, producers, monkeypatch)
+    finished = asyncio.run(w.until_finished([Crasher(point, nth)]))
+    assert point in w.crashes
+    assert_two_windows(w, router, finished)
+
+
+class Canceller:
+    """The `crash_at` hook that cancels the run (as Ctrl-C does) the `nth` time it reaches `point`."""
+
+    def __init__(self, point: str, nth: int):
+        self.point, self.nth, self.seen, self.engine = point, nth, 0, None
+
+    def __call__(self, reached: str) -> None:
+        if reached == self.point:
+            self.seen += 1
+            if self.seen == self.nth:
+                self.engine.cancel()
+
+
+@pytest.mark.parametrize(("point", "nth"), (("window-over", 1), ("draining", 2), ("stop-ran", 2), ("added", 2)))
+def test_a_cancel_in_a_runs_next_window_leaves_every_replica_in_the_router(tmp_path, producers, monkeypatch,
+                                                                            point, nth):
+    """Ctrl-C at a point of the second window: the run compensates (r2 restarted, then put back) and
+    ends; both replicas are listed, each drain has its rejoin, and no run is left draining one."""
+    from console.procedure.engine import Engine
+
+    w, router = two_windows(tmp_path, producers, monkeypatch)
+
+    async def cancelled():
+        hosts = engine_sweep.FakeHosts(w.world)
+        run = w.store.open(w.run_id)
+        canceller = Canceller(point, nth)
+        engine = canceller.engine = Engine(hosts, await w.config_of(run.state, hosts), run,
+                                           ScriptedDecider(w.world.clock), w.store, route="window", crash_at=canceller)
+        return await engine.execute()
+
+    finished = asyncio.run(cancelled())
+    state = w.state()
+    assert finished.service_up and finished.status == "cancelled", finished
+    assert router.r1 in router.workers and R2 in router.workers, router.workers
+    assert len(router.removals) == len(router.adds) == state.service.drains + len(state.windows)
+    assert state.service.drained is None and state.service.drains == state.service.rejoins
+    assert w.world.service.state == "active" and w.world.service.ready and w.store.left_down() is None
+    assert len(w.world.extracted) == len(set(w.world.extracted))  # nothing extracted twice
+
+
+def test_a_refused_drain_of_the_next_replica_ends_the_run_paused_and_resumable(tmp_path, producers, monkeypatch):
+    """The operator says no to r2's drain: the run ends paused (exit 4) with r1 back in the router and
+    r2 never touched; every prompt extracted is kept, and `run --resume` drains r2 and extracts the rest."""
+
+    class NoSecondDrain(ScriptedDecider):
+        async def decide(self, confirmation):
+            self.asked.append(confirmation)
+            return confirmation.action != "take replica r2 out of the router"
+
+    w, router = two_windows(tmp_path, producers, monkeypatch)
+    first = asyncio.run(w.console(decider=NoSecondDrain(w.world.clock)))
+    assert first is not None and first.exit_code == EXIT_PAUSED and first.service_up, first
+    assert "take replica r2 out of the router" in first.message and "run --resume" in first.message
+    assert (router.removals, router.adds) == ([router.r1], [router.r1]) and R2 in router.workers
+    state = w.state()
+    assert state.status == "paused" and state.service.drained is None and w.store.left_down() is None
+    assert len(w.world.extracted) == 5
+    finished = asyncio.run(w.until_finished([]))
+    assert_two_windows(w, router, finished)
+
+
+def test_a_one_server_run_cut_at_its_budget_still_pauses(tmp_path, producers, monkeypatch):
+    """Without [fleet] nothing changes: the window cut short at its budget ends the run paused."""
+    w = engine_sweep.make_window(tmp_path, producers, monkeypatch)
+    w.world.budget_prompts = 5
+    first = asyncio.run(w.console())
+    assert first is not None and first.exit_code == EXIT_PAUSED and "cut short at its budget" in first.message
+    assert len(w.world.extracted) == 5 and w.world.service.state == "active"
 
 
 def test_the_next_window_goes_back_to_the_same_replica_when_no_other_can_take_it(tmp_path, producers, monkeypatch):
@@ -206,8 +294,10 @@ def test_the_next_window_goes_back_to_the_same_replica_when_no_other_can_take_it
     from console.procedure.steps.fleet import fleet_config
 
     w, router = two_windows(tmp_path, producers, monkeypatch)
-    assert asyncio.run(w.console()).exit_code == EXIT_PAUSED
+    first = asyncio.run(w.console(decider=ScriptedDecider(w.world.clock, refuse={"stop"})))  # fits recorded, no window
+    assert first is not None and first.status == "refused"
     state = w.state()
+    state.extraction.partial, state.service.stops = {"done": [], "missing": []}, 1  # as between two windows
     state.facts["fleet_fits"]["r2"] = {"fits": False, "why": "its GPUs hold less than the extraction needs"}
     hosts = engine_sweep.FakeHosts(w.world)
     placed, why = asyncio.run(fleet_config(w.world.config, state, None, [state], via=hosts))

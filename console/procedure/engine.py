@@ -162,6 +162,7 @@ class Engine:
         self._window_forecast: tuple[fc.Forecast, fc.ForecastInputs] | None = None
         self._progress = fc.ExtractionProgress()
         self._budget_asked = False
+        self._windows_here = 0  # windows this engine began after a budget cut (`_next_replica`)
         self._service_said: str | None = None  # the service's state last journalled ("down", "up", "paused")
         self._health_said: tuple[Any, ...] | None = None  # its health verdict last journalled
         # job counter -> (when last journalled, its newest value not journalled yet): run_jobs._record_progress
@@ -440,25 +441,82 @@ class Engine:
         await ending.end_own_jobs(self)
 
     async def _steps(self) -> None:
+        while await self._window_steps():
+            pass  # a fleet's window cut short at its budget: the next replica's window, in this run
+
+    async def _window_steps(self) -> bool:
+        """The route's steps after preflight; True when the window was cut short at its budget and
+        the fleet's next replica takes the missing prompts in this run (`_next_replica`)."""
         for unit in units(self.route)[1:]:
             if self._cancel_asked and not self._cancel_taken:  # asked, and lost on its way: taken now
                 raise asyncio.CancelledError
             ran_before = set(self._ran)
-            if len(unit) == 1:
-                await self._do(unit[0])
-            else:
-                await self._side_by_side(unit)
+            try:
+                if len(unit) == 1:
+                    await self._do(unit[0])
+                else:
+                    await self._side_by_side(unit)
+            except Refused as exc:
+                if exc.step == "drain" and self._windows_here and not self.state.service.drains:
+                    raise Paused("drain", f"{exc}: this run's window {len(self.state.windows) + 1} on replica "
+                                          f"{self.state.facts.get('fleet_replica')} is not begun, nothing of it "
+                                          f"changed; every prompt extracted is kept and `run --resume "
+                                          f"{self.run.run_id}` extracts the rest") from None
+                raise
             partial = self.state.extraction.partial
             if partial and unit[-1].name in ("restart", "extract", "rejoin") and not self.service_down_by_us \
                     and not self.state.service.drained:  # a fleet's window ends with its replica back in the router
-                raise Paused(unit[-1].name, f"the window was cut short at its budget: {len(partial['done'])} prompts "
-                                            f"extracted and kept, {len(partial['missing'])} missing; `run --resume "
-                                            f"{self.run.run_id}` extracts only those in the next window"
-                                            + (f" (on the next replica: the least loaded other than "
-                                               f"{self.state.facts.get('fleet_replica')} that can take it)"
-                                               if self.config.fleet is not None else "") + ", then evaluates")
+                why = (f"the window was cut short at its budget: {len(partial['done'])} prompts extracted and kept, "
+                       f"{len(partial['missing'])} missing; `run --resume {self.run.run_id}` extracts only those in "
+                       f"the next window" + (f" (on the next replica: the least loaded other than "
+                                             f"{self.state.facts.get('fleet_replica')} that can take it)"
+                                             if self.config.fleet is not None else "") + ", then evaluates")
+                if self.config.fleet is None or self.one_step or not fleet.between_windows(self.state):
+                    raise Paused(unit[-1].name, why)
+                await self._next_replica(unit[-1].name, why)
+                return True
             if self.one_step and self._ran - ran_before and unit[-1].name != ROUTES[self.route][-1]:
                 raise Paused(unit[-1].name)
+        return False
+
+    async def _next_replica(self, step: str, why: str) -> None:
+        """A fleet's window cut short at its budget, its replica back in the router: the run goes on by
+        itself on the next replica (`fleet.next_in_run`, as `run --resume` chooses it), through the
+        same next window as a resume (`_next_window`) and a preflight addressed to that replica; its
+        drain is asked as every drain is. A refusal of the choice, or that preflight's failure, ends
+        the run paused (nothing of the next window changed; `run --resume` goes on)."""
+        self._crash("window-over")
+        try:
+            chosen, chose = await fleet.next_in_run(self)
+        except StepFailed as exc:
+            raise Paused(step, f"{why}; the next window is not begun in this run: {exc.msg}") from None
+        config = fleet.on_replica(self.config, chosen)
+        if chosen.service.host != self.config.service.host and self.holds_lock:
+            await ending.release_lock(self)  # the next window's preflight takes the lock on its host
+        address = getattr(self.hosts, "address", None)
+        if address is not None:  # the live session's service watch: the next replica's server and manager
+            address(config)
+        self.config = config
+        self.journal(None, f"the window was cut short at its budget; the run goes on with the next replica: {chose}")
+        self._next_window()
+        self._windows_here += 1
+        self._fresh_window()
+        try:
+            await self._do(BY_NAME["preflight"])
+        except StepFailed as exc:
+            raise Paused("preflight", f"{why}; the next window's preflight on replica {chosen.name} failed, nothing "
+                                      f"of it changed: {exc.msg}") from None
+
+    def _fresh_window(self) -> None:
+        """What the engine keeps of one window, made anew for the next (as a new console's engine)."""
+        if self._budget_task is not None:
+            self._budget_task.cancel()  # the last window's offer to stop at its budget, if still open
+        self._budget_task, self._budget_asked = None, False
+        self._gpu_released, self.start_issued = asyncio.Event(), asyncio.Event()
+        self._restart_task, self._stopped_mono, self._left_flushing = None, None, None
+        self._irreversible, self.progress_said = {}, {}
+        self._window_forecast, self._progress = None, fc.ExtractionProgress()
+        self._service_said = self._health_said = None
 
     async def _side_by_side(self, unit: tuple[Step, ...]) -> None:
         """Steps of one group at once: the first to fail cancels the others (their jobs are ended

@@ -52,7 +52,8 @@ class TelemetryWatch(Protocol):
     telemetry: Any  # .latest, .host, .received_at, .seen_service_pids
     error: str | None
 
-    async def wait_for(self, predicate: Callable[[Any], bool], timeout: float, after: float | None = None) -> Any: ...
+    async def wait_for(self, predicate: Callable[[Any], bool], timeout: float, after: float | None = None,
+                       eager: bool = False) -> Any: ...
 
 
 class WindowHosts(Protocol):
@@ -131,6 +132,10 @@ class SessionHosts:
         self.session = session
         self.bus = session.bus
         self.connect_s = reconnect_wait(session.config)
+
+    def address(self, config: Any) -> None:
+        """A fleet run's next window: the service is now that replica (its manager and server)."""
+        self.session.address(config)
 
     async def _connection(self, host: str, wait: Callable[[str, float], Any]) -> Any:
         """What `wait` gives for `host`; a host not back in time is a HostError naming it."""

@@ -193,6 +193,15 @@ class Session:
         self.bus.publish(view)
         return view
 
+    def address(self, config: Config) -> None:
+        """Address another replica of the fleet as the service (a run's next window on it, issue 29):
+        its own service watch (manager, port forward, health); the hosts and their streams stay."""
+        if config.service.host not in self.supervisors:
+            raise ConfigError(f"the replica's host {config.service.host} is not among [hosts]")
+        self.config = config
+        self.service = ServiceWatch(config, self.supervisors[config.service.host])
+        self.poke_service()
+
     def poke_service(self) -> None:
         """Check the service again now rather than at the next interval (after a stop or a start)."""
         self._service_wake.set()

@@ -443,6 +443,17 @@ async def next_replica(config: Config, last: str, named: str | None, fits: set[s
     return chosen, f"{why}; the run's next window, on {last} again: no other replica can take it"
 
 
+async def next_in_run(engine: Any) -> tuple[ReplicaConfig, str]:
+    """The replica of a run's next window chosen within the run (its window cut short at its budget,
+    its replica back in the router): `next_replica`, as `run --resume` chooses it, from the fits this
+    run's preflight (or the newest one) found. StepFailed with the refusal; nothing changed."""
+    state = engine.state
+    last = recorded_replica(state) or replica_of(engine).name
+    known = [state, *(run.state for run in engine._earlier_runs())]
+    via = engine.hosts if getattr(engine.hosts, "router_client", None) is not None else None
+    return await next_replica(engine.config, last, None, known_fits(engine.config, known), via)
+
+
 def known_fits(config: Config, states: Any) -> set[str] | None:
     """The replicas the newest preflight on this config found able to take the window (its run's
     `fleet_fits`), or None when no run recorded them. Fits rarely change (hosts, GPUs, kernels); a

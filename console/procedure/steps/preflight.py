@@ -35,8 +35,11 @@ async def run_preflight(engine: Engine) -> str:
     prompts = engine._prompt_records()  # bad prompt files fail here, before anything else
     engine.state.facts["prompt_ids"] = [p["id"] for p in prompts]
     # Facts from every host at once: probes (kernels, RAM, model size), drafter configs, the service.
-    probes, drafters, view = await asyncio.gather(_probe_all(engine), _read_drafters(engine),
-                                                  engine.hosts.check_service())
+    if engine._windows_here and engine.facts.probes:  # a fleet run's next window: the same hosts, probed this run
+        probes, drafters, view = engine.facts.probes, engine.facts.drafters, await engine.hosts.check_service()
+    else:
+        probes, drafters, view = await asyncio.gather(_probe_all(engine), _read_drafters(engine),
+                                                      engine.hosts.check_service())
     engine.facts.probes = probes
     engine.facts.drafters = drafters
     target_probe = probes.get(config.target.host, {})
@@ -227,14 +230,16 @@ async def _choose_plan(engine: Engine) -> None:
                      + "".join(f"; {p.name}: {p.basis}" for p in made.phases))
         steps = fc.planned_with(steps, made)  # one figure per step: its phase of the forecast
     fit = next((f for f in engine.fits if f.proposed), None)
-    proposal = None
+    proposal = alternative = None
     if fit is not None:
-        proposal = (f"zero-downtime: extract on {fit.host} GPU{fit.gpu} ({fit.why}); the window route would "
+        alternative = f"zero-downtime: extract on {fit.host} GPU{fit.gpu} ({fit.why})"
+        proposal = (f"{alternative}; the window route would "
                     f"stop the server" + (f" for {fc.figure(made)} (the forecast: {fc.basis_words(made)})"
                                           if made is not None else ""))
         engine.journal("preflight", f"proposed route: {proposal}; chosen: {engine.route}"
                      + (" (--route zero-downtime to take it)" if engine.route == "window" else ""))
     facts["proposal"] = proposal
+    facts["alternative"] = alternative  # the stop's question names it without a second downtime figure
     engine.plan = PlanReady(engine.run.run_id, engine.route, steps, tuple(engine.fits), proposal,
                             preview=engine.plan_only, forecast=made)
     engine.state.plan = [{"name": s.name, "acts": s.acts, "why": s.why, "host": s.host, "argv": list(s.argv),
