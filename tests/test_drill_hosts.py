@@ -397,6 +397,7 @@ async def test_a_real_host_receives_the_workers_it_runs_and_a_drill_host_the_dri
     assert not host_spec(dataclasses.replace(config, hosts={**config.hosts, "ct200": real_config}), "ct200").drill
 
 
+@pytest.mark.timeout(600)  # the fleet run's two windows, on a loaded CI machine
 def test_replicas_bring_up_the_real_router_in_front_of_rehearsal_servers(drill_cache: Path, tmp_path: Path):
     pytest.importorskip("sglang_router", reason="the fleet extra (sglang-router) is not installed")
     from console.service.router import RouterClient
@@ -422,27 +423,54 @@ def test_replicas_bring_up_the_real_router_in_front_of_rehearsal_servers(drill_c
             assert json.loads(answer.read())["usage"]["completion_tokens"] == 2
         found = status(layout.dir)
         assert found.router_url == fleet.router and any("router" in line for line in found.lines())
-        # `drill --replicas 2` finds the fleet up and runs the whole fleet window on it (drain, the
-        # window, rejoin, evaluate, report), while users' chat requests go through the router the whole
-        # time: none fails.
+        # `drill --replicas 2` finds the fleet up and runs the whole fleet run on it while users' chat
+        # requests go through the router the whole time: none fails. Its first window is cut short at
+        # its budget as the operator's stop at the budget cuts it (the stop file the budget's offer
+        # writes, here once the first stop is done), so the same run takes the next replica for the
+        # missing prompts: drain, the window, rejoin on each, then one evaluation of the whole set.
         runs = tmp_path / "runs"
-        with Load(fleet.router, rate=4.0, max_new_tokens=4, chat=True, timeout_s=120) as load:
-            done = subprocess.run([str(ENTRY_POINT), "drill", "--headless", "--yes", "--dir", str(layout.dir),
-                                   "--replicas", "2", "--simulated", "--runs", str(runs)], capture_output=True,
-                                  text=True, timeout=400, cwd=ROOT, env={**os.environ, "COLUMNS": "200"})
-        assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+        out, err = tmp_path / "drill.out", tmp_path / "drill.err"  # files: a pipe left unread would block it
+        with out.open("w") as out_file, err.open("w") as err_file, \
+                Load(fleet.router, rate=4.0, max_new_tokens=4, chat=True, timeout_s=120) as load:
+            console = subprocess.Popen([str(ENTRY_POINT), "drill", "--headless", "--yes", "--dir", str(layout.dir),
+                                        "--replicas", "2", "--simulated", "--runs", str(runs)], stdout=out_file,
+                                       stderr=err_file, text=True, cwd=ROOT, env={**os.environ, "COLUMNS": "200"})
+            try:
+                run_id = _cut_first_window(runs, config, console)
+                console.wait(timeout=400)
+            finally:
+                if console.poll() is None:
+                    console.kill()
+        said = err.read_text()
+        assert console.returncode == 0, out.read_text()[-3000:] + said[-3000:]
         report = load.report
         assert report is not None and report.sent >= 20 and report.failed == 0, report.line()
         store = RunStore(runs)
-        (run_id,) = store.run_ids()
+        assert store.run_ids() == [run_id]
         run = store.open(run_id).state
-        drained = run.facts["fleet_replica"]
-        assert run.status == "done" and run.service.drained is None
-        assert (run.service.drains, run.service.rejoins) == (1, 1) and run.service.stopped_at  # the stop route
+        assert run.status == "done" and run.service.drained is None and len(run.windows) == 1
+        first, second = run.windows[0]["replica"], run.facts["fleet_replica"]
+        assert {first, second} == {"r1", "r2"}  # two windows, on two replicas
+        for window in (run.windows[0]["service"], dataclasses.asdict(run.service)):  # the stop route, each its own
+            assert (window["drains"], window["rejoins"], window["stops"], window["starts"]) == (1, 1, 1, 1)
+        assert [run.windows[0]["steps"][step]["status"] for step in ("drain", "stop", "extract", "restart", "rejoin")] \
+            == ["done"] * 5
         assert [run.status_of(step) for step in ("drain", "stop", "extract", "restart", "rejoin", "evaluate")] == \
             ["done"] * 6
-        assert "[drain] done" in done.stderr and "[rejoin] done" in done.stderr
-        assert f"fleet: the window runs on replica {drained}" in done.stderr
+        assert said.count("[drain] done") == 2 and said.count("[rejoin] done") == 2
+        assert f"fleet: the window runs on replica {first}" in said
+        journal = store.open(run_id).read_journal()
+        assert any(f"the run goes on with the next replica: {second}" in e["message"] for e in journal)
+        window_dir = Path(config.hosts["ct129"].workdir) / "windows" / run_id
+        manifest = json.loads((window_dir / "states" / "manifest.json").read_text())
+        assert manifest["complete"] is True and manifest["prompts_missing"] == []
+        extracted = sorted(str(f["prompt_id"]) for f in manifest["files"].values() if "prompt_id" in f)
+        assert extracted == sorted(map(str, run.facts["prompt_ids"]))  # every prompt, once
+        # The first window was cut (here before its first prompt: the stop file lands before the go);
+        # the fake world's sweep (tests/test_fleet_sweep.py) cuts one half-way.
+        assert len(run.windows[0]["extraction"]["partial"]["done"]) < len(extracted)
+        evaluations = [e for e in journal if e.get("step") == "evaluate" and e["message"].startswith("evaluate: done")]
+        assert len(evaluations) == 1  # the whole set, evaluated once
         assert (Path(store.root) / run_id / "report.md").is_file()
         after = asyncio.run(RouterClient(fleet.router).workers())
         assert sorted(w.url for w in after) == sorted(r.worker_url for r in fleet.replicas) and all(w.healthy for w in after)
@@ -455,6 +483,24 @@ def test_replicas_bring_up_the_real_router_in_front_of_rehearsal_servers(drill_c
     finally:
         down(layout.dir, say=lambda msg: None)
     assert not pid_alive(router_pid) and not procs.marked_pids(layout.dir)
+
+
+def _cut_first_window(runs: Path, config: Config, console: subprocess.Popen) -> str:
+    """The operator's stop at the budget in the run's first window: the stop file the budget's offer
+    writes (steps/extract.py), once the first stop is done (the staged extractor checks it before each
+    prompt). The run's id."""
+    def stopped() -> str | None:
+        for path in runs.glob("*/journal.jsonl"):
+            if '"message": "stop: done' in path.read_text():  # a line being written is read whole next time
+                return path.parent.name
+        assert console.poll() is None, f"the drill exited ({console.returncode}) before its first stop"
+        return None
+
+    found: list[str] = []
+    _wait(lambda: bool(found.append(stopped()) or found[-1]), 180, "the first window's stop")
+    run_id = found[-1]
+    (Path(config.hosts["ct129"].workdir) / "windows" / run_id / "stop").touch()
+    return run_id
 
 
 def test_replicas_must_be_a_positive_count(tmp_path: Path):
