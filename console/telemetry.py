@@ -28,6 +28,7 @@ log = logging.getLogger(__name__)
 HISTORY_S = 900.0  # 15 minutes: the brief asks for at least 10 at 1 s
 STALE_INTERVALS = 3.0  # a sample older than this many intervals is drawn as stale
 MAX_RETRY_S = 30.0
+EAGER_S = 0.1  # an eager wait asks for the next sample this long after one that did not satisfy it
 
 
 class SampleError(ValueError):
@@ -262,6 +263,8 @@ class TelemetryStream:
         self.starts = 0  # how many times the agent was started (1 + restarts)
         self._subscribers = FanOut("telemetry")
         self._task: asyncio.Task | None = None
+        self._ask: Callable[[str], None] | None = None  # writes to the running agent's stdin
+        self._asked_at: float | None = None  # a `now` sent, its sample not yet seen (monotonic)
 
     def subscribe(self, callback: Subscriber) -> Callable[[], None]:
         """Call `callback(update)` on every sample and stream change; returns an unsubscribe."""
@@ -294,7 +297,8 @@ class TelemetryStream:
                 python = await resolve_python(host, self.python or host.spec.python)
                 argv = agent_argv(python, code, self.interval, self.simulate)
                 self.starts += 1
-                async for line in host.stream(argv):
+                async for line in host.stream(argv, stdin=self._agent_stdin):
+                    self._asked_at = None
                     if self.telemetry.add_line(line) is not None:
                         self.streaming, self.error, got_samples = True, None, True
                     self._publish()
@@ -309,9 +313,26 @@ class TelemetryStream:
             failures = 0 if got_samples else failures + 1
             await asyncio.sleep(min(self.retry_s * 2 ** max(0, failures - 1), MAX_RETRY_S))
 
+    def _agent_stdin(self, write: Callable[[str], None] | None) -> None:
+        self._ask, self._asked_at = write, None
+
+    def sample_now(self) -> None:
+        """Ask the agent for a sample at once (one request outstanding at a time; an agent that has
+        not answered within its interval is not asked again until it does)."""
+        now = time.monotonic()
+        if self._ask is None or (self._asked_at is not None and now - self._asked_at < self.interval):
+            return
+        self._asked_at = now
+        try:
+            self._ask("now\n")
+        except Exception:  # noqa: BLE001 - a closing channel: the interval's samples still come
+            self._asked_at = None
+
     async def wait_for(self, predicate: Callable[[TelemetrySample], bool], timeout: float,
-                       after: float | None = None) -> TelemetrySample:
-        """Wait for a sample satisfying `predicate` that arrived after `after` (console monotonic)."""
+                       after: float | None = None, eager: bool = False) -> TelemetrySample:
+        """Wait for a sample satisfying `predicate` that arrived after `after` (console monotonic).
+        `eager`: a window waits on it (memory leaving or coming back): samples are asked for every
+        EAGER_S until it holds, rather than waiting for the interval's."""
         loop = asyncio.get_running_loop()
         future: asyncio.Future[TelemetrySample] = loop.create_future()
 
@@ -320,8 +341,12 @@ class TelemetryStream:
             fresh = after is None or (self.telemetry.received_at or 0) > after
             if sample is not None and fresh and not future.done() and predicate(sample):
                 future.set_result(sample)
+            elif eager and not future.done():
+                loop.call_later(EAGER_S, self.sample_now)
 
         unsubscribe = self.subscribe(check)
+        if eager:
+            self.sample_now()
         try:
             async with asyncio.timeout(timeout):  # not wait_for: on 3.11 it drops a cancel that lands as the sample does
                 return await future

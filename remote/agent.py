@@ -10,6 +10,10 @@ Each line (a "sample"):
    "ram": {"total_mib", "available_mib"}, "cpu_ms": agent CPU time spent on this sample}
 A field that cannot be read is null. The console starts it over SSH and reads the lines as they come;
 when the connection drops, stdout closes and the agent ends.
+
+A line `now` on stdin takes a sample at once (the console asks for one at a time), then the interval's grid
+starts again from it: a window waiting for memory to leave or come back sees it within a fraction
+of the interval, not up to a whole one later. A closed stdin changes nothing.
 """
 
 from __future__ import annotations
@@ -18,6 +22,7 @@ import argparse
 import json
 import socket
 import sys
+import threading
 import time
 from typing import Any
 
@@ -68,12 +73,24 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     return args
 
 
+def _listen(asked: threading.Event) -> None:
+    """Set `asked` on every `now` line on stdin, until it closes."""
+    try:
+        for line in sys.stdin:
+            if line.strip() == "now":
+                asked.set()
+    except (OSError, ValueError):  # no stdin at all: samples on the interval only
+        pass
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     source = gpu_source.open_source(args.source, args.simulate)
     host = socket.gethostname()
     out = sys.stdout
     seq = 0
+    asked = threading.Event()
+    threading.Thread(target=_listen, args=(asked,), name="now", daemon=True).start()
     next_at = time.monotonic()
     try:
         while not args.count or seq < args.count:
@@ -84,9 +101,10 @@ def main(argv: list[str] | None = None) -> int:
             # Keep to the interval's grid: a slow sample shortens the next wait instead of drifting.
             next_at += args.interval
             delay = next_at - time.monotonic()
-            if delay > 0:
-                time.sleep(delay)
-            else:
+            if delay <= 0:
+                next_at = time.monotonic()
+            elif asked.wait(delay):  # asked for a sample now: take it, and the grid starts from it
+                asked.clear()
                 next_at = time.monotonic()
     except (BrokenPipeError, KeyboardInterrupt):
         # The reader went away (connection closed): that is how the agent is meant to end.

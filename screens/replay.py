@@ -129,7 +129,8 @@ def question_lines(decision: m.DecisionMade | m.Confirmation | None) -> list[Tex
         asked.append("waiting for an answer", style="bold yellow")
     lines = [asked]
     if q.impact:  # one row, cut at the width: the estimate first (the impact is whole in the event log)
-        estimate = f"estimate {duration(q.estimate_s)} ({q.estimate_basis}) · " if q.estimate_s is not None else ""
+        apart = q.estimate_apart()  # the stop's forecast is in its impact already: one figure per question
+        estimate = f"estimate {duration(apart)} ({q.estimate_basis}) · " if apart is not None else ""
         impact = Text(f"  {'DESTRUCTIVE · ' if q.destructive else ''}{estimate}{q.impact}")
         impact.no_wrap, impact.overflow = True, "ellipsis"
         lines.append(impact)

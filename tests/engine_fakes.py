@@ -400,7 +400,7 @@ class FakeTelemetry:
         return sample
 
     async def wait_for(self, predicate: Callable[[TelemetrySample], bool], timeout: float,
-                       after: float | None = None) -> TelemetrySample:
+                       after: float | None = None, eager: bool = False) -> TelemetrySample:
         """The next matching sample after `after`. When nothing in the world can change the GPUs any
         more, the wait runs out at once (its timeout passes on the world's clock)."""
         future: asyncio.Future = asyncio.get_running_loop().create_future()
@@ -436,9 +436,9 @@ class _Watch:
         return self._stream.error
 
     async def wait_for(self, predicate: Callable[[TelemetrySample], bool], timeout: float,
-                       after: float | None = None) -> TelemetrySample:
+                       after: float | None = None, eager: bool = False) -> TelemetrySample:
         self._hosts._alive()
-        sample = await self._stream.wait_for(predicate, timeout, after)
+        sample = await self._stream.wait_for(predicate, timeout, after, eager)
         self._hosts._alive()
         return sample
 

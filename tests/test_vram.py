@@ -25,6 +25,7 @@ from console.service.vram import (
 )
 from console.telemetry import TelemetryStream
 from remote import endpids
+from remote.drill import simgpu
 from remote.gpu_source import describe_process
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -126,13 +127,18 @@ def test_endpids_refuses_pid_one_and_nonsense():
 class LocalHost:
     """A stand-in for an SSH `Host` that runs the command on this machine (the stream part only)."""
 
-    async def stream(self, argv: list[str]):
+    async def stream(self, argv: list[str], stdin=None):
         proc = await asyncio.create_subprocess_exec(*argv, stdout=asyncio.subprocess.PIPE, cwd=ROOT,
+                                                    stdin=asyncio.subprocess.PIPE if stdin else asyncio.subprocess.DEVNULL,
                                                     env={"PATH": "/usr/bin:/bin"})
+        if stdin:
+            stdin(lambda text: proc.stdin.write(text.encode()))
         try:
             async for line in proc.stdout:
                 yield line.decode().rstrip("\n")
         finally:
+            if stdin:
+                stdin(None)
             if proc.returncode is None:
                 proc.kill()
             await proc.wait()
@@ -156,6 +162,31 @@ async def test_a_host_without_gpu_readings_fails_the_wait_at_once_with_the_reaso
             await wait_vram_free(stream, gpus=(0,), threshold_mib=1024, timeout=30)
         assert time.monotonic() - began < 10
     finally:
+        await stream.stop()
+
+
+async def test_an_eager_wait_sees_the_memory_leave_without_waiting_for_the_interval(tmp_path: Path):
+    """The window's waits (VRAM free after the stop, room after a release, memory back after a
+    resume) ask the agent for samples instead of waiting for its interval: with a 10 s interval the
+    released memory is seen within the 5 s wait, where the interval's next sample would come too late."""
+    sim = tmp_path / "gpu.json"
+    holder = subprocess.Popen(["sleep", "120"])
+    simgpu.hold(sim, holder.pid, 30000, gpus=[0])
+    stream = TelemetryStream(ConnectedSupervisor(), lambda host: _code_dir(), python=sys.executable, interval=10,
+                             simulate=str(sim))
+    stream.start()
+    try:
+        first = await stream.wait_for(lambda s: True, 60)
+        assert first.gpus[0].mem_used_mib == 30000
+        holder.kill()
+        holder.wait()  # the simulated driver frees a dead process's memory
+        result = await wait_vram_free(stream, gpus=(0,), threshold_mib=1024, timeout=5, stopped_at=time.monotonic())
+        assert result.free, result.used
+        # Not eager: the interval's next sample is seconds away.
+        with pytest.raises(TimeoutError):
+            await stream.wait_for(lambda s: True, 2, after=time.monotonic())
+    finally:
+        holder.kill()
         await stream.stop()
 
 
@@ -196,7 +227,7 @@ class FixedStream:
         self.telemetry = type("T", (), {"host": "ct129", "latest": samples[-1], "received_at": 1.0,
                                         "seen_service_pids": {}})()
 
-    async def wait_for(self, predicate, timeout: float, after: float | None = None) -> TelemetrySample:
+    async def wait_for(self, predicate, timeout: float, after: float | None = None, eager: bool = False) -> TelemetrySample:
         for s in self.samples:
             if predicate(s):
                 return s

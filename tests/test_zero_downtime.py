@@ -54,6 +54,12 @@ def test_zero_downtime_never_touches_the_server_and_matches_the_window(drill: Dr
     assert window.returncode == EXIT_DONE, window.stdout + window.stderr
     store_ids = sorted(p.name for p in drill.runs.iterdir())
     windowed = read_json(drill.runs / store_ids[-1] / "results" / "results.json")
+    # Its stop question names the route that never stops the server, with one downtime figure: the forecast.
+    asked = next(e for e in RunStore(drill.runs).open(store_ids[-1]).read_journal()
+                 if e.get("kind") == "question" and e.get("step") == "stop")
+    impact = asked["data"]["impact"]
+    assert "the alternative: zero-downtime: extract on ct200 GPU7" in impact and "never stopped" in impact
+    assert impact.count("forecast downtime") == 1 and "would stop the server" not in impact, impact
     for name in ("reference", "candidate"):
         assert zero["drafters"][name]["tau"] == windowed["drafters"][name]["tau"]
         assert zero["drafters"][name]["pos1_acc"] == windowed["drafters"][name]["pos1_acc"]

@@ -120,7 +120,7 @@ async def wait_vram_free(stream: Any, gpus: Sequence[int], threshold_mib: int, t
     try:
         # A host with no GPU readings at all ends the wait at once: waiting longer cannot help.
         sample = await stream.wait_for(lambda s: not s.gpus or vram_free(s, gpus, threshold_mib, ours), timeout,
-                                       after=after)
+                                       after=after, eager=True)
         if sample.gpus:
             return VramWaitResult(True, clock() - began, used_summary(sample, gpus, ours))
     except TimeoutError:

@@ -385,8 +385,11 @@ class Host:
             raise CommandFailed(self.name, argv, status, result.stderr)
         return result
 
-    async def stream(self, argv: list[str]) -> AsyncIterator[str]:
-        """Yield argv's stdout lines (without newline) as they come; CommandFailed on non-zero exit."""
+    async def stream(self, argv: list[str], stdin: Callable[[Callable[[str], None] | None], None] | None = None,
+                     ) -> AsyncIterator[str]:
+        """Yield argv's stdout lines (without newline) as they come; CommandFailed on non-zero exit.
+        `stdin`: called with a function that writes to the command's stdin once it runs (and with None
+        once it ends); without it the command's stdin is closed at once."""
         command = command_line(argv)
         conn = self._require()
         stderr_parts: list[str] = []
@@ -400,7 +403,10 @@ class Host:
 
         with self.errors(f"`{command}`"):
             proc = await conn.create_process(command, errors="replace")
-        proc.stdin.write_eof()
+        if stdin is None:
+            proc.stdin.write_eof()
+        else:
+            stdin(lambda text: None if proc.is_closing() else proc.stdin.write(text))
         drainer = asyncio.create_task(drain_stderr(proc))
         # When the link drops, stderr fails too (ConnectionLost) while the stdout error is the one
         # raised. Fetch the drainer's outcome as it ends: a generator dropped without being closed
@@ -414,6 +420,8 @@ class Host:
                 await drainer
                 completed = await proc.wait()
         finally:  # also when the caller stops early: close the channel, stop reading stderr
+            if stdin is not None:
+                stdin(None)
             drainer.cancel()
             if not proc.is_closing():
                 proc.close()

@@ -366,7 +366,7 @@ async def run_room(engine: Engine) -> str:
 
     started = time.monotonic()
     try:  # a sample taken after the release: what it freed is measured (the resume is verified against it)
-        sample = await stream.wait_for(enough, service.vram_wait_s, after=started)
+        sample = await stream.wait_for(enough, service.vram_wait_s, after=started, eager=True)
     except TimeoutError:
         latest = stream.telemetry.latest
         raise StepFailed("free-vram", f"the service's GPUs have {room(latest) if latest else '?'} MiB free after "
@@ -400,7 +400,8 @@ async def _settle_resuming(engine: Engine) -> None:
     svc = engine.state.service
     stream = engine.hosts.telemetry(engine.config.service.host)
     try:
-        sample = await stream.wait_for(lambda s: _memory_back(engine, s) is not False, 2 * stream_interval(engine))
+        sample = await stream.wait_for(lambda s: _memory_back(engine, s) is not False, 2 * stream_interval(engine),
+                                       eager=True)
     except TimeoutError:
         sample = _latest(engine)
     back = _memory_back(engine, sample)
@@ -483,7 +484,7 @@ async def verify_resume(engine: Engine) -> None:
     if _memory_back(engine, latest) is None or _memory_back(engine, latest):
         return  # back, or nothing measured to compare with (the continue's checks still run)
     try:
-        await stream.wait_for(lambda sample: _memory_back(engine, sample) is True, MEMORY_BACK_S)
+        await stream.wait_for(lambda sample: _memory_back(engine, sample) is True, MEMORY_BACK_S, eager=True)
     except TimeoutError:
         svc = engine.state.service
         raise StepFailed("resume", f"the server answered the resume, but its GPUs show {_used(engine, _latest(engine))} "

@@ -104,8 +104,11 @@ def _outside_note(engine: Engine) -> str:
 
 
 def _alternative(engine: Engine) -> str:
-    proposal = engine.state.facts.get("proposal")
-    return f"; the alternative: {proposal} (dflash-ops run --route zero-downtime)" if proposal else ""
+    """The route that never stops the server, when one fits: where it would extract, and no figure
+    of its own (the question's one figure is the forecast downtime)."""
+    alternative = engine.state.facts.get("alternative")
+    return (f"; the alternative: {alternative}, the server never stopped (dflash-ops run --route zero-downtime)"
+            if alternative else "")
 
 
 async def run_stop(engine: Engine) -> str:
