@@ -39,7 +39,8 @@ if [[ "$what" == window || "$what" == window-tests || "$what" == all ]]; then
     | tee "$out/window-gpu-tests.log"
 fi
 if [[ "$what" == window || "$what" == window-bench || "$what" == all ]]; then
-  python3 bench/window.py --gpu --runs "${WINDOW_RUNS:-1}" --json "$out/window-gpu.json" 2>&1 | tee "$out/bench-window-gpu.txt"
+  # --load: users' requests throughout each route (failed and held counted: the pause route must fail none)
+  python3 bench/window.py --gpu --load --runs "${WINDOW_RUNS:-1}" --json "$out/window-gpu.json" 2>&1 | tee "$out/bench-window-gpu.txt"
 fi
 nvidia-smi --query-gpu=index,memory.used --format=csv,noheader >> "$out/gpu-tests.log" 2>&1
 echo "== gpu_suite $what done in ${SECONDS} s" >> "$out/gpu-tests.log"
