@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import socket
 import sys
 import threading
@@ -74,12 +75,17 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 
 def _listen(asked: threading.Event) -> None:
-    """Set `asked` on every `now` line on stdin, until it closes."""
+    """Set `asked` on every `now` line on stdin, until it closes. Raw reads of fd 0, not sys.stdin:
+    this thread may still be reading when the agent exits, and sys.stdin's lock would then be held
+    at the interpreter's shutdown (a fatal error)."""
+    pending = b""
     try:
-        for line in sys.stdin:
-            if line.strip() == "now":
+        while chunk := os.read(0, 4096):
+            pending += chunk
+            *lines, pending = pending.split(b"\n")
+            if any(line.strip() == b"now" for line in lines):
                 asked.set()
-    except (OSError, ValueError):  # no stdin at all: samples on the interval only
+    except OSError:  # no stdin at all: samples on the interval only
         pass
 
 
