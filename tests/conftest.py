@@ -26,7 +26,7 @@ else:
 MEASURED_S = {
     "tests/test_window.py": 459, "tests/test_zero_downtime.py": 163, "tests/test_signals.py": 157,
     "tests/tui/test_tui_drill.py": 132, "tests/test_live_run.py": 230, "tests/test_budget_window.py": 150,
-    "tests/test_share_window.py": 120, "tests/test_drill_hosts.py": 280,  # its replicas test: two windows "tests/test_frozen_host.py": 55,
+    "tests/test_share_window.py": 120, "tests/test_drill_hosts.py": 280, "tests/test_frozen_host.py": 55,
     "tests/test_service_ssh.py": 43, "tests/test_forecast.py": 37, "tests/test_cmd_run.py": 30,
 }
 DRILL_S = 30  # a file not measured yet: about this long for each test that starts a fresh drill
