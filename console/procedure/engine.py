@@ -140,11 +140,7 @@ class Engine:
         self.fits: list[HostFit] = []
         self.plan: PlanReady | None = None
         self.earlier = estimates(s.state.to_json() for s in self._earlier_runs())
-        self._gpu_released = asyncio.Event()
-        self._restart_task: asyncio.Task | None = None
         self._restart_lock = asyncio.Lock()
-        self.start_issued = asyncio.Event()  # the restart's start is being sent (or the service found starting)
-        self._left_flushing: str | None = None  # why the extractor was left to finish (`kept.flushing`)
         self._before_resume: Any = None  # a resumed run's state before this console touched it (`kept.left_as_it_was`)
         # The operator said no to the restart: the run asks no more (the restart step, the compensation);
         # only `r` (or `run --resume`) asks again, as a decision of its own.
@@ -155,19 +151,11 @@ class Engine:
         self.lease: Any = None  # renews the staged worker's lease while this engine runs (steps/serving.py)
         self._unsubscribe_telemetry: Callable[[], None] | None = None
         self._decision_s: dict[str, float] = {}
-        self._irreversible: dict[str, str] = {}  # step -> detail, once its change on the host is made
-        self._stopped_mono: float | None = None
         self._ran: set[str] = set()  # steps this engine ran (not found satisfied)
         self._resumed = False
-        self._window_forecast: tuple[fc.Forecast, fc.ForecastInputs] | None = None
-        self._progress = fc.ExtractionProgress()
-        self._budget_asked = False
         self._windows_here = 0  # windows this engine began after a budget cut (`_next_replica`)
-        self._service_said: str | None = None  # the service's state last journalled ("down", "up", "paused")
-        self._health_said: tuple[Any, ...] | None = None  # its health verdict last journalled
-        # job counter -> (when last journalled, its newest value not journalled yet): run_jobs._record_progress
-        self.progress_said: dict[tuple[str, str], tuple[float, Any]] = {}
         self._budget_task: asyncio.Task | None = None
+        self._fresh_window()
         self._task: asyncio.Task | None = None  # the one running `execute`, while it does
         self._driving = False  # in `_drive`: the steps run, a cancel is taken there
         self._cancel_asked = False  # while driving: a cancel came, taken or not yet
@@ -508,15 +496,24 @@ class Engine:
                                       f"of it changed: {exc.msg}") from None
 
     def _fresh_window(self) -> None:
-        """What the engine keeps of one window, made anew for the next (as a new console's engine)."""
+        """What the engine keeps of one window: made at the start, and anew for a run's next window
+        (as a new console's engine would)."""
         if self._budget_task is not None:
             self._budget_task.cancel()  # the last window's offer to stop at its budget, if still open
-        self._budget_task, self._budget_asked = None, False
-        self._gpu_released, self.start_issued = asyncio.Event(), asyncio.Event()
-        self._restart_task, self._stopped_mono, self._left_flushing = None, None, None
-        self._irreversible, self.progress_said = {}, {}
-        self._window_forecast, self._progress = None, fc.ExtractionProgress()
-        self._service_said = self._health_said = None
+        self._budget_task = None
+        self._budget_asked = False
+        self._gpu_released = asyncio.Event()
+        self.start_issued = asyncio.Event()  # the restart's start is being sent (or the service found starting)
+        self._restart_task: asyncio.Task | None = None
+        self._stopped_mono: float | None = None
+        self._left_flushing: str | None = None  # why the extractor was left to finish (`kept.flushing`)
+        self._irreversible: dict[str, str] = {}  # step -> detail, once its change on the host is made
+        # job counter -> (when last journalled, its newest value not journalled yet): run_jobs._record_progress
+        self.progress_said: dict[tuple[str, str], tuple[float, Any]] = {}
+        self._window_forecast: tuple[fc.Forecast, fc.ForecastInputs] | None = None
+        self._progress = fc.ExtractionProgress()
+        self._service_said: str | None = None  # the service's state last journalled ("down", "up", "paused")
+        self._health_said: tuple[Any, ...] | None = None  # its health verdict last journalled
 
     async def _side_by_side(self, unit: tuple[Step, ...]) -> None:
         """Steps of one group at once: the first to fail cancels the others (their jobs are ended
