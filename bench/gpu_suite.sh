@@ -3,7 +3,7 @@
 # From the repo root on the GPU host, with ../shared/device copied to .dev/:
 #   bash bench/gpu_suite.sh [tests|bench-extract|window|window-tests|window-bench|all]
 # Each stage fits one 10-minute call, but `window` (its tests, then its bench), which takes two:
-# window-tests and window-bench. Logs and figures go to $OUT (or ./gpu-out): gpu-tests.log,
+# window-tests and window-bench (WINDOW_ROUTES=staged,pause: the bench runs only those). Logs and figures go to $OUT (or ./gpu-out): gpu-tests.log,
 # bench-*.txt, *.json; the window stage's window-gpu-tests.log, bench-window-gpu.txt, window-gpu.json.
 # The window stage runs the console and the drill there: asyncssh, textual and their dependencies,
 # fetched as wheels into .whl/ on a machine with a registry (the device README's pip download
@@ -40,7 +40,7 @@ if [[ "$what" == window || "$what" == window-tests || "$what" == all ]]; then
 fi
 if [[ "$what" == window || "$what" == window-bench || "$what" == all ]]; then
   # --load: users' requests throughout each route (failed and held counted: the pause route must fail none)
-  python3 bench/window.py --gpu --load --runs "${WINDOW_RUNS:-1}" --json "$out/window-gpu.json" 2>&1 | tee "$out/bench-window-gpu.txt"
+  python3 bench/window.py --gpu --load --runs "${WINDOW_RUNS:-1}" --routes "${WINDOW_ROUTES:-staged,cold,zero-downtime,pause}" --json "$out/window-gpu.json" 2>&1 | tee "$out/bench-window-gpu.txt"
 fi
 nvidia-smi --query-gpu=index,memory.used --format=csv,noheader >> "$out/gpu-tests.log" 2>&1
 echo "== gpu_suite $what done in ${SECONDS} s" >> "$out/gpu-tests.log"

@@ -1,6 +1,7 @@
 """The downtime window on the drill, broken down by phase, staged and cold side by side.
 
-    python bench/window.py [--runs N] [--dir DIR] [--json FILE] [--gpu] [--load [--load-rate R]]
+    python bench/window.py [--runs N] [--routes staged,cold,zero-downtime,pause] [--dir DIR] [--json FILE]
+                           [--gpu] [--load [--load-rate R]]
     python bench/window.py --replicas 2 --load [--load-rate R] [--dir DIR] [--json FILE]
 
 Downtime is the stop being issued until the server is ready again. Its phases, each timed by the
@@ -16,7 +17,9 @@ The zero-downtime route (extract on the training host's free GPU) is run once to
 memory saver): its downtime is the pause until the continue, the server process never stopped, split
 into pause + release, the extraction, resume + continue. The console's overhead is the downtime minus those: noticing the free GPUs and writing the go,
 noticing `gpu_released` and issuing the start, state and journal writes. Runs alternate staged and
-cold; medians are printed. Last line: the headline.
+cold; medians are printed. `--routes` runs fewer of them (the staged stop route is always run: it is
+the baseline); the pause run also prints its journal from the pause to the continue, so where its
+downtime goes is seen. Last line: the headline.
 
 `--gpu`: the drill on this machine's CUDA GPU (`dflash-ops drill --gpu`: a 1.7 B target served from
 the GPU, a real CUDA worker left holding memory by the first stop, NVML telemetry, the fast
@@ -93,6 +96,19 @@ def pause_phases(state: dict[str, Any]) -> dict[str, float]:
             "resume_continue": service["continued_at"] - facts["gpu_released_at"]}
 
 
+def pause_timeline(run_dir: Path) -> str:
+    """Each journal entry from the pause to the continue, as seconds since the pause: where the pause
+    route's downtime goes (the steps, the questions, the extractor's lines)."""
+    state = json.loads((run_dir / "state.json").read_text())
+    start, end = state["service"]["paused_at"], state["service"]["continued_at"]
+    entries = []
+    for line in (run_dir / "journal.jsonl").read_text().splitlines():
+        entry = json.loads(line)
+        if start - 0.5 <= entry["t"] <= end + 0.1 and entry.get("kind") not in ("job-progress",):
+            entries.append(f"{entry['t'] - start:+.2f} {entry.get('step') or '-'}: {entry['message'][:70]}")
+    return "\n  " + "\n  ".join(entries)
+
+
 def memory_over_window(run_dir: Path, host: str = "ct129", gpu: int = 0) -> list[tuple[float, int | None, bool]]:
     """(seconds since the stop, used MiB, service down) per telemetry sample of `host`'s GPU, from a
     few seconds before the stop to a few after the server is ready: NVML's view of the window."""
@@ -150,6 +166,9 @@ def main() -> int:
     parser.add_argument("--gpu", action="store_true", help="the drill on this machine's CUDA GPU (REAL GPU)")
     parser.add_argument("--load", action="store_true", help="users' requests throughout each run (bench/loadgen.py)")
     parser.add_argument("--load-rate", type=float, default=2.0, help="--load's requests per second (default 2)")
+    parser.add_argument("--routes", default="staged,cold,zero-downtime,pause",
+                        help="which routes to run (comma-separated; default all four). The stop route's "
+                             "staged run stays the baseline the pause route is compared with")
     parser.add_argument("--replicas", type=int, default=1,
                         help="N > 1: the fleet window behind SGLang's router under load, beside the stop route")
     args = parser.parse_args()
@@ -158,18 +177,25 @@ def main() -> int:
 
         return run_bench(args.replicas, args.load_rate, args.dir, args.json)
     rate = args.load_rate if args.load else None
+    routes = [r.strip() for r in args.routes.split(",") if r.strip()]
+    unknown = sorted(set(routes) - {"staged", "cold", "zero-downtime", "pause"})
+    if unknown or "staged" not in routes:
+        parser.error(f"--routes {args.routes!r}: " + (f"unknown {', '.join(unknown)}" if unknown else
+                     "the staged stop route is the baseline every other route is compared with"))
     with tempfile.TemporaryDirectory(prefix="bench-window-") as tmp:
         drill_dir = Path(args.dir or Path(tmp) / "drill")
         config = up(drill_dir, fresh=True, gpu=args.gpu, say=lambda line: print(line, file=sys.stderr))
+        pause: dict[str, float] | None = None
         try:
             store = Path(tmp) / "runs"
             print("warm-up run (the drill's first stop leaves VRAM held: not counted)", file=sys.stderr)
             asyncio.run(one_run(config, store, stage=True))
-            rows: dict[str, list[dict[str, float]]] = {"staged": [], "cold": []}
+            stop_kinds = [k for k in ("staged", "cold") if k in routes]
+            rows: dict[str, list[dict[str, float]]] = {k: [] for k in stop_kinds}
             loads: dict[str, list[LoadReport]] = {}
             memory: list[tuple[float, int | None, bool]] = []
             for i in range(args.runs):
-                for kind in ("staged", "cold") if i % 2 == 0 else ("cold", "staged"):
+                for kind in stop_kinds if i % 2 == 0 else stop_kinds[::-1]:
                     state = asyncio.run(one_run(config, store, stage=kind == "staged", load_rate=rate))
                     rows[kind].append(phases(state))
                     if state["load"] is not None:
@@ -178,18 +204,21 @@ def main() -> int:
                         memory = memory_over_window(Path(state["run_dir"]))
                     print(f"{kind} run {len(rows[kind])}: " + ", ".join(
                         f"{k} {v:.2f} s" for k, v in rows[kind][-1].items() if v is not None), file=sys.stderr)
-            state = asyncio.run(one_run(config, store, stage=False, route="zero-downtime", load_rate=rate))
-            rows["zero-downtime"] = [phases(state)]
-            if state["load"] is not None:
-                loads["zero-downtime"] = [state["load"]]
-            print(f"zero-downtime run: extracted on {state['facts']['extract_on']['host']}; the server was "
-                  f"{'STOPPED' if state['service'].get('stopped_at') else 'never stopped'}", file=sys.stderr)
-            # The drill's server runs with the memory saver (drill up's default): the pause route, once.
-            state = asyncio.run(one_run(config, store, stage=True, route="pause", load_rate=rate))
-            pause: dict[str, float] | None = pause_phases(state)
-            if state["load"] is not None:
-                loads["pause"] = [state["load"]]
-            print("pause run: " + ", ".join(f"{k} {v:.2f} s" for k, v in pause.items()), file=sys.stderr)
+            if "zero-downtime" in routes:
+                state = asyncio.run(one_run(config, store, stage=False, route="zero-downtime", load_rate=rate))
+                rows["zero-downtime"] = [phases(state)]
+                if state["load"] is not None:
+                    loads["zero-downtime"] = [state["load"]]
+                print(f"zero-downtime run: extracted on {state['facts']['extract_on']['host']}; the server was "
+                      f"{'STOPPED' if state['service'].get('stopped_at') else 'never stopped'}", file=sys.stderr)
+            if "pause" in routes:
+                # The drill's server runs with the memory saver (drill up's default): the pause route, once.
+                state = asyncio.run(one_run(config, store, stage=True, route="pause", load_rate=rate))
+                pause = pause_phases(state)
+                if state["load"] is not None:
+                    loads["pause"] = [state["load"]]
+                print("pause run: " + ", ".join(f"{k} {v:.2f} s" for k, v in pause.items()), file=sys.stderr)
+                print("pause run, from the pause (s): " + pause_timeline(Path(state["run_dir"])), file=sys.stderr)
             # The downtime forecast (issue 21): each run forecast from the runs before it, against its measure.
             forecasts = hindcast(run.state for run in RunStore(store).readable())
         finally:
@@ -197,12 +226,14 @@ def main() -> int:
     keys = ("downtime", "stop", "vram_free", "extract", "copy", "forward", "start_ready", "overhead", "limit",
             "released_to_start")
     keys = tuple(k for k in keys if all(r.get(k) is not None for runs in rows.values() for r in runs))
-    medians = {kind: {k: statistics.median(r[k] for r in runs) for k in keys} for kind, runs in rows.items()}
+    medians = {kind: {k: statistics.median(r[k] for r in runs) for k in keys} for kind, runs in rows.items() if runs}
+    nan = {k: float("nan") for k in keys}  # a route not run (--routes) prints as nan
+    cold_m, zero_m = medians.get("cold", nan), medians.get("zero-downtime", nan)
     print(f"{'phase':<20}{'staged':>10}{'cold':>10}{'cold/staged':>14}{'zero-downtime':>16}")
     for key in keys:
-        staged, cold = medians["staged"][key], medians["cold"][key]
+        staged, cold = medians["staged"][key], cold_m[key]
         ratio = f"{cold / staged:.2f}x" if staged > 0.005 else "-"
-        print(f"{key:<20}{staged:>9.2f}s{cold:>9.2f}s{ratio:>14}{medians['zero-downtime'][key]:>15.2f}s")
+        print(f"{key:<20}{staged:>9.2f}s{cold:>9.2f}s{ratio:>14}{zero_m[key]:>15.2f}s")
     if memory:
         print(f"GPU0 used over a staged window ({'NVML' if args.gpu else 'simulated'}, through the agent; MiB, t from "
               f"the stop, * = service down): "
@@ -210,7 +241,8 @@ def main() -> int:
     if pause is not None:
         print(f"pause route (the server never stopped): downtime {pause['downtime']:.2f} s = pause + release "
               f"{pause['pause_release']:.2f} s, extract {pause['extract']:.2f} s, resume + continue "
-              f"{pause['resume_continue']:.2f} s")
+              f"{pause['resume_continue']:.2f} s (target: at most the extraction + 1 s = "
+              f"{pause['extract'] + 1:.2f} s)")
     if args.json:
         Path(args.json).write_text(json.dumps({"gpu": args.gpu, "runs": rows, "medians": medians, "pause": pause,
                                                "memory_over_staged_window": memory,
@@ -221,14 +253,14 @@ def main() -> int:
     print("downtime forecast vs measured, each run from the runs before it (target: within 20 % on the second run): "
           + ", ".join(f"run {r.position} ({'staged' if r.staged else 'cold'}) {r.downtime.forecast_s:.2f} s vs "
                       f"{r.downtime.measured_s:.2f} s ({r.downtime.error:+.0%})" for r in forecasts))
-    worst = max(medians["staged"]["overhead"], medians["cold"]["overhead"])
+    worst = max(m["overhead"] for kind, m in medians.items() if kind != "zero-downtime")
     limit = f" (limit {medians['staged']['limit']:.2f} s: stop + copy + forward + server start)" \
         if "limit" in medians["staged"] and args.gpu else ""
     print(f"{'GPU ' if args.gpu else ''}window downtime {medians['staged']['downtime']:.2f} s staged{limit} vs "
-          f"{medians['cold']['downtime']:.2f} s cold, {medians['zero-downtime']['downtime']:.2f} s zero-downtime"
+          f"{cold_m['downtime']:.2f} s cold, {zero_m['downtime']:.2f} s zero-downtime"
           + (f", pause route {pause['downtime']:.2f} s ({medians['staged']['downtime'] / pause['downtime']:.1f}x "
              f"shorter than the staged stop route)" if pause else "") + "; "
-          f"overhead {medians['staged']['overhead']:.2f} s staged, {medians['cold']['overhead']:.2f} s cold (target < 1 s)"
+          f"overhead {medians['staged']['overhead']:.2f} s staged, {cold_m['overhead']:.2f} s cold (target < 1 s)"
           + ("; failed requests " + ", ".join(f"{kind} {sum(r.failed for r in reports)}" for kind, reports in loads.items())
              if loads else ""))
     return 0 if worst < 1.0 else 1

@@ -261,10 +261,13 @@ async def compensate(engine: Engine, why: str) -> None:
     offer the restart."""
     await end_own_jobs(engine)
     if engine._restart_task is not None:
+        task, engine._restart_task = engine._restart_task, None
         try:
-            await engine._restart_task
+            await task
         except Exception as exc:
-            engine.journal("restart", f"the restart begun at gpu_released failed: {exc}", level="error")
+            what = "giving the server back" if engine.route == "pause" else "the restart"
+            engine.journal("resume" if engine.route == "pause" else "restart",
+                           f"{what} begun at gpu_released failed: {exc}", level="error")
     if engine.server_held_by_us and not engine.service_down_by_us:
         if not engine.restart_on_failure:
             engine.journal("resume", "the server is left paused (--no-restart)", level="warning")

@@ -141,6 +141,7 @@ class Engine:
         self.plan: PlanReady | None = None
         self.earlier = estimates(s.state.to_json() for s in self._earlier_runs())
         self._restart_lock = asyncio.Lock()
+        self._window_dirs: set[tuple[str, str]] = set()  # (host, path) made by this console (`_window_dir`)
         self._before_resume: Any = None  # a resumed run's state before this console touched it (`kept.left_as_it_was`)
         # The operator said no to the restart: the run asks no more (the restart step, the compensation);
         # only `r` (or `run --resume`) asks again, as a decision of its own.
@@ -504,7 +505,10 @@ class Engine:
         self._budget_asked = False
         self._gpu_released = asyncio.Event()
         self.start_issued = asyncio.Event()  # the restart's start is being sent (or the service found starting)
+        # The server's return begun at gpu_released: the stop route's restart, the pause route's give-back.
         self._restart_task: asyncio.Task | None = None
+        self._continued_early = False  # continued by that give-back: the continue step verifies it
+        self._give_back_refused: Exception | None = None  # the operator's no to it, raised by its own step
         self._stopped_mono: float | None = None
         self._left_flushing: str | None = None  # why the extractor was left to finish (`kept.flushing`)
         self._irreversible: dict[str, str] = {}  # step -> detail, once its change on the host is made
@@ -706,9 +710,12 @@ class Engine:
 
 
     async def _window_dir(self, name: str) -> str:
-        """This run's directory on host `name` (created private)."""
+        """This run's directory on host `name` (created private, once per console: every step asks
+        for it, some inside the window, where each round trip is downtime)."""
         path = f"{await self.hosts.workdir(name)}/windows/{self.run.run_id}"
-        await self.hosts.run(name, ["mkdir", "-p", "-m", "700", path])
+        if (name, path) not in self._window_dirs:
+            await self.hosts.run(name, ["mkdir", "-p", "-m", "700", path])
+            self._window_dirs.add((name, path))
         return path
 
     async def restart_service(self, reason: str) -> None:

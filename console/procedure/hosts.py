@@ -32,6 +32,10 @@ from console.ssh.hosts import HostError
 from console.ssh.jobs import JobHandle, JobRunner, JobStatus, follow_with_reconnect
 
 Progress = Callable[[int, int], None]
+JOB_POLL_S = 0.2  # how often an idle job's events file is read
+# The extractor's events open and end the window (its `gpu_released` begins the restart or the
+# give-back): read five times as often, so the console's notice is not part of the downtime.
+EXTRACT_POLL_S = 0.04
 
 
 class ServiceManager(Protocol):
@@ -216,7 +220,9 @@ class SessionHosts:
 
     async def follow_job(self, handle: JobHandle, offset: int, connect_timeout: float) -> AsyncIterator[tuple[int, dict]]:
         supervisor = self.session.supervisors[handle.host]
-        async for item in follow_with_reconnect(supervisor, handle, offset=offset, connect_timeout=connect_timeout):
+        poll = EXTRACT_POLL_S if handle.worker == "extract" else JOB_POLL_S
+        async for item in follow_with_reconnect(supervisor, handle, offset=offset, connect_timeout=connect_timeout,
+                                                poll_interval=poll):
             yield item
 
     async def stderr_tail(self, handle: JobHandle) -> str:

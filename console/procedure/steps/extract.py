@@ -46,8 +46,11 @@ async def extraction_complete(engine: Engine) -> bool:
     """The states' manifest on the extraction host is complete and its files match their sha256."""
     if engine.state.extraction.complete:
         return True
-    if "extract" not in engine.state.jobs:
+    record = engine.state.jobs.get("extract")
+    if record is None:
         return False
+    if engine.state.extraction.begun_at is None and "staged" in record.events_seen:
+        return False  # a staged extractor writes nothing before its go, and the go is recorded before it is sent
     host_name, _ = engine._extract_host()
     window = await engine._window_dir(host_name)
     if await engine.hosts.manifest_complete(host_name, f"{window}/states"):
@@ -75,6 +78,7 @@ async def _back_before_verifying(engine: Engine) -> None:
     if record is None or "gpu_released" not in record.events_seen or engine.state.extraction.complete:
         return
     if engine.route == "pause" and engine.server_held_by_us:
+        pause.begin_give_back(engine)
         await pause.give_back(engine, reason="the extraction had released the GPUs")
         return
     stop.begin_restart(engine)
@@ -110,6 +114,7 @@ def _on_extract_event(engine: Engine, event: dict[str, Any]) -> None:
     engine._gpu_released.set()
     engine._crash("gpu-released")
     stop.begin_restart(engine)
+    pause.begin_give_back(engine)
 
 
 def worker_time(event: dict[str, Any]) -> float:

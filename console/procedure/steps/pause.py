@@ -11,6 +11,11 @@ tags released and sees the memory back on the GPUs, and `continue` lets the held
 checks that `/health` passes and that a greedy `/generate` answers the same tokens as before the
 pause. Each change asks the Decider with the literal request.
 
+The give-back begins the moment the extractor says `gpu_released`, as the stop route's restart does
+(`begin_give_back`): resume, the memory seen back, continue; the extractor's flush to disk and the
+sha256 check of its files run while the server takes requests again. The resume and continue steps
+then find that done (the continue step still checks /health and the greedy tokens).
+
 Every failure, refusal, cancel and crash after the pause ends in resume + continue (`give_back`,
 called by the engine's compensation as the stop route's restart is): one continue per pause, one
 resume per release. Facts on SGLang's routes: docs/sglang.md.
@@ -18,6 +23,7 @@ resume per release. Facts on SGLang's routes: docs/sglang.md.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import time
 from typing import TYPE_CHECKING, Any
@@ -426,7 +432,34 @@ def stream_interval(engine: Engine) -> float:
     return float(getattr(telemetry, "interval", 1.0) or 1.0)
 
 
+def begin_give_back(engine: Engine) -> None:
+    """At `gpu_released`: the server's memory goes back and its requests run again now, not after the
+    extractor's files are flushed and verified (the pause route's twin of `stop.begin_restart`)."""
+    if engine.route == "pause" and engine.server_held_by_us and engine._restart_task is None:
+        engine._restart_task = asyncio.create_task(
+            _give_back(engine, reason="the extraction released the GPUs", early=True), name="give-back-at-gpu-released")
+
+
+async def join_give_back(engine: Engine, step: str | None = None) -> None:
+    """Wait for the give-back begun at `gpu_released`, if any. A failure is journalled, and whatever it
+    left undone is done by the steps (each request in doubt settled first). The operator's refusal
+    stands: raised by its own step (`step`; None: by whichever caller comes first)."""
+    task, engine._restart_task = engine._restart_task, None
+    if task is not None:
+        try:
+            await task
+        except Refused as exc:
+            engine._give_back_refused = exc
+        except Exception as exc:
+            engine.journal("resume", f"giving the server back at gpu_released failed: {exc}", level="error")
+    refused = engine._give_back_refused
+    if refused is not None and (step is None or refused.step == step):
+        engine._give_back_refused = None
+        raise refused
+
+
 async def check_resume(engine: Engine) -> Skip | None:
+    await join_give_back(engine, "resume")
     svc = engine.state.service
     if svc.releasing:
         await _settle_releasing(engine)
@@ -493,10 +526,11 @@ async def verify_resume(engine: Engine) -> None:
 
 
 async def check_continue(engine: Engine) -> Skip | None:
+    await join_give_back(engine, "continue")
     svc = engine.state.service
     if svc.pauses == 0:
         return Skip("the server was not paused by this run")
-    if not svc.paused:
+    if not svc.paused and not engine._continued_early:  # continued by this console at gpu_released: verified below
         return Found(f"taking requests again since "
                      f"{time.strftime('%H:%M:%S', time.localtime(svc.continued_at or time.time()))}")
     return None
@@ -506,6 +540,10 @@ async def run_continue(engine: Engine, reason: str = "its memory is back") -> st
     svc = engine.state.service
     if svc.released:
         raise StepFailed("continue", f"{', '.join(svc.released)} still released: the server is resumed first")
+    if engine._continued_early and not svc.paused:
+        engine._continued_early = False
+        return (f"taking requests again since {time.strftime('%H:%M:%S', time.localtime(svc.continued_at or 0))} "
+                f"(continued at gpu_released)")
     server = await engine.hosts.server()
     if svc.continues > 0 and await _paused_now(engine) is False:  # sent before, its answer lost: it landed
         engine.journal("continue", "the continue sent earlier had landed (/ready answers 200)", level="warning")
@@ -559,7 +597,12 @@ async def verify_continue(engine: Engine) -> None:
 async def give_back(engine: Engine, reason: str) -> None:
     """The pause route's compensation: resume exactly what this run released, then continue, each
     once. Called after any failure, refusal or cancel after the pause, and by `run --resume` of a
-    run that left the server paused."""
+    run that left the server paused. A give-back begun at `gpu_released` is waited for first."""
+    await join_give_back(engine)
+    await _give_back(engine, reason)
+
+
+async def _give_back(engine: Engine, reason: str, early: bool = False) -> None:
     svc = engine.state.service
     unconfirmed = svc.paused and not svc.pause_confirmed and not svc.released and not svc.releasing
     if unconfirmed and await _paused_now(engine) is False:  # the pause never landed: nothing to continue
@@ -577,3 +620,4 @@ async def give_back(engine: Engine, reason: str) -> None:
         await verify_resume(engine)
     if svc.paused:
         await run_continue(engine, reason)
+        engine._continued_early = early  # the continue step still checks /health and the greedy tokens
