@@ -170,5 +170,5 @@ class FakeServerClient:
     async def health(self) -> int:
         return await self._call("health", {}, lambda: 200 if self._server.serving() else 503)
 
-    async def generate(self, input_ids: list[int], max_new_tokens: int) -> dict:
+    async def generate(self, input_ids: list[int], max_new_tokens: int, timeout: float | None = None) -> dict:
         return await self._call("generate", {}, lambda: self._server.generate(input_ids, max_new_tokens))

@@ -42,6 +42,10 @@ if TYPE_CHECKING:
 
 PROBE_IDS = [1, 2, 3, 4, 5, 6, 7, 8]  # any valid ids: the same greedy request before the pause and after
 PROBE_TOKENS = 8
+# The greedy probe waits behind the requests ahead of it (after the continue: every request that was
+# held), so it gets a deadline of its own, longer than a control request's: it is a check, never
+# downtime (before the pause the server serves; after the continue it serves again).
+PROBE_WAIT_S = 60.0
 MEMORY_BACK_S = 60.0  # the resumed memory is seen on the GPUs within this (the KV cache takes < 1 s)
 MEMORY_BACK_SHARE = 0.8  # of what the release freed, seen used again after the resume
 # Issue 26's measurements on an H200 (torch_memory_saver 0.0.10): the basis until this host has its own.
@@ -238,7 +242,7 @@ async def run_pause(engine: Engine) -> str:
     server = await engine.hosts.server()
     svc = engine.state.service
     if svc.probe_tokens is None:  # the greedy answer the resumed server must give again
-        svc.probe_tokens = list((await server.generate(PROBE_IDS, PROBE_TOKENS))["output_ids"])
+        svc.probe_tokens = list((await server.generate(PROBE_IDS, PROBE_TOKENS, PROBE_WAIT_S))["output_ids"])
         engine.run.save()
     body = {"mode": "retract"}
     impact = (f"{service_name(engine.config)} on {engine.config.service.host} holds its requests (running ones go "
@@ -588,7 +592,7 @@ async def verify_continue(engine: Engine) -> None:
     expected = engine.state.service.probe_tokens
     if expected is None:
         return
-    got = list((await server.generate(PROBE_IDS, PROBE_TOKENS))["output_ids"])
+    got = list((await server.generate(PROBE_IDS, PROBE_TOKENS, PROBE_WAIT_S))["output_ids"])
     if got != expected:
         raise StepFailed("continue", f"the server answers other greedy tokens than before the pause ({got} after, "
                                      f"{expected} before): its weights may not have come back whole")
