@@ -59,8 +59,15 @@ def test_story_asymmetry_is_flagged_and_exits_1(hosts: ThreadedHosts, tmp_path: 
 
 def test_identical_hosts_pass_with_exit_0(hosts: ThreadedHosts, tmp_path: Path, capsys: pytest.CaptureFixture[str]):
     config = write_config(tmp_path / "ops.toml", {name: hosts.host_table(name) for name in ("ct129", "ct200")})
-    assert main(["probe", "--config", str(config)]) == 0
-    out = capsys.readouterr().out
+    assert main(["probe", "--config", str(config), "--cached"]) == 0  # nothing kept yet: probed, and kept
+    captured = capsys.readouterr()
+    out = captured.out
+    assert "environment unchanged" not in captured.err
+    # --cached again: torch, packages and kernel binding from that probe (the log says so), the same table.
+    assert main(["probe", "--config", str(config), "--cached"]) == 0
+    again = capsys.readouterr()
+    assert again.out == out and again.err.count("environment unchanged since") == 2
+    assert len(list((hosts.workdir("ct129") / "probe-cache").glob("environment-*.json"))) == 1
     assert "no kernel asymmetry between ct129, ct200" in out and "MISMATCH" not in out
     # Only the target host is given the model: a model row on one host alone is no difference.
     assert "differs" not in out

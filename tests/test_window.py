@@ -71,6 +71,12 @@ def test_headless_drill_end_to_end(drill: Drill) -> None:
     journal = drill.journal()
     assert any("approved: end 1 process holding VRAM" in e["message"] for e in journal)
     assert any(e.get("argv", [None])[0:1] and "remote.endpids" in " ".join(e.get("argv", [])) for e in journal)
+    # Each host's probe said where its environment facts came from: probed and kept by the first window
+    # on these (shared) drill hosts, taken from that probe by any later one.
+    probed = [e["message"] for e in journal if e["message"].startswith("probe on ") and "environment" in e["message"]]
+    assert len(probed) == len(drill.config.hosts) and all(
+        ("environment probed now" in line and "kept for the next window" in line)
+        or ("environment unchanged since" in line and "kernel binding from that probe" in line) for line in probed), probed
     # The restart began at gpu_released, before the extraction's files were flushed and verified.
     service = state["service"]
     assert state["extraction"]["gpu_released_at"] <= service["restart_begun_at"] < state["steps"]["extract"]["ended_at"]

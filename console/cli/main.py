@@ -120,6 +120,10 @@ def _add_probe(sub: argparse._SubParsersAction) -> None:
                         help="seconds one host's probe may take (default 300)")
     parser.add_argument("--out", metavar="FILE",
                         help="also save the probes as JSON (put probes.json beside an evaluation for its report)")
+    parser.add_argument("--cached", action="store_true",
+                        help="take torch, the packages and the kernel binding from the host's last probe while its "
+                             "environment's fingerprint is unchanged, as a window's preflight does (default: probe "
+                             "everything anew)")
     parser.set_defaults(run=_cmd_probe)
 
 

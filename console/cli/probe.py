@@ -5,6 +5,10 @@ a job (on the target host with the target's model path, so its size is in the ta
 environments are then printed as one table with the asymmetries flagged (`console.views.probe_table`).
 Exit status 1 when a probe failed or a kernel asymmetry was found (the story's bug: causal-conv1d
 missing on one host only), else 0. Progress goes to stderr, the table to stdout.
+
+It probes everything anew: it is the operator's explicit check. `--cached` reuses a host's
+environment facts (torch, packages, kernel binding) from its workdir's probe cache while their
+fingerprint is unchanged, as a window's preflight does (remote/probe.py says what it covers).
 """
 
 from __future__ import annotations
@@ -44,7 +48,7 @@ class HostProbe:
     seconds: float = 0.0
 
 
-async def probe_host(config: Config, name: str, timeout: float, say: Say) -> HostProbe:
+async def probe_host(config: Config, name: str, timeout: float, say: Say, cached: bool = False) -> HostProbe:
     """Connect to host `name`, run the probe there as a job and return what it found; never raises
     for a host problem (it becomes `HostProbe.error`)."""
     started = time.monotonic()
@@ -55,7 +59,8 @@ async def probe_host(config: Config, name: str, timeout: float, say: Say) -> Hos
         await runner.ensure_code()
         if runner.uploaded_files:
             say(f"{name}: shipped the worker code ({runner.uploaded_files} files)")
-        args = ["--workdir", await runner.workdir()]
+        workdir = await runner.workdir()
+        args = ["--workdir", workdir] + (["--cache-dir", f"{workdir}/probe-cache"] if cached else [])
         if name == config.target.host:
             model = config.target.model_path
             args += ["--model", await host.expand(model) if model.startswith("~") else model]
@@ -81,9 +86,10 @@ async def probe_host(config: Config, name: str, timeout: float, say: Say) -> Hos
         await host.close()
 
 
-async def probe_all(config: Config, timeout: float = DEFAULT_TIMEOUT_S, say: Say = lambda _: None) -> list[HostProbe]:
+async def probe_all(config: Config, timeout: float = DEFAULT_TIMEOUT_S, say: Say = lambda _: None,
+                    cached: bool = False) -> list[HostProbe]:
     """Probe every configured host in parallel, in the config's host order."""
-    return list(await asyncio.gather(*(probe_host(config, name, timeout, say) for name in config.hosts)))
+    return list(await asyncio.gather(*(probe_host(config, name, timeout, say, cached) for name in config.hosts)))
 
 
 def summary_lines(probes: dict[str, dict[str, Any]], asymmetries: list[Asymmetry]) -> list[Text]:
@@ -106,7 +112,8 @@ def run(args: argparse.Namespace) -> int:
     """`dflash-ops probe`: probe all hosts, print the table, exit 1 on asymmetry or failure."""
     config = load_config(args.config)
     out, err = Console(), Console(stderr=True)
-    results = asyncio.run(probe_all(config, args.timeout, say=lambda line: err.print(Text(line, style="dim"), soft_wrap=True)))
+    results = asyncio.run(probe_all(config, args.timeout, say=lambda line: err.print(Text(line, style="dim"), soft_wrap=True),
+                                    cached=getattr(args, "cached", False)))
     probes = {r.host: r.facts for r in results if r.facts is not None}
     failures = [r for r in results if r.error is not None]
     asymmetries = find_asymmetries(probes)

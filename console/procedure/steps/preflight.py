@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import json
 import shlex
+import time
 from typing import TYPE_CHECKING, Any
 
 from console.messages import PlanReady
@@ -149,15 +150,37 @@ def needed_hosts(engine: Engine) -> list[str]:
 
 async def _probe_all(engine: Engine) -> dict[str, dict[str, Any]]:
     async def probe(name: str) -> tuple[str, dict[str, Any]]:
-        args = ["--workdir", await engine.hosts.workdir(name)]
+        workdir = await engine.hosts.workdir(name)
+        # The host's environment facts (torch, packages, kernel binding: ~10 CPU seconds) are kept in
+        # its workdir under a fingerprint of what they depend on and reused while it is unchanged;
+        # disk, RAM and the model are measured every window (remote/probe.py says what it covers).
+        args = ["--workdir", workdir, "--cache-dir", f"{workdir}/probe-cache"]
         path = engine.config.target.path_on(name)
         if path is not None:
             args += ["--model", path]
         outcome = await run_jobs.job(engine, name, "probe", f"probe-{name}", args, step="preflight", fresh=True)
         if not isinstance(outcome.get("result"), dict):
             raise StepFailed("preflight", f"the probe on {name} gave no facts: {outcome.get('error')}")
+        _say_environment(engine, name, outcome["result"].get("environment"))
         return name, outcome["result"]
     return dict(await asyncio.gather(*(probe(name) for name in needed_hosts(engine))))
+
+
+def _say_environment(engine: Engine, name: str, environment: Any) -> None:
+    """One line per host: its environment facts reused from an earlier probe (and from when), or
+    probed now and kept for the next window."""
+    if not isinstance(environment, dict) or not isinstance(environment.get("fingerprint"), str):
+        return  # a probe of an older worker, or a simulated host: nothing to say
+    fingerprint = environment["fingerprint"][:12]
+    if environment.get("cached") and isinstance(environment.get("probed_at"), (int, float)):
+        when = time.localtime(environment["probed_at"])
+        shown = time.strftime("%H:%M:%S" if when[:3] == time.localtime()[:3] else "%Y-%m-%d %H:%M:%S", when)
+        engine.journal("preflight", f"probe on {name}: environment unchanged since {shown} (fingerprint "
+                                    f"{fingerprint}…): torch, packages and kernel binding from that probe", host=name)
+    else:
+        kept = f"; not kept: {environment['not_kept']}" if environment.get("not_kept") else ", kept for the next window"
+        engine.journal("preflight", f"probe on {name}: environment probed now (fingerprint {fingerprint}…){kept}",
+                       host=name)
 
 
 async def _read_drafters(engine: Engine) -> dict[str, dict[str, Any]]:
