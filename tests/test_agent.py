@@ -9,7 +9,8 @@ import sys
 import time
 from pathlib import Path
 
-from hypothesis import given
+import pytest
+from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from remote import agent, gpu_source
@@ -248,3 +249,24 @@ def test_unreadable_descriptors_count_as_visible_only_in_the_hosts_pid_namespace
     monkeypatch.setattr(gpu_source, "in_host_pid_namespace", lambda: False)
     visible, reason = gpu_source.gpu_visibility(os.getpid())
     assert visible is False and reason.startswith(f"cannot confirm pid {os.getpid()}")
+
+
+@given(st.lists(st.integers(min_value=0, max_value=7), min_size=1, max_size=4))
+@settings(max_examples=30, deadline=None)
+def test_a_servers_gpu_indices_round_trip_and_bad_ones_are_refused(indices: list[int]):
+    """`--gpu-indices` (a fleet's replicas sharing one host's simulated file): what the drill writes
+    reads back as written; anything else is refused, never taken as every GPU."""
+    assert simgpu.parse_indices(",".join(map(str, indices))) == indices
+    assert simgpu.parse_indices(None) is None and simgpu.parse_indices("") is None
+    for bad in ("1,,2", "a", "-1", "1;2"):
+        with pytest.raises(ValueError):
+            simgpu.parse_indices(bad)
+
+
+def test_a_hold_on_a_gpu_the_file_lacks_names_the_file(tmp_path: Path):
+    sim = tmp_path / "gpus.json"
+    simgpu.update(sim, lambda d: None, simgpu.default_layout(2))
+    simgpu.hold(sim, 4242, 1000, gpus=[1])
+    with pytest.raises(ValueError, match=r"gpus.json: no GPU \[2, 3\] \(it has \[0, 1\]\)"):
+        simgpu.hold(sim, 4243, 1000, gpus=[1, 2, 3])
+    assert [p["gpu"] for p in simgpu.read(sim)["processes"]] == [1]  # the refused hold changed nothing

@@ -11,6 +11,7 @@ import asyncio
 import dataclasses
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -413,9 +414,13 @@ def test_replicas_bring_up_the_real_router_in_front_of_rehearsal_servers(drill_c
         workers = asyncio.run(RouterClient(fleet.router).workers())
         assert sorted(w.url for w in workers) == sorted(r.worker_url for r in fleet.replicas)
         assert all(w.healthy for w in workers)
-        # Each replica's own service directory and simulated GPUs, held by its own GPU worker.
-        held = [simgpu.read(DrillLayout.at(layout.dir).replica_gpus(i))["processes"] for i in (0, 1)]
-        assert all(h and all(p["mib"] > 0 for p in h) for h in held) and held[0][0]["pid"] != held[1][0]["pid"]
+        # The replicas share ct129's simulated GPUs, each its own pair held by its own GPU worker, and
+        # each replica's window watches only its pair.
+        assert [list(r.service.gpus) for r in fleet.replicas] == [[0, 1], [2, 3]]
+        processes = simgpu.read(DrillLayout.at(layout.dir).simulated_gpus("ct129"))["processes"]
+        held = {pid: sorted(p["gpu"] for p in processes if p["pid"] == pid and p["mib"] > 0)
+                for pid in {p["pid"] for p in processes}}
+        assert sorted(held.values()) == [[0, 1], [2, 3]], processes
         body = json.dumps({"messages": [{"role": "user", "content": "hi"}], "max_tokens": 2, "temperature": 0})
         request = urllib.request.Request(fleet.router + "/v1/chat/completions", body.encode(),
                                          {"Content-Type": "application/json"})
@@ -461,6 +466,13 @@ def test_replicas_bring_up_the_real_router_in_front_of_rehearsal_servers(drill_c
         assert f"fleet: the window runs on replica {first}" in said
         journal = store.open(run_id).read_journal()
         assert any(f"the run goes on with the next replica: {second}" in e["message"] for e in journal)
+        # Each window's stop left its own replica's GPU worker holding (the drill's stuck episode), and
+        # each window ended that one only: the other replica's GPUs were never watched or touched.
+        worker_of = {"r1": next(pid for pid, gpus in held.items() if gpus == [0, 1]),
+                     "r2": next(pid for pid, gpus in held.items() if gpus == [2, 3])}
+        ended = [int(m.group(1)) for e in journal
+                 if e.get("step") == "free-vram" and (m := re.match(r"pid (\d+): terminated", e["message"]))]
+        assert ended == [worker_of[first], worker_of[second]], ended
         window_dir = Path(config.hosts["ct129"].workdir) / "windows" / run_id
         manifest = json.loads((window_dir / "states" / "manifest.json").read_text())
         assert manifest["complete"] is True and manifest["prompts_missing"] == []

@@ -33,7 +33,7 @@ def service_commands(layout: DrillLayout, python: str, port: int, replica: int =
     With the memory saver (the default) the server can release its KV cache, graphs and weights (a
     CPU backup kept) without stopping: simulated shares of its memory, or real memory through
     torch_memory_saver on the GPU. `replica`: which of a fleet's rehearsal servers (its own state
-    directory and simulated GPUs)."""
+    directory, and its own GPUs of ct129's simulated ones)."""
     state = str(layout.replica_state(replica))
     manage = [python, "-m", "remote.drill.service"]
     standin = ["--model", str(layout.target), "--port", str(port), "--metrics", "--dtype", SERVING_DTYPE,
@@ -42,8 +42,10 @@ def service_commands(layout: DrillLayout, python: str, port: int, replica: int =
         standin += ["--device", "cuda"]
         episode = ["--cuda-mib", str(GPU_SERVICE_EXTRA_MIB)]
     else:
-        standin += ["--gpu-file", str(layout.replica_gpus(replica)), "--gpu-mib", str(SERVICE_GPU_MIB),
+        standin += ["--gpu-file", str(layout.simulated_gpus(INFERENCE_HOST)), "--gpu-mib", str(SERVICE_GPU_MIB),
                     "--load-delay", str(LOAD_DELAY_S)]
+        if layout.replicas > 1:  # the replicas share ct129's GPUs, each on its own
+            standin += ["--gpu-indices", ",".join(map(str, layout.replica_gpu_indices(replica)))]
         episode = []
     if layout.memory_saver:
         kv, graph = (GPU_KV_CACHE_MIB, GPU_CUDA_GRAPH_MIB) if layout.gpu else (SERVICE_KV_CACHE_MIB, SERVICE_CUDA_GRAPH_MIB)
@@ -73,7 +75,9 @@ def service_table(layout: DrillLayout, python: str, port: int, replica: int = 0)
     """[service], or one replica of [fleet], for the rehearsal server on `port`."""
     return {"host": INFERENCE_HOST, "manager": "command", **service_commands(layout, python, port, replica),
             "url": f"http://127.0.0.1:{port}", "ready_timeout_s": 180 if layout.gpu else 60,
-            "vram_free_mib": GPU_VRAM_FREE_MIB if layout.gpu else 1024, "stop_grace_s": 2, "vram_wait_s": 5}
+            "vram_free_mib": GPU_VRAM_FREE_MIB if layout.gpu else 1024, "stop_grace_s": 2, "vram_wait_s": 5,
+            # a fleet's replicas share ct129: each watches only its own GPUs
+            **({"gpus": layout.replica_gpu_indices(replica)} if layout.replicas > 1 and not layout.gpu else {})}
 
 
 def fleet_table(layout: DrillLayout, python: str, service_ports: list[int], router_port: int) -> dict[str, Any]:

@@ -27,7 +27,6 @@ from typing import Any
 
 from console.drill.config import service_commands
 from console.drill.layout import INFERENCE_HOST, DrillLayout
-from remote.drill import simgpu
 from remote.endpids import end_processes
 from remote.procstat import start_time
 
@@ -101,17 +100,15 @@ def wait_router(router_url: str, replica_urls: list[str], proc: subprocess.Popen
 
 def start_fleet(layout: DrillLayout, python: str, replica_ports: list[int], router_port: int,
                 run_command: Callable[[DrillLayout, list[str]], str], wait_health: Callable[[str, float, Path], None],
-                gpu_layout: dict[str, Any] | None, log: Callable[[str], None], timeout_s: float) -> DrillFleet:
+                log: Callable[[str], None], timeout_s: float) -> DrillFleet:
     """Start the replicas after the first (already serving) and then the router in front of them all;
-    return once the router lists every replica healthy. `gpu_layout`: the simulated GPUs each extra
-    replica gets (None on the GPU drill)."""
+    return once the router lists every replica healthy. Each replica holds its own GPUs of ct129's
+    simulated file (laid out for all of them by `prepare_hosts`)."""
     if not router_installed():
         raise RouterMissing("--replicas needs SGLang's router: pip install 'dflash-ops[fleet]' (sglang-router==0.3.2)")
     urls = [f"http://127.0.0.1:{port}" for port in replica_ports]
     extra = []
     for index, port in enumerate(replica_ports[1:], 1):
-        if gpu_layout is not None:
-            simgpu.update(layout.replica_gpus(index), lambda d: d.update(gpu_layout, processes=[]), gpu_layout)
         commands = service_commands(layout, python, port, index)
         log(f"{INFERENCE_HOST}: starting replica r{index + 1}: {run_command(layout, commands['start'])}")
         extra.append(commands)

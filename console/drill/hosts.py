@@ -47,7 +47,7 @@ from typing import Any
 from console.drill import fleet, procs
 from console.drill.assets import DrillAssets, ensure_assets, find_assets
 from console.drill.config import service_commands, write_drill_config
-from console.drill.layout import HOSTS, INFERENCE_HOST, TRAINING_HOST, DrillLayout
+from console.drill.layout import GPUS_PER_REPLICA, HOSTS, INFERENCE_HOST, TRAINING_HOST, DrillLayout
 from console.ssh.embedded_server import EmbeddedSSHServer
 from remote.artifacts import write_json_atomic
 from remote.drill import service as drill_service
@@ -59,7 +59,7 @@ READY_TIMEOUT_S = 120.0
 GPU_READY_TIMEOUT_S = 300.0  # the GPU drill's server loads a few GB onto the GPU
 STOP_TIMEOUT_S = 30.0
 SERVICE_HEALTH_TIMEOUT_S = 240.0
-INFERENCE_GPUS = {"count": 2, "name": "NVIDIA RTX 6000 Ada Generation (SIMULATED)", "total_mib": 49140}
+INFERENCE_GPUS = {"count": GPUS_PER_REPLICA, "name": "NVIDIA RTX 6000 Ada Generation (SIMULATED)", "total_mib": 49140}
 TRAINING_GPUS = {"count": 8, "name": "NVIDIA RTX PRO 6000 Blackwell (SIMULATED)", "total_mib": 97887}
 TRAINING_BUSY_GPUS = [0, 1, 2, 3, 4, 5, 6]  # GPU 7 stays free
 TRAINING_MIB = 91000
@@ -402,8 +402,9 @@ def prepare_hosts(layout: DrillLayout, assets: DrillAssets) -> None:
         for name in HOSTS:
             layout.simulated_gpus(name).unlink(missing_ok=True)
         return
-    simgpu.update(layout.simulated_gpus(INFERENCE_HOST), lambda d: d.update(_simulated_layout(INFERENCE_GPUS), processes=[]),
-                  _simulated_layout(INFERENCE_GPUS))
+    # A fleet's replicas share ct129, each on its own GPUs (`DrillLayout.replica_gpu_indices`).
+    inference = _simulated_layout({**INFERENCE_GPUS, "count": GPUS_PER_REPLICA * max(1, layout.replicas)})
+    simgpu.update(layout.simulated_gpus(INFERENCE_HOST), lambda d: d.update(inference, processes=[]), inference)
     simgpu.update(layout.simulated_gpus(TRAINING_HOST), lambda d: d.update(_simulated_layout(TRAINING_GPUS), processes=[]),
                   _simulated_layout(TRAINING_GPUS))
 
@@ -500,7 +501,7 @@ async def serve(layout: DrillLayout, assets: DrillAssets, python: str) -> int:
         if router_port is not None:  # --replicas: the others, then SGLang's router in front of them all
             running_fleet = await asyncio.to_thread(
                 fleet.start_fleet, layout, python, replica_ports, router_port, _run_service_command, _wait_health,
-                None if layout.gpu else _simulated_layout(INFERENCE_GPUS), _log, SERVICE_HEALTH_TIMEOUT_S)
+                _log, SERVICE_HEALTH_TIMEOUT_S)
         write_json_atomic(layout.state_file, {
             "state": "ready", "pid": os.getpid(), "started_at": previous.get("started_at") or time.time(),
             "ready_at": time.time(), "ports": ports, "user": user, "service_port": service_port, "service_url": url,

@@ -23,6 +23,7 @@ DIR_ENV = "DFLASH_OPS_DRILL_DIR"
 INFERENCE_HOST = "ct129"
 TRAINING_HOST = "ct200"
 HOSTS = (INFERENCE_HOST, TRAINING_HOST)
+GPUS_PER_REPLICA = 2  # the story's inference host had 2 GPUs; each of a fleet's replicas gets its own pair
 SIMULATED_GPU_FILE = "simulated-gpu.json"  # in the workdir of a host configured with `simulated_gpus`
 TINY_TARGET_NAME = "tiny-qwen3.5-hybrid"
 GPU_TARGET_NAME = "qwen3.5-hybrid-1.7b-random"
@@ -95,10 +96,11 @@ class DrillLayout:
         """Replica `index`'s service directory (0 is the one-server drill's service)."""
         return self.service_state if index == 0 else self.home(INFERENCE_HOST) / f"standin-r{index + 1}"
 
-    def replica_gpus(self, index: int) -> Path:
-        """Replica `index`'s simulated GPUs: ct129's for the first; the others' in their own service
-        directory (ct129's telemetry shows the first replica's)."""
-        return self.simulated_gpus(INFERENCE_HOST) if index == 0 else self.replica_state(index) / SIMULATED_GPU_FILE
+    def replica_gpu_indices(self, index: int) -> list[int]:
+        """Replica `index`'s GPUs of ct129's simulated file: the replicas share the host, as a fleet's
+        replicas on one node do, each on its own GPUs, so ct129's telemetry shows every replica's memory
+        and a window on one replica watches (and ends holders on) its GPUs only."""
+        return list(range(index * GPUS_PER_REPLICA, (index + 1) * GPUS_PER_REPLICA))
 
     @property
     def router_log(self) -> Path:

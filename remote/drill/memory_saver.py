@@ -316,7 +316,8 @@ class MemorySaver:
         """The simulated GPU file shows what the worker holds now."""
         server = self.server
         if self.enabled and server.args.gpu_file and server.gpu_worker is not None and before != self.released:
-            simgpu.hold(server.args.gpu_file, server.gpu_worker.pid, self.resident_mib())
+            simgpu.hold(server.args.gpu_file, server.gpu_worker.pid, self.resident_mib(),
+                        simgpu.parse_indices(server.args.gpu_indices))
 
 
 CONTROL_ROUTES = ("/pause_generation", "/continue_generation", "/release_memory_occupation", "/resume_memory_occupation")

@@ -80,11 +80,25 @@ def update(path: str | os.PathLike, change: Callable[[dict], None], layout: dict
     return data
 
 
+def parse_indices(text: str | None) -> list[int] | None:
+    """"2,3" -> [2, 3] (a server's own GPUs of a shared file); None or "" -> None (every GPU).
+    Raises ValueError for anything but comma-separated indices >= 0."""
+    if not text:
+        return None
+    indices = [int(part) for part in text.split(",")]
+    if any(i < 0 for i in indices):
+        raise ValueError(f"negative GPU index in {text!r}")
+    return indices
+
+
 def hold(path: str | os.PathLike, pid: int, mib_per_gpu: int, gpus: list[int] | None = None) -> dict:
     """Record `pid` as holding `mib_per_gpu` on each of `gpus` (default: every GPU of the file)."""
 
     def change(data: dict) -> None:
-        indices = gpus if gpus is not None else [g["index"] for g in data["gpus"]]
+        present = [g["index"] for g in data["gpus"]]
+        indices = gpus if gpus is not None else present
+        if set(indices) - set(present):
+            raise ValueError(f"{path}: no GPU {sorted(set(indices) - set(present))} (it has {present})")
         data["processes"] = [p for p in data["processes"] if p.get("pid") != pid]
         data["processes"] += [{"pid": pid, "gpu": i, "mib": int(mib_per_gpu)} for i in indices]
 

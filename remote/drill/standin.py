@@ -379,6 +379,8 @@ class Server:
             return
         argv = [sys.executable, "-m", "remote.drill.standin", "--gpu-worker", "--gpu-file", args.gpu_file,
                 "--gpu-mib", str(args.gpu_mib), "--release-after", str(args.release_after)]
+        if args.gpu_indices:
+            argv += ["--gpu-indices", args.gpu_indices]
         if args.hold_until_killed:
             argv.append("--hold-until-killed")
         if args.stuck_marker:
@@ -837,7 +839,7 @@ def run_gpu_worker(args: argparse.Namespace) -> int:
     signal.signal(signal.SIGHUP, signal.SIG_IGN)  # outlive the session that started the server
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     pid = os.getpid()
-    simgpu.hold(args.gpu_file, pid, args.gpu_mib)
+    simgpu.hold(args.gpu_file, pid, args.gpu_mib, simgpu.parse_indices(args.gpu_indices))
     sys.stdin.buffer.read()  # returns at EOF: the server has ended
     if args.hold_until_killed or (args.stuck_marker and _first_stuck_stop(args.stuck_marker)):
         while True:
@@ -873,6 +875,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--load-delay", type=float, default=0.0, help="seconds of simulated weight loading")
     parser.add_argument("--gpu-file", help="the simulated GPU file to fill while up (remote.drill.simgpu)")
     parser.add_argument("--gpu-mib", type=int, default=40000, help="MiB held on each simulated GPU")
+    parser.add_argument("--gpu-indices", default=None, metavar="I,J",
+                        help="which GPUs of --gpu-file are this server's (default: all; a fleet's replicas share "
+                             "one host's file, each on its own GPUs)")
     parser.add_argument("--release-after", type=float, default=2.0, help="seconds after a stop until memory is free")
     parser.add_argument("--hold-until-killed", action="store_true", help="never release until the holder is killed")
     parser.add_argument("--stuck-marker", help="the first stop that finds no such file creates it and holds until killed")
@@ -899,6 +904,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                         help="DFLASH speculative decoding with this DFlash drafter checkpoint (remote.drill.specdecode)")
     parser.add_argument("--gpu-worker", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
+    if args.gpu_indices is not None:
+        try:
+            simgpu.parse_indices(args.gpu_indices)
+        except ValueError:
+            parser.error(f"--gpu-indices {args.gpu_indices!r}: comma-separated GPU indices (0, 1, ...)")
     if args.gpu_worker:
         if not args.gpu_file:
             parser.error("--gpu-worker needs --gpu-file")
