@@ -41,14 +41,24 @@ class Operator:
 
     def __init__(self, config: Config, runs_dir: Path | str | None = None, read_only: bool = False,
                  session: Session | None = None):
-        self.config = config
         self.read_only = read_only
         self.session = session or Session(config)
+        self.session.config = config
         self.bus: MessageBus = self.session.bus
         self.store = RunStore(runs_dir)
         self.engine: Engine | None = None
         self._task: asyncio.Task | None = None
         self.notifier: Any = None  # console/notify's Notifier, while started with [notify] urls
+
+    @property
+    def config(self) -> Config:
+        """The config as the session addresses it now: a fleet run that goes on to its next replica
+        (`Session.address`) moves the service there, and every view that reads it follows."""
+        return self.session.config
+
+    @config.setter
+    def config(self, config: Config) -> None:
+        self.session.config = config
 
     def start(self) -> None:
         """Connect every host, start telemetry and the service watch (on the running loop); with

@@ -128,12 +128,16 @@ class ConsoleApp(App[int]):
         self._down_from_store: str | None = None  # the downtime was read from an unfinished run's state
         self._quit_when_up = False  # "wait until ready, then quit" was chosen
         self.farewell: str | None = None  # printed on the terminal once the screen is gone
-        config = operator.config
-        service = config.service
-        self.service_name = service.unit if service.manager == "systemd" else "server"
-        if replica_name(config) is not None:  # a fleet: the replica this console's window is on
-            self.service_name += f" (replica {replica_name(config)})"
-        self.sub_title = ("read-only  " if self.read_only else "") + ", ".join(config.hosts)
+        self.sub_title = ("read-only  " if self.read_only else "") + ", ".join(operator.config.hosts)
+
+    @property
+    def service_name(self) -> str:
+        """"server (replica r2)": read from the operator's config each time, so a fleet run that goes on
+        to its next replica is shown on that one."""
+        service = self.operator.config.service
+        name = service.unit if service.manager == "systemd" else "server"
+        replica = replica_name(self.operator.config)
+        return f"{name} (replica {replica})" if replica is not None else name
 
     # --- lifecycle ------------------------------------------------------------------------------
 

@@ -78,7 +78,13 @@ class ServicePanel(Static):
 
     def __init__(self, name: str, host: str) -> None:
         super().__init__(id="service")
-        self.border_title = f"Service {name} on {host}"
+        self.name_it(name, host)
+
+    def name_it(self, name: str, host: str) -> None:
+        """Its title: the service and where (a fleet run's next window moves it to another replica)."""
+        title = f"Service {name} on {host}"
+        if self.border_title != title:
+            self.border_title = title
 
     def show(self, view: ServiceView | None, downtime: Downtime | None, startup: StartupProgress | None,
              now: float, by: str = "this run") -> None:

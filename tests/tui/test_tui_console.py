@@ -33,6 +33,7 @@ from tests.tui.standin import (
     StandinOperator,
     fixed_clock,
     holders_confirmation,
+    service_view,
     serving_telemetry,
     stop_confirmation,
 )
@@ -535,3 +536,29 @@ async def test_an_unfinished_run_that_left_the_service_down_shows_the_banner_at_
         assert app.state.down_since is not None
         op.seed()  # someone started it by hand: ready
         await wait_for(pilot, lambda: app.state.down_since is None)
+
+
+async def test_the_service_panel_follows_a_fleet_run_to_its_next_replica():
+    """A fleet run cut at its budget goes on to the next replica (`Session.address` moves the
+    operator's config there): the service panel names that replica from its next check on."""
+    from console.operator import Operator
+    from console.procedure.steps.fleet import on_replica
+    from tests.test_fleet_steps import fleet_config
+
+    fleet = fleet_config("http://127.0.0.1:9", ["http://127.0.0.1:10", "http://127.0.0.1:11"])
+    first, second = (on_replica(fleet, replica) for replica in fleet.fleet.replicas)
+    real = Operator(first)  # the real operator follows its session (nothing connects until start)
+    real.session.address(second)
+    assert real.config is second and real.session.config is second
+    op = StandinOperator(first)
+    seen = Seen()
+    app = app_for(op)
+    async with app.run_test(size=SIZE, message_hook=seen) as pilot:
+        await pilot.pause()
+        panel = app.screen.query_one(ServicePanel)
+        assert "(replica r1)" in str(panel.border_title)
+        op.config = second  # as Session.address leaves the operator's config
+        op.publish(service_view(True, T0 + 5))
+        await pilot.pause()
+        assert seen.core(m.ServiceView)[-1].checked_at == T0 + 5
+        assert "(replica r2)" in str(panel.border_title) and "(replica r1)" not in str(panel.border_title)
