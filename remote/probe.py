@@ -31,6 +31,7 @@ import argparse
 import contextlib
 import glob
 import hashlib
+import importlib.machinery
 import importlib.metadata
 import importlib.util
 import json
@@ -228,9 +229,11 @@ def _distribution(name: str) -> dict[str, Any] | None:
 
 
 def _module_origin(name: str) -> dict[str, Any] | None:
-    """Where the top-level module `name` would be imported from, and that file's mtime; not imported."""
+    """Where the top-level module `name` would be imported from, and that file's mtime; not imported.
+    Searched on sys.path as a fresh process would, never taken from sys.modules (a module imported, or
+    blocked with None as the rehearsal server does on a CPU, would hide where it now comes from)."""
     try:
-        spec = importlib.util.find_spec(name)
+        spec = importlib.machinery.PathFinder.find_spec(name, sys.path)
     except (ImportError, ValueError):
         return None
     if spec is None:

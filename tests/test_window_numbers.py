@@ -65,6 +65,7 @@ class ProjectingEngine:
         self.run = self
 
     service_down_by_us = True
+    server_held_by_us = False  # nor the pause route's give-back at gpu_released
 
     def save(self) -> None:
         pass
