@@ -9,6 +9,7 @@ then r2, each extracting the next missing prompts (issue 29's large prompt sets)
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 from pathlib import Path
 
@@ -331,3 +332,24 @@ def test_a_fleet_runs_identity_is_the_fleet_so_its_next_window_on_another_replic
     refused = identity.refusal(state, on_r2, w.run_id)
     assert refused is not None and "window is on replica r1; this console addresses replica r2" in refused
     assert identity.refusal(state, config, w.run_id) is None
+
+
+def test_the_pause_route_over_one_windows_budget_takes_r1_then_r2_within_one_run(tmp_path, producers, monkeypatch):
+    """The pause route on the fleet, cut at its budget: r1 paused, its five prompts, resumed and
+    continued, rejoined; the same run takes r2 for the five missing (paused, continued, rejoined)
+    and evaluates the whole set once. Never a stop; one continue per pause, one rejoin per drain."""
+    w, router = two_windows(tmp_path, producers, monkeypatch)
+    w.route = "pause"
+    finished = asyncio.run(w.console())
+    assert finished is not None and finished.exit_code == EXIT_DONE, finished.message
+    state, ids = w.state(), [str(r["id"]) for r in json.loads(
+        (w.world.workdir(INFERENCE) / "windows" / w.run_id / "completions.json").read_text())["prompts"]]
+    assert w.world.extracted == ids and len(ids) == 10  # every prompt once, r1's five then r2's
+    assert state.extraction.complete and sum(j.kind == "evaluate" for j in w.world.job_order) == 1
+    assert [window["replica"] for window in state.windows] == ["r1"] and state.facts["fleet_replica"] == "r2"
+    for window in (state.windows[0]["service"], dataclasses.asdict(state.service)):  # the pause route, each its own
+        assert (window["drains"], window["rejoins"], window["pauses"], window["continues"], window["stops"]) == \
+            (1, 1, 1, 1, 0)
+    assert (router.removals, router.adds) == ([router.r1, R2], [router.r1, R2])
+    assert w.world.service.stop_commands == 0 and w.world.service.start_commands == 0
+    assert w.store.left_down() is None

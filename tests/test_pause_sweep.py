@@ -290,3 +290,40 @@ async def test_a_run_that_left_the_server_paused_is_named_by_every_view(paused: 
     again = await paused.console()
     assert again.service_up and paused.store.left_down() is None and downtime_line(paused.store) is None
     assert_pause_promises(paused, again)
+
+
+# --- a prompt set over one window's budget, on the pause route -----------------------------------
+
+
+async def test_a_pause_window_cut_at_its_budget_gives_the_server_back_and_the_next_extracts_the_rest(
+        paused: Window) -> None:
+    """The operator's stop at the budget on the pause route (`FakeWorld.budget_prompts`: the stop file
+    once 5 of the 10 prompts are done): the five are kept, the server resumed and continued (never
+    stopped), the run paused, exit 4; its resume pauses again for the missing five only, then
+    evaluates the whole set once. One continue per pause, one resume per release, in each window."""
+    import json
+
+    from console.procedure.engine import EXIT_DONE, EXIT_PAUSED
+    from tests.engine_fakes import PARTIAL_MANIFEST
+
+    world, server = paused.world, paused.world.server
+    world.budget_prompts = 5
+    first = await paused.console()
+    assert first is not None and first.exit_code == EXIT_PAUSED and "cut short at its budget" in first.message, first
+    assert server.serving() and server.count("pause_generation") == server.count("continue_generation") == 1
+    assert len(world.extracted) == 5 and paused.store.left_down() is None and server.held == 0
+    second = await paused.console()
+    assert second is not None and second.exit_code == EXIT_DONE, second
+    window = world.workdir(INFERENCE) / "windows" / paused.run_id
+    ids = [str(r["id"]) for r in json.loads((window / "completions.json").read_text())["prompts"]]
+    assert world.extracted == ids and len(ids) == 10  # every prompt once: the first five, then the rest
+    assert (window / "states" / "manifest.json").is_file() and not (window / "states" / PARTIAL_MANIFEST).exists()
+    state = paused.state()
+    assert state.extraction.complete and state.extraction.partial is None and len(state.windows) == 1
+    assert server.count("pause_generation") == server.count("continue_generation") == 2
+    releases = [sorted(b["tags"]) for _, r, b in server.calls if r == "release_memory_occupation"]
+    resumes = [sorted(b["tags"]) for _, r, b in server.calls if r == "resume_memory_occupation"]
+    assert len(releases) == 2 and resumes == releases and not server.violations
+    assert world.service.stop_commands == 0 and world.service.start_commands == 0  # never stopped
+    assert sum(j.kind == "evaluate" for j in world.job_order) == 1  # the whole set, evaluated once
+    assert server.serving() and server.held == 0 and paused.store.left_down() is None

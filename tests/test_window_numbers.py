@@ -264,3 +264,38 @@ def test_the_verdict_compares_the_same_prompts_like_with_like() -> None:
     # A prompt with no offline figure is left out of the comparison, not counted as 0.
     partial = [*same[:3], dataclasses.replace(same[3], offline=None)]
     assert compare(partial)["prompts"] == 3 and compare(partial)["agrees"] is None
+
+
+async def test_on_the_pause_route_the_window_is_projected_from_the_pause_and_the_offer_gives_the_memory_back() -> None:
+    """The pause route's window runs from the pause until the continue: its projection starts at the
+    pause and ends with the resume and continue as forecast; past the budget the operator is offered
+    to stop the extraction and give the server its memory back (never a restart: it never stopped)."""
+    import types
+
+    from console.messages import WindowProjection
+    from console.procedure.state import ServiceState
+    from console.procedure.steps import extract
+
+    paused_at = time.time() - 100.0
+    engine = ProjectingEngine(paused_at, budget_s=30.0)
+    engine.state.service = ServiceState(paused=True, paused_at=paused_at, pauses=1)
+    made, inputs = engine._window_forecast
+    tail = (fc.ForecastPhase("resume", 0.2, "measured on an H200"), fc.ForecastPhase("continue", 0.1, "estimate"))
+    pause_made = fc.Forecast("r", 200.3, (fc.ForecastPhase("pause", 0.0, "estimate"), made.phases[0], *tail), 30.0)
+    engine._window_forecast = (pause_made, inputs)
+    engine.route = "pause"
+    engine.config = types.SimpleNamespace(target=types.SimpleNamespace(host="ct129"))
+
+    async def window_dir(host: str) -> str:
+        return f"/work/{host}/windows/r"
+    engine._window_dir = window_dir
+    seen: list[WindowProjection] = []
+    engine.bus.subscribe(lambda m: seen.append(m) if isinstance(m, WindowProjection) else None)
+    for event in (tokens_event(paused_at + 5.0, 100), tokens_event(paused_at + 15.0, 200)):
+        extract._on_extract_event(engine, event)  # 10 tokens a second, 800 left: 80 s more
+    newest = seen[-1]
+    assert newest.down_since == paused_at and newest.budget_ends_at == paused_at + 30.0
+    assert newest.expected_ready_at == pytest.approx(paused_at + 15.0 + 800 / 10 + 0.3)
+    assert newest.basis.endswith("then resume (0 s: measured on an H200) + continue (0 s: estimate)")
+    await engine._budget_task
+    assert [c.action for c in engine.asked] == ["stop the extraction now and give the server its memory back"]

@@ -315,8 +315,9 @@ class Engine:
         if state.finished and not self.plan_only:
             return await self._restart_only()
         state.route = self.route
-        if state.extraction.partial and state.service.stops and not state.service.down \
-                and not state.service.drained:  # a fleet's replica back in the router first (its rejoin)
+        if state.extraction.partial and state.service.began() and state.service.left_as() is None:
+            # the window over: its server back (started, or resumed and continued), a fleet's replica
+            # back in the router first (its rejoin)
             self._next_window()
         state.status = "running"
         resumed = self._resumed = state.started
@@ -453,8 +454,9 @@ class Engine:
                                           f"{self.run.run_id}` extracts the rest") from None
                 raise
             partial = self.state.extraction.partial
-            if partial and unit[-1].name in ("restart", "extract", "rejoin") and not self.service_down_by_us \
-                    and not self.state.service.drained:  # a fleet's window ends with its replica back in the router
+            ends = ("continue", "rejoin") if self.route == "pause" else ("restart", "extract", "rejoin")
+            if partial and unit[-1].name in ends and self.state.service.left_as() is None:
+                # the window over: the server back (a fleet's window: its replica back in the router)
                 why = (f"the window was cut short at its budget: {len(partial['done'])} prompts extracted and kept, "
                        f"{len(partial['missing'])} missing; `run --resume {self.run.run_id}` extracts only those in "
                        f"the next window" + (f" (on the next replica: the least loaded other than "

@@ -459,11 +459,23 @@ class ExtractionProgress:
         return None if self.total is None else max(self.total - self.done, 0)
 
 
+def after_extraction(forecast: Forecast) -> tuple[float, str]:
+    """The phases after the extraction, as forecast: the stop route's start, or the pause route's
+    resume and continue. (Seconds, unknown ones as 0 and said so; how it reads in a basis.)"""
+    names = [p.name for p in forecast.phases]
+    tail = forecast.phases[names.index("extract") + 1:] if "extract" in names else ()
+    seconds = sum(p.seconds or 0.0 for p in tail)  # unknown: said in the basis, never taken as known
+    if [p.name for p in tail] == ["start"]:
+        return seconds, f"the start ({_seconds(tail[0].seconds)}: {tail[0].basis})"
+    return seconds, " + ".join(f"{p.name} ({_seconds(p.seconds)}: {p.basis})" for p in tail) or "nothing"
+
+
 def project(forecast: Forecast, inputs: ForecastInputs, down_since: float, now: float,
             progress: ExtractionProgress | None = None) -> WindowProjection:
-    """When the service is expected back: during the extraction, the tokens left at the rate
-    measured so far (else the forecast's) then the start as forecast; before it, the forecast."""
-    start = phase(forecast, "start").seconds or 0.0  # unknown: said in the basis, never taken as known
+    """When the service is expected back (served again: started, or resumed and continued): during the
+    extraction, the tokens left at the rate measured so far (else the forecast's) then what follows
+    the extraction as forecast; before it, the forecast."""
+    start, then = after_extraction(forecast)
     budget_ends = down_since + inputs.budget_s if inputs.budget_s is not None else None
     rate = (progress.tokens_per_s if progress else None) or extract_model(inputs).tokens_per_s
     if progress is not None and progress.left is not None and rate:
@@ -471,8 +483,7 @@ def project(forecast: Forecast, inputs: ForecastInputs, down_since: float, now: 
         measured = "measured" if progress.tokens_per_s else "forecast"
         return WindowProjection(forecast.run_id, down_since, now + eta + start, eta, budget_ends,
                                 f"{progress.done}/{progress.total} tokens, {progress.left} left at {rate:,.0f} tok/s "
-                                f"({measured}), then the start ({_seconds(phase(forecast, 'start').seconds)}: "
-                                f"{phase(forecast, 'start').basis})")
+                                f"({measured}), then {then}")
     expected = max(down_since + forecast.downtime_s, now + start)
     return WindowProjection(forecast.run_id, down_since, expected, None, budget_ends,
                             f"the forecast: {summary(forecast)}")
@@ -498,8 +509,10 @@ def to_state(forecast: Forecast) -> dict[str, Any]:
 
 
 def from_state(run_id: str, data: Mapping[str, Any]) -> Forecast:
-    # In the window's order (state.json is written with sorted keys).
-    ordered = sorted(data["phases"].items(), key=lambda item: PHASES.index(item[0]) if item[0] in PHASES else len(PHASES))
+    # In the window's order (state.json is written with sorted keys): the stop route's, or the pause
+    # route's (pause, release, free-vram, extract, resume, continue).
+    order = ("pause", "release", "stop", "free-vram", "extract", "start", "resume", "continue")
+    ordered = sorted(data["phases"].items(), key=lambda item: order.index(item[0]) if item[0] in order else len(order))
     phases = tuple(ForecastPhase(name, None if p.get("seconds") is None else float(p["seconds"]), str(p["basis"]),
                                  p.get("spread_s"),
                                  bool(p.get("estimated"))) for name, p in ordered)

@@ -167,6 +167,10 @@ class ServiceState:
         """Paused or released by this run and not given back (the pause route's `down`)."""
         return self.paused or bool(self.released) or bool(self.releasing)
 
+    def began(self) -> bool:
+        """This window's downtime began: the server stopped, or (the pause route) paused."""
+        return self.stops > 0 or self.pauses > 0
+
     def left_as(self) -> str | None:
         """How this run left the server, in the words every view uses: "down", "paused", "drained"
         (out of the fleet's router) or None."""

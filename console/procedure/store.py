@@ -406,7 +406,7 @@ def summary_of(run: Run) -> RunSummary:
     return RunSummary(s.run_id, s.created_at, s.status, s.route, sum(downtimes) if downtimes else None,
                       dict(s.headline), s.config, run.dir, service_down=s.service.down, console_gone=gone,
                       online=dict(online), forecast_s=(s.forecast or {}).get("downtime_s"),
-                      windows=len(s.windows) + (1 if s.service.stops else 0) or 1,
+                      windows=len(s.windows) + (1 if s.service.began() else 0) or 1,
                       server_paused=s.service.left_as() == "paused",
                       drained=(s.service.drained or {}).get("replica", "?") if s.service.drained else None)
 

@@ -127,18 +127,29 @@ def worker_time(event: dict[str, Any]) -> float:
 def _project(engine: Engine, event: dict[str, Any]) -> None:
     """The window's end re-projected from the extraction's rate, on the worker's clock (the event's
     own `t`); past the budget, the operator is offered to stop the extraction now (keeping every
-    prompt extracted) and restart."""
-    svc = engine.state.service
-    if engine._window_forecast is None or svc.stopped_at is None or not svc.down:
+    prompt extracted) and bring the server back."""
+    began = window_began(engine)
+    if engine._window_forecast is None or began is None:
         return
     made, inputs = engine._window_forecast
     at = worker_time(event)
     engine._progress.add(at, event.get("done") or 0, event.get("total"))
-    projection = fc.project(made, inputs, svc.stopped_at, at, engine._progress)
+    projection = fc.project(made, inputs, began, at, engine._progress)
     engine.bus.publish(projection)
     if fc.passes_budget(projection) and not engine._budget_asked and engine._progress.left:
         engine._budget_asked = True
         engine._budget_task = asyncio.create_task(_offer_budget_stop(engine, projection), name="budget-stop")
+
+
+def window_began(engine: Engine) -> float | None:
+    """When the window's downtime began, while it lasts: the stop (the server down), or the pause
+    (its requests held) on the pause route; None outside a window."""
+    svc = engine.state.service
+    if svc.stopped_at is not None and svc.down:
+        return svc.stopped_at
+    if engine.route == "pause" and svc.paused_at is not None and svc.paused:
+        return svc.paused_at
+    return None
 
 
 async def _offer_budget_stop(engine: Engine, projection: Any) -> None:
@@ -154,8 +165,9 @@ async def _offer_budget_stop(engine: Engine, projection: Any) -> None:
     stop_file = f"{window}/stop"
     argv = ["sh", "-c", f"umask 077; : > {shlex.quote(stop_file)}"]
     late = projection.expected_ready_at - (projection.budget_ends_at or projection.expected_ready_at)
+    back = "give the server its memory back" if engine.route == "pause" else "restart the service"
     if not await engine._ask(Confirmation(
-            "extract", "stop the extraction now and restart the service", target, tuple(argv),
+            "extract", f"stop the extraction now and {back}", target, tuple(argv),
             f"the window would end {duration(late)} past its budget ({projection.basis}); every prompt already "
             f"extracted is kept (complete, verified files) and `run --resume` extracts the rest in the next "
             f"window", False, None)):
@@ -169,19 +181,20 @@ async def _offer_budget_stop(engine: Engine, projection: Any) -> None:
 
 def _latest_projection(engine: Engine) -> Any:
     """The projection from every progress event handled so far, as of the newest one's `t`."""
-    svc = engine.state.service
+    began = window_began(engine)
     samples = engine._progress.samples
-    if engine._window_forecast is None or svc.stopped_at is None or not samples:
+    if engine._window_forecast is None or began is None or not samples:
         return None
     made, inputs = engine._window_forecast
-    return fc.project(made, inputs, svc.stopped_at, samples[-1][0], engine._progress)
+    return fc.project(made, inputs, began, samples[-1][0], engine._progress)
 
 
 async def run_extract(engine: Engine) -> str:
     if engine.route == "zero-downtime":
         return await _extract_elsewhere(engine)
-    if engine._window_forecast is None and engine.state.forecast:  # resumed: the stop's forecast stands
-        engine._window_forecast = (fc.from_state(engine.run.run_id, engine.state.forecast), await engine._forecast_inputs())
+    made = engine.state.facts.get("pause_forecast") if engine.route == "pause" else engine.state.forecast
+    if engine._window_forecast is None and made:  # resumed: the stop's (or the pause's) forecast stands
+        engine._window_forecast = (fc.from_state(engine.run.run_id, made), await engine._forecast_inputs())
     target = engine.config.target.host
     window = await engine._window_dir(target)
     extraction = engine.state.extraction

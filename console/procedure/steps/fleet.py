@@ -417,7 +417,7 @@ def between_windows(state: Any) -> bool:
     """A run cut short at its budget whose window is over (the replica served and back in the router):
     its next window extracts the missing prompts, on the replica chosen for it (`next_replica`)."""
     svc = state.service
-    return bool(state.extraction.partial) and svc.stops > 0 and svc.left_as() is None  # as Engine._execute
+    return bool(state.extraction.partial) and svc.began() and svc.left_as() is None  # as Engine._execute
 
 
 async def next_replica(config: Config, last: str, named: str | None, fits: set[str] | None,

@@ -142,7 +142,7 @@ async def plan_release(engine: Engine) -> tuple[list[str] | None, str]:
     return tags, why
 
 
-async def pause_forecast(engine: Engine, tags: list[str]) -> Forecast:
+async def pause_forecast(engine: Engine, tags: list[str], inputs: fc.ForecastInputs | None = None) -> Forecast:
     """The pause route's downtime (pause → continue) by phase, each with its basis: earlier pause
     runs' own step times, else issue 26's measurements on an H200 (said so); the extraction as the
     window's forecast has it. Over budget above `[window] max_downtime_s`."""
@@ -161,7 +161,7 @@ async def pause_forecast(engine: Engine, tags: list[str]) -> Forecast:
         return seconds, ("measured on an H200 (issue 26, torch_memory_saver 0.0.10): "
                          + ", ".join(f"{t} {MEASURED_H200[kind][t]:g} s" for t in tags))
 
-    window = fc.forecast(await engine._forecast_inputs())
+    window = fc.forecast(inputs or await engine._forecast_inputs())
     extract = fc.phase(window, "extract")
     phases = (phase("pause", CONTROL_S, "estimate: one control request"),
               phase("release", *h200("release")),
@@ -229,9 +229,11 @@ async def run_pause(engine: Engine) -> str:
     tags, why = await plan_release(engine)
     if tags is None:
         raise StepFailed("pause", f"the pause route is not possible: {why}")
-    made = await pause_forecast(engine, tags)
+    inputs = await engine._forecast_inputs()
+    made = await pause_forecast(engine, tags, inputs)
     engine.state.facts["pause_forecast"] = fc.to_state(made)
     engine.run.save()
+    engine._window_forecast = (made, inputs)  # re-projected from the extraction's rate (steps/extract.py)
     if made.over_budget and engine.state.service.pauses == 0:
         raise StepFailed("pause", f"refused before the pause, the server untouched: the forecast pause "
                                   f"{fc.summary(made)} exceeds the budget [window] max_downtime_s = {made.budget_s:g} s")

@@ -62,7 +62,7 @@ async def staged_before_the_stop(engine: Engine) -> None:
     weights read from disk inside the window. Never a stop approved on a staged worker that is gone."""
     record = engine.state.jobs.get("extract")
     if (not engine._acts("stage") or record is None or "staged" not in record.events_seen
-            or engine.state.extraction.begun_at is not None or engine.state.service.stops):
+            or engine.state.extraction.begun_at is not None or engine.state.service.began()):
         return
     if await run_jobs.job_state(engine, "extract") == "running":
         return
