@@ -20,14 +20,19 @@ else:
     pytest_plugins += ["tests.ssh_fixtures", "tests.window_fixtures"]
 
 
-# Seconds each file's tests took in a whole run on a quiet 2-core machine (`--durations`, summed per
-# file, 2026-12-02), for the files past half a minute. Only the order uses them: the longest files start
-# first, so none is left running alone at the end.
+# Seconds each file's tests took in a whole run on a 2-core machine (`--durations=0`, summed per file,
+# 2026-12-02, evening), the 24 longest. Only the order uses them: the longest files start first, so
+# none is left running alone at the end (both workers were busy 96 % of that run).
 MEASURED_S = {
-    "tests/test_window.py": 459, "tests/test_zero_downtime.py": 163, "tests/test_signals.py": 157,
-    "tests/tui/test_tui_drill.py": 132, "tests/test_live_run.py": 230, "tests/test_budget_window.py": 150,
-    "tests/test_share_window.py": 120, "tests/test_drill_hosts.py": 280, "tests/test_frozen_host.py": 55,
-    "tests/test_service_ssh.py": 43, "tests/test_forecast.py": 37, "tests/test_cmd_run.py": 30,
+    "tests/test_window.py": 462, "tests/test_drill_hosts.py": 318, "tests/test_live_run.py": 193,
+    "tests/tui/test_tui_drill.py": 163, "tests/test_signals.py": 163, "tests/test_zero_downtime.py": 155,
+    "tests/test_engine_sweep.py": 147, "tests/test_budget_window.py": 126,
+    "tests/tui/test_tui_snapshots.py": 112, "tests/tui/test_tui_walk.py": 94,
+    "tests/test_share_window.py": 89, "tests/test_forecast.py": 81, "tests/tui/test_tui_operator.py": 75,
+    "tests/test_service_ssh.py": 74, "tests/test_pause_sweep.py": 66, "tests/test_job_lifecycle.py": 63,
+    "tests/tui/test_tui_console.py": 59, "tests/test_extract.py": 56, "tests/test_frozen_host.py": 54,
+    "tests/test_crosscheck.py": 50, "tests/test_standin.py": 46, "tests/tui/test_tui_replay.py": 41,
+    "tests/test_standin_memory_saver.py": 40, "tests/test_fleet_sweep.py": 39,
 }
 DRILL_S = 30  # a file not measured yet: about this long for each test that starts a fresh drill
 
