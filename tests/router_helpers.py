@@ -60,16 +60,22 @@ def running_router(worker_urls: list[str], log: Path, *extra: str, key: str | No
         stop(proc)
 
 
+
+def need_router() -> None:
+    """The real router is here, or the test is skipped; under CI=true that is a failure: CI installs
+    it (the dev extra) and runs the router tests."""
+    if importlib.util.find_spec("sglang_router") is None:
+        why = "the fleet extra (sglang-router) is not installed"
+        if os.environ.get("CI") == "true":
+            pytest.fail(why + ": CI installs it (the dev extra) and runs the router tests")
+        pytest.skip(why, allow_module_level=True)
+
 @pytest.fixture(scope="session")
 def router_fleet(tiny_target: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, list[str]]]:
     """Two rehearsal servers behind the real router, started once for every test file that needs them
     (tests/test_router.py, tests/test_fleet_steps.py): (router URL, replica URLs). A test that takes a
     replica out puts it back."""
-    if importlib.util.find_spec("sglang_router") is None:
-        why = "the fleet extra (sglang-router) is not installed"
-        if os.environ.get("CI") == "true":
-            pytest.fail(why + ": CI installs it (the dev extra) and runs the router tests")
-        pytest.skip(why)
+    need_router()
     with running_fleet(tiny_target, tmp_path_factory.mktemp("fleet")) as found:
         yield found
 

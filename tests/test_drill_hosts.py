@@ -36,6 +36,7 @@ from console.ssh.hosts import Host, HostSpec, UnknownHostKey
 from remote.drill import service as drill_service
 from remote.drill import simgpu
 from remote.procstat import pid_alive
+from tests.router_helpers import need_router
 
 ROOT = Path(__file__).resolve().parents[1]
 ENTRY_POINT = Path(sys.executable).parent / "dflash-ops"
@@ -400,7 +401,7 @@ async def test_a_real_host_receives_the_workers_it_runs_and_a_drill_host_the_dri
 
 @pytest.mark.timeout(600)  # the fleet run's two windows, on a loaded CI machine
 def test_replicas_bring_up_the_real_router_in_front_of_rehearsal_servers(drill_cache: Path, tmp_path: Path):
-    pytest.importorskip("sglang_router", reason="the fleet extra (sglang-router) is not installed")
+    need_router()
     from console.service.router import RouterClient
 
     layout = DrillLayout.at(tmp_path / "fleet")

@@ -36,11 +36,12 @@ from console.views.fleet import fleet_renderable
 from screens.app import ConsoleApp
 from screens.modals.confirm import ConfirmModal
 from screens.widgets.fleet_panel import FleetPanel
+from tests.router_helpers import need_router
 from tests.test_config_fleet import one_server
 from tests.tui.standin import StandinOperator, wall_clock
 from tests.tui.test_tui_operator import plain, text_of, until
 
-pytest.importorskip("sglang_router", reason="the fleet extra (sglang-router) is not installed")
+need_router()
 
 
 # --- the choice (pure: what the router and the replicas reported) --------------------------------

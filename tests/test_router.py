@@ -18,10 +18,10 @@ import pytest
 
 from console.service.router import RouterClient, RouterError, wait_idle
 from console.service.sglang_api import ServerUnreachable, SglangClient, server_summary
-from tests.router_helpers import running_router
+from tests.router_helpers import need_router, running_router
 from tests.standin_helpers import free_port
 
-pytest.importorskip("sglang_router", reason="the fleet extra (sglang-router) is not installed")
+need_router()
 
 ADMIN_KEY = "router-admin-secret"
 USER_KEY = "router-user-secret"
