@@ -78,8 +78,8 @@ async def _back_before_verifying(engine: Engine) -> None:
     if record is None or "gpu_released" not in record.events_seen or engine.state.extraction.complete:
         return
     if engine.route == "pause" and engine.server_held_by_us:
-        pause.begin_give_back(engine)
-        await pause.give_back(engine, reason="the extraction had released the GPUs")
+        pause.begin_give_back(engine)  # as at gpu_released: the continue step then verifies what it gave back
+        await pause.give_back(engine, reason="the extraction had released the GPUs")  # joins it
         return
     stop.begin_restart(engine)
     task = engine._restart_task
