@@ -66,11 +66,13 @@ def main() -> int:
         time.sleep(args.interval)
     read()
     by_kind: collections.Counter[str] = collections.Counter()
+    count: collections.Counter[str] = collections.Counter()
     for cmdline, cpu in last.values():
         by_kind[kind_of(cmdline)] += cpu
+        count[kind_of(cmdline)] += 1
     for kind, cpu in by_kind.most_common():
-        if cpu >= 0.05:
-            print(f"{cpu:8.1f} s  {kind}")
+        if cpu >= 0.05:  # how many processes too: a kind started per window costs its start each time
+            print(f"{cpu:8.1f} s  {kind} ({count[kind]} processes, {cpu / count[kind]:.2f} s each)")
     print(f"CPU {sum(by_kind.values()):.1f} s over {time.monotonic() - started:.1f} s of wall (exit {child.returncode})")
     return child.returncode
 
