@@ -18,13 +18,19 @@ import subprocess
 import sys
 import time
 
-KINDS = ("remote.probe", "remote.drafter", "remote.extract_check", "remote.extract", "remote.completions",
+KINDS = ("remote.probe", "remote.provenance", "remote.drafter", "remote.extract_check", "remote.extract", "remote.completions",
          "remote.evaluate", "remote.drill.standin", "remote.drill.trainer", "remote.agent", "remote.endpids",
          "console.drill.hosts", "dflash-ops", "pytest", "sglang_router", "chromium", "sshd")
 
 
 def kind_of(cmdline: str) -> str:
-    return next((k for k in KINDS if k in cmdline), cmdline.split(" ")[0][-40:] or "?")
+    """The module a `python -m` runs, else the first kind named anywhere (a test's temporary paths
+    hold "pytest": only the program's own words are read for it)."""
+    words = cmdline.split(" ")
+    if "-m" in words[:3] and words.index("-m") + 1 < len(words):
+        module = words[words.index("-m") + 1]
+        return next((k for k in KINDS if module.startswith(k)), module)
+    return next((k for k in KINDS if k in " ".join(words[:2])), words[0][-40:] or "?")
 
 
 def snapshot(before: set[str]) -> dict[str, tuple[str, float]]:

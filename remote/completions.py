@@ -32,6 +32,7 @@ import argparse
 import http.client
 import json
 import os
+import sys
 import time
 from collections.abc import Callable
 from functools import partial
@@ -420,5 +421,15 @@ def main(events: EventWriter, argv: list[str] | None = None) -> dict[str, Any]:
             "incomplete": data["incomplete"]}
 
 
+def without_torch() -> None:
+    """Keep torch out of this process: the tokenizer is all it needs of transformers, which imports
+    torch whenever torch is installed (over half of this worker's start, 2-3 CPU-seconds). Without it
+    transformers runs as where torch is absent ("only tokenizers, configuration and file/data
+    utilities"): the same tokenizer class and the same ids (tests/test_completions.py compares them)."""
+    sys.modules.setdefault("torch", None)  # type: ignore[arg-type]  # an import of it fails, as if absent
+    os.environ.setdefault("TRANSFORMERS_NO_ADVISORY_WARNINGS", "1")  # its "PyTorch was not found" notice
+
+
 if __name__ == "__main__":
+    without_torch()
     run_worker(main)

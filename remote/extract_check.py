@@ -113,9 +113,9 @@ def check(model: str | Path, model_config: dict[str, Any], completions_file: str
 
 def _drafter(directory: str, name: str, override: list[int] | None, vocab: int, num_layers: Any,
              hidden: Any) -> dict[str, Any]:
-    from remote.drafter import provenance
+    from remote.provenance import provenance
 
-    # Headers only: the weights' finite check belongs to the evaluator's host (remote.drafter --provenance).
+    # Headers only: the weights' finite check belongs to the evaluator's host (remote.provenance).
     record = provenance(directory, name, override, target_vocab=vocab, weights=False)
     if isinstance(hidden, int) and record["hidden_size"] != hidden:
         raise ValueError(f"drafter {name}: hidden_size {record['hidden_size']} ({directory}/config.json) but the "
@@ -131,8 +131,8 @@ def parse_overrides(items: list[str], drafters: list[str]) -> dict[str, list[int
     malformed or naming no drafter."""
     if not items:
         return {}
-    from remote.drafter import DrafterError
-    from remote.drafter import parse_overrides as parse
+    from remote.provenance import DrafterError
+    from remote.provenance import parse_overrides as parse
 
     try:
         overrides = parse(items)

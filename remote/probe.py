@@ -277,7 +277,7 @@ def environment_fingerprint(model_type: str) -> tuple[str, dict[str, Any]]:
     covers = {
         "executable": [sys.executable, os.path.realpath(sys.executable)],
         "python": sys.version,
-        "sys_path": list(sys.path),
+        "sys_path": [_path_entry(entry) for entry in sys.path],
         "variables": {name: os.environ.get(name) for name in FINGERPRINT_VARIABLES},
         "distributions": {name: _distribution(name) for name in FINGERPRINT_DISTRIBUTIONS},
         "modules": {name: _module_origin(name) for name in FINGERPRINT_MODULES},
@@ -289,6 +289,20 @@ def environment_fingerprint(model_type: str) -> tuple[str, dict[str, Any]]:
     }
     text = json.dumps(covers, sort_keys=True, default=str)
     return hashlib.sha256(text.encode()).hexdigest(), covers
+
+
+SHIPPED_CODE = str(Path(__file__).resolve().parents[1])  # the console's code on this host: <workdir>/code/<its hash>
+
+
+def _path_entry(entry: str) -> str:
+    """A sys.path entry as the fingerprint covers it: the console's shipped code directory (named by
+    its hash, so each console version has its own) by a fixed name. Its probe code is covered by
+    `probe_code`; the rest of it imports nothing the environment facts are about, so a new console
+    version (or another drill on this machine) reuses what the last one probed."""
+    try:
+        return "<the console's shipped code>" if str(Path(entry or ".").resolve()) == SHIPPED_CODE else entry  # "": the cwd
+    except OSError:
+        return entry
 
 
 def _device_nodes() -> list[list[Any]]:

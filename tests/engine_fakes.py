@@ -340,7 +340,7 @@ class EventsFile:
 @dataclass
 class FakeJob:
     handle: JobHandle
-    kind: str  # "extract-staged", "extract", "extract-check", "completions", "evaluate", "probe", "drafter"
+    kind: str  # "extract-staged", "extract", "extract-check", "completions", "evaluate", "probe", "provenance"
     args: list[str]
     log: EventsFile
     events: EventWriter
@@ -627,9 +627,9 @@ async def probe_worker(world: FakeWorld, job: FakeJob) -> dict[str, Any]:
     return {**copy.deepcopy(world.producers.probe), "model": model_facts(job.arg("--model"))}
 
 
-async def drafter_worker(world: FakeWorld, job: FakeJob) -> dict[str, Any]:
-    """remote.drafter --provenance: the real worker's main, in-process."""
-    from remote.drafter import provenance_main
+async def provenance_worker(world: FakeWorld, job: FakeJob) -> dict[str, Any]:
+    """remote.provenance: the real worker's main, in-process."""
+    from remote.provenance import provenance_main
 
     await world.point(job, "start")
     return provenance_main(job.events, job.args)
@@ -781,7 +781,7 @@ async def evaluate_worker(world: FakeWorld, job: FakeJob) -> dict[str, Any]:
 
 
 WORKERS: dict[str, Callable[[FakeWorld, FakeJob], Any]] = {
-    "probe": probe_worker, "drafter": drafter_worker, "completions": completions_worker,
+    "probe": probe_worker, "provenance": provenance_worker, "completions": completions_worker,
     "extract-check": check_worker, "extract": extract_worker, "extract-staged": extract_worker,
     "evaluate": evaluate_worker,
 }

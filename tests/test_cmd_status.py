@@ -97,6 +97,29 @@ def test_down_host_and_stopped_service_exit_1(hosts: ThreadedHosts, tmp_path: Pa
     assert "SIMULATED" not in captured.out
 
 
+def streaming_for(workdir: Path, seconds: float, timeout: float = 60) -> None:
+    """Until the telemetry agent on the host of `workdir` has run `seconds` (a fixed sleep from the
+    watch's start was too short on a loaded machine: the link was not up yet when the test cut it)."""
+    import psutil
+
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        for proc in psutil.process_iter(["cmdline", "create_time"]):
+            cmdline = " ".join(proc.info["cmdline"] or [])
+            if "remote.agent" in cmdline and str(workdir) in cmdline + " " + _cwd(proc) \
+                    and time.time() - proc.info["create_time"] >= seconds:
+                return
+        time.sleep(0.1)
+    raise TimeoutError(f"no telemetry agent ran {seconds} s for {workdir}")
+
+
+def _cwd(proc) -> str:
+    try:
+        return proc.cwd()
+    except Exception:  # noqa: BLE001 - gone, or not ours to read
+        return ""
+
+
 def test_watch_marks_a_lost_host_and_its_stale_telemetry_then_ends_on_ctrl_c(hosts: ThreadedHosts, tmp_path: Path):
     hosts.workdir("ct129").mkdir(parents=True)
     simgpu.update(hosts.workdir("ct129") / "simulated-gpu.json", lambda data: None)
@@ -107,7 +130,7 @@ def test_watch_marks_a_lost_host_and_its_stale_telemetry_then_ends_on_ctrl_c(hos
                              env={**os.environ, "COLUMNS": "200"}, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                              text=True)
     try:
-        time.sleep(4)  # connected and streaming
+        streaming_for(hosts.workdir("ct129"), seconds=2.5)  # connected, and samples came (one a second)
         hosts.call(hosts.servers["ct129"].stop())  # the link to ct129 drops and stays down
         time.sleep(4.5)  # telemetry is stale after 3 intervals of 1 s
         watch.send_signal(signal.SIGINT)

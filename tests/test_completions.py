@@ -427,3 +427,24 @@ def test_preferred_params_are_read_from_server_info_where_model_info_has_none(ti
         server.server_close()
     assert server.bodies[0]["sampling_params"]["ignore_eos"] is False
     assert any("the server prefers ignore_eos=true" in e["msg"] for e in events if e["type"] == "log")
+
+
+def test_the_worker_keeps_torch_out_and_tokenises_as_transformers_with_torch(tiny_target):
+    """`python -m remote.completions` blocks torch (over half its start); the prompt ids it sends are
+    those of the same tokenizer loaded beside torch (the shipped chat prompts)."""
+    import subprocess
+    import sys
+
+    from remote.prompts import prompt_token_ids
+
+    code = ("import json, sys; from remote import completions as c; from remote.prompts import load_prompts, "
+            "prompt_token_ids; c.without_torch(); tok = c.load_tokenizer(sys.argv[1]); "
+            "print(json.dumps({'ids': [prompt_token_ids(tok, p) for p in load_prompts().prompts], "
+            "'torch': 'torch' in sys.modules and sys.modules['torch'] is not None}))")
+    done = subprocess.run([sys.executable, "-c", code, str(tiny_target)], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert "PyTorch was not found" not in done.stderr
+    seen = json.loads(done.stdout.splitlines()[-1])
+    with_torch = completions.load_tokenizer(str(tiny_target))
+    assert "torch" in sys.modules and sys.modules["torch"] is not None  # this process: transformers with torch
+    assert seen == {"torch": False, "ids": [prompt_token_ids(with_torch, p) for p in load_prompts().prompts]}

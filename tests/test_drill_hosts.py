@@ -99,6 +99,10 @@ def test_up_prints_a_loadable_config_last_and_is_idempotent(drill: DrillLayout, 
         assert json.loads((Path(drafter.path) / "config.json").read_text())["dflash_config"]["target_layer_ids"]
     first = status(drill.dir)
     assert first.up and first.service_health == 200 and first.service_pid is not None
+    # Each host's probe cache is the one this machine keeps for that host beside the assets.
+    for host in ("ct129", "ct200"):
+        kept = drill.workdir(host) / "probe-cache"
+        assert kept.is_symlink() and kept.resolve() == (cache_root() / "probe-cache" / host).resolve()
 
     again = _drill_up(drill.dir)
     assert again.returncode == 0, again.stderr
@@ -519,3 +523,26 @@ def _cut_first_window(runs: Path, config: Config, console: subprocess.Popen) -> 
 def test_replicas_must_be_a_positive_count(tmp_path: Path):
     done = _drill_up(tmp_path / "x", "--replicas", "0")
     assert done.returncode == 2 and "--replicas: expected a whole number of replicas, 1 or more, found '0'" in done.stderr
+
+
+def test_a_hosts_probe_cache_is_shared_by_every_drill_on_this_machine(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
+    """A new drill's hosts link the machine's probe cache (its first window probes no torch again);
+    a drill made before this keeps its workdir but its own cache directory is replaced by the link."""
+    from console.drill.hosts import share_probe_cache
+
+    monkeypatch.setenv(CACHE_ENV, str(tmp_path / "cache"))
+    first, second = DrillLayout.at(tmp_path / "one"), DrillLayout.at(tmp_path / "two")
+    for layout in (first, second):
+        layout.workdir("ct129").mkdir(parents=True)
+    old = second.workdir("ct129") / "probe-cache"
+    old.mkdir()
+    (old / "environment-0123.json").write_text("{}")
+    for layout in (first, second, first):  # the second call on one drill changes nothing
+        share_probe_cache(layout, "ct129")
+    shared = tmp_path / "cache" / "probe-cache" / "ct129"
+    (first.workdir("ct129") / "probe-cache" / "environment-abcd.json").write_text("{}")
+    assert sorted(p.name for p in (second.workdir("ct129") / "probe-cache").iterdir()) == ["environment-abcd.json"]
+    assert all((layout.workdir("ct129") / "probe-cache").resolve() == shared.resolve() for layout in (first, second))
+    down_dir = first.workdir("ct129") / "probe-cache"
+    down_dir.unlink()  # removing a drill's link leaves the machine's cache
+    assert (shared / "environment-abcd.json").is_file()

@@ -242,3 +242,32 @@ def test_preflight_says_where_each_hosts_environment_facts_came_from():
                       "packages and kernel binding from that probe")
     assert fresh == f"probe on ct200: environment probed now (fingerprint {'9b' * 6}…), kept for the next window"
     assert failed.endswith("not kept: the host-to-GPU copy was not measured (the copy failed)")
+
+
+FINGERPRINT_OF_THIS_CODE = ("import json; from remote import probe; fingerprint, covers = probe.environment_fingerprint('qwen3_5'); "
+                            "print(json.dumps([fingerprint, covers['sys_path'][0]]))")
+
+
+def test_the_same_probe_shipped_in_another_code_directory_keeps_the_fingerprint(tmp_path: Path):
+    """Each console version ships its code to <workdir>/code/<hash> and runs from there: a second
+    version (or another drill on this machine) with the same probe code reuses the facts kept;
+    a different probe.py does not."""
+    import shutil
+
+    def shipped(name: str) -> Path:
+        code = tmp_path / "code" / name
+        shutil.copytree(REPO / "remote", code / "remote", ignore=shutil.ignore_patterns("__pycache__"))
+        return code
+
+    def fingerprint(code: Path) -> tuple[str, str]:
+        env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+        done = subprocess.run([sys.executable, "-c", FINGERPRINT_OF_THIS_CODE], cwd=code, env=env,
+                              capture_output=True, text=True, timeout=120)
+        assert done.returncode == 0, done.stderr[-2000:]
+        return tuple(json.loads(done.stdout))
+
+    first, second, changed = shipped("ab07e5"), shipped("c91d20"), shipped("ffee00")
+    (changed / "remote" / "probe.py").write_text((changed / "remote" / "probe.py").read_text() + "\n# another probe\n")
+    (one, entry), (two, _), (other, _) = fingerprint(first), fingerprint(second), fingerprint(changed)
+    assert entry == "<the console's shipped code>"  # the directory the code runs from, by a fixed name
+    assert one == two and other != one

@@ -120,13 +120,62 @@ def test_soundness_statistics_by_hand() -> None:
 
 
 def test_provenance_worker_cli(setup, tmp_path) -> None:
-    code, events = run_module("remote.drafter", ["--provenance", f"copy={setup['drafter']}", "--states",
+    code, events = run_module("remote.provenance", ["--provenance", f"copy={setup['drafter']}", "--states",
                                                  str(setup["states"]), "--target", str(setup["target"]),
                                                  "--layers-override", "copy=1,2"], tmp_path)
     data = result_of(events)
     assert code == 0 and data["drafters"]["copy"]["layers_source"] == "override"
     assert data["states_layers"] == [0, 1, 2] and events[-1] == {**events[-1], "type": "exit", "code": 0}
-    code, events = run_module("remote.drafter", ["--provenance", f"copy={setup['drafter']}", "--states",
+    code, events = run_module("remote.provenance", ["--provenance", f"copy={setup['drafter']}", "--states",
                                                  str(_states(tmp_path / "s", [0, 2]))], tmp_path)
     assert code == 2 and "missing [1]" in error_of(events) and "\n" not in error_of(events)
     assert not any(e["type"] == "result" for e in events)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16, torch.float64, torch.float8_e5m2,
+                                   torch.float8_e4m3fn])
+def test_the_weights_scan_counts_what_torch_counts_in_each_float_format(tmp_path: Path, dtype: torch.dtype):
+    """The provenance reads the files with numpy (no torch on its host): its NaN and Inf counts, shapes
+    and dtypes are torch's own for every float format safetensors holds, across its read chunks."""
+    from safetensors.torch import save_file
+
+    from remote import provenance as prov
+
+    values = torch.randn(3, 1000)
+    values[0, :7], values[1, 5:9], values[2, -1] = float("nan"), float("inf"), float("-inf")
+    tensors = {"model.a": values.to(dtype), "model.b": torch.randn(17).to(dtype), "model.ids": torch.arange(4)}
+    save_file(tensors, str(tmp_path / "model.safetensors"))
+    facts = prov.scan_weights(tmp_path)
+    assert set(facts) == {"a", "b", "ids"}  # the common prefix removed, as the loader does
+    for name, tensor in tensors.items():
+        fact = facts[name.removeprefix("model.")]
+        assert fact.shape == tuple(tensor.shape) and fact.floating == tensor.is_floating_point()
+        if tensor.is_floating_point():  # widened for the count: float8 has no isinf of its own; values stay
+            wide = tensor.double()
+            assert (fact.nan, fact.inf) == (int(wide.isnan().sum()), int(wide.isinf().sum())), name
+    assert (facts["a"].nan, facts["a"].inf) != (0, 0)
+
+
+def test_a_truncated_weights_file_is_named(tmp_path: Path):
+    from safetensors.torch import save_file
+
+    from remote import provenance as prov
+
+    save_file({"w": torch.randn(64, 64)}, str(tmp_path / "model.safetensors"))
+    data = (tmp_path / "model.safetensors").read_bytes()
+    (tmp_path / "model.safetensors").write_bytes(data[:-100])
+    with pytest.raises(DrafterError, match=r"model.safetensors: unreadable safetensors \(tensor 'w' lies outside"):
+        prov.scan_weights(tmp_path)
+
+
+def test_the_provenance_worker_imports_no_torch(setup: dict[str, Path]):
+    """The preflight runs it on every drafter host: a second of start, not the seconds torch takes."""
+    import subprocess
+    import sys
+
+    code = ("import sys; sys.argv = ['remote.provenance', '--provenance', 'copy=" + str(setup["drafter"]) + "'];"
+            "import remote.provenance as p; from remote.events import EventWriter;"
+            "p.provenance_main(EventWriter(stream=sys.stderr), sys.argv[1:]); print('torch' in sys.modules, 'transformers' in sys.modules)")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.splitlines()[-1] == "False False"

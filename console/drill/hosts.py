@@ -45,7 +45,7 @@ from pathlib import Path
 from typing import Any
 
 from console.drill import fleet, procs
-from console.drill.assets import DrillAssets, ensure_assets, find_assets
+from console.drill.assets import DrillAssets, cache_root, ensure_assets, find_assets
 from console.drill.config import service_commands, write_drill_config
 from console.drill.layout import GPUS_PER_REPLICA, HOSTS, INFERENCE_HOST, TRAINING_HOST, DrillLayout
 from console.ssh.embedded_server import EmbeddedSSHServer
@@ -390,11 +390,34 @@ def install_assets(layout: DrillLayout, assets: DrillAssets) -> None:
     shutil.copyfile(assets.prompts, layout.prompts)
 
 
+PROBE_CACHE = "probe-cache"  # in a host's workdir: where the preflight keeps its environment facts
+
+
+def share_probe_cache(layout: DrillLayout, host: str) -> None:
+    """The host's probe cache: a link to one kept beside the assets, for every drill on this machine.
+
+    The drill's hosts are this machine with this Python, so what the probe found of a host's
+    environment holds for every drill here while its fingerprint is unchanged (the probe checks that
+    at each use). Kept per drill, each fresh drill probed torch, packages and kernels again on both
+    hosts before its first window (about 6 CPU-seconds a host)."""
+    shared = cache_root() / PROBE_CACHE / host
+    shared.mkdir(parents=True, exist_ok=True, mode=0o700)
+    link = layout.workdir(host) / PROBE_CACHE
+    if link.is_symlink() and link.resolve() == shared.resolve():
+        return
+    if link.is_symlink() or link.is_file():
+        link.unlink()
+    elif link.is_dir():  # a drill made before the cache was shared: its facts are probed again once
+        shutil.rmtree(link)
+    link.symlink_to(shared, target_is_directory=True)
+
+
 def prepare_hosts(layout: DrillLayout, assets: DrillAssets) -> None:
     """Homes, workdirs, assets on their hosts, empty simulated GPUs, the stuck-VRAM episode re-armed."""
     for name in HOSTS:
         layout.workdir(name).mkdir(parents=True, exist_ok=True, mode=0o700)
         layout.ssh_dir(name).mkdir(parents=True, exist_ok=True, mode=0o700)
+        share_probe_cache(layout, name)
     install_assets(layout, assets)
     layout.service_state.mkdir(parents=True, exist_ok=True)
     (layout.service_state / drill_service.STUCK_MARKER).unlink(missing_ok=True)

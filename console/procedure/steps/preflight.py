@@ -184,7 +184,7 @@ def _say_environment(engine: Engine, name: str, environment: Any) -> None:
 
 
 async def _read_drafters(engine: Engine) -> dict[str, dict[str, Any]]:
-    """Each drafter's provenance, checked where it lives (`remote.drafter --provenance`): every
+    """Each drafter's provenance, checked where it lives (`remote.provenance`, no torch): every
     config field the forward uses, `target_layer_ids` (required, or the config's explicit
     override), the fc width from the weights, finite weights. One job per drafter host."""
     by_host: dict[str, list[Any]] = {}
@@ -195,7 +195,7 @@ async def _read_drafters(engine: Engine) -> dict[str, dict[str, Any]]:
     async def check(host_name: str, drafters: list[Any]) -> dict[str, dict[str, Any]]:
         args = [arg for d in drafters for arg in ("--provenance", f"{d.name}={d.path}")]
         args += [arg for d in drafters if d.layers for arg in ("--layers-override", layer_override(d))]
-        outcome = await run_jobs.job(engine, host_name, "drafter", f"provenance-{host_name}", args, step="preflight",
+        outcome = await run_jobs.job(engine, host_name, "provenance", f"provenance-{host_name}", args, step="preflight",
                                   fresh=True)
         found = (outcome.get("result") or {}).get("drafters")
         if not isinstance(found, dict):
