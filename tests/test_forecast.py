@@ -513,41 +513,6 @@ def test_forecast_against_measured_per_phase_and_across_runs(staged_run, cpu_spe
     assert fc.against(older[0]) == []  # a run from before the forecast: nothing to compare
 
 
-def test_a_real_drill_run_is_read_as_an_earlier_window(drill, staged_run):
-    """The engine's own state.json from a headless drill run: its phases tile its downtime, and the
-    next run's forecast takes every phase from it (schema drift between the engine and this reader
-    fails here)."""
-    import subprocess
-
-    from tests.window_fixtures import ENTRY_POINT, cli_env
-
-    done = subprocess.run([ENTRY_POINT, "drill", "--headless", "--yes", "--dir", str(drill.dir), "--runs",
-                           str(drill.runs)], capture_output=True, text=True, timeout=300, env=cli_env())
-    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
-    _, state = drill.only_run()
-    measured = fc.measured_phases(state)
-    assert all(measured[p] is not None and measured[p] >= 0 for p in fc.PHASES), measured
-    assert fc.ended_holders(state)  # the drill's first stop leaves VRAM held: read from the engine's own state
-    service = state["service"]
-    # They tile the downtime but for the operator's answers (--yes: the restart's question and its
-    # status check before it, between the GPUs' release and the start; the holders' question).
-    answers = (service["start_issued_at"] - state["extraction"]["gpu_released_at"]
-               + state["steps"]["free-vram"].get("decision_s", 0.0))
-    assert 0 <= answers < 5
-    assert sum(measured.values()) + answers == pytest.approx(service["ready_at"] - service["stopped_at"])
-    config = drill.config
-    window = state["extraction"]["window"]
-    ask = fc.ForecastInputs(run_id="next", service_host=config.service.host, extract_host=config.target.host,
-                            staged=bool(window.get("staged")), prompt_tokens=(window["tokens"],),
-                            model_bytes=window.get("bytes"), stop_grace_s=config.service.stop_grace_s,
-                            earlier=[state])
-    made = fc.forecast(ask)
-    for p in made.phases:
-        assert p.basis.startswith(f"the earlier run on {config.service.host}") and not p.estimated, p
-        assert p.name != "free-vram" or "every earlier run ended VRAM holders" in p.basis
-        assert p.seconds == pytest.approx(measured[p.name], abs=1e-5)
-
-
 def test_each_run_forecast_from_the_runs_before_it(staged_run):
     """bench/window.py's figure: every run with an earlier one on its hosts, forecast from those
     alone (as its own forecast would have been before its stop), against what it measured."""
