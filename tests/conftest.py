@@ -28,7 +28,7 @@ MEASURED_S = {
     "tests/tui/test_tui_drill.py": 163, "tests/test_signals.py": 163, "tests/test_zero_downtime.py": 155,
     "tests/test_engine_sweep.py": 147, "tests/test_budget_window.py": 126,
     "tests/tui/test_tui_snapshots.py": 112, "tests/tui/test_tui_walk.py": 94,
-    "tests/test_share_window.py": 89, "tests/test_forecast.py": 81, "tests/tui/test_tui_operator.py": 75,
+    "tests/test_share_window.py": 89, "tests/tui/test_tui_operator.py": 75,
     "tests/test_service_ssh.py": 74, "tests/test_pause_sweep.py": 66, "tests/test_job_lifecycle.py": 63,
     "tests/tui/test_tui_console.py": 59, "tests/test_extract.py": 56, "tests/test_frozen_host.py": 54,
     "tests/test_crosscheck.py": 50, "tests/test_standin.py": 46, "tests/tui/test_tui_replay.py": 41,
