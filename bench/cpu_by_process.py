@@ -74,8 +74,9 @@ def main() -> int:
     by_kind: collections.Counter[str] = collections.Counter()
     count: collections.Counter[str] = collections.Counter()
     for cmdline, cpu in last.values():
-        by_kind[kind_of(cmdline)] += cpu
-        count[kind_of(cmdline)] += 1
+        kind = kind_of(cmdline)
+        by_kind[kind] += cpu
+        count[kind] += 1
     for kind, cpu in by_kind.most_common():
         if cpu >= 0.05:  # how many processes too: a kind started per window costs its start each time
             print(f"{cpu:8.1f} s  {kind} ({count[kind]} processes, {cpu / count[kind]:.2f} s each)")

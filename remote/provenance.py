@@ -28,7 +28,7 @@ from typing import Any
 
 from remote.layers import LayerIdsError, default_target_layers, missing_layer_ids_message  # noqa: F401
 from remote.layers import parse_layer_ids as _parse_layer_ids
-from remote.weights import safetensors_files, safetensors_header
+from remote.weights import DTYPE_BYTES, safetensors_files, safetensors_header
 
 ARCHITECTURE = "DFlashDraftModel"
 
@@ -398,7 +398,7 @@ def scan_weights(path: str | os.PathLike) -> dict[str, WeightFacts]:
                     raise ValueError(f"tensor {name!r} lies outside the file ({begin}..{end} of {size - start} bytes)")
                 nan = inf = 0
                 if dtype in FLOAT_DTYPES:
-                    width = {"F64": 8, "F32": 4, "F16": 2, "BF16": 2}.get(dtype, 1)
+                    width = DTYPE_BYTES[dtype]
                     if end - begin != math.prod(shape) * width:
                         raise ValueError(f"tensor {name!r}: {end - begin} bytes for {list(shape)} {dtype}")
                     step = _CHUNK_VALUES * width
