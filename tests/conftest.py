@@ -39,8 +39,8 @@ DRILL_S = 30  # a file not measured yet: about this long for each test that star
 
 def pytest_configure(config):
     """Keep this file's order across the two test processes. xdist's `--dist loadfile` hands out files
-    by their number of tests unless told not to (`--loadscope-reorder`, on by default since 3.6), which
-    put the few-test, minutes-long window files last: one process ran them alone at the end."""
+    by their number of tests unless told not to (`--loadscope-reorder`, on by default in xdist 3.8), which
+    started the few-test, minutes-long window files late."""
     if hasattr(config.option, "loadscopereorder"):  # xdist is installed (the GPU host runs without it)
         config.option.loadscopereorder = False
 
