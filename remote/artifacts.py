@@ -67,6 +67,12 @@ def write_json_atomic(final: str | os.PathLike, data: Any) -> Path:
     return Path(final)
 
 
+def write_bytes_atomic(final: str | os.PathLike, data: bytes) -> Path:
+    with atomic_path(final) as tmp:
+        tmp.write_bytes(data)
+    return Path(final)
+
+
 def write_manifest(directory: str | os.PathLike, files: dict[str, dict[str, Any]], **meta: Any) -> Path:
     """Write `directory/manifest.json` listing `files` (relative name -> facts) with size and sha256.
 

@@ -14,6 +14,7 @@ from hypothesis import strategies as st
 from console.messages import Confirmation
 from console.procedure.decider import TerminalDecider
 from console.procedure.steps import Preflight, estimates, stage_decision
+from console.procedure.state import JobRecord
 from console.procedure.store import RunStore, RunStoreError, RunSummary, StoreWriteError, UnreadableRun
 from tests.small_fs import fill, small_filesystem
 
@@ -33,6 +34,35 @@ def test_state_journal_and_summary(tmp_path) -> None:
     (summary,) = store.summaries()
     assert summary.downtime_s == pytest.approx(30.5) and summary.headline == {"reference": 3.2}
     assert store.latest_unfinished().run_id == run.run_id  # status "running"
+
+
+JSON_LEAF = st.none() | st.booleans() | st.integers(-2**53, 2**53) | st.text(max_size=8) | st.floats()
+JSON_VALUE = st.recursive(JSON_LEAF, lambda inner: st.lists(inner, max_size=3)
+                          | st.dictionaries(st.text(max_size=6), inner, max_size=3), max_leaves=12)
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(facts=st.dictionaries(st.text(max_size=8), JSON_VALUE, max_size=4), result=JSON_VALUE,
+       downtime=st.floats(allow_nan=False))
+def test_state_json_reads_back_as_the_state_it_saved(tmp_path, facts, result, downtime) -> None:
+    # state.json is written by pydantic-core (fast: it is saved at every event) and read by pydantic:
+    # any JSON a worker's result or a fact holds, Infinity and NaN included, reads back as it was; a
+    # tuple as a list and a value of no JSON type (a Path) as its str, as `json.dumps(default=str)` did.
+    store = RunStore(tmp_path / uuid.uuid4().hex)
+    run = store.create(None, None)
+    run.state.facts = {**facts, "where": tmp_path, "pair": (1, "a")}
+    run.state.step("stop").status = "done"
+    run.state.jobs["extract"] = JobRecord(job_id="j1", host="ct129", worker="extract", result=result)
+    run.state.service.stopped_at = downtime
+    run.save()
+    text = (run.dir / "state.json").read_text()
+    assert text.startswith("{\n  ")  # indented: an operator reads it
+    again = store.open(run.run_id).state
+    written = json.loads(text)
+    assert written["facts"]["where"] == str(tmp_path) and written["facts"]["pair"] == [1, "a"]
+    same = json.dumps(again.to_json(), sort_keys=True) == json.dumps(
+        {**run.state.to_json(), "facts": {**facts, "where": str(tmp_path), "pair": [1, "a"]}}, sort_keys=True)
+    assert same, (again, run.state)
 
 
 def test_a_torn_journal_line_is_left_out_and_the_next_entry_starts_a_line_of_its_own(tmp_path) -> None:

@@ -32,7 +32,7 @@ from typing import Any
 from console.messages import JournalEntry
 from console.procedure import identity
 from console.procedure.state import RUN_FINISHED, SCHEMA, Owner, RunState, StateError, current_user
-from remote.artifacts import write_json_atomic
+from remote.artifacts import write_bytes_atomic
 
 STATE, JOURNAL, TELEMETRY = "state.json", "journal.jsonl", "telemetry.jsonl"
 FINISHED = RUN_FINISHED
@@ -92,7 +92,7 @@ class Run:
         """Write state.json atomically (temp file, fsync, rename): a crash leaves the old or the new."""
         self.state.updated_at = time.time()
         try:
-            write_json_atomic(self.dir / STATE, self.state.to_json())
+            write_bytes_atomic(self.dir / STATE, self.state.dumps())
         except OSError as exc:
             self._failed_write(self.dir / STATE, exc)
 
