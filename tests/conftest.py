@@ -2,6 +2,7 @@
 host has no asyncssh and runs `tests/gpu` alone, which needs no SSH)."""
 
 import os
+import sys
 
 # One torch thread per process: the suite runs two test processes on two cores, each starting
 # workers and rehearsal servers that use torch at the same time. With torch's default (a thread per
@@ -9,6 +10,14 @@ import os
 # of 22 s, with four times the CPU. The workers and servers the tests start inherit this.
 for _threads in ("OMP_NUM_THREADS", "MKL_NUM_THREADS"):
     os.environ.setdefault(_threads, "1")
+
+# Bytecode is cached (beside the sources, in the ignored __pycache__ folders). A container image may
+# say PYTHONDONTWRITEBYTECODE (this machine's does; CI runs on one like it): then each of the suite's
+# hundreds of Python processes (the console, workers, rehearsal servers, service commands) compiled
+# the console's and workers' sources again, and each test process rewrote and compiled every test
+# module: 0.02-0.4 CPU-s a process. Installed packages are unaffected: pip compiled them.
+os.environ.pop("PYTHONDONTWRITEBYTECODE", None)
+sys.dont_write_bytecode = False
 
 pytest_plugins = ["tests.fixtures_models", "tests.engine_sweep", "tests.router_helpers"]  # engine_sweep: the engine sweeps' fixtures; router_helpers: the real router's fleet
 
