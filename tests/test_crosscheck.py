@@ -31,10 +31,14 @@ from tests.standin_helpers import free_port, start_standin, stop, wait_status
 class Server:
     """One rehearsal server process on loopback."""
 
-    def __init__(self, target: Path, log: Path, *args: str):
+    def __init__(self, target: Path, log: Path, *args: str, wait: bool = True):
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.proc = start_standin(target, self.port, log, "--dtype", SERVING_DTYPE, *args)
+        if wait:
+            self.wait_ready()
+
+    def wait_ready(self) -> None:
         wait_status(self.url + "/health", 200, timeout=120, proc=self.proc)
 
     def client(self) -> SglangClient:
@@ -59,8 +63,11 @@ def served(drill: DrillAssets, tmp_path_factory: pytest.TempPathFactory) -> Iter
     tmp = tmp_path_factory.mktemp("served")
     servers = {}
     try:
-        for name in ("reference", "candidate"):
-            servers[name] = Server(drill.target, tmp / f"{name}.log", "--speculative-drafter", str(getattr(drill, name)))
+        for name in ("reference", "candidate"):  # both load at once, then both are waited for
+            servers[name] = Server(drill.target, tmp / f"{name}.log", "--speculative-drafter", str(getattr(drill, name)),
+                                   wait=False)
+        for server in servers.values():
+            server.wait_ready()
         yield servers
     finally:
         for server in servers.values():
