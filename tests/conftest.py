@@ -30,18 +30,18 @@ else:
 
 
 # Seconds each file's tests took in a whole run on a 2-core machine (`--durations=0`, summed per file,
-# 2026-12-02, evening), the 24 longest. Only the order uses them: the longest files start first, so
+# 2026-12-03, at 117bfb2), the 26 longest. Only the order uses them: the longest files start first, so
 # none is left running alone at the end (both workers were busy 96 % of that run).
 MEASURED_S = {
-    "tests/test_window.py": 462, "tests/test_drill_hosts.py": 318, "tests/test_live_run.py": 193,
-    "tests/tui/test_tui_drill.py": 163, "tests/test_signals.py": 163, "tests/test_zero_downtime.py": 155,
-    "tests/test_engine_sweep.py": 147, "tests/test_budget_window.py": 126,
-    "tests/tui/test_tui_snapshots.py": 112, "tests/tui/test_tui_walk.py": 94,
-    "tests/test_share_window.py": 89, "tests/tui/test_tui_operator.py": 75,
-    "tests/test_service_ssh.py": 74, "tests/test_pause_sweep.py": 66, "tests/test_job_lifecycle.py": 63,
-    "tests/tui/test_tui_console.py": 59, "tests/test_extract.py": 56, "tests/test_frozen_host.py": 54,
-    "tests/test_crosscheck.py": 50, "tests/test_standin.py": 46, "tests/tui/test_tui_replay.py": 41,
-    "tests/test_standin_memory_saver.py": 40, "tests/test_fleet_sweep.py": 39,
+    "tests/test_window.py": 535, "tests/test_drill_hosts.py": 374, "tests/test_engine_sweep.py": 187,
+    "tests/test_signals.py": 157, "tests/test_live_run.py": 151, "tests/tui/test_tui_drill.py": 120,
+    "tests/test_zero_downtime.py": 105, "tests/test_service_ssh.py": 85, "tests/test_budget_window.py": 80,
+    "tests/test_pause_sweep.py": 75, "tests/test_job_lifecycle.py": 62, "tests/test_share_window.py": 60,
+    "tests/test_fleet_sweep.py": 59, "tests/tui/test_tui_operator.py": 55, "tests/tui/test_tui_walk.py": 54,
+    "tests/tui/test_tui_snapshots.py": 53, "tests/tui/test_tui_console.py": 53,
+    "tests/test_crosscheck.py": 51, "tests/test_frozen_host.py": 51, "tests/test_extract.py": 49,
+    "tests/test_kernels.py": 45, "tests/test_standin_memory_saver.py": 44, "tests/test_jobs.py": 42,
+    "tests/test_cmd_report.py": 41, "tests/test_standin.py": 40, "tests/test_evaluate.py": 39,
 }
 DRILL_S = 30  # a file not measured yet: about this long for each test that starts a fresh drill
 

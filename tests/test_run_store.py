@@ -13,8 +13,8 @@ from hypothesis import strategies as st
 
 from console.messages import Confirmation
 from console.procedure.decider import TerminalDecider
-from console.procedure.steps import Preflight, estimates, stage_decision
 from console.procedure.state import JobRecord
+from console.procedure.steps import Preflight, estimates, stage_decision
 from console.procedure.store import RunStore, RunStoreError, RunSummary, StoreWriteError, UnreadableRun
 from tests.small_fs import fill, small_filesystem
 
