@@ -4,7 +4,7 @@ host has no asyncssh and runs `tests/gpu` alone, which needs no SSH)."""
 import os
 import sys
 
-# One torch thread per process: the suite runs two test processes on two cores, each starting
+# One torch thread per process: the suite runs three test processes on two cores, each starting
 # workers and rehearsal servers that use torch at the same time. With torch's default (a thread per
 # core each) the threads spin waiting on each other: a speculative-decoding test took 120 s instead
 # of 22 s, with four times the CPU. The workers and servers the tests start inherit this.
@@ -47,7 +47,7 @@ DRILL_S = 30  # a file not measured yet: about this long for each test that star
 
 
 def pytest_configure(config):
-    """Keep this file's order across the two test processes. xdist's `--dist loadfile` hands out files
+    """Keep this file's order across the test processes. xdist's `--dist loadfile` hands out files
     by their number of tests unless told not to (`--loadscope-reorder`, on by default in xdist 3.8), which
     started the few-test, minutes-long window files late."""
     if hasattr(config.option, "loadscopereorder"):  # xdist is installed (the GPU host runs without it)
@@ -57,7 +57,7 @@ def pytest_configure(config):
 def pytest_collection_modifyitems(items):
     """The longest files first (each file's own order kept): measured, else by the fresh drills they start.
 
-    CI runs the tests in two processes (pytest-xdist, one file at a time per process): started last,
+    CI runs the tests in three processes (pytest-xdist, one file at a time per process): started last,
     a long file (a few minutes of windows) would run alone after everything else had ended."""
     weight: dict[str, float] = {}
     for item in items:

@@ -40,7 +40,7 @@ def test_first_lines_are_the_two_newcomer_commands() -> None:
         assert parts[2].startswith(".venv/bin/pip install -e '.[worker")
     assert start.split(" && ")[-1] == ".venv/bin/dflash-ops drill"  # the newcomer's first run is the drill
     assert test.split(" && ")[2] == ".venv/bin/pip install -e '.[worker,dev]'"
-    assert test.split(" && ")[-1] == ".venv/bin/python -m pytest -q -n 2 --dist loadfile"
+    assert test.split(" && ")[-1] == ".venv/bin/python -m pytest -q -n 3 --dist loadfile"
 
 
 def test_ci_runs_the_readme_test_line() -> None:
