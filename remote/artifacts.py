@@ -68,6 +68,7 @@ def write_json_atomic(final: str | os.PathLike, data: Any) -> Path:
 
 
 def write_bytes_atomic(final: str | os.PathLike, data: bytes) -> Path:
+    """`data` as `final`, atomically (temp file, fsync, rename), as write_json_atomic."""
     with atomic_path(final) as tmp:
         tmp.write_bytes(data)
     return Path(final)
