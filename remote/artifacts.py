@@ -62,9 +62,7 @@ def sync_file(path: str | os.PathLike) -> None:
 
 
 def write_json_atomic(final: str | os.PathLike, data: Any) -> Path:
-    with atomic_path(final) as tmp:
-        tmp.write_text(json.dumps(data, indent=2, sort_keys=True, default=str) + "\n")
-    return Path(final)
+    return write_bytes_atomic(final, (json.dumps(data, indent=2, sort_keys=True, default=str) + "\n").encode())
 
 
 def write_bytes_atomic(final: str | os.PathLike, data: bytes) -> Path:

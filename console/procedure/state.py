@@ -19,8 +19,6 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-import pydantic_core
-
 SCHEMA = "dflash-ops.run/2"
 READABLE = ("dflash-ops.run/1", SCHEMA)
 STEP_ENDED = ("done", "skipped", "left-out", "failed", "refused", "cancelled")
@@ -237,11 +235,16 @@ class RunState:
         """The state as JSON's types (what state.json holds), built by pydantic-core: the engine saves
         at every event, and `dataclasses.asdict` deep-copies every value (with json's indented encoder a
         window's state took 5.5 ms to save, 0.3 ms this way: bench/state_save.py). A value of no JSON
-        type is its str."""
+        type is its str. (pydantic-core is imported here, as the schema is: a command that never
+        writes a state does not load it.)"""
+        import pydantic_core
+
         return pydantic_core.to_jsonable_python(self, fallback=str, inf_nan_mode="constants")
 
     def dumps(self) -> bytes:
         """state.json's text, indented (an operator reads it), with Infinity/NaN as `json` writes them."""
+        import pydantic_core
+
         return pydantic_core.to_json(self, indent=2, fallback=str, inf_nan_mode="constants") + b"\n"
 
     @classmethod
