@@ -9,18 +9,26 @@ So the policy must be applied in a fresh process *before* that import:
               "any"   -> whatever is installed, except that without a GPU the torch path is forced
                          (fla with CPU tensors fails: "0 active drivers")
 
-After the import, `bound_kernels` reads what transformers really bound, under both schemes:
-  >= 5.15: four module-level functions wrapped by `use_kernel_func_from_hub_with_fallback`;
-           the implementation is the closure variable `implementation`.
-  <= 5.14: per-layer attributes on `linear_attn` (each function binds on its own; the module flag
-           `is_fast_path_available` is only their AND).
+After the import, `bound_kernels` reads what transformers really bound. transformers has shipped three
+binding schemes since qwen3_5 appeared (5.2); each is recognised by its shape, never by a version number:
+  per-layer attributes (5.2-5.14): `linear_attn` holds each function as an instance attribute (each
+           binds on its own; the module flag `is_fast_path_available` is only their AND).
+  hub-fallback closure (5.15-5.24): four module-level functions wrapped by
+           `use_kernel_func_from_hub_with_fallback`; the implementation is its closure's `implementation`.
+  function modules (>= 5.25, and 5.15-5.24 where the `kernels` package is installed): `kernels`'
+           `use_kernel_forward_from_hub` turns each wrapped function into an instance of a one-off
+           `nn.Module` class ("Func") whose `forward` calls it; the function is that forward's closure
+           `func`. transformers 5.25 made `kernels` a dependency, so every 5.25 host has this scheme.
+A module that matches none of them is reported as an unknown scheme, naming the transformers version,
+with no function taken as bound to anything: a guess would say "torch fallback" of fast kernels (the
+seed story the other way round). The policy `fast` refuses it.
 """
 
 from __future__ import annotations
 
 import contextlib
 import importlib
-import inspect
+import importlib.metadata
 import sys
 from collections.abc import Iterator
 from types import ModuleType
@@ -125,19 +133,63 @@ def apply_policy(policy: str, device: str) -> dict[str, Any]:
     return {"policy": policy, "effective": "as-installed", "reason": "CUDA present: transformers binds what is installed"}
 
 
+# Each scheme's name says which transformers releases have it: the probe table shows it as it is.
+SCHEME_LEGACY = "per-layer attributes (transformers 5.2-5.14)"
+SCHEME_CLOSURE = "hub-fallback closure (transformers 5.15-5.24)"
+SCHEME_FUNC_MODULES = "function modules (transformers >= 5.25; 5.15-5.24 with kernels)"
+UNKNOWN_SCHEME_PREFIX = "unknown binding scheme"
+# The transformers releases this code was tested against (tests/test_transformers_matrix.py): the
+# worker extra of pyproject.toml says the same (tests check it), and `probe` warns on a host outside.
+TESTED_TRANSFORMERS = ">=5.2,<=5.25.0"
+
+
+def _closure_value(fn: Any, name: str) -> Any | None:
+    """The closure variable `name` of function `fn` (None when it has none)."""
+    code = getattr(fn, "__code__", None)
+    cells = getattr(fn, "__closure__", None)
+    if code is None or not cells or name not in code.co_freevars:
+        return None
+    try:
+        return cells[code.co_freevars.index(name)].cell_contents
+    except ValueError:  # an empty cell
+        return None
+
+
 def _implementation_of(fn: Any) -> Any | None:
     """The `implementation` closure variable of a hub-fallback wrapper, following `__wrapped__`."""
     seen = 0
     while fn is not None and seen < 8:
-        try:
-            nonlocals = inspect.getclosurevars(fn).nonlocals
-        except (TypeError, ValueError):
-            nonlocals = {}
-        if "implementation" in nonlocals:
-            return nonlocals["implementation"]
+        impl = _closure_value(fn, "implementation")
+        if impl is not None:
+            return impl
         fn = getattr(fn, "__wrapped__", None)
         seen += 1
     return None
+
+
+def _function_of_module(obj: Any) -> Any | None:
+    """The function a `kernels` function module ("Func") calls: its class's `forward` closure `func`.
+
+    A model `kernelize`d with hub kernels replaces the instance's `forward` (or routes calls through
+    a context variable per model): that is reported as the hub kernel's module by the caller only
+    when the instance's own `forward` is set; the module-level function stays the fallback's."""
+    forward = getattr(type(obj), "forward", None)
+    if forward is None or not callable(obj) or isinstance(obj, type):
+        return None
+    return _closure_value(forward, "func")
+
+
+def _resolve(obj: Any) -> tuple[str, Any] | None:
+    """(scheme, implementation) for one module-level kernel name, or None for a shape not known."""
+    func = _function_of_module(obj)
+    if func is not None:
+        hub_forward = vars(obj).get("forward") if hasattr(obj, "__dict__") else None
+        if hub_forward is not None:  # kernelize bound a hub kernel to this very instance
+            return SCHEME_FUNC_MODULES, getattr(hub_forward, "__func__", hub_forward)
+        impl = _implementation_of(func)
+        return (SCHEME_FUNC_MODULES, impl) if impl is not None else None
+    impl = _implementation_of(obj)
+    return (SCHEME_CLOSURE, impl) if impl is not None else None
 
 
 def _impl_module(impl: Any, fallback: str) -> str:
@@ -146,25 +198,37 @@ def _impl_module(impl: Any, fallback: str) -> str:
     return str(getattr(impl, "__module__", None) or fallback)
 
 
+def transformers_version() -> str:
+    """The transformers version this process imports ("unknown" when it cannot tell)."""
+    module = sys.modules.get("transformers")
+    version = getattr(module, "__version__", None)
+    if version is None:
+        try:
+            version = importlib.metadata.version("transformers")
+        except importlib.metadata.PackageNotFoundError:
+            version = "unknown"
+    return str(version)
+
+
+def is_unknown_scheme(scheme: str | None) -> bool:
+    return bool(scheme) and str(scheme).startswith(UNKNOWN_SCHEME_PREFIX)
+
+
 def bound_kernels(module: ModuleType, model: Any = None) -> dict[str, Any]:
     """What transformers bound in `module` for the four kernel functions.
 
-    Returns {"scheme", "module", "bound": {fn: implementation module}, "fast": bool}. Under the legacy
-    scheme the per-layer attributes of `model` are read when it is given (else the module's names).
+    Returns {"scheme", "module", "transformers", "bound": {fn: implementation module or None}, "fast"}.
+    Under the per-layer scheme the attributes of `model`'s first `linear_attn` are read when it is
+    given (else the module's names). An unknown scheme binds every function to None, never fast.
     """
     name = module.__name__
-    if all(hasattr(module, fn) for fn in KERNEL_FUNCTIONS) and any(
-        _implementation_of(getattr(module, fn)) is not None for fn in KERNEL_FUNCTIONS
-    ):
-        bound = {fn: _impl_module(_implementation_of(getattr(module, fn)), name) for fn in KERNEL_FUNCTIONS}
-        scheme = "hub-fallback (transformers >= 5.15)"
-    else:
+    version = transformers_version()
+    if hasattr(module, "is_fast_path_available"):
         # Each function binds on its own there: `is_fast_path_available` is only the AND of the four
         # (fla present and causal-conv1d missing leaves it False while the delta rules run on fla), so
         # it says nothing per function. The layer's attribute is what its forward calls: None or the
         # modeling module's own torch function for the torch path; without a model, the module-level
         # name (None when the package is missing).
-        scheme = "fast-path flag (transformers <= 5.14)"
         layer = _first_linear_attn(model) if model is not None else None
         bound = {}
         for fn in KERNEL_FUNCTIONS:
@@ -173,7 +237,19 @@ def bound_kernels(module: ModuleType, model: Any = None) -> dict[str, Any]:
             else:
                 impl = getattr(module, _LEGACY_MODULE_ATTRS[fn], None)
             bound[fn] = _impl_module(impl, name)
-    return {"scheme": scheme, "module": name, "bound": bound, "fast": all(is_fast_impl(m) for m in bound.values())}
+        return _binding(SCHEME_LEGACY, name, version, bound)
+    resolved = {fn: _resolve(getattr(module, fn)) if hasattr(module, fn) else None for fn in KERNEL_FUNCTIONS}
+    schemes = {r[0] for r in resolved.values() if r is not None}
+    if None in resolved.values() or len(schemes) != 1:
+        return _binding(f"{UNKNOWN_SCHEME_PREFIX} (transformers {version})", name, version,
+                        dict.fromkeys(KERNEL_FUNCTIONS))
+    bound = {fn: _impl_module(r[1], name) for fn, r in resolved.items() if r is not None}
+    return _binding(schemes.pop(), name, version, bound)
+
+
+def _binding(scheme: str, module: str, version: str, bound: dict[str, str | None]) -> dict[str, Any]:
+    fast = bool(bound) and all(is_fast_impl(m) for m in bound.values())
+    return {"scheme": scheme, "module": module, "transformers": version, "bound": bound, "fast": fast}
 
 
 def _first_linear_attn(model: Any) -> Any | None:
@@ -183,13 +259,19 @@ def _first_linear_attn(model: Any) -> Any | None:
     return None
 
 
-def is_fast_impl(module_name: str) -> bool:
-    """True for an implementation from fla or causal_conv1d."""
-    return module_name.split(".")[0] in FAST_PACKAGES
+def is_fast_impl(module_name: str | None) -> bool:
+    """True for an implementation from fla or causal_conv1d (None, under an unknown scheme: not known)."""
+    return module_name is not None and module_name.split(".")[0] in FAST_PACKAGES
 
 
 def require_fast(binding: dict[str, Any]) -> None:
-    """Under policy `fast`: fail unless every kernel function is bound to fla / causal_conv1d."""
+    """Under policy `fast`: fail unless every kernel function is bound to fla / causal_conv1d.
+    A scheme this code does not recognise refuses too, naming it: what runs there is not known."""
+    scheme = binding.get("scheme")
+    if is_unknown_scheme(scheme):
+        raise WorkerError(f"kernel policy 'fast' but transformers binds its kernels under an {scheme}, which "
+                          f"dflash-ops cannot read (tested: transformers {TESTED_TRANSFORMERS}); "
+                          f"which kernels would run is not known", "kernels")
     slow = {fn: m for fn, m in binding["bound"].items() if not is_fast_impl(m)}
     if slow:
         listing = ", ".join(f"{fn} -> {m}" for fn, m in slow.items())

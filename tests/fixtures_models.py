@@ -60,20 +60,25 @@ def tiny_completions(tiny_target: Path, tmp_path_factory: pytest.TempPathFactory
 # FAKE packages export the same names so transformers binds them exactly as it binds the real ones:
 # enough to test binding detection, the policies and the host comparison. They must never run.
 
+# Laid out as the real packages are (fla 0.6.0, causal-conv1d 1.7.0): transformers 5.15-5.24 looks the
+# functions up as attributes under `fla.ops.gated_delta_rule` from the imported `fla` (which the real
+# one imports through fla.layers), and the implementations live in submodules of their own.
+_RAISE = "def {name}(*args, **kwargs):\n    raise RuntimeError('FAKE {package} called')\n"
 _FAKE_FLA = {
-    "fla/__init__.py": '__version__ = "0.0.0+fake"\n',
-    "fla/ops/__init__.py": "",
-    "fla/ops/gated_delta_rule/__init__.py": (
-        "def chunk_gated_delta_rule(*args, **kwargs):\n    raise RuntimeError('FAKE fla called')\n\n"
-        "def fused_recurrent_gated_delta_rule(*args, **kwargs):\n    raise RuntimeError('FAKE fla called')\n"
-    ),
+    "fla/__init__.py": '__version__ = "0.0.0+fake"\n\nfrom fla import ops  # noqa: F401 (the real one: via fla.layers)\n',
+    "fla/ops/__init__.py": "from .gated_delta_rule import chunk_gated_delta_rule, fused_recurrent_gated_delta_rule  # noqa\n",
+    "fla/ops/gated_delta_rule/__init__.py": ("from .chunk import chunk_gated_delta_rule  # noqa\n"
+                                             "from .fused_recurrent import fused_recurrent_gated_delta_rule  # noqa\n"),
+    "fla/ops/gated_delta_rule/chunk.py": _RAISE.format(name="chunk_gated_delta_rule", package="fla"),
+    "fla/ops/gated_delta_rule/fused_recurrent.py": _RAISE.format(name="fused_recurrent_gated_delta_rule",
+                                                                 package="fla"),
 }
 _FAKE_CC1D = {
-    "causal_conv1d/__init__.py": (
-        '__version__ = "0.0.0+fake"\n\n'
-        "def causal_conv1d_fn(*args, **kwargs):\n    raise RuntimeError('FAKE causal_conv1d called')\n\n"
-        "def causal_conv1d_update(*args, **kwargs):\n    raise RuntimeError('FAKE causal_conv1d called')\n"
-    ),
+    "causal_conv1d/__init__.py": ('__version__ = "0.0.0+fake"\n\n'
+                                  "from causal_conv1d.causal_conv1d_interface import causal_conv1d_fn, "
+                                  "causal_conv1d_update  # noqa\n"),
+    "causal_conv1d/causal_conv1d_interface.py": (_RAISE.format(name="causal_conv1d_fn", package="causal_conv1d") + "\n\n"
+                                                 + _RAISE.format(name="causal_conv1d_update", package="causal_conv1d")),
 }
 
 

@@ -40,7 +40,7 @@ def test_story_asymmetry_is_flagged_and_exits_1(hosts: ThreadedHosts, tmp_path: 
     header = _line(out, "ct129")
     assert "ct200" in header and header.index("ct129") < header.index("ct200")
     row = _line(out, "kernel causal_conv1d_fn")
-    assert "causal_conv1d (causal_conv1d)" in row and "torch fallback" in row and "MISMATCH" in row
+    assert "causal_conv1d (causal_conv1d.causal_conv1d_interface)" in row and "torch fallback" in row and "MISMATCH" in row
     assert "MISMATCH" not in _line(out, "kernel torch_chunk_gated_delta_rule")  # fla on both hosts
     assert "MISMATCH" in _line(out, "causal_conv1d ") and "0.0.0+fake" in _line(out, "causal_conv1d ")
     assert "KERNEL ASYMMETRY between ct129, ct200" in out and "causal_conv1d" in _line(out, "KERNEL ASYMMETRY")

@@ -43,11 +43,11 @@ def test_policy_fast_with_kernels_but_no_gpu_names_what_is_there(tiny_target, ti
 def test_installed_kernels_are_detected_as_bound(fake_probes):
     """The probe imports the modeling module as installed: transformers binds the (fake) fast kernels."""
     kern = fake_probes["inference"]["kernels"]
-    assert kern["scheme"].startswith("hub-fallback")
-    assert kern["bound"]["torch_chunk_gated_delta_rule"] == "fla.ops.gated_delta_rule"
-    assert kern["bound"]["torch_recurrent_gated_delta_rule"] == "fla.ops.gated_delta_rule"
-    assert kern["bound"]["causal_conv1d_fn"] == "causal_conv1d"
-    assert kern["bound"]["causal_conv1d_update"] == "causal_conv1d"
+    assert kern["scheme"] == kernels.SCHEME_FUNC_MODULES  # the lock's transformers (5.25) with its kernels package
+    assert kern["bound"]["torch_chunk_gated_delta_rule"] == "fla.ops.gated_delta_rule.chunk"
+    assert kern["bound"]["torch_recurrent_gated_delta_rule"] == "fla.ops.gated_delta_rule.fused_recurrent"
+    assert kern["bound"]["causal_conv1d_fn"] == "causal_conv1d.causal_conv1d_interface"
+    assert kern["bound"]["causal_conv1d_update"] == "causal_conv1d.causal_conv1d_interface"
     assert kern["fast"] is True and kern["would_force_torch"] is True
 
 
@@ -88,7 +88,7 @@ def test_unknown_policy_is_a_clear_error():
 
 
 def _legacy_module(fast: bool) -> types.ModuleType:
-    """A stand-in for a transformers <= 5.14 modeling module (not installable next to 5.24)."""
+    """A stand-in for a transformers <= 5.14 modeling module (the real ones: test_transformers_matrix.py)."""
     module = types.ModuleType("transformers.models.qwen3_next.modeling_qwen3_next")
     fla_fn = types.FunctionType((lambda: None).__code__, {}, "chunk_gated_delta_rule")
     fla_fn.__module__ = "fla.ops.gated_delta_rule.chunk"
@@ -115,7 +115,7 @@ def test_legacy_scheme_reads_flag_and_layer_attributes():
     module = _legacy_module(fast=True)
     model = torch.nn.Sequential(Layer(module.chunk_gated_delta_rule))
     binding = kernels.bound_kernels(module, model)
-    assert binding["scheme"].startswith("fast-path flag")
+    assert binding["scheme"] == kernels.SCHEME_LEGACY
     assert binding["bound"]["torch_chunk_gated_delta_rule"] == "fla.ops.gated_delta_rule.chunk"
     assert binding["bound"]["causal_conv1d_fn"] == module.__name__
     assert binding["fast"] is False
@@ -162,12 +162,28 @@ def test_legacy_scheme_reports_each_function_on_its_own():
             "torch_recurrent_gated_delta_rule": "fla.ops.gated_delta_rule.fused_recurrent",
             "causal_conv1d_fn": module.__name__, "causal_conv1d_update": module.__name__}
     for binding in (kernels.bound_kernels(module, torch.nn.Sequential(Layer())), kernels.bound_kernels(module)):
-        assert binding["scheme"].startswith("fast-path flag")
+        assert binding["scheme"] == kernels.SCHEME_LEGACY
         assert binding["bound"] == want
         assert binding["fast"] is False
     with pytest.raises(WorkerError, match="causal_conv1d_fn -> .*modeling_qwen3_next") as info:
         kernels.require_fast(kernels.bound_kernels(module))
     assert "chunk_gated_delta_rule ->" not in str(info.value)
+
+
+def test_a_scheme_of_no_known_shape_is_unknown_and_never_guessed():
+    """A modeling module with the four names but neither a per-layer flag, a fallback closure nor a
+    function module (a transformers to come): every function unknown, and `fast` refuses naming it."""
+    module = types.ModuleType("transformers.models.qwen3_5.modeling_qwen3_5")
+    for fn in kernels.KERNEL_FUNCTIONS:
+        setattr(module, fn, types.FunctionType((lambda: None).__code__, {}, fn))
+    binding = kernels.bound_kernels(module)
+    assert binding["scheme"] == f"unknown binding scheme (transformers {kernels.transformers_version()})"
+    assert binding["bound"] == dict.fromkeys(kernels.KERNEL_FUNCTIONS) and binding["fast"] is False
+    with pytest.raises(WorkerError, match=r"kernel policy 'fast' but transformers binds its kernels under an "
+                                          r"unknown binding scheme \(transformers "):
+        kernels.require_fast(binding)
+    del module.causal_conv1d_update  # a name gone is no known scheme either
+    assert kernels.is_unknown_scheme(kernels.bound_kernels(module)["scheme"])
 
 
 def test_autotune_choices_read_every_autotuner_once(monkeypatch):

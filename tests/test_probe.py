@@ -60,7 +60,7 @@ def test_table_shows_hosts_side_by_side_and_flags_mismatch(fake_probes):
     text = console.export_text()
     assert "inference" in text and "training" in text
     line = next(ln for ln in text.splitlines() if "kernel causal_conv1d_fn" in ln)
-    assert "causal_conv1d (causal_conv1d)" in line and "torch fallback" in line and "MISMATCH" in line
+    assert "causal_conv1d (causal_conv1d.causal_conv1d_interface)" in line and "torch fallback" in line and "MISMATCH" in line
     chunk = next(ln for ln in text.splitlines() if "kernel torch_chunk_gated_delta_rule" in ln)
     assert "MISMATCH" not in chunk
 
@@ -102,3 +102,35 @@ def test_hosts_that_agree_get_no_empty_unlabelled_column(fake_probes):
     same = {"a": fake_probes["inference"], "b": copy.deepcopy(fake_probes["inference"])}
     assert [c.header for c in probe_table(same).columns] == ["what", "a", "b"]
     assert [c.header for c in probe_table(fake_probes).columns][-1] == "why it differs"
+
+
+def test_an_unknown_scheme_is_shown_as_unknown_and_named_with_its_host(fake_probes):
+    """A host whose transformers binds in a shape the workers cannot read: every kernel row says
+    unknown (never 'torch fallback'), the verdict names the host and the scheme, and no 'all clear'."""
+    from console.cli.probe import summary_lines
+    from console.views.probe_table import host_findings
+
+    probes = {"inference": fake_probes["inference"], "training": copy.deepcopy(fake_probes["inference"])}
+    probes["training"]["kernels"]["scheme"] = "unknown binding scheme (transformers 5.31.0)"
+    probes["training"]["kernels"]["bound"] = dict.fromkeys(probes["training"]["kernels"]["bound"])
+    probes["training"]["packages"]["transformers"]["version"] = "5.31.0"
+    rows = probe_rows(probes["training"])
+    assert rows["kernel scheme"] == "unknown binding scheme (transformers 5.31.0)"
+    assert {rows[f"kernel {fn}"] for fn in probes["training"]["kernels"]["bound"]} == {"unknown (binding not read)"}
+    findings = host_findings(probes)
+    assert [(f.host, f.severity) for f in findings] == [("training", "error"), ("training", "warning")]
+    assert findings[0].text.startswith("training: unknown binding scheme (transformers 5.31.0): ")
+    assert findings[1].text == ("training runs transformers 5.31.0, outside the tested range >=5.2,<=5.25.0 "
+                                "(pyproject.toml's worker extra)")
+    lines = [line.plain for line in summary_lines(probes, find_asymmetries(probes), findings)]
+    assert lines[:2] == [f.text for f in findings]
+    assert not any(line.startswith("no kernel asymmetry") for line in lines)
+
+
+def test_a_transformers_inside_the_tested_range_is_not_warned_about(fake_probes):
+    from console.views.probe_table import host_findings, outside_tested_range
+
+    assert host_findings({"a": fake_probes["inference"]}) == []
+    assert outside_tested_range("5.1.0") and outside_tested_range("5.26.0") and outside_tested_range("4.57.6")
+    assert not outside_tested_range("5.2.0") and not outside_tested_range("5.25.0")
+    assert not outside_tested_range("not-a-version")  # unreadable: not judged

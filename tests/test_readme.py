@@ -35,11 +35,11 @@ def test_first_lines_are_the_two_newcomer_commands() -> None:
     for line in (start, test):
         parts = line.split(" && ")
         assert parts[0] == "python3 -m venv .venv"
-        # torch first and on its own, so the package's install keeps that build.
-        assert parts[1] == ".venv/bin/pip install torch==2.13.0"
-        assert parts[2].startswith(".venv/bin/pip install -e '.[worker")
+        # torch first and on its own, so the package's install keeps that build; both from the lock.
+        assert parts[1] == ".venv/bin/pip install -c constraints.txt torch==2.13.0"
+        assert parts[2].startswith(".venv/bin/pip install -c constraints.txt -e '.[worker")
     assert start.split(" && ")[-1] == ".venv/bin/dflash-ops drill"  # the newcomer's first run is the drill
-    assert test.split(" && ")[2] == ".venv/bin/pip install -e '.[worker,dev]'"
+    assert test.split(" && ")[2] == ".venv/bin/pip install -c constraints.txt -e '.[worker,dev]'"
     assert test.split(" && ")[-1] == ".venv/bin/python -m pytest -q -n 3 --dist loadfile"
 
 

@@ -3,8 +3,9 @@
 Each host is reached over SSH, gets the worker code (`JobRunner.ensure_code`), and runs the probe as
 a job (on the target host with the target's model path, so its size is in the table). The hosts'
 environments are then printed as one table with the asymmetries flagged (`console.views.probe_table`).
-Exit status 1 when a probe failed or a kernel asymmetry was found (the story's bug: causal-conv1d
-missing on one host only), else 0. Progress goes to stderr, the table to stdout.
+Exit status 1 when a probe failed, a kernel asymmetry was found (the story's bug: causal-conv1d
+missing on one host only) or a host binds its kernels under a scheme the workers cannot read, else 0.
+A host whose transformers is outside the tested range is warned about, naming both. Progress goes to stderr, the table to stdout.
 
 It probes everything anew: it is the operator's explicit check. `--cached` reuses a host's
 environment facts (torch, packages, kernel binding) from its workdir's probe cache while their
@@ -29,7 +30,7 @@ from console.messages import JobLog
 from console.ssh.host_specs import host_spec, probe_python
 from console.ssh.hosts import Host, HostError
 from console.ssh.jobs import JobRunner, collect
-from console.views.probe_table import Asymmetry, find_asymmetries, probe_table
+from console.views.probe_table import Asymmetry, HostFinding, find_asymmetries, host_findings, probe_table
 from remote.artifacts import write_json_atomic
 
 PROBES_FORMAT = "dflash-ops.probes/1"
@@ -92,9 +93,11 @@ async def probe_all(config: Config, timeout: float = DEFAULT_TIMEOUT_S, say: Say
     return list(await asyncio.gather(*(probe_host(config, name, timeout, say, cached) for name in config.hosts)))
 
 
-def summary_lines(probes: dict[str, dict[str, Any]], asymmetries: list[Asymmetry]) -> list[Text]:
-    """The verdict under the table: kernel asymmetry (red), other differences (yellow), or all clear."""
-    lines = []
+def summary_lines(probes: dict[str, dict[str, Any]], asymmetries: list[Asymmetry],
+                  findings: list[HostFinding] = ()) -> list[Text]:
+    """The verdict under the table: a host's own trouble (an unknown kernel scheme red, a transformers
+    outside the tested range yellow), kernel asymmetry (red), other differences (yellow), or all clear."""
+    lines = [Text(f.text, style="bold red" if f.severity == "error" else "yellow") for f in findings]
     errors = [a for a in asymmetries if a.severity == "error"]
     warnings = [a for a in asymmetries if a.severity == "warning"]
     if errors:
@@ -103,7 +106,8 @@ def summary_lines(probes: dict[str, dict[str, Any]], asymmetries: list[Asymmetry
     if warnings:
         lines.append(Text("differs between hosts: " + "; ".join(f"{a.row} ({a.why})" for a in warnings),
                           style="yellow"))
-    if not errors and len(probes) > 1:
+    unknown = any(f.severity == "error" for f in findings)
+    if not errors and not unknown and len(probes) > 1:
         lines.append(Text(f"no kernel asymmetry between {', '.join(probes)}", style="green"))
     return lines
 
@@ -117,10 +121,11 @@ def run(args: argparse.Namespace) -> int:
     probes = {r.host: r.facts for r in results if r.facts is not None}
     failures = [r for r in results if r.error is not None]
     asymmetries = find_asymmetries(probes)
+    findings = host_findings(probes)
     if probes:
         out.print(probe_table(probes))
     # soft_wrap: a message stays one line (the terminal wraps it), so it can be grepped and copied.
-    for line in summary_lines(probes, asymmetries):
+    for line in summary_lines(probes, asymmetries, findings):
         out.print(line, soft_wrap=True)
     for failure in failures:
         out.print(Text(f"probe failed: {failure.error}", style="bold red"), soft_wrap=True)
@@ -128,5 +133,5 @@ def run(args: argparse.Namespace) -> int:
         path = write_json_atomic(Path(args.out), {"format": PROBES_FORMAT, "hosts": probes,
                                                    "failed": {r.host: r.error for r in failures}})
         out.print(Text(f"wrote {path}"), soft_wrap=True)
-    kernel_trouble = any(a.severity == "error" for a in asymmetries)
+    kernel_trouble = any(a.severity == "error" for a in [*asymmetries, *findings])
     return 1 if failures or kernel_trouble else 0

@@ -5,6 +5,10 @@ which rows differ between hosts and how much that matters: a kernel bound to fla
 one host and to the torch fallback on the other is an error (the story's bug: causal-conv1d missing
 on the training host only, so hidden states differed between hosts); a different package version is
 a warning; free disk or RAM is information. `probe_table` renders it as a rich Table.
+
+`host_findings` says what is wrong on one host whatever the others run: a kernel binding scheme the
+workers cannot read (what runs there is not known, so it is never shown as the torch fallback) and a
+transformers outside the range the project was tested with (pyproject.toml's worker extra).
 """
 
 from __future__ import annotations
@@ -12,10 +16,13 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from packaging.specifiers import SpecifierSet
+from packaging.version import InvalidVersion, Version
 from rich.table import Table
 from rich.text import Text
 
-from remote.kernels import KERNEL_FUNCTIONS, is_fast_impl  # stdlib only at import: no torch here
+# stdlib only at import: no torch here
+from remote.kernels import KERNEL_FUNCTIONS, TESTED_TRANSFORMERS, is_fast_impl, is_unknown_scheme
 
 SEVERITY_STYLE = {"error": "bold red", "warning": "yellow", "info": ""}
 
@@ -42,8 +49,11 @@ def _package(status: dict[str, Any] | None) -> str:
     return "missing"
 
 
-def kernel_label(module: str | None) -> str:
-    """'fla.ops.gated_delta_rule.chunk' -> 'fla (fla.ops...)'; the modeling module -> 'torch fallback'."""
+def kernel_label(module: str | None, scheme: str | None = None) -> str:
+    """'fla.ops.gated_delta_rule.chunk' -> 'fla (fla.ops...)'; the modeling module -> 'torch fallback';
+    anything under a scheme the probe could not read -> 'unknown' (never guessed)."""
+    if is_unknown_scheme(scheme):
+        return "unknown (binding not read)"
     if not module:
         return "?"
     if is_fast_impl(module):
@@ -72,7 +82,7 @@ def probe_rows(probe: dict[str, Any]) -> dict[str, str]:
     }
     bound = kernels.get("bound") or {}
     for fn in KERNEL_FUNCTIONS:
-        rows[f"kernel {fn}"] = kernel_label(bound.get(fn))
+        rows[f"kernel {fn}"] = kernel_label(bound.get(fn), kernels.get("scheme"))
     rows["torch path forced (no GPU)"] = "yes" if kernels.get("would_force_torch") else "no"
     rows["Triton cache"] = f"{_gb(triton.get('bytes'))} in {triton.get('files', '?')} files ({triton.get('dir', '?')})"
     rows["disk free"] = _gb((probe.get("disk") or {}).get("free"))
@@ -114,6 +124,40 @@ def find_asymmetries(probes: dict[str, dict[str, Any]]) -> list[Asymmetry]:
             found.append(Asymmetry(label, severity, values, why))
     order = {"error": 0, "warning": 1, "info": 2}
     return sorted(found, key=lambda a: order[a.severity])
+
+
+@dataclass(frozen=True)
+class HostFinding:
+    """Something wrong on one host, whatever the other hosts run."""
+
+    host: str
+    severity: str  # "error" | "warning"
+    text: str
+
+
+def outside_tested_range(version: str | None, tested: str = TESTED_TRANSFORMERS) -> bool:
+    """True when `version` is a version and falls outside `tested` (an unreadable one is not judged)."""
+    try:
+        return Version(str(version)) not in SpecifierSet(tested)
+    except InvalidVersion:
+        return False
+
+
+def host_findings(probes: dict[str, dict[str, Any]]) -> list[HostFinding]:
+    """Per host: an unknown kernel binding scheme (an error: which kernels run there is not known) and
+    a transformers outside the tested range (a warning naming both), errors first."""
+    found = []
+    for host, probe in probes.items():
+        scheme = (probe.get("kernels") or {}).get("scheme")
+        package = (probe.get("packages") or {}).get("transformers") or {}
+        version = package.get("version") if package.get("importable") else None
+        if is_unknown_scheme(scheme):
+            found.append(HostFinding(host, "error", f"{host}: {scheme}: dflash-ops cannot read which kernels "
+                                     "transformers binds there; kernel policy 'fast' refuses it"))
+        if version and outside_tested_range(version):
+            found.append(HostFinding(host, "warning", f"{host} runs transformers {version}, outside the tested "
+                                     f"range {TESTED_TRANSFORMERS} (pyproject.toml's worker extra)"))
+    return sorted(found, key=lambda f: f.severity != "error")
 
 
 def probe_table(probes: dict[str, dict[str, Any]], title: str = "Hosts: environment and kernels") -> Table:

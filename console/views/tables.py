@@ -22,6 +22,7 @@ from rich.table import Table
 from rich.text import Text
 
 from remote.artifacts import atomic_path, write_json_atomic
+from remote.kernels import is_unknown_scheme
 
 Rows = tuple[list[str], list[list[str]], list[str]]  # headers, rows, per-row style ("" = none)
 BAR_WIDTH = 40
@@ -364,7 +365,9 @@ def _package_map(probe: dict[str, Any]) -> dict[str, str | None]:
     return out
 
 
-def _impl(module: str | None) -> str:
+def _impl(module: str | None, scheme: str | None = None) -> str:
+    if is_unknown_scheme(scheme):  # never guessed: what runs there is not known
+        return "unknown (binding not read)"
     if module is None:
         return "missing"
     root = module.split(".")[0]
@@ -377,7 +380,8 @@ def kernel_rows(host_a: str, probe_a: dict[str, Any], host_b: str, probe_b: dict
     rows, styles = [], []
     ka, kb = _kernel_map(probe_a), _kernel_map(probe_b)
     for fn in list(dict.fromkeys([*ka, *kb])):
-        a, b = _impl(ka.get(fn)), _impl(kb.get(fn))
+        a = _impl(ka.get(fn), (probe_a.get("kernels") or {}).get("scheme"))
+        b = _impl(kb.get(fn), (probe_b.get("kernels") or {}).get("scheme"))
         rows.append([fn, a, b])
         styles.append("bold red" if a.split(" ")[0] != b.split(" ")[0] else "")
     pa, pb = _package_map(probe_a), _package_map(probe_b)

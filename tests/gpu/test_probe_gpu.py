@@ -62,3 +62,17 @@ def test_the_facts_kept_say_cuda_and_are_reused_while_nothing_changed(tmp_path: 
     assert second["environment"]["fingerprint"] == first["environment"]["fingerprint"]
     for key in probe.ENVIRONMENT_KEYS:
         assert second[key] == first[key], key
+
+
+def test_the_real_kernels_are_read_as_bound_under_a_known_scheme() -> None:
+    """With the real fla and causal-conv1d on a GPU, under this machine's own transformers: the binding
+    is read under a scheme the workers know and all four functions are fla's or causal-conv1d's."""
+    from remote import kernels
+
+    facts = probe.probe()
+    binding = facts["kernels"]
+    print(f"transformers {binding.get('transformers')}: {binding.get('scheme')}: {binding.get('bound')}")
+    assert binding["scheme"] in (kernels.SCHEME_LEGACY, kernels.SCHEME_CLOSURE, kernels.SCHEME_FUNC_MODULES), binding
+    assert binding["fast"] is True, binding
+    assert binding["bound"]["causal_conv1d_fn"].startswith("causal_conv1d"), binding
+    assert binding["bound"]["torch_chunk_gated_delta_rule"].startswith("fla.ops."), binding
