@@ -170,11 +170,10 @@ def _implementation_of(fn: Any) -> Any | None:
 def _function_of_module(obj: Any) -> Any | None:
     """The function a `kernels` function module ("Func") calls: its class's `forward` closure `func`.
 
-    A model `kernelize`d with hub kernels replaces the instance's `forward` (or routes calls through
-    a context variable per model): that is reported as the hub kernel's module by the caller only
-    when the instance's own `forward` is set; the module-level function stays the fallback's."""
+    An instance with a `forward` of its own was `kernelize`d (a hub kernel swapped in, which the
+    workers never ask for: no `use_kernels`): no known shape, so it is reported unknown, not guessed."""
     forward = getattr(type(obj), "forward", None)
-    if forward is None or not callable(obj) or isinstance(obj, type):
+    if forward is None or isinstance(obj, type) or "forward" in getattr(obj, "__dict__", {}):
         return None
     return _closure_value(forward, "func")
 
@@ -183,9 +182,6 @@ def _resolve(obj: Any) -> tuple[str, Any] | None:
     """(scheme, implementation) for one module-level kernel name, or None for a shape not known."""
     func = _function_of_module(obj)
     if func is not None:
-        hub_forward = vars(obj).get("forward") if hasattr(obj, "__dict__") else None
-        if hub_forward is not None:  # kernelize bound a hub kernel to this very instance
-            return SCHEME_FUNC_MODULES, getattr(hub_forward, "__func__", hub_forward)
         impl = _implementation_of(func)
         return (SCHEME_FUNC_MODULES, impl) if impl is not None else None
     impl = _implementation_of(obj)

@@ -186,6 +186,22 @@ def test_a_scheme_of_no_known_shape_is_unknown_and_never_guessed():
     assert kernels.is_unknown_scheme(kernels.bound_kernels(module)["scheme"])
 
 
+def test_a_kernelized_function_module_is_unknown_not_guessed():
+    """The real 5.25 modeling module, with one function module given a `forward` of its own (what
+    `kernels.kernelize` does with a hub kernel): that shape is not read, so the scheme is unknown."""
+    import importlib
+
+    module = importlib.import_module(MODELING)
+    assert kernels.bound_kernels(module)["scheme"] == kernels.SCHEME_FUNC_MODULES
+    func_module = module.causal_conv1d_fn
+    func_module.forward = lambda *args, **kwargs: None
+    try:
+        assert kernels.is_unknown_scheme(kernels.bound_kernels(module)["scheme"])
+    finally:
+        del func_module.forward
+    assert kernels.bound_kernels(module)["scheme"] == kernels.SCHEME_FUNC_MODULES
+
+
 def test_autotune_choices_read_every_autotuner_once(monkeypatch):
     """What Triton's autotuners chose (recorded in the manifest), found through heuristics wrappers
     and across the modules that import the same kernel; {} without Triton."""
