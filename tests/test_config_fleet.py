@@ -18,7 +18,7 @@ from console.config import (
     example_config_text,
     parse_config,
 )
-from console.config_fleet import FLEET_KEYS
+from console.config.fleet import FLEET_KEYS
 from tests.standin_helpers import free_port
 from tests.test_cli import assert_one_line_error, dflash_ops
 

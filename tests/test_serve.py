@@ -59,5 +59,5 @@ def test_only_a_loopback_bind_goes_without_a_token(bind: str, loopback: bool) ->
 def test_each_browser_runs_the_read_only_console_of_this_config(tmp_path: Path) -> None:
     config = tmp_path / "my config.toml"
     argv = shlex.split(app_command(config, str(tmp_path / "runs")))
-    assert argv[1:] == ["-m", "console.cli.serve", "--app", "--config", str(config.resolve()),
+    assert argv[1:] == ["-m", "console.cli", "serve", "--app", "--config", str(config.resolve()),
                         "--runs", str((tmp_path / "runs").resolve())]

@@ -11,13 +11,12 @@ import asyncio
 import sys
 from typing import Any
 
+from console.cli.usage import UsageError
 from console.config import DEFAULT_CONFIG_NAME, load_config
 
 
 def run(args: argparse.Namespace) -> int:
     """Open the console; its exit status is the finished run's (0, or 1 / 3 when one failed)."""
-    from console.cli.main import UsageError
-
     if not (sys.stdin.isatty() and sys.stdout.isatty()):
         raise UsageError("the console needs a terminal; for scripts use `dflash-ops run --headless`")
     config = load_config(args.config)

@@ -22,7 +22,7 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
-from console.cli.main import UsageError
+from console.cli.usage import UsageError
 from console.config import DEFAULT_CONFIG_NAME, load_config
 from console.procedure import crosscheck as cc
 from console.procedure.store import STATE, RunStore

@@ -2,8 +2,8 @@
 
 Subcommands are listed in `COMMANDS`: each entry adds its parser and names the function that runs
 it, so `drill`, `run` and `probe` slot in beside `config` without touching `main`. A problem the
-user can fix (bad config, file exists, bad arguments) is one line on stderr and exit status 2,
-never a traceback.
+user can fix (bad config, file exists, bad arguments: `UsageError`, console/cli/usage.py) is one
+line on stderr and exit status 2, never a traceback.
 """
 
 from __future__ import annotations
@@ -17,15 +17,10 @@ from pathlib import Path
 from typing import NoReturn
 
 from console.cli.drill import add_parser as add_drill
+from console.cli.usage import EXIT_USAGE, UsageError
 from console.config import DEFAULT_CONFIG_NAME, ConfigError, example_config_text, load_config
 from console.procedure.results import ResultsError
 from remote.artifacts import atomic_path
-
-EXIT_USAGE = 2
-
-
-class UsageError(Exception):
-    """A problem the user can fix; printed as one line, exit status 2."""
 
 
 class _Parser(argparse.ArgumentParser):

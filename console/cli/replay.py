@@ -14,6 +14,7 @@ import argparse
 import sys
 from pathlib import Path
 
+from console.cli.usage import UsageError
 from console.procedure.replay import Event, Player, Recording, ReplayError, damage_report, read_recording
 from console.procedure.store import RunStore
 from console.views.units import duration
@@ -21,8 +22,6 @@ from console.views.units import duration
 
 def run_dir_of(given: str, runs: str | None = None) -> Path:
     """The directory of RUN: a path to a run directory, or a run id in the store."""
-    from console.cli.main import UsageError
-
     path = Path(given).expanduser()
     if path.is_dir():
         return path
@@ -85,8 +84,6 @@ def print_recording(recording: Recording) -> None:
 
 def run(args: argparse.Namespace) -> int:
     """Replay RUN in the console (or print it); exit status 0, or 1 when its store is damaged."""
-    from console.cli.main import UsageError
-
     if args.speed <= 0:
         raise UsageError(f"--speed: expected a number above 0, found {args.speed:g}")
     try:

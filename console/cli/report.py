@@ -20,7 +20,7 @@ from pathlib import Path
 from rich.console import Console
 from rich.text import Text
 
-from console.cli.main import UsageError
+from console.cli.usage import UsageError
 from console.procedure.results import RESULTS_FILE, read_run
 from console.procedure.store import STATE, RunStore, RunStoreError, what_next
 from console.views.report import report_renderables, window_rows, window_table, write_report

@@ -1,7 +1,7 @@
 """`dflash-ops serve`: the console, read-only, in a browser (textual-serve).
 
 Each browser that opens the page gets its own read-only console (a process of
-`python -m console.cli.serve --app`): the dashboard following the run that drives the hosts, with
+`python -m console.cli serve --app`): the dashboard following the run that drives the hosts, with
 the read-only console's keys only (none stops, starts or ends anything). It binds 127.0.0.1 unless
 told otherwise (reach it with an ssh port forward); any other bind needs the token printed at start:
 the page, its websocket and its files are refused without it (a cookie carries it once the page
@@ -22,6 +22,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from console.cli.usage import UsageError
 from console.config import DEFAULT_CONFIG_NAME, load_config
 
 DEFAULT_PORT = 8765
@@ -38,15 +39,13 @@ def is_loopback(bind: str) -> bool:
 
 def app_command(config: Path, runs: str | None) -> str:
     """The command each browser's console runs (a shell line: textual-serve starts it so)."""
-    argv = [sys.executable, "-m", "console.cli.serve", "--app", "--config", str(config.resolve())]
+    argv = [sys.executable, "-m", "console.cli", "serve", "--app", "--config", str(config.resolve())]
     if runs:
         argv += ["--runs", str(Path(runs).expanduser().resolve())]
     return shlex.join(argv)
 
 
 def run(args: argparse.Namespace) -> int:
-    from console.cli.main import UsageError
-
     config = load_config(args.config)  # a bad config is said here, once, not in every browser
     if args.app:
         return serve_app(config, args.runs)
@@ -105,8 +104,3 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     parser.add_argument("--app", action="store_true", help=argparse.SUPPRESS)  # one browser's console
     parser.set_defaults(run=run)
 
-
-if __name__ == "__main__":
-    from console.cli.main import main
-
-    sys.exit(main(["serve", *sys.argv[1:]]))

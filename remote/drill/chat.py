@@ -104,34 +104,31 @@ def text_deltas(decode: Any, ids: list[int], text: str) -> list[str]:
     return deltas
 
 
-def answer(handler: Any, server: Any, body: dict, bad: Any, request_class: Any) -> None:
-    """Serve one chat completion on `handler` (the standin's request handler, whose `_params` resolve
-    sampling params as /generate does) through `server.run`: JSON, or SSE. `bad(message)` makes the
-    400 of an unparsable request; `request_class` is the standin's Request."""
-    model = server.model
+def answer(server: Any, body: dict, sampling_params: Any, bad: Any) -> dict | list[str]:
+    """One chat completion through `server.run_request` (the standin's model worker): the JSON body
+    to send, or with `stream` the Server-Sent Events to send in order. `sampling_params(raw, 1)`
+    resolves sampling params as /generate does; `bad(message)` makes the 400 of an unparsable request."""
     unsupported = [key for key in UNSUPPORTED if body.get(key) not in (None, False, [])]
     if unsupported:
         raise bad(f"the rehearsal server does not support {', '.join(unsupported)} on /v1/chat/completions")
     messages = _messages(body, bad)
-    prompt = model.tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
-    ids = model.tokenizer(prompt, add_special_tokens=False)["input_ids"]
-    (params,) = handler._params(sampling_request(body, generation_defaults(server.model_path)), 1)
+    ids = server.chat_prompt(messages)
+    (params,) = sampling_params(sampling_request(body, generation_defaults(server.model_path)), 1)
     rid = f"chatcmpl-{uuid.uuid4().hex}"
     created = int(time.time())
-    generation, meta = server.run(request_class(rid, ids, params))
+    generation, meta = server.run_request(rid, ids, params)
     reason = generation.finish_reason
-    text = model.decode(generation.output_ids)[:generation.text_end]
+    text = server.decode(generation.output_ids)[:generation.text_end]
     name = body.get("model") or DEFAULT_MODEL_NAME
     usage = {"prompt_tokens": len(ids), "total_tokens": len(ids) + len(generation.output_ids),
              "completion_tokens": len(generation.output_ids), "prompt_tokens_details": None,
              "reasoning_tokens": 0, "completion_tokens_details": None}
     if not body.get("stream"):
-        handler._send(200, {
+        return {
             "id": rid, "object": "chat.completion", "created": created, "model": name,
             "choices": [{"index": 0, "message": {"role": "assistant", "content": text, "reasoning_content": None},
                          "logprobs": None, "finish_reason": reason["type"], "matched_stop": reason.get("matched")}],
-            "usage": usage, "metadata": None})
-        return
+            "usage": usage, "metadata": None}
 
     def chunk(delta: dict, finish: str | None = None, matched: Any = None) -> dict:
         return {"id": rid, "object": "chat.completion.chunk", "created": created, "model": name,
@@ -139,23 +136,10 @@ def answer(handler: Any, server: Any, body: dict, bad: Any, request_class: Any) 
                              "finish_reason": finish, "matched_stop": matched}]}
 
     events = [chunk({"role": "assistant", "content": ""})]
-    events += [chunk({"content": d}) for d in text_deltas(model.decode, generation.output_ids, text)]
+    events += [chunk({"content": d}) for d in text_deltas(server.decode, generation.output_ids, text)]
     events.append(chunk({}, reason["type"], reason.get("matched")))
     options = body.get("stream_options") or {}
     if isinstance(options, dict) and options.get("include_usage"):
         events.append({"id": rid, "object": "chat.completion.chunk", "created": created, "model": name,
                        "choices": [], "usage": usage})
-    send_events(handler, [f"data: {json.dumps(e)}\n\n" for e in events] + ["data: [DONE]\n\n"])
-
-
-def send_events(handler: Any, events: list[str]) -> None:
-    """A `text/event-stream` answer in HTTP/1.1 chunked transfer encoding (as uvicorn streams)."""
-    handler.send_response(200)
-    handler.send_header("Content-Type", "text/event-stream; charset=utf-8")
-    handler.send_header("Transfer-Encoding", "chunked")
-    handler.end_headers()
-    for event in events:
-        data = event.encode()
-        handler.wfile.write(f"{len(data):x}\r\n".encode() + data + b"\r\n")
-    handler.wfile.write(b"0\r\n\r\n")
-    handler.wfile.flush()
+    return [f"data: {json.dumps(e)}\n\n" for e in events] + ["data: [DONE]\n\n"]

@@ -66,7 +66,7 @@ def training_sequences(target: Path, completion_tokens: int = COMPLETION_TOKENS)
         for prompt in load_prompts().prompts:
             ids = prompt_token_ids(tokenizer, prompt)
             x = torch.tensor([ids])
-            # As the rehearsal server generates (remote.drill.standin.Model.generate, one thread).
+            # As the rehearsal server generates (remote.drill.standin.model: one thread).
             torch.set_num_threads(1)
             tokens = serving.generate(x, attention_mask=torch.ones_like(x), max_new_tokens=completion_tokens,
                                       do_sample=False, eos_token_id=tokenizer.eos_token_id,

@@ -36,7 +36,7 @@ from console.service.sglang_api import ServerUnreachable, SglangClient, server_s
 
 if TYPE_CHECKING:
     from console.config import Config
-    from console.config_fleet import FleetConfig, ReplicaConfig
+    from console.config.fleet import FleetConfig, ReplicaConfig
 
 LISTED_S = 60.0  # the router lists a worker within a second of its health check; this is the bound
 ROUTED_PROBES = 8  # requests sent through the router to see the rejoined replica get some

@@ -14,8 +14,8 @@
     router_url = "http://10.0.0.5:30001"  # optional: the URL the router lists it under (default: url)
 
 A fleet has no `[service]` table of its own: each replica is a service, validated exactly as
-`[service]` is (`console.config.service_table`). A config without `[fleet]` is a one-server config,
-unchanged. What the router's API is: docs/sglang.md, "Router".
+`[service]` is (`service_table`, console/config/service.py). A config without `[fleet]` is a
+one-server config, unchanged. What the router's API is: docs/sglang.md, "Router".
 """
 
 from __future__ import annotations
@@ -25,19 +25,18 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from console.config import (
-    ENV_NAME_RE,
-    HostConfig,
-    ServiceConfig,
-    _Checker,
-    _http_url,
-    _positive_number,
-    _table_dict,
-    _text,
+from console.config.checks import (
+    Checker,
     describe,
+    is_env_name,
+    is_http_url,
+    is_positive_number,
+    is_text,
     key_from_env,
-    service_table,
 )
+from console.config.hosts import HostConfig
+from console.config.service import ServiceConfig, service_table
+from console.config.toml_writer import table_dict
 
 FLEET_KEYS = ("router", "router_host", "api_key_env", "drain_timeout_s", "replicas")
 REPLICA_NAME_RE = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.-]*$")  # names runs, views and journal lines
@@ -81,7 +80,7 @@ def _same_url(a: str, b: str) -> bool:
     return a.rstrip("/") == b.rstrip("/")
 
 
-def parse_fleet(c: _Checker, data: Mapping[str, Any], hosts: Mapping[str, HostConfig]) -> FleetConfig:
+def parse_fleet(c: Checker, data: Mapping[str, Any], hosts: Mapping[str, HostConfig]) -> FleetConfig:
     """Check `[fleet]` (and that no `[service]` sits beside it); raise the first problem."""
     raw = c.table(data, "fleet", "fleet", required=True)
     assert raw is not None
@@ -90,13 +89,13 @@ def parse_fleet(c: _Checker, data: Mapping[str, Any], hosts: Mapping[str, HostCo
                      describe(data["service"]))
     p = "fleet"
     c.keys(raw, p, FLEET_KEYS)
-    router = c.get(raw, "router", p, _http_url, "the router's http:// or https:// URL", required=True)
+    router = c.get(raw, "router", p, is_http_url, "the router's http:// or https:// URL", required=True)
     router_host = None
     if "router_host" in raw:
-        router_host = c.host_ref(c.get(raw, "router_host", p, _text, "a host name"), f"{p}.router_host", hosts)
-    api_key_env = c.get(raw, "api_key_env", p, lambda v: isinstance(v, str) and bool(ENV_NAME_RE.match(v)),
+        router_host = c.host_ref(c.get(raw, "router_host", p, is_text, "a host name"), f"{p}.router_host", hosts)
+    api_key_env = c.get(raw, "api_key_env", p, is_env_name,
                         "the name of an environment variable (letters, digits and _, not starting with a digit)")
-    drain = c.get(raw, "drain_timeout_s", p, _positive_number, "a positive number of seconds", DEFAULT_DRAIN_TIMEOUT_S)
+    drain = c.get(raw, "drain_timeout_s", p, is_positive_number, "a positive number of seconds", DEFAULT_DRAIN_TIMEOUT_S)
     listed = raw.get("replicas")
     if listed is None:
         raise c.missing(f"{p}.replicas", "the replicas behind the router ([[fleet.replicas]] tables)")
@@ -115,7 +114,7 @@ def parse_fleet(c: _Checker, data: Mapping[str, Any], hosts: Mapping[str, HostCo
         service = service_table(c, {k: v for k, v in item.items() if k not in ("name", "router_url")}, rp, hosts)
         if "url" not in item:
             raise c.missing(f"{rp}.url", "the replica's URL (each replica has its own)")
-        router_url = c.get(item, "router_url", rp, _http_url, "the http:// or https:// URL the router lists it under", "")
+        router_url = c.get(item, "router_url", rp, is_http_url, "the http:// or https:// URL the router lists it under", "")
         replica = ReplicaConfig(name=name, service=service, router_url=router_url)
         where = f"{rp}.router_url" if router_url else f"{rp}.url"
         for other in replicas:
@@ -137,6 +136,6 @@ def fleet_to_dict(fleet: FleetConfig) -> dict[str, Any]:
     if fleet.api_key_env is not None:
         out["api_key_env"] = fleet.api_key_env
     out["drain_timeout_s"] = fleet.drain_timeout_s
-    out["replicas"] = [{"name": r.name, **_table_dict(r.service), **({"router_url": r.router_url} if r.router_url else {})}
+    out["replicas"] = [{"name": r.name, **table_dict(r.service), **({"router_url": r.router_url} if r.router_url else {})}
                        for r in fleet.replicas]
     return out
