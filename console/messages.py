@@ -248,9 +248,11 @@ class StepUpdate:
 
     @property
     def duration_s(self) -> float | None:
+        """The time the step worked, over all its attempts: never its waits on the operator's answers,
+        nor the time no console ran it (a resumed step's first start is kept in `started_at`)."""
         if self.started_at is None or self.ended_at is None:
             return None
-        return self.ended_at - self.started_at
+        return self.work_s if self.work_s is not None else self.ended_at - self.started_at
 
 
 @dataclass(frozen=True)
@@ -519,11 +521,12 @@ class ReplicaView:
     listed: bool  # the router lists it
     healthy: bool  # ... healthy
     router_load: int | None  # the router's own count of its requests in flight to it
-    running: int | None  # its own /metrics: running requests (None: unreadable)
+    running: int | None  # its own /v1/loads: running requests (None: unreadable)
     queued: int | None
     error: str | None = None  # why its figures could not be read
     state: str = "serving"  # serving | draining | in window | rejoining | DRAINED | unhealthy | out of the router
     run_id: str | None = None  # the run whose window it is in (or that left it drained)
+    router_status: str | None = None  # smg's status for it (ready, draining, ...); None from sglang-router
 
 
 @dataclass(frozen=True)
@@ -535,6 +538,7 @@ class FleetView:
     replicas: tuple[ReplicaView, ...]
     checked_at: float
     error: str | None = None  # why the router could not be read
+    gateway: str | None = None  # which router answers: "smg 1.13.0", "sglang-router" (None: not known)
 
     @property
     def healthy_count(self) -> int:

@@ -18,6 +18,7 @@ from typing import Any
 
 from rich.text import Text
 from textual import events, work
+from textual._context import active_message_pump
 from textual.app import App, SystemCommand
 from textual.binding import Binding
 from textual.message import Message
@@ -28,16 +29,18 @@ from console import messages as m
 from console.session.bus import replace_key
 from screens.dashboard import DashboardScreen
 from screens.decider import ModalDecider
+from screens.errors import StaysUp
 from screens.fleet import drained_by, replica_name
 from screens.format import clock
 from screens.modals.confirm import QuestionModal
-from screens.modals.error import ErrorModal, ErrorReport, report_of, tail
+from screens.modals.error import ErrorModal, ErrorReport, bug_report, report_of, tail
 from screens.modals.help import HelpModal
 from screens.modals.quit import QuitWhileDownModal
 from screens.state import ConsoleState, StepView, default_rows
 from screens.widgets.downtime_banner import DowntimeBanner
 
 STOP_TIMEOUT_S = 10.0
+QUIT_DIALOGS = ("quit-while-down", "quit-while-running")  # the ids of the dialogs q, ctrl+q and ctrl+c open
 NARROW_COLUMNS = 110  # under this the side panels go above the hosts (console.tcss: .narrow)
 
 
@@ -84,7 +87,7 @@ class ErrorShown(Message):
         self.report = report
 
 
-class ConsoleApp(App[int]):
+class ConsoleApp(StaysUp, App[int]):
     """`dflash-ops console`: the dashboard over an `Operator` (console/operator.py)."""
 
     CSS_PATH = "console.tcss"
@@ -127,6 +130,7 @@ class ConsoleApp(App[int]):
         self._queued: dict[Any, CoreMessage] = {}  # replace key -> its message still in the queue
         self._down_from_store: str | None = None  # the downtime was read from an unfinished run's state
         self._quit_when_up = False  # "wait until ready, then quit" was chosen
+        self._reporting = False  # a bug of the console is being shown: one more there ends it as Textual would
         self.farewell: str | None = None  # printed on the terminal once the screen is gone
         self.sub_title = ("read-only  " if self.read_only else "") + ", ".join(operator.config.hosts)
 
@@ -145,7 +149,7 @@ class ConsoleApp(App[int]):
         for message in list(self.operator.bus.last.values()):
             self.state.apply(message)
         self._unsubscribe = self.operator.bus.subscribe(self._from_bus)
-        self.push_screen(DashboardScreen(id="dashboard"))
+        self.show_screen(DashboardScreen(id="dashboard"))
         if self.start_operator:
             self.operator.start()
         self.set_interval(self.tick_s, self._tick)
@@ -199,7 +203,7 @@ class ConsoleApp(App[int]):
             if resume:
                 self.run_procedure(resume=run_id)
 
-        self.push_screen(QuestionModal(question, yes="Resume", no="Not now", id="resume",
+        self.show_screen(QuestionModal(question, yes="Resume", no="Not now", id="resume",
                                        refusal="nothing runs; the run stays resumable (run --resume, or later here)"),
                          callback=answered)
 
@@ -316,6 +320,49 @@ class ConsoleApp(App[int]):
     def on_screen_resume(self) -> None:
         self.refresh_banners()
 
+    # --- screens --------------------------------------------------------------------------------
+
+    def show_screen(self, screen: Screen, callback: Callable[[Any], None] | None = None) -> bool:
+        """The one way the console shows a screen or a dialog, so that showing one twice is harmless.
+        (Textual refuses a second screen with an id already on the stack: `h`, `o`, `h` raised
+        DuplicateIds, which ended the console and, with it, the run it drove.)
+
+        A screen (results, runs, plan) comes on top in place of the one of its kind already there,
+        which goes with the screens above it: `h`, `o`, `h` is the runs list again, and the stack
+        never grows. It never goes over a dialog: a question or an error is answered first. A dialog
+        already open (the same id, or the same kind when it has none) is not opened twice.
+        Returns whether `screen` was shown."""
+        def same(shown: Screen) -> bool:
+            return shown.id == screen.id if screen.id is not None else type(shown) is type(screen)
+
+        stack = self.screen_stack
+        earlier = next((i for i, shown in enumerate(stack) if same(shown)), None)
+        if isinstance(screen, ModalScreen):
+            if earlier is not None:
+                return False
+            self.make_way_for(screen)
+        elif stack and isinstance(self.screen, ModalScreen):
+            return False
+        elif earlier is not None:
+            # A popped screen leaves the app's widgets only after this handler, so one with an id
+            # (the dashboard) is gone back to, never replaced; the others have no id.
+            kept = screen.id is not None
+            for _ in range(len(stack) - earlier - kept):
+                self.pop_screen()
+            if kept:
+                return False
+        self.push_screen(screen, callback=callback)
+        return True
+
+    def make_way_for(self, dialog: Screen) -> None:
+        """A quit dialog on top gives way to any other dialog (a question, an error), taken away as
+        "stay". Left under it, the quit keys did nothing visible over the question (a quit dialog was
+        open already), and it came back once the question was answered, saying what was true when it
+        was asked. q, ctrl+q and ctrl+c ask again, at once, on the state then."""
+        top = self.screen if self.screen_stack else None
+        if top is not None and top.id in QUIT_DIALOGS and top.id != dialog.id:
+            top.dismiss(None)
+
     # --- errors ---------------------------------------------------------------------------------
 
     def show_error(self, report: ErrorReport) -> None:
@@ -325,7 +372,37 @@ class ConsoleApp(App[int]):
             if isinstance(screen, ErrorModal):
                 screen.add(report)
                 return
-        self.push_screen(ErrorModal(report))
+        self.show_screen(ErrorModal(report))
+
+    def _handle_exception(self, error: Exception) -> None:
+        """Textual's one way in for an exception nobody caught (a handler, a screen's compose, a
+        timer, the drawing): Textual ends the app there, cancelling the run its worker drives. Here it
+        goes to the one error modal, and the console and the run go on (screens/errors.py).
+
+        Textual's own ending stays for what the modal cannot show: a failure before the dashboard is
+        up (the CSS, the first screen), while the console closes, while the error itself is being
+        shown, or in the error modal."""
+        up = any(isinstance(screen, DashboardScreen) for screen in self.screen_stack)
+        if not up or self._stopped or self._reporting or self._in_error_modal():
+            super()._handle_exception(error)
+            return
+        self.log.error(error)
+        if self._exception is None:  # kept as Textual keeps it: `run_test` raises it at its end (a test fails)
+            self._exception = error
+        self._reporting = True
+        try:
+            self.show_error(bug_report(error))
+        except Exception:  # noqa: BLE001 - the error modal itself cannot be shown
+            super()._handle_exception(error)
+        finally:
+            self._reporting = False
+
+    def _in_error_modal(self) -> bool:
+        """The exception was raised by the error modal or a widget of it."""
+        node = active_message_pump.get(None)
+        while node is not None and not isinstance(node, ErrorModal):
+            node = getattr(node, "_parent", None)
+        return node is not None
 
     def on_worker_state_changed(self, event: Worker.StateChanged) -> None:
         worker = event.worker
@@ -438,10 +515,7 @@ class ConsoleApp(App[int]):
     def show_plan(self, plan: m.PlanReady) -> None:
         from screens.plan import PlanScreen
 
-        if isinstance(self.screen, PlanScreen):
-            self.pop_screen()
-        if not isinstance(self.screen, ModalScreen):  # a question came up meanwhile: it goes first
-            self.push_screen(PlanScreen(plan))
+        self.show_screen(PlanScreen(plan))  # (not over a question that came up meanwhile: it goes first)
 
     def action_plan(self) -> None:
         """Plan (preflight only) and show it; during a run, the run's plan as it stands."""
@@ -506,11 +580,10 @@ class ConsoleApp(App[int]):
             for log in logs:
                 log.show_only(word or "")
 
-        self.push_screen(EventsModal(self.state.journal, logs[0].word if logs else ""), callback=filtered)
+        self.show_screen(EventsModal(self.state.journal, logs[0].word if logs else ""), callback=filtered)
 
     def action_help(self) -> None:
-        if not isinstance(self.screen, HelpModal):
-            self.push_screen(HelpModal(self.read_only))
+        self.show_screen(HelpModal(self.read_only))
 
     def results_dir(self) -> Path | None:
         """The run to show: the one this console just ran, else the newest with results."""
@@ -539,12 +612,12 @@ class ConsoleApp(App[int]):
         except Exception as exc:  # noqa: BLE001 - the report's UsageError names the file and the problem
             self.show_error(report_of(f"the results of {run_dir.name}", exc))
             return
-        self.push_screen(ResultsScreen(data))
+        self.show_screen(ResultsScreen(data))
 
     def action_runs(self) -> None:
         from screens.runs import RunsScreen
 
-        self.push_screen(RunsScreen())
+        self.show_screen(RunsScreen())
 
     def action_read_only(self) -> None:
         """One way: a console can stop acting, not start (restart it without --read-only for that)."""
@@ -567,9 +640,6 @@ class ConsoleApp(App[int]):
 
     async def action_quit(self) -> None:
         if self.state.down_since is not None:
-            if any(isinstance(s, QuitWhileDownModal) for s in self.screen_stack):
-                return
-
             def answered(answer: str | None) -> None:
                 if answer == "leave":
                     self.farewell = self.left_down_line()
@@ -582,22 +652,20 @@ class ConsoleApp(App[int]):
 
             restarting = self.restarting()
             elsewhere = self.state.driven_elsewhere()
-            self.push_screen(QuitWhileDownModal(self.state.down_since, self.now(),
+            self.show_screen(QuitWhileDownModal(self.state.down_since, self.now(),
                                                 self.can_restart() and not restarting, restarting=restarting,
                                                 why_not=self.why_no_restart(),
                                                 by=f"run {elsewhere.run_id}" if elsewhere else "this run"),
                              callback=answered)
             return
         if self.state.running and not self.read_only:
-            if any(s.id == "quit-while-running" for s in self.screen_stack):
-                return
             step = next((s.name for s in self.state.steps.values() if s.status == "running"), None)
 
             def confirmed(quit_anyway: bool | None) -> None:
                 if quit_anyway:
                     self.call_later(self._quit_now)
 
-            self.push_screen(QuestionModal(
+            self.show_screen(QuestionModal(
                 f"A run is in progress{f' ({step})' if step else ''}. Quit and cancel it? The service is up; "
                 "nothing is stopped by quitting, and the run can be resumed later.",
                 yes="Quit", no="Stay", id="quit-while-running", refusal="the run goes on"), callback=confirmed)
@@ -678,8 +746,10 @@ class ConsoleApp(App[int]):
         yield SystemCommand("Help", "the keys", self.action_help)
         yield SystemCommand("Quit", "as q: asks first while the service is down or a run is going", self.action_quit)
         # Textual's own "Keys" panel says the same as Help, less well; its "Quit the application as soon as
-        # possible" is not how this console quits: one of each.
-        yield from (c for c in super().get_system_commands(screen) if c.title not in ("Keys", "Quit"))
+        # possible" is not how this console quits: one of each. Its "Screenshot" writes a file: read-only
+        # writes nothing.
+        left_out = ("Keys", "Quit", "Screenshot") if self.read_only else ("Keys", "Quit")
+        yield from (c for c in super().get_system_commands(screen) if c.title not in left_out)
 
 
 def run_app(operator: Any, *, autostart: bool = False, resume: str | bool | None = None) -> int:

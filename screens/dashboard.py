@@ -11,6 +11,7 @@ from textual.css.query import NoMatches
 from textual.screen import Screen
 from textual.widgets import Footer, Header
 
+from screens.errors import StaysUp
 from screens.fleet import fleet_view
 from screens.widgets.asked_panel import AskedPanel
 from screens.widgets.downtime_banner import DowntimeBanner
@@ -25,7 +26,7 @@ if TYPE_CHECKING:
     from screens.app import ConsoleApp
 
 
-class DashboardScreen(Screen):
+class DashboardScreen(StaysUp, Screen):
     """Redrawn from `app.state`: `refresh_part(kind)` for one kind of change, `refresh_all` on resume."""
 
     app: ConsoleApp

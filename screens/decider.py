@@ -69,6 +69,7 @@ class ModalDecider:
         self.app.post_message(DecisionAsked(confirmation))
         self.asking = confirmation  # (question.json, for the other consoles, is the engine's: its _ask)
         try:
+            self.app.make_way_for(modal)  # (never over a quit dialog, to find it again later)
             await self.app.push_screen(modal, callback=answered)
             approved = await answer
         except asyncio.CancelledError:  # the run was cancelled under the question: take it away

@@ -15,13 +15,14 @@ from textual.widgets import Footer, Header, Static
 
 from console.messages import PlanReady
 from console.views.plan import plan_view
+from screens.errors import StaysUp
 from screens.widgets.downtime_banner import DowntimeBanner
 
 if TYPE_CHECKING:
     from screens.app import ConsoleApp
 
 
-class PlanScreen(Screen):
+class PlanScreen(StaysUp, Screen):
     app: ConsoleApp
     DEFAULT_CSS = """
     PlanScreen #plan-body { height: 1fr; }
@@ -29,7 +30,7 @@ class PlanScreen(Screen):
     BINDINGS = [Binding("escape", "back", "Dashboard"), Binding("p", "back", "Close", show=False)]
 
     def __init__(self, plan: PlanReady) -> None:
-        super().__init__(id="plan")
+        super().__init__()  # no id: shown again, it replaces itself (ConsoleApp.show_screen)
         self.plan = plan
 
     def compose(self) -> ComposeResult:

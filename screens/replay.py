@@ -199,7 +199,7 @@ class ReplayApp(ConsoleApp):
 
     def on_mount(self, event: Any) -> None:
         event.prevent_default()  # not the live console's start: no operator, no live run, no resume offer
-        self.push_screen(ReplayDashboard(id="dashboard"))
+        self.show_screen(ReplayDashboard(id="dashboard"))
         self.set_interval(self.frame_s, self._frame)
         self.set_interval(self.tick_s, self._tick)
         self.call_after_refresh(self._show_bar)

@@ -17,6 +17,7 @@ from rich.cells import cell_len
 from rich.console import Console, ConsoleOptions, Group, RenderResult
 from rich.table import Table
 from rich.text import Text
+from textual import events
 from textual.app import ComposeResult
 from textual.binding import Binding
 from textual.containers import VerticalScroll
@@ -26,7 +27,7 @@ from textual_plotext import PlotextPlot
 
 from console.procedure.store import JOURNAL, STATE, TELEMETRY, for_replay_only, read_jsonl
 from console.views.probe_table import probe_table
-from console.views.report import window_rows, window_table
+from console.views.report import forecast_error_line, window_rows, window_table
 from console.views.tables import (
     drafter_order,
     parity_soundness_table,
@@ -39,6 +40,7 @@ from console.views.tables import (
     warnings_block,
 )
 from console.views.units import duration
+from screens.errors import StaysUp
 from screens.format import clock
 from screens.widgets.downtime_banner import DowntimeBanner
 from screens.widgets.online import OnlinePanel, read_online
@@ -146,7 +148,11 @@ def steps_table(state: dict[str, Any], t0: float | None) -> Table:
     for name, step in steps:
         began, ended = step.get("started_at"), step.get("ended_at")
         offset = f"+{duration(began - t0)}" if began is not None and t0 is not None else ""
-        took = duration(ended - began) if began is not None and ended is not None else ""
+        # The time it worked over all its attempts (never ended - began: that holds the time no console
+        # ran it after a crash); its waits on the operator's answers dim beside it, as the stepper does.
+        took = Text(duration(step.get("work_s") or 0.0, tenths=True) if began is not None and ended is not None else "")
+        if took and (step.get("decision_s") or 0.0) >= 1:
+            took.append(f" +{duration(step['decision_s'])}", style="dim")
         table.add_row(name, step.get("status", "?"), offset, took, Text(step.get("detail") or step.get("why") or "",
                                                                           style="dim"))
     return table
@@ -295,7 +301,7 @@ class PerPromptTable(DataTable):
         self.show_drafter(self.choices[(self.choices.index(self.drafter) + 1) % len(self.choices)])
 
 
-class ResultsScreen(Screen):
+class ResultsScreen(StaysUp, Screen):
     """One run's results; opened from the dashboard with `o`, or from the runs list."""
 
     app: ConsoleApp
@@ -326,7 +332,7 @@ class ResultsScreen(Screen):
     ]
 
     def __init__(self, data: RunData) -> None:
-        super().__init__(id="results")
+        super().__init__()  # no id: shown again, it replaces itself (ConsoleApp.show_screen)
         self.data = data
 
     def compose(self) -> ComposeResult:
@@ -356,7 +362,9 @@ class ResultsScreen(Screen):
                 yield TimelinePlot(data)
                 yield Static(ServiceStrip(data.state, t0, t1), classes="strip")
                 window = window_rows(data.run_dir)  # the forecast against what the window measured
-                yield VerticalScroll(Static(Group(*([window_table(window), Text("")] if window else []),
+                error = forecast_error_line(data.run_dir)  # its error in one line, seen and not assumed
+                yield VerticalScroll(Static(Group(*([Text(error, style="bold")] if error else []),
+                                                  *([window_table(window), Text("")] if window else []),
                                                   steps_table(data.state, t0))), classes="result-scroll steps")
             with TabPane("7 Online", id="online"):  # the online cross-check (screens/widgets/online.py)
                 yield OnlinePanel(read_online(data.run_dir))
@@ -392,8 +400,22 @@ class ResultsScreen(Screen):
     def action_back(self) -> None:
         self.app.pop_screen()
 
+    def check_action(self, action: str, parameters: tuple[object, ...]) -> bool | None:
+        # read-only writes nothing: the footer offers no export (on_key says why)
+        return not (action == "export" and getattr(self.app, "read_only", False))
+
+    def on_key(self, event: events.Key) -> None:
+        if event.key == "e" and getattr(self.app, "read_only", False):
+            event.stop()
+            self.notify(f"read-only: this console writes nothing; `dflash-ops report {self.data.run_dir.name}` "
+                        "writes the report, where the runs are kept", title="e: no export", severity="warning",
+                        timeout=6)
+
     def action_export(self) -> None:
         from console.views.report import write_report
+
+        if getattr(self.app, "read_only", False):  # (however it was reached: nothing written)
+            return
 
         run_dir = self.data.run_dir
         results_dir = run_dir / RESULTS if (run_dir / RESULTS).is_dir() else run_dir

@@ -18,6 +18,7 @@ from textual.widgets import DataTable, Footer, Header, Static
 
 from console.procedure.store import RunSummary
 from console.views.units import duration
+from screens.errors import StaysUp
 from screens.widgets.downtime_banner import DowntimeBanner
 
 if TYPE_CHECKING:
@@ -67,7 +68,7 @@ def compare_table(a: RunSummary, b: RunSummary) -> Table:
     return table
 
 
-class RunsScreen(Screen):
+class RunsScreen(StaysUp, Screen):
     app: ConsoleApp
     DEFAULT_CSS = """
     RunsScreen DataTable { height: 1fr; }
@@ -82,7 +83,7 @@ class RunsScreen(Screen):
     ]
 
     def __init__(self) -> None:
-        super().__init__(id="runs")
+        super().__init__()  # no id: shown again, it replaces itself (ConsoleApp.show_screen)
         self.runs: list[RunSummary] = []
         self.marked: list[str] = []
 

@@ -808,3 +808,30 @@ class ScriptedDecider:
         await asyncio.sleep(0)
         return confirmation.step not in self.refuse
 
+
+async def settled() -> None:
+    """Until every other task of the world and of the console waits on something: what can go on
+    without an answer has gone on. (asyncio's ready queue is empty when this task runs again and no
+    other callback is scheduled; a bound keeps a task that only ever yields from holding it forever.)"""
+    loop = asyncio.get_running_loop()
+    for _ in range(10_000):
+        await asyncio.sleep(0)
+        if not loop._ready:  # asyncio has no public way to ask this
+            return
+
+
+@dataclass
+class SlowOperator(ScriptedDecider):
+    """Answers each question `delay_s` of the world's time after it is asked, as an operator who reads
+    it first: everything that can go on without the answer goes on meanwhile (the extractor flushes
+    its files, the steps that need the answer come to wait on it), then the world's clock moves by
+    the delay, then the answer comes. `delay_s=0` answers at once, in the same order of events."""
+
+    delay_s: float = 0.0
+
+    async def decide(self, confirmation: Confirmation) -> bool:
+        self.asked.append(confirmation)
+        await settled()
+        if self.clock is not None:
+            self.clock.advance(self.delay_s)
+        return confirmation.step not in self.refuse

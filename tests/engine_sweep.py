@@ -84,10 +84,13 @@ class Window:
         return self.store.open(self.run_id).state
 
     async def console(self, crash: Crasher | None = None, decider: ScriptedDecider | None = None,
-                      **engine_kwargs: Any) -> RunFinished | None:
-        """One console: a new engine over a new view of the same world; None when it died."""
+                      seen: list[Any] | None = None, **engine_kwargs: Any) -> RunFinished | None:
+        """One console: a new engine over a new view of the same world; None when it died. `seen`
+        gets every message it publishes."""
         self.world.clock.advance(1.0)  # a console starts a moment after the last one died
         hosts = FakeHosts(self.world)
+        if seen is not None:
+            hosts.bus.subscribe(seen.append)
         run = self.store.open(self.run_id)
         decider = decider or ScriptedDecider(self.world.clock)
         self.deciders.append(decider)

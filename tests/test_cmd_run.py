@@ -118,7 +118,8 @@ def test_runs_at_120_columns_is_a_table_and_its_blocks_keep_each_tau_line_whole(
                    {"candidate": 2.69, "reference": 8.0}, None, Path("/x"), service_down=True, console_gone=True,
                    online={"reference": 8.0}, forecast_s=38.0, windows=2),
         RunSummary("20261202-052118-84c8", 1_764_652_878.0, "done", "window", 26.4,
-                   {"candidate": 2.69, "reference": 8.0}, None, Path("/x"), online={"reference": 8.0}, forecast_s=16.0),
+                   {"candidate": 2.69, "reference": 8.0}, None, Path("/x"), online={"reference": 8.0}, forecast_s=16.0,
+                   forecast_error=-0.184, answers_s=6.8),  # the forecast's error, the answers apart (issue 43)
     ]
 
     def shown(width: int) -> list[str]:
@@ -130,7 +131,8 @@ def test_runs_at_120_columns_is_a_table_and_its_blocks_keep_each_tau_line_whole(
     wide = shown(120)
     assert any(line.startswith("┏") for line in wide), "\n".join(wide)  # a table, not blocks
     assert all(len(line) <= 120 for line in wide) and "…" not in "\n".join(wide)
-    for tau in ("candidate 2.69", "reference 8.00", "10 min 26 s (38 s)", "20261202-051437-77bc"):
+    for tau in ("candidate 2.69", "reference 8.00", "10 min 26 s (38 s)", "20261202-051437-77bc", "forecast -18%",
+                "answering 6.8 s"):
         assert any(tau in line for line in wide), tau
     narrow = shown(60)
     taus = [line for line in narrow if line.strip() in ("candidate 2.69", "reference 8.00")]

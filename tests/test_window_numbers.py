@@ -73,7 +73,7 @@ class ProjectingEngine:
     def _crash(self, point: str) -> None:
         pass
 
-    async def _ask(self, confirmation) -> bool:
+    async def _ask(self, confirmation, holds: bool = True) -> bool:
         self.asked.append(confirmation)
         return False
 

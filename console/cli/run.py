@@ -345,12 +345,26 @@ def runs_rows(summaries: list[RunSummary | UnreadableRun]) -> tuple[list[str], l
         downtime = duration(summary.downtime_s, tenths=True)
         if summary.forecast_s is not None:
             downtime += f" ({duration(summary.forecast_s, tenths=True)})"
+        downtime += forecast_error_lines(summary)
         if summary.windows > 1:  # a line of its own: the column stays as wide as one window's figures
             downtime += f"\n{summary.windows} windows"
         rows.append([summary.run_id, time.strftime("%Y-%m-%d %H:%M", time.localtime(summary.created_at)), status,
                      summary.route or "-", downtime, taus, online])
         styles.append("bold red" if summary.service_down or summary.server_paused or summary.drained else "")
     return headers, rows, styles
+
+
+def forecast_error_lines(summary: RunSummary) -> str:
+    """Under the downtime, the forecast's error on it, seen and not assumed: 'forecast +55%' is
+    (forecast - measured) / measured, the measured without the time the window waited on the
+    operator's answers (as the forecast is), that time said on a line of its own when there was any:
+    the downtime above holds it."""
+    if summary.forecast_error is None:
+        return ""
+    lines = f"\nforecast {summary.forecast_error:+.0%}"
+    if summary.answers_s:
+        lines += f"\nanswering {duration(summary.answers_s, tenths=True)}\nleft out"  # (the column stays narrow)
+    return lines
 
 
 def runs(args: argparse.Namespace) -> int:

@@ -45,6 +45,7 @@ from console.messages import (
 )
 from console.procedure import ending, identity, run_jobs
 from console.procedure import forecast as fc
+from console.procedure.answer_waits import AnswerWaits
 from console.procedure.decider import Decider
 from console.procedure.ending import (  # noqa: F401  (re-exported: the CLI, the views and the tests import them here)
     AS_IT_WAS,
@@ -76,6 +77,7 @@ from console.procedure.steps import (
     Preflight,
     Step,
     estimates,
+    extract,
     fleet,
     pause,
     route_steps,
@@ -151,7 +153,8 @@ class Engine:
         self.lock_refused = False  # another live console's run holds the host: nothing of it is touched
         self.lease: Any = None  # renews the staged worker's lease while this engine runs (steps/serving.py)
         self._unsubscribe_telemetry: Callable[[], None] | None = None
-        self._decision_s: dict[str, float] = {}
+        # Every wait on the operator's answers, and which step it held up: a step's work is its time less those.
+        self.answer_waits = AnswerWaits(lambda: time.time())  # (read at each call: the sweep's clock replaces `time`)
         self._ran: set[str] = set()  # steps this engine ran (not found satisfied)
         self._resumed = False
         self._windows_here = 0  # windows this engine began after a budget cut (`_next_replica`)
@@ -217,8 +220,12 @@ class Engine:
         else:
             self.record(name, said, **fields)
 
-    async def _ask(self, confirmation: Confirmation) -> bool:
-        asked, asked_at = time.monotonic(), time.time()
+    async def _ask(self, confirmation: Confirmation, holds: bool = True) -> bool:
+        """The operator's yes or no. Its wait is no step's work (`answer_waits`) and no phase of the
+        window's (`ServiceState.answer_waits`): never measured, never forecast. `holds=False`: the work
+        goes on while it waits (the offer to stop the extraction at the budget), so it holds up nothing."""
+        asked_at = time.time()
+        wait = self.answer_waits.asked() if holds else None
         self._asking.append(confirmation)
         self._say_question()
         try:
@@ -226,7 +233,8 @@ class Engine:
         finally:
             self._asking.remove(confirmation)
             self._say_question()
-        self._decision_s[confirmation.step] = self._decision_s.get(confirmation.step, 0.0) + time.monotonic() - asked
+            if wait is not None:
+                self._answered(wait)
         self.bus.publish(DecisionMade(confirmation, approved, self.decider.name, self.run.run_id))
         # The whole question, for the replay: it is shown at `asked_at`, answered at the entry's time.
         question = {"impact": confirmation.impact, "destructive": confirmation.destructive,
@@ -236,6 +244,21 @@ class Engine:
                      host=confirmation.host, decision=f"{'yes' if approved else 'no'} ({self.decider.name})",
                      argv=list(confirmation.argv), kind="question", data=question)
         return approved
+
+    def _answered(self, wait: Any) -> None:
+        """A question of the window answered: its wait is kept with the window's stamps, so that no
+        measured phase holds it (`forecast.measured_phases`), and the service's expected return moves
+        by it: the banner's "late" counts from the answer, not from the question."""
+        self.answer_waits.answered(wait)
+        service = self.state.service
+        if not service.began() or self.plan_only:
+            return  # before the stop (or the pause): no window holds it yet
+        service.answer_waits.append([wait.asked_at, wait.answered_at])  # saved with what the answer lets happen
+        began = extract.window_began(self)
+        if began is not None and self._window_forecast is not None:
+            made, inputs = self._window_forecast
+            waited = fc.overlap(service.answer_waits, began, wait.answered_at)
+            self.bus.publish(fc.project(made, inputs, began, wait.answered_at, self._progress, waited_s=waited))
 
     def _say_question(self) -> None:
         """question.json beside the run's state: the question this run waits on (the oldest still
@@ -549,7 +572,6 @@ class Engine:
         rec = self.state.step(name)
         before = rec.status
         attempt_started = time.time()
-        self._decision_s[name] = 0.0
         detail: str | Skip | None = None
         running = False
         try:
@@ -613,11 +635,14 @@ class Engine:
             self._set(name, "done", detail)
 
     def _account(self, name: str, attempt_started: float) -> None:
-        """Work time and decision time of this attempt, kept apart and added to the step's."""
+        """This attempt's work and its waits on the operator's answers (its own questions, and those
+        of the restart or give-back it joined), kept apart and added to the step's: across attempts
+        the step's work is the time it worked, and nothing else."""
         rec = self.state.step(name)
-        decided = self._decision_s.pop(name, 0.0)
-        rec.work_s += max(0.0, time.time() - attempt_started - decided)
-        rec.decision_s += decided
+        now = time.time()
+        waited = self.answer_waits.held(attempt_started, now)
+        rec.work_s += max(0.0, now - attempt_started - waited)
+        rec.decision_s += waited
 
     def _next_window(self) -> None:
         """A run cut short at its budget goes on in a new window: its service record and window steps

@@ -8,6 +8,7 @@ Pure (no I/O): the engine gathers the inputs and publishes what comes back.
     ExtractionProgress             the extraction's tokens done / total and their rate
     measured_phases(state)         -> the phases as a run measured them
     against(state)                 -> per phase forecast vs measured (report, `runs`)
+    error_of(state)                -> the downtime's row and the answers' time: the error (`runs`, Window tab)
     forecast_errors(states)        -> the forecast's error across runs (bench/window.py)
     to_state / from_state          `state.json`'s `forecast`
 
@@ -31,6 +32,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from console.messages import Forecast, ForecastPhase, WindowProjection
+from console.procedure.answer_waits import overlap
 from console.procedure.state import RunState, StateError
 from console.views.units import duration
 
@@ -89,8 +91,9 @@ def measured_phases(state: Mapping[str, Any] | RunState) -> dict[str, float | No
     """The phases as the run measured them (seconds); None for a phase it did not go through whole,
     or whose end the console saw late (it was away: killed and resumed).
 
-    A phase is the hosts' work, never the wait for the operator's answer: the holders' question is
-    taken out of free-vram, and start counts from the start command (issued once the restart was
+    A phase is the hosts' work, never a wait for the operator's answer: every question the window
+    waited on (`service.answer_waits`: the holders' end, a restart asked again, ...) is taken out of
+    the phase it fell in, and start counts from the start command (issued once the restart was
     approved, or after a refused restart, when someone restarted it), not from the GPUs' release."""
     run = _state(state)
     svc, ext = run.service, run.extraction
@@ -103,14 +106,22 @@ def measured_phases(state: Mapping[str, Any] | RunState) -> dict[str, float | No
              (svc.vram_free_at, released), (issued, svc.ready_at))
     phases: dict[str, float | None] = {}
     for name, (begin, end) in zip(PHASES, marks, strict=True):
-        phases[name] = end - begin if begin is not None and end is not None and end >= begin else None
-    if phases["free-vram"] is not None:
+        phases[name] = worked(svc.answer_waits, begin, end)
+    if phases["free-vram"] is not None and not svc.answer_waits:  # a run from before the waits were kept
         phases["free-vram"] = max(0.0, phases["free-vram"] - (run.step("free-vram").decision_s or 0.0))
     if svc.ready_seen_late:
         phases["start"] = None
     if run.step("extract").found_on_resume:
         phases["extract"] = phases["start"] = None
     return phases
+
+
+def worked(answer_waits: Sequence[Sequence[float]], begin: float | None, end: float | None) -> float | None:
+    """The seconds from `begin` to `end` less the waits on the operator's answers among them; None
+    without both ends (or with them out of order)."""
+    if begin is None or end is None or end < begin:
+        return None
+    return max(0.0, end - begin - overlap(answer_waits, begin, end))
 
 
 # The free-vram step's result when the engine had to end the processes holding VRAM (engine.py).
@@ -471,10 +482,11 @@ def after_extraction(forecast: Forecast) -> tuple[float, str]:
 
 
 def project(forecast: Forecast, inputs: ForecastInputs, down_since: float, now: float,
-            progress: ExtractionProgress | None = None) -> WindowProjection:
+            progress: ExtractionProgress | None = None, waited_s: float = 0.0) -> WindowProjection:
     """When the service is expected back (served again: started, or resumed and continued): during the
     extraction, the tokens left at the rate measured so far (else the forecast's) then what follows
-    the extraction as forecast; before it, the forecast."""
+    the extraction as forecast; before it, the forecast, moved by `waited_s`, the time the window has
+    waited on the operator's answers so far (never forecast: an answer is no lateness)."""
     start, then = after_extraction(forecast)
     budget_ends = down_since + inputs.budget_s if inputs.budget_s is not None else None
     rate = (progress.tokens_per_s if progress else None) or extract_model(inputs).tokens_per_s
@@ -484,9 +496,10 @@ def project(forecast: Forecast, inputs: ForecastInputs, down_since: float, now: 
         return WindowProjection(forecast.run_id, down_since, now + eta + start, eta, budget_ends,
                                 f"{progress.done}/{progress.total} tokens, {progress.left} left at {rate:,.0f} tok/s "
                                 f"({measured}), then {then}")
-    expected = max(down_since + forecast.downtime_s, now + start)
+    expected = max(down_since + forecast.downtime_s + waited_s, now + start)
+    answers = f", plus {duration(waited_s)} waiting on your answers" if waited_s >= 0.05 else ""
     return WindowProjection(forecast.run_id, down_since, expected, None, budget_ends,
-                            f"the forecast: {summary(forecast)}")
+                            f"the forecast: {summary(forecast)}{answers}")
 
 
 def _seconds(seconds: float | None) -> str:
@@ -536,8 +549,14 @@ class PhaseAgainst:
         return (self.forecast_s - self.measured_s) / self.measured_s
 
 
+ANSWERS = "your answers"  # the row of the time the window waited on the operator (never forecast)
+ANSWERS_SHOWN_S = 0.05  # less is `--yes` answering: no row of its own (it is still left out of the phases)
+
+
 def against(state: Mapping[str, Any] | RunState) -> list[PhaseAgainst]:
-    """Per phase forecast vs measured, then the whole downtime; [] for a run without a forecast."""
+    """Per phase forecast vs measured, then the whole downtime (the phases': the operator's answers
+    left out, as the forecast leaves them out), then, when the window waited on any, the answers'
+    time; [] for a run without a forecast."""
     run = _state(state)
     if run.route == "pause":  # pause -> continue, by the pause route's own phases
         from console.procedure.steps.pause import pause_against
@@ -549,8 +568,28 @@ def against(state: Mapping[str, Any] | RunState) -> list[PhaseAgainst]:
     measured = measured_phases(run)
     rows = [PhaseAgainst(p.name, p.seconds, measured.get(p.name), p.basis) for p in planned.phases]
     svc = run.service
-    whole = svc.ready_at - svc.stopped_at if svc.ready_at is not None and svc.stopped_at is not None else None
-    return [*rows, PhaseAgainst("downtime", planned.downtime_s, whole, run.forecast.get("basis", ""))]
+    whole = PhaseAgainst("downtime", planned.downtime_s, worked(svc.answer_waits, svc.stopped_at, svc.ready_at),
+                         run.forecast.get("basis", ""))
+    return [*rows, whole, *answers_row(svc.answer_waits, svc.stopped_at, svc.ready_at)]
+
+
+def answers_row(answer_waits: Sequence[Sequence[float]], begin: float | None, end: float | None) -> list[PhaseAgainst]:
+    """The time the window waited on the operator's answers, as a row of its own (none when it waited
+    on none, or on `--yes` only): the service was down (or paused) that much longer than the downtime
+    row says."""
+    waited = overlap(answer_waits, begin, end) if begin is not None and end is not None else 0.0
+    if waited < ANSWERS_SHOWN_S:
+        return []
+    return [PhaseAgainst(ANSWERS, None, waited, "the window waited on the operator's answers: never forecast")]
+
+
+def error_of(state: Mapping[str, Any] | RunState) -> tuple[PhaseAgainst | None, float]:
+    """The forecast's error, seen and not assumed: the whole downtime's row of a run's last window
+    (forecast against measured, the operator's answers left out of both; None without a forecast),
+    and the seconds that window waited on those answers."""
+    rows = against(state)
+    whole = next((r for r in rows if r.phase.startswith("downtime")), None)
+    return whole, next((r.measured_s or 0.0 for r in rows if r.phase == ANSWERS), 0.0)
 
 
 def forecast_errors(states: Iterable[Mapping[str, Any] | RunState]) -> list[tuple[str, PhaseAgainst]]:
@@ -619,5 +658,5 @@ def hindcast(states: Iterable[Mapping[str, Any] | RunState]) -> list[Hindcast]:
             continue
         made = forecast(ask)
         rows.append(Hindcast(i + 1, run.run_id, ask.staged, PhaseAgainst(
-            "downtime", made.downtime_s, svc.ready_at - svc.stopped_at, summary(made))))
+            "downtime", made.downtime_s, worked(svc.answer_waits, svc.stopped_at, svc.ready_at), summary(made))))
     return rows

@@ -77,7 +77,8 @@ class StepState:
     """One step: its status, when its work began and ended, and time spent working vs deciding.
 
     `started_at` is when the step's work first began and is kept across resumes; `work_s` adds up
-    the time of every attempt minus `decision_s`, the time spent waiting for the operator's answers.
+    the time of every attempt less `decision_s`, the time it waited on the operator's answers
+    (`answer_waits.py`): a step's time is its work, never `ended_at - started_at`.
     """
 
     status: str = "pending"
@@ -160,6 +161,10 @@ class ServiceState:
     drains: int = 0  # removals this run asked the router for (counted before each)
     rejoins: int = 0  # adds this run asked the router for (counted before each)
     rejoined_at: float | None = None
+    # [asked_at, answered_at] of each question answered in this window (the holders' end, the restart,
+    # the release, resume and continue, ...): the window waited on the operator then, which no measured
+    # phase and no forecast holds (forecast.measured_phases).
+    answer_waits: list[list[float]] = field(default_factory=list)
 
     @property
     def held(self) -> bool:

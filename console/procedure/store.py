@@ -208,6 +208,11 @@ class RunSummary:
     windows: int = 1  # down periods (more than one when a window was cut short at its budget)
     server_paused: bool = False  # the pause route: this run paused the server (or released its memory), not given back
     drained: str | None = None  # the fleet window: the replica this run took out of the router, not put back
+    # The forecast's error on the downtime of its last window ((forecast - measured) / measured), the
+    # measured left without the time the window waited on the operator's answers (`answers_s`), as
+    # the forecast is: seen, not assumed.
+    forecast_error: float | None = None
+    answers_s: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -403,12 +408,26 @@ def summary_of(run: Run) -> RunSummary:
     gone = s.status == "running" and s.owner is not None and s.owner.alive() is False
     online = s.facts.get("headline_online") if isinstance(s.facts.get("headline_online"), dict) else {}
     online = online_headline(run.dir) or online  # a later `dflash-ops crosscheck` keeps its result there
+    error, answers = forecast_error(s)
     return RunSummary(s.run_id, s.created_at, s.status, s.route, sum(downtimes) if downtimes else None,
                       dict(s.headline), s.config, run.dir, service_down=s.service.down, console_gone=gone,
                       online=dict(online), forecast_s=(s.forecast or {}).get("downtime_s"),
                       windows=len(s.windows) + (1 if s.service.began() else 0) or 1,
                       server_paused=s.service.left_as() == "paused",
-                      drained=(s.service.drained or {}).get("replica", "?") if s.service.drained else None)
+                      drained=(s.service.drained or {}).get("replica", "?") if s.service.drained else None,
+                      forecast_error=error, answers_s=answers)
+
+
+def forecast_error(state: RunState) -> tuple[float | None, float]:
+    """The forecast's error on the last window's downtime, and the time that window waited on the
+    operator's answers (left out of both); (None, 0) without a forecast and a measured downtime."""
+    from console.procedure import forecast as fc
+
+    try:
+        whole, answers = fc.error_of(state)
+    except (KeyError, TypeError, ValueError, StopIteration):  # a damaged forecast in the state: no error to tell
+        return None, 0.0
+    return (whole.error if whole is not None else None), answers
 
 
 def left_line(run: Run) -> str:

@@ -126,6 +126,26 @@ def window_rows(out_dir: Path) -> list[list[str]] | None:
 WINDOW_TITLE = "Window: forecast against measured"
 
 
+def forecast_error_line(out_dir: Path) -> str | None:
+    """The forecast's error on the window's downtime in one line, so that it is seen, not assumed:
+    'the forecast was off by +55%: 10.2 s forecast, 6.6 s measured (30 s of your answers left out of
+    both)'. None for a directory without a run's forecast and measured downtime."""
+    from console.procedure import forecast as fc
+    from console.procedure.store import STATE, RunStore, RunStoreError
+
+    if not (out_dir / STATE).is_file():
+        return None
+    try:
+        whole, answers = fc.error_of(RunStore(out_dir.parent).open(str(out_dir)).state)
+    except (RunStoreError, KeyError, TypeError, ValueError, StopIteration):  # a damaged state: no error to tell
+        return None
+    if whole is None or whole.error is None:
+        return None
+    left_out = f" ({duration(answers, tenths=True)} of your answers left out of both)" if answers else ""
+    return (f"the forecast was off by {whole.error:+.0%}: {duration(whole.forecast_s, tenths=True)} forecast, "
+            f"{duration(whole.measured_s, tenths=True)} measured{left_out}")
+
+
 def window_table(rows: list[list[str]]) -> FittedTable:
     """The window's phases as forecast and as measured, for the terminal and the Window tab: the
     figures whole, the basis (a sentence) wrapping between its words. The whole downtime's basis is

@@ -12,12 +12,13 @@ from textual.containers import VerticalScroll
 from textual.screen import ModalScreen
 from textual.widgets import Footer
 
+from screens.errors import StaysUp
 from screens.widgets.downtime_banner import DowntimeBanner
 
 Answer = TypeVar("Answer")
 
 
-class ConsoleModal(ModalScreen[Answer]):
+class ConsoleModal(StaysUp, ModalScreen[Answer]):
     DEFAULT_CSS = """
     ConsoleModal > DowntimeBanner { dock: top; margin-top: 1; }  /* over the screen's own, under its header */
     """

@@ -3,6 +3,7 @@ traceback. A second error while it is open is added to it rather than stacked.""
 
 from __future__ import annotations
 
+import traceback
 from dataclasses import dataclass
 
 from rich.text import Text
@@ -39,6 +40,19 @@ def report_of(title: str, error: BaseException) -> ErrorReport:
     if detail and detail in first:
         detail = None
     return ErrorReport(title, first, detail)
+
+
+def bug_report(error: BaseException) -> ErrorReport:
+    """A bug of the console as the operator reads it: what it says and where it was raised (the
+    innermost frame, for the bug report), never a traceback."""
+    text = str(error).strip() or type(error).__name__
+    frames = traceback.extract_tb(error.__traceback__)
+    where = f"{type(error).__name__}"
+    if frames:
+        frame = frames[-1]
+        where += f" at {'/'.join(frame.filename.split('/')[-2:])}:{frame.lineno} ({frame.name})"
+    return ErrorReport("a bug in the console: it stays up, and any run goes on",
+                       text.splitlines()[0], where)
 
 
 class ErrorModal(ConsoleModal[None]):

@@ -152,7 +152,8 @@ def estimates(earlier_states: Iterable[dict[str, Any]]) -> dict[str, float]:
     The operator's answers never enter one: a step's is its work time; the downtime is the sum of
     the forecast's measured phases (forecast.measured_phases: the hosts' work from the stop to ready,
     a question's wait left out), from runs that measured every phase; the pause route's is its pause
-    to its continue less the time its questions waited."""
+    to its continue less the time the window waited on the operator's answers."""
+    from console.procedure import forecast
     from console.procedure.forecast import measured_phases
     from console.procedure.state import StateError
 
@@ -175,10 +176,13 @@ def estimates(earlier_states: Iterable[dict[str, Any]]) -> dict[str, float]:
             if phases and all(v is not None for v in phases.values()):
                 durations.setdefault("downtime", []).append(sum(phases.values()))
         if service.get("paused_at") is not None and service.get("continued_at") is not None:
-            waited = sum((state.get("steps", {}).get(n) or {}).get("decision_s") or 0.0
-                         for n in ("release", "free-vram", "extract", "resume", "continue"))
-            durations.setdefault("pause-downtime", []).append(
-                max(0.0, service["continued_at"] - service["paused_at"] - waited))
+            if service.get("answer_waits"):  # the window's own record of its waits on the operator
+                worked = forecast.worked(service["answer_waits"], service["paused_at"], service["continued_at"])
+            else:  # a run from before it was kept: its steps' waits
+                waited = sum((state.get("steps", {}).get(n) or {}).get("decision_s") or 0.0
+                             for n in ("release", "free-vram", "extract", "resume", "continue"))
+                worked = max(0.0, service["continued_at"] - service["paused_at"] - waited)
+            durations.setdefault("pause-downtime", []).append(worked)
     return {name: statistics.median(values) for name, values in durations.items()}
 
 

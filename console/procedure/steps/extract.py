@@ -87,7 +87,8 @@ async def _back_before_verifying(engine: Engine) -> None:
         return
     issued = asyncio.ensure_future(engine.start_issued.wait())
     try:
-        await asyncio.wait({task, issued}, return_when=asyncio.FIRST_COMPLETED)
+        with engine.answer_waits.joined(task):  # the restart's question holds the extraction's verification up
+            await asyncio.wait({task, issued}, return_when=asyncio.FIRST_COMPLETED)
     finally:
         issued.cancel()
 
@@ -170,7 +171,7 @@ async def _offer_budget_stop(engine: Engine, projection: Any) -> None:
             "extract", f"stop the extraction now and {back}", target, tuple(argv),
             f"the window would end {duration(late)} past its budget ({projection.basis}); every prompt already "
             f"extracted is kept (complete, verified files) and `run --resume` extracts the rest in the next "
-            f"window", False, None)):
+            f"window", False, None), holds=False):  # the extraction goes on while it is asked
         return
     engine.state.extraction.stop_asked_at = time.time()
     engine.run.save()

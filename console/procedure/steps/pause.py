@@ -176,7 +176,8 @@ async def pause_forecast(engine: Engine, tags: list[str], inputs: fc.ForecastInp
 
 def pause_against(run: Any) -> list[fc.PhaseAgainst]:
     """The pause route's forecast against what it measured, per phase (each step's own work time),
-    then the route's downtime: pause -> continue. [] for a run without a pause forecast."""
+    then the route's downtime, pause -> continue, and the time it waited on the operator's answers
+    (left out of the downtime, as of the forecast). [] for a run without a pause forecast."""
     made = run.facts.get("pause_forecast")
     if not made:
         return []
@@ -188,8 +189,9 @@ def pause_against(run: Any) -> list[fc.PhaseAgainst]:
         measured = step.work_s if step is not None and step.status == "done" and not step.found_on_resume else None
         rows.append(fc.PhaseAgainst(p.name, p.seconds, measured, p.basis))
     svc = run.service
-    whole = svc.continued_at - svc.paused_at if svc.continued_at is not None and svc.paused_at is not None else None
-    return [*rows, fc.PhaseAgainst("downtime (pause -> continue)", planned.downtime_s, whole, made.get("basis", ""))]
+    whole = fc.worked(svc.answer_waits, svc.paused_at, svc.continued_at)  # the operator's answers left out
+    return [*rows, fc.PhaseAgainst("downtime (pause -> continue)", planned.downtime_s, whole, made.get("basis", "")),
+            *fc.answers_row(svc.answer_waits, svc.paused_at, svc.continued_at)]
 
 
 # --- pause ----------------------------------------------------------------------------------------
@@ -453,7 +455,8 @@ async def join_give_back(engine: Engine, step: str | None = None) -> None:
     task, engine._restart_task = engine._restart_task, None
     if task is not None:
         try:
-            await task
+            with engine.answer_waits.joined(task):  # its questions, still open, hold the caller up from now
+                await task
         except Refused as exc:
             engine._give_back_refused = exc
         except Exception as exc:

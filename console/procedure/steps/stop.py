@@ -297,7 +297,8 @@ async def run_restart(engine: Engine) -> str:
     if engine._restart_task is not None:
         task, engine._restart_task = engine._restart_task, None
         try:
-            await task  # begun at gpu_released
+            with engine.answer_waits.joined(task):  # its question, still open, holds this step up from now
+                await task  # begun at gpu_released
         except Refused:
             raise  # the operator said no to this restart: asked once, never again by the restart step
         except (StepFailed, HostError, ServiceError, ReadyTimeout) as exc:
