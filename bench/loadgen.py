@@ -7,7 +7,8 @@ down fails; on the pause route each one is held and answered after `/continue_ge
 greedy `/generate` requests at `--rate` per second (each in its own thread, at most `--max-in-flight`
 at a time: a send that would pass the bound waits, and is counted late, not lost), to a loopback URL
 only (`--chat`: OpenAI chat requests to `/v1/chat/completions` instead, the route real clients use
-most; what a fleet's router forwards), and reports what came back (`LoadReport`): completed, failed by kind, the longest wait (one
+most; what a fleet's router forwards; they name the model as OpenAI clients do, the first the URL's
+`/v1/models` lists, since smg routes a chat by its model and refuses one without), and reports what came back (`LoadReport`): completed, failed by kind, the longest wait (one
 request's send to its answer) and how many were in flight at most.
 
 Failure kinds: `refused` (nothing listens), `no answer` (the connection closed or reset before an
@@ -109,15 +110,15 @@ class Load:
     """A steady load on `url` in background threads, from `start()` (or `with`) until `stop()`."""
 
     def __init__(self, url: str, rate: float = 4.0, max_in_flight: int = 16, max_new_tokens: int = 8,
-                 api_key: str | None = None, timeout_s: float = 300.0, chat: bool = False):
+                 api_key: str | None = None, timeout_s: float = 300.0, chat: bool = False, model: str | None = None):
         if rate <= 0 or max_in_flight < 1:
             raise ValueError(f"load generator: rate must be > 0 and max_in_flight >= 1, got {rate} and {max_in_flight}")
         self.url = loopback_url(url)
         self.rate, self.bound, self.timeout_s = rate, max_in_flight, timeout_s
         self.chat = chat
         self.route = "/v1/chat/completions" if chat else "/generate"
-        self.body = json.dumps({"messages": CHAT_MESSAGES, "temperature": 0.0, "max_tokens": max_new_tokens} if chat else
-                               {"input_ids": PROMPT_IDS,
+        self.max_new_tokens, self.model = max_new_tokens, model
+        self.body = json.dumps({"input_ids": PROMPT_IDS,
                                 "sampling_params": {**GREEDY, "max_new_tokens": max_new_tokens}}).encode()
         self.headers = {"Content-Type": "application/json", **({"Authorization": f"Bearer {api_key}"} if api_key else {})}
         self.tally = _Tally()
@@ -139,7 +140,22 @@ class Load:
     def __exit__(self, *exc: object) -> None:
         self.stop()
 
+    def _listed_model(self) -> str | None:
+        """The first model the URL's GET /v1/models lists (what an OpenAI client names), else None."""
+        request = urllib.request.Request(self.url + "/v1/models", headers=self.headers)
+        try:
+            with urllib.request.urlopen(request, timeout=10) as answer:
+                data = json.loads(answer.read()).get("data") or []
+        except (OSError, ValueError, AttributeError):
+            return None
+        first = data[0] if data and isinstance(data[0], dict) else {}
+        return first.get("id") if isinstance(first.get("id"), str) else None
+
     def start(self) -> None:
+        if self.chat:
+            model = self.model or self._listed_model()
+            self.body = json.dumps({**({"model": model} if model else {}), "messages": CHAT_MESSAGES,
+                                    "temperature": 0.0, "max_tokens": self.max_new_tokens}).encode()
         self.began = time.monotonic()
         self.sender = threading.Thread(target=self._send_loop, name="loadgen", daemon=True)
         self.sender.start()

@@ -267,6 +267,9 @@ class Confirmation:
     destructive: bool
     estimate_s: float | None = None  # expected downtime or duration
     estimate_basis: str = "earlier runs"  # what `estimate_s` comes from ("forecast": the stop's, by phase)
+    # What a no leaves behind, when the engine says it: the restart offered after a no to a step that
+    # must run while the service is down ("the service stays DOWN, stopped by run X ...: run --resume").
+    leaves: str | None = None
 
     def estimate_apart(self) -> float | None:
         """The estimate to show beside the impact, or None: the stop's forecast is in its impact

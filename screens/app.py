@@ -94,6 +94,9 @@ class ConsoleApp(StaysUp, App[int]):
     TITLE = "dflash-ops"
     BINDINGS = [
         Binding("g", "run_procedure", "Run"),
+        # n runs the next step; the footer names it while one waits (a run paused after a step),
+        # and the second, unnamed binding keeps n working when none waits (a new run's first step).
+        Binding("n", "next_step('waits')", "Next step"),
         Binding("n", "next_step", "Next step", show=False),
         Binding("p", "plan", "Plan"),
         Binding("c", "cancel_run", "Cancel run"),
@@ -130,6 +133,7 @@ class ConsoleApp(StaysUp, App[int]):
         self._queued: dict[Any, CoreMessage] = {}  # replace key -> its message still in the queue
         self._down_from_store: str | None = None  # the downtime was read from an unfinished run's state
         self._quit_when_up = False  # "wait until ready, then quit" was chosen
+        self._quit_after_run = False  # "leave it down for later" was chosen while the run finishes
         self._reporting = False  # a bug of the console is being shown: one more there ends it as Textual would
         self.farewell: str | None = None  # printed on the terminal once the screen is gone
         self.sub_title = ("read-only  " if self.read_only else "") + ", ".join(operator.config.hosts)
@@ -412,6 +416,8 @@ class ConsoleApp(StaysUp, App[int]):
                 WorkerState.SUCCESS, WorkerState.ERROR, WorkerState.CANCELLED):
             self.state.running = bool([w for w in self.workers if w.group == "procedure" and not w.is_finished])
             self.refresh_bindings()
+            if self._quit_after_run and worker.group == "procedure" and not self.state.running:
+                self.call_later(self._quit_now)  # the run has recorded its end: the console goes, exit 3
             if self._quit_when_up and self.state.down_since is not None and not self.restarting():
                 self._quit_when_up = False  # the restart ended without the service back: say so, stay
                 self.show_error(ErrorReport("not quitting: the service is still down",
@@ -450,6 +456,8 @@ class ConsoleApp(StaysUp, App[int]):
         busy = self.state.running
         if action == "plan":
             return not busy or self.state.plan is not None  # during a run: the run's plan, to read
+        if action == "next_step" and parameters == ("waits",):
+            return self.next_step_waits()  # named in the footer only then
         if action in ("run_procedure", "next_step", "zero_downtime"):
             return not busy
         if action == "cancel_run":
@@ -491,8 +499,16 @@ class ConsoleApp(StaysUp, App[int]):
             return
         self.run_procedure()
 
-    def action_next_step(self) -> None:
-        """The next step only (of the unfinished run, or of a new one), then pause: resumable."""
+    def next_step_waits(self) -> bool:
+        """A run this console drove paused after a step (`run --step`, `n`, or cut short at its budget),
+        nothing going: `n` runs its next step, and the footer says so."""
+        finished = self.state.finished
+        return not self.read_only and not self.state.running and finished is not None \
+            and finished.status == "paused" and self._live_elsewhere() is None
+
+    def action_next_step(self, waits: str = "") -> None:
+        """The next step only (of the unfinished run, or of a new one), then pause: resumable. The
+        run's state says which steps are done: the next is the first it has not settled."""
         if self.read_only or self.state.running:
             return
         self.run_procedure(resume=self.operator.unfinished_run(), one_step=True)
@@ -642,8 +658,7 @@ class ConsoleApp(StaysUp, App[int]):
         if self.state.down_since is not None:
             def answered(answer: str | None) -> None:
                 if answer == "leave":
-                    self.farewell = self.left_down_line()
-                    self.call_later(self._quit_now)
+                    self.leave_down_and_quit()
                 elif answer == "restart":
                     self._restart_then_quit()
                 elif answer == "wait":
@@ -671,6 +686,17 @@ class ConsoleApp(StaysUp, App[int]):
                 yes="Quit", no="Stay", id="quit-while-running", refusal="the run goes on"), callback=confirmed)
             return
         await self._quit_now()
+
+    def leave_down_and_quit(self, after_run: bool = False) -> None:
+        """Leave the service down and quit, exit 3, leaving on the terminal the line that names the run
+        and the command that restarts it (`left_down_line`). `after_run`: the run going is finishing
+        (the restart it offered after a no while down was answered `l`): the console goes once it has
+        recorded its end; the quit dialog's `l` goes at once."""
+        self.farewell = self.left_down_line()
+        if after_run and self.state.running:
+            self._quit_after_run = True
+        else:
+            self.call_later(self._quit_now)
 
     @work(exclusive=True, exit_on_error=False, group="service", description="the restart")
     async def _restart_then_quit(self) -> None:

@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING
 from textual.message import Message
 
 from console.messages import Confirmation, HoldersFound
-from screens.modals.confirm import ConfirmModal
+from screens.modals.confirm import ConfirmModal, RestartOrLeaveModal
 from screens.modals.holders import HoldersModal
 
 if TYPE_CHECKING:
@@ -35,7 +35,8 @@ class DecisionAnswered(Message):
 
 
 class ModalDecider:
-    """Asks with the confirm modal, or with the holders modal for `free-vram`; read-only refuses."""
+    """Asks with the confirm modal, with the holders modal for `free-vram`, and with restart-or-leave for
+    the restart offered after a no while down (`Confirmation.leaves`); read-only refuses."""
 
     name = "tui"
 
@@ -58,13 +59,17 @@ class ModalDecider:
         if confirmation.step == "free-vram":
             found = self.app.operator.bus.last.get(HoldersFound) or self.app.state.holders
             modal = HoldersModal(confirmation, found if isinstance(found, HoldersFound) else None)
+        elif confirmation.step == "restart" and confirmation.leaves:
+            modal = RestartOrLeaveModal(confirmation)
         else:
             modal = ConfirmModal(confirmation)
         answer: asyncio.Future[bool] = asyncio.get_running_loop().create_future()
 
-        def answered(result: bool | None) -> None:
+        def answered(result: bool | str | None) -> None:
+            if result == "leave":  # left down for later: the console goes once the run has recorded its end
+                self.app.leave_down_and_quit(after_run=True)
             if not answer.done():
-                answer.set_result(bool(result))
+                answer.set_result(result != "leave" and bool(result))
 
         self.app.post_message(DecisionAsked(confirmation))
         self.asking = confirmation  # (question.json, for the other consoles, is the engine's: its _ask)

@@ -1,20 +1,52 @@
 """The browser side of `dflash-ops serve` (console/cli/serve.py): textual-serve's aiohttp server with
-the token's guard. It lives with the Textual app, so the core (console/) never imports Textual."""
+its guard. It lives with the Textual app, so the core (console/) never imports Textual.
+
+Every request (the page, its files, its websocket) passes three checks, in this order: the `Host`
+is a name the console answers to (console/cli/serve_access.py: no DNS rebinding), a page that says
+where it comes from (`Origin`) is this console's own, and the token, from the address (`?token=`) or
+from the cookie the page got with it, compared in constant time."""
 
 from __future__ import annotations
 
 import hmac
+import logging
+import re
 from typing import Any
 from urllib.parse import urlsplit
 
-COOKIE = "dflash-ops-token"
+from console.cli.serve_access import ServedNames, served_names
+
+COOKIE_PREFIX = "dflash-ops-token"
+TOKEN_IN_ADDRESS = re.compile(r"([?&]token=)[^&\s\"]*")
 
 
-def make_server(command: str, bind: str, port: int, token: str | None, title: str) -> Any:
-    """textual-serve's server for `command`, refusing requests without `token` (None: no token)."""
+class MaskToken(logging.Filter):
+    """The access log's lines (aiohttp's, one a request) without the token of their address."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if isinstance(record.msg, str):
+            record.msg = TOKEN_IN_ADDRESS.sub(r"\1…", record.msg)
+        return True
+
+
+def cookie_name(port: int) -> str:
+    """The token's cookie. A cookie is sent to every port of a host: one name per port, so two
+    consoles served from one machine (two users, two tokens) never overwrite each other's."""
+    return f"{COOKIE_PREFIX}-{port}"
+
+
+def make_server(command: str, bind: str, port: int, token: str, title: str,
+                names: ServedNames | None = None) -> Any:
+    """textual-serve's server for `command`, refusing requests without `token`, under a name it does
+    not answer to (`names`, by default the bind's own), or from another site's page."""
     import aiohttp_jinja2
     from aiohttp import web
     from textual_serve.server import Server, to_int
+
+    if not token:
+        raise ValueError("dflash-ops serve needs a token")
+    served = names if names is not None else served_names(bind)
+    cookie = cookie_name(port)
 
     class ConsoleServer(Server):
         async def _make_app(self) -> web.Application:
@@ -32,20 +64,30 @@ def make_server(command: str, bind: str, port: int, token: str | None, title: st
         async def on_startup(self, app: web.Application) -> None:
             pass  # the command says where it serves, with the token (textual-serve's banner would not)
 
+        def initialize_logging(self) -> None:
+            super().initialize_logging()
+            logging.getLogger("aiohttp.access").addFilter(MaskToken())  # said once at start, never logged
+
     @web.middleware
     async def guard(request: web.Request, handler: Any) -> web.StreamResponse:
+        if not served.answers(request.host):
+            raise web.HTTPForbidden(text=f"dflash-ops serve: this console does not answer to the name "
+                                         f"{request.host!r}: open the address `dflash-ops serve` printed at "
+                                         "start (--name adds a name it answers to)\n")
         origin = request.headers.get("Origin")
-        if request.path == "/ws" and origin and urlsplit(origin).netloc != request.host:
+        if origin is not None and urlsplit(origin).netloc.lower() != request.host.lower():
             raise web.HTTPForbidden(text=f"dflash-ops serve: a page of {origin} may not open this console\n")
-        if token is None:
-            return await handler(request)
-        given = request.query.get("token") or request.cookies.get(COOKIE) or ""
+        given = request.query.get("token") or request.cookies.get(cookie) or ""
         if not hmac.compare_digest(given.encode(), token.encode()):
             raise web.HTTPForbidden(text="dflash-ops serve: this console needs its token: open the address "
                                          "`dflash-ops serve` printed at start (…/?token=…)\n")
         response = await handler(request)
-        if request.query.get("token") and isinstance(response, web.Response):
-            response.set_cookie(COOKIE, token, httponly=True, samesite="Strict")
+        if not response.prepared:  # (a websocket's answer has gone out already)
+            response.headers["Referrer-Policy"] = "no-referrer"  # the address holds the token
+            response.headers["X-Frame-Options"] = "DENY"  # no other site shows it in a frame of its own
+            response.headers["Content-Security-Policy"] = "frame-ancestors 'none'"
+            if request.query.get("token"):
+                response.set_cookie(cookie, token, httponly=True, samesite="Strict")
         return response
 
     return ConsoleServer(command, host=bind, port=port, title=title)

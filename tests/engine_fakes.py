@@ -262,6 +262,20 @@ class FakeService:
         self._to("active")
         self.world.sample(INFERENCE)
 
+    def restart_outside(self) -> None:
+        """Someone restarts the unit outside the run (its own stop and start, by hand): a new process,
+        its memory all held again, active at once on the world's clock. Not the run's commands: the
+        stop and start counts stay as they were."""
+        self._to("inactive")
+        self.world.clock.advance(STOP_S + START_S)
+        self.world.gpus[SERVICE_PID] = (INFERENCE, {0: SERVICE_MIB - 2000, 1: SERVICE_MIB - 2000}, "sglang.launch_server")
+        self.world.gpus[SCHEDULER_PID] = (INFERENCE, {0: 2000, 1: 2000}, "sglang::scheduler")
+        self.world.server.restarted()
+        self.ready = True
+        self.active_since = self.world.clock.time()
+        self._to("active")
+        self.world.sample(INFERENCE)
+
     def health(self) -> ServiceHealth:
         if self.state == "active" and self.ready:
             return ServiceHealth(200, True, model="target", model_path=str(self.world.config.target.model_path))

@@ -1,4 +1,4 @@
-"""A fake of SGLang's router (sglang-router 0.3.2) for the fleet window's engine sweep: the fake
+"""A fake of SGLang's router (the sglang-router 0.3.2 API) for the fleet window's engine sweep: the fake
 world's service (`tests/engine_fakes.py`) is replica r1 (`in_world`: r2, for a run's second window
 on it), the other always serves. It answers as the real
 router does (docs/sglang.md, "Router"; checked against the real one in tests/test_router.py and
@@ -12,11 +12,12 @@ Each console gets its own clients (`clients(hosts)`): a dead console's calls nev
 from __future__ import annotations
 
 import itertools
+import json
 import uuid
 from dataclasses import dataclass, field
 from typing import Any
 
-from console.service.router import RouterError, Worker
+from console.service.router import SGLANG_ROUTER, Gateway, RouterError, Worker
 from console.service.sglang_api import HttpAnswer
 
 R2 = "http://127.0.0.1:30002"
@@ -56,6 +57,12 @@ class RouterClientView:
         self.hosts._alive()
         return 200
 
+    async def gateway(self) -> Gateway:
+        return Gateway(SGLANG_ROUTER)
+
+    async def settle(self) -> float:
+        return 0.0  # the sweep's world has no request on its way
+
     async def workers(self) -> list[Worker]:
         self.hosts._alive()
         return [Worker(wid, url, True, "fake", 0) for url, wid in self.router.workers.items()]
@@ -72,7 +79,7 @@ class RouterClientView:
         self.router.in_world = url  # the world's unit stands for the replica drained now (its window)
         return wid
 
-    async def add_worker(self, url: str) -> str:
+    async def add_worker(self, url: str, spec: dict | None = None) -> str:
         self.hosts._alive()
         self.router.adds.append(url)
         wid = str(uuid.uuid4())
@@ -108,11 +115,12 @@ class InferenceView:
 
 
 class ReplicaView:
-    """A replica's own routes the fleet steps read: /metrics (idle: the fake world runs no user
-    requests), /health_generate, /server_info."""
+    """A replica's own routes the fleet steps read: /v1/loads and /metrics (idle: the fake world runs
+    no user requests), /health_generate, /server_info."""
 
     def __init__(self, router: FakeRouter, hosts: Any, url: str):
         self.router, self.hosts, self.base_url = router, hosts, url
+        self._snapshots = itertools.count(1)  # each reading a newer snapshot (the replica's own clock)
 
     async def metrics(self) -> dict[str, float]:
         self.hosts._alive()
@@ -121,6 +129,10 @@ class ReplicaView:
 
     async def get(self, path: str, timeout: float | None = None) -> HttpAnswer:
         self.hosts._alive()
+        if path.startswith("/v1/loads"):  # idle, in a snapshot taken now
+            load = {"timestamp": float(next(self._snapshots)), "dp_rank": 0, "num_running_reqs": 0,
+                    "num_waiting_reqs": 0}
+            return HttpAnswer(200, json.dumps({"loads": [load]}).encode(), "application/json")
         assert path == "/health_generate", path
         return HttpAnswer(200 if self.router.replica_up(self.base_url) else 503, b"", "text/plain")
 

@@ -9,7 +9,13 @@ fake world (`tests/engine_fakes.py`), answering as SGLang 0.5.23's source does
   paused twice in torch_memory_saver (recorded as a violation);
 - `/resume_memory_occupation`: a tag that is not released is `offload_tags.remove`d and raises
   KeyError in the scheduler (it dies: recorded as a violation);
-- `/continue_generation`: 200, paused or not.
+- `/continue_generation`: 200, paused or not (one over released memory is recorded as a violation:
+  the requests it lets run would meet memory that is not there);
+- `/server_info`'s `version` (`version`): 0.5.23 unless a test sets an older one.
+
+A restart outside the run (`restarted`, from `FakeService.restart_outside`) is a new process: nothing
+paused or released, the requests the old one held gone with it; `lives` keeps the control requests
+each process was sent.
 
 Every violation is recorded (`violations`) and the sweep asserts there is none. The memory moves
 with the tags: the server process's GPU memory in the world shrinks at a release and grows back at a
@@ -46,10 +52,13 @@ class FakeServer:
         self.weights_intact = True
         self.dead: str | None = None  # why the scheduler died
         self.calls: list[tuple[float, str, Any]] = []  # (time, route, body)
+        self.lives: list[list[tuple[str, Any]]] = [[]]  # (route, body) sent to each process of the server
         self.violations: list[str] = []
+        self.version = "0.5.23"
 
     def _log(self, route: str, body: Any) -> None:
         self.calls.append((self.world.clock.time(), route, body))
+        self.lives[-1].append((route, body))
 
     def count(self, route: str) -> int:
         return sum(1 for _, r, _ in self.calls if r == route)
@@ -102,8 +111,16 @@ class FakeServer:
         """The unit started again: a new process holds all its memory, nothing paused or released."""
         self.paused, self.released, self.dead = False, set(), None
 
+    def restarted(self) -> None:
+        """Restarted outside the run: a new process (`resume_all`); the requests held die with the old."""
+        self.resume_all()
+        self.held = self.running = 0
+        self.lives.append([])
+
     def continue_(self) -> dict:
         self._log("continue_generation", {})
+        if self.released:
+            self.violations.append(f"a continue over released memory ({sorted(self.released)})")
         self.paused = False
         self.running, self.held = self.running + self.held, 0
         return {}
@@ -115,7 +132,7 @@ class FakeServer:
 
     def saver(self) -> MemorySaver:
         gib = {tag: mib / 1024 for tag, mib in TAGS_MIB.items()}
-        return MemorySaver(self.memory_saver, self.weights_cpu_backup, gib if self.memory_saver else None)
+        return MemorySaver(self.memory_saver, self.weights_cpu_backup, gib if self.memory_saver else None, self.version)
 
     def generate(self, input_ids: list[int], max_new_tokens: int) -> dict:
         if self.paused or self.dead or self.released:

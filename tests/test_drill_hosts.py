@@ -406,7 +406,8 @@ async def test_a_real_host_receives_the_workers_it_runs_and_a_drill_host_the_dri
 @pytest.mark.timeout(600)  # the fleet run's two windows, on a loaded CI machine
 def test_replicas_bring_up_the_real_router_in_front_of_rehearsal_servers(drill_cache: Path, tmp_path: Path):
     need_router()
-    from console.service.router import RouterClient
+    from console.drill.fleet import DRAIN_SETTLE_S
+    from console.service.router import SGLANG_ROUTER, SMG, Gateway, RouterClient
 
     layout = DrillLayout.at(tmp_path / "fleet")
     done = _drill_up(layout.dir, "--replicas", "2", "--simulated")
@@ -419,6 +420,7 @@ def test_replicas_bring_up_the_real_router_in_front_of_rehearsal_servers(drill_c
         workers = asyncio.run(RouterClient(fleet.router).workers())
         assert sorted(w.url for w in workers) == sorted(r.worker_url for r in fleet.replicas)
         assert all(w.healthy for w in workers)
+        assert asyncio.run(RouterClient(fleet.router).gateway()) == Gateway(SMG, "1.13.0")  # smg, the default
         # The replicas share ct129's simulated GPUs, each its own pair held by its own GPU worker, and
         # each replica's window watches only its pair.
         assert [list(r.service.gpus) for r in fleet.replicas] == [[0, 1], [2, 3]]
@@ -426,13 +428,14 @@ def test_replicas_bring_up_the_real_router_in_front_of_rehearsal_servers(drill_c
         held = {pid: sorted(p["gpu"] for p in processes if p["pid"] == pid and p["mib"] > 0)
                 for pid in {p["pid"] for p in processes}}
         assert sorted(held.values()) == [[0, 1], [2, 3]], processes
-        body = json.dumps({"messages": [{"role": "user", "content": "hi"}], "max_tokens": 2, "temperature": 0})
+        body = json.dumps({"model": workers[0].model, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2,
+                           "temperature": 0})  # smg routes a chat by its model
         request = urllib.request.Request(fleet.router + "/v1/chat/completions", body.encode(),
                                          {"Content-Type": "application/json"})
         with urllib.request.urlopen(request, timeout=60) as answer:
             assert json.loads(answer.read())["usage"]["completion_tokens"] == 2
         found = status(layout.dir)
-        assert found.router_url == fleet.router and any("router" in line for line in found.lines())
+        assert found.router_url == fleet.router and any(f"router (smg) {fleet.router}" in line for line in found.lines())
         # `drill --replicas 2` finds the fleet up and runs the whole fleet run on it while users' chat
         # requests go through the router the whole time: none fails. Its first window is cut short at
         # its budget as the operator's stop at the budget cuts it (the stop file the budget's offer
@@ -491,6 +494,20 @@ def test_replicas_bring_up_the_real_router_in_front_of_rehearsal_servers(drill_c
         assert (Path(store.root) / run_id / "report.md").is_file()
         after = asyncio.run(RouterClient(fleet.router).workers())
         assert sorted(w.url for w in after) == sorted(r.worker_url for r in fleet.replicas) and all(w.healthy for w in after)
+        assert all(w.settle_s == DRAIN_SETTLE_S for w in after)  # each rejoin gave smg the worker's settings back
+        assert any("(smg 1.13.0: after its settle)" in e["message"] for e in journal if e.get("step") == "drain")
+        smg_pid = json.loads(layout.state_file.read_text())["router_pid"]
+        # `--router sglang-router` keeps the old router: a drill up with another router ends this one
+        # (by its recorded pid: smg retitles itself too) and brings the fleet up behind the old one.
+        done = _drill_up(layout.dir, "--replicas", "2", "--simulated", "--router", "sglang-router")
+        assert done.returncode == 0, done.stderr
+        assert not pid_alive(smg_pid)
+        fleet = load_config(done.stdout.strip().splitlines()[-1]).fleet
+        assert fleet is not None
+        old = RouterClient(fleet.router)
+        assert asyncio.run(old.gateway()) == Gateway(SGLANG_ROUTER)
+        assert sorted(w.url for w in asyncio.run(old.workers())) == sorted(r.worker_url for r in fleet.replicas)
+        assert any(f"router (sglang-router) {fleet.router}" in line for line in status(layout.dir).lines())
         state = json.loads(layout.state_file.read_text())
         router_pid = state["router_pid"]
         # A crashed drill: its hosts' process killed, its own shutdown never run. The router (which the
@@ -523,6 +540,8 @@ def _cut_first_window(runs: Path, config: Config, console: subprocess.Popen) -> 
 def test_replicas_must_be_a_positive_count(tmp_path: Path):
     done = _drill_up(tmp_path / "x", "--replicas", "0")
     assert done.returncode == 2 and "--replicas: expected a whole number of replicas, 1 or more, found '0'" in done.stderr
+    done = _drill_up(tmp_path / "x", "--replicas", "2", "--router", "nginx")
+    assert done.returncode == 2 and "argument --router: invalid choice: 'nginx' (choose from 'smg', 'sglang-router')" in done.stderr
 
 
 def test_a_hosts_probe_cache_is_shared_by_every_drill_on_this_machine(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):

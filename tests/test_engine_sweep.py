@@ -19,6 +19,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import console.procedure.engine as engine_module
+from console import messages as m
 from console.operator import Operator
 from console.procedure.engine import CRASH_POINTS, EXIT_DOWN, Engine, ResumeRefused
 from tests.engine_fakes import SCHEDULER_PID, TRAINING, Fault, Producers, ScriptedDecider, write_config
@@ -205,6 +206,48 @@ async def test_a_run_refused_with_the_service_down_is_named_by_the_store(window:
     assert again.service_up and window.store.left_down() is None
     assert window.world.service.start_commands == 1
     assert_promises(window, again)
+
+
+async def test_step_mode_runs_each_next_step_to_the_end(window: Window) -> None:
+    """Issue 43.1: `--step` (the console's n), one console per step: each runs the first step the run's
+    state has not settled, and pauses after it. free-vram, done before the extraction began, is asked
+    of the hosts again on the way and is no step of its own (a resume paused after it again, forever,
+    and never reached the extraction); the restart begun at gpu_released is joined before the pause."""
+    ends: list[tuple[str, int, str]] = []
+    for _ in range(8):
+        seen: list = []
+        finished = await window.console(seen=seen, one_step=True)
+        ran = [u.step for u in seen if isinstance(u, m.StepUpdate) and u.status == "running" and u.step != "preflight"]
+        ends.append((finished.status, finished.exit_code, ",".join(ran)))
+        if finished.status != "paused":
+            break
+    assert ends == [("paused", 4, "stage,cache"), ("paused", 3, "stop"), ("paused", 3, "free-vram"),
+                    ("paused", 4, "free-vram,extract,restart"), ("paused", 4, "evaluate"), ("paused", 4, "report"),
+                    ("done", 0, "report,crosscheck")], ends
+    said = [f.message for f in window.finished]
+    assert said[2].startswith(f"paused after free-vram (one step at a time): the next step, extract, runs on "
+                              f"`dflash-ops run --resume {window.run_id}`"), said[2]
+    assert "THE SERVICE IS STILL DOWN" in said[2]
+    assert_promises(window, window.finished[-1])
+    assert window.world.service.stop_commands == window.world.service.start_commands == 1
+
+
+async def test_a_no_to_a_step_that_runs_while_down_says_what_it_leaves(window: Window) -> None:
+    """Issue 43.1: a no to a step that must run while the service is down (the holders left running):
+    the restart then offered says what the no left (the service down, which run) and what a no to it
+    leaves: the service down for later, `run --resume` naming the run, exit 3."""
+    decider = ScriptedDecider(window.world.clock, refuse={"free-vram", "restart"})
+    finished = await window.console(decider=decider)
+    restart = decider.asked[-1]
+    assert [c.step for c in decider.asked] == ["stop", "free-vram", "restart"]
+    assert restart.impact.startswith("free-vram: the operator refused to end 1 process holding VRAM; free-vram "
+                                     "must run while the service is down, so this window cannot go on"), restart.impact
+    assert restart.leaves.startswith(f"the service stays DOWN, stopped by run {window.run_id} at ")
+    assert restart.leaves.endswith(f"`dflash-ops run --resume {window.run_id}` restarts it later (exit 3)")
+    assert finished.status == "refused" and finished.exit_code == EXIT_DOWN
+    assert finished.message.endswith(f"`dflash-ops run --resume {window.run_id}` restarts it"), finished.message
+    assert window.store.left_down().run_id == window.run_id
+    assert_promises(window, finished)
 
 
 async def test_a_resume_cannot_switch_route(window: Window) -> None:

@@ -1,8 +1,8 @@
 """The fleet window's drain and rejoin (console/procedure/steps/fleet.py) against SGLang's real router
-(sglang-router 0.3.2) in front of two real rehearsal servers: the choice of the replica and its
-refusals, drain then rejoin, a crash at each of the steps' crash points then the resume (the replica
-ends in the router, one drain and one rejoin), and a replica that does not drain within its bound
-(put back by the compensation). The steps run on a real run directory (state.json written and read
+(smg 1.13.0; drain then rejoin and the load across them on sglang-router 0.3.2 too) in front of two
+real rehearsal servers: the choice of the replica and its refusals, drain then rejoin, a crash at each
+of the steps' crash points then the resume (the replica ends in the router, one drain and one rejoin),
+and a replica that does not drain within its bound (put back by the compensation). The steps run on a real run directory (state.json written and read
 back); only the engine around them is the small `StepsOnly` below: the route's inner steps (stop ...
 restart) are the sweep's business (tests/test_engine_sweep.py), not this file's. Last, the console
 over the same fleet (Pilot): its fleet panel, and `r` putting a DRAINED replica back."""
@@ -30,8 +30,9 @@ from console.procedure.steps import fleet
 from console.procedure.steps.fleet import Choice, ReplicaLoad, choose
 from console.procedure.store import RunStore, left_line, what_next
 from console.service.fleet_watch import look, with_runs
+from console.service.replica_loads import read_loads
 from console.service.router import RouterClient
-from console.service.sglang_api import SglangClient, server_summary
+from console.service.sglang_api import SglangClient
 from console.views.fleet import fleet_renderable
 from screens.app import ConsoleApp
 from screens.modals.confirm import ConfirmModal
@@ -133,8 +134,8 @@ def store(tmp_path: Path) -> RunStore:
     return RunStore(tmp_path / "runs")
 
 
-def test_drain_then_rejoin_on_the_real_router(router_fleet, store):
-    router, urls = router_fleet
+def test_drain_then_rejoin_on_the_real_router(any_router_fleet, store):
+    router, urls = any_router_fleet
     config, why = asyncio.run(fleet.fleet_config(fleet_config(router, urls)))
     assert why is not None and "the fewest running requests (0)" in why
     engine = StepsOnly(config, store.create(None, None))
@@ -151,6 +152,8 @@ def test_drain_then_rejoin_on_the_real_router(router_fleet, store):
     assert f"DRAINED ({name} out of the router)" in rows[0][2] and styles[0] == "bold red"
     asyncio.run(window(engine))  # drain found done; rejoin
     assert listed(router) == dict.fromkeys(urls, True)
+    back = asyncio.run(RouterClient(router).worker(out))
+    assert back is not None and back.spec == reread.state.service.drained["spec"]  # smg: its settings given back
     svc = store.open(engine.run.run_id).state.service
     assert (svc.drains, svc.rejoins, svc.drained) == (1, 1, None) and store.left_down() is None
     assert engine.asked == [f"take replica {name} out of the router", f"put replica {name} back in the router"]
@@ -209,15 +212,17 @@ def test_the_choice_skips_a_replica_the_last_preflight_found_unable_to_take_the_
 def test_the_fleet_window_is_refused_while_a_replica_is_out_and_names_it(router_fleet):
     router, urls = router_fleet
     client = RouterClient(router)
+    was = asyncio.run(client.worker(urls[1]))
+    assert was is not None
     asyncio.run(client.remove_worker(urls[1]))
     try:
-        asyncio.run(client.wait_gone(urls[1], 10))
+        asyncio.run(client.wait_gone(urls[1], 15))
         with pytest.raises(StepFailed) as caught:
             asyncio.run(fleet.fleet_config(fleet_config(router, urls)))
         assert caught.value.msg == ("the fleet window is refused: the router does not list every replica healthy: "
                                     "r2 (not listed); the fleet window runs only while all are; nothing was changed")
     finally:
-        asyncio.run(client.add_worker(urls[1]))
+        asyncio.run(client.add_worker(urls[1], was.spec))
         asyncio.run(client.wait_listed(urls[1], 30))
 
 
@@ -233,7 +238,7 @@ def test_a_replica_that_does_not_drain_in_its_bound_fails_and_is_put_back(router
     engine = StepsOnly(config, store.create(None, None))
     try:
         async def running() -> None:
-            while server_summary(await replica.metrics())["running_requests"] != 1:
+            while (await read_loads(replica)).running != 1:
                 await asyncio.sleep(0.05)
         asyncio.run(asyncio.wait_for(running(), 60))
         with pytest.raises(StepFailed) as caught:
@@ -255,10 +260,10 @@ def test_one_server_leaves_drain_and_rejoin_out():
                                        "rejoin": (False, "left out: one server (no [fleet] router)")}
 
 
-def test_a_load_through_the_router_sees_no_failure_across_drain_and_rejoin(router_fleet, store):
+def test_a_load_through_the_router_sees_no_failure_across_drain_and_rejoin(any_router_fleet, store):
     """Users' requests keep coming through the router the whole time: none fails, and none reaches the
     drained replica while it is out (its own counter stands still)."""
-    router, urls = router_fleet
+    router, urls = any_router_fleet
     config = fleet.on_replica(fleet_config(router, urls), fleet_config(router, urls).fleet.replicas[1])
     engine = StepsOnly(config, store.create(None, None))
     drained = SglangClient(urls[1])
@@ -326,6 +331,8 @@ async def test_the_fleet_panel_shows_every_replica_and_r_puts_a_drained_one_back
     placed = fleet.on_replica(config, config.fleet.replicas[1])
     store = RunStore(tmp_path / "runs")
     run = store.create(None, None)
+    was = await RouterClient(router).worker(urls[1])
+    assert was is not None
     try:
         await fleet.run_drain(StepsOnly(placed, run))  # out of the real router, idle
         run.state.status = "failed"  # ... and the run ended there: r2 is DRAINED by it
@@ -333,6 +340,7 @@ async def test_the_fleet_panel_shows_every_replica_and_r_puts_a_drained_one_back
         # `status` and `runs` say the same of it, in text.
         status_text = plain(fleet_renderable(with_runs(await look(config.fleet), [run.state])))
         assert f"r2       DRAINED by run {run.run_id}" in status_text and "not listed" in status_text
+        assert f"router {router} (smg 1.13.0) up" in status_text
         _, rows, _ = runs_rows(store.summaries())
         assert "DRAINED (r2 out of the router)" in rows[0][2]
 
@@ -344,7 +352,7 @@ async def test_the_fleet_panel_shows_every_replica_and_r_puts_a_drained_one_back
             panel = app.screen.query_one(FleetPanel)
             await until(pilot, lambda: "DRAINED" in text_of(panel))
             shown = text_of(panel)
-            assert f"router {router} up, 1 of 2 replicas healthy" in shown
+            assert f"router {router} (smg 1.13.0) up, 1 of 2 replicas healthy" in shown  # which gateway, said
             assert "r1  serving" in shown and f"r2  DRAINED by run {run.run_id}" in shown
             assert "router not listed · 0 running, 0 queued · ct129 GPU" in shown and panel.has_class("drained")
             assert "(replica r2)" in app.screen.query_one("#service").border_title
@@ -359,7 +367,7 @@ async def test_the_fleet_panel_shows_every_replica_and_r_puts_a_drained_one_back
     finally:  # the shared fleet ends with both replicas in the router, whatever happened
         client = RouterClient(router)
         if urls[1] not in await listed_now(router):
-            await client.add_worker(urls[1])
+            await client.add_worker(urls[1], was.spec)
         await client.wait_listed(urls[1], 30)
     svc = store.open(run.run_id).state.service
     assert svc.drained is None and (svc.drains, svc.rejoins) == (1, 1)

@@ -86,3 +86,16 @@ def test_status_exits_0_only_while_the_router_lists_every_replica_healthy():
     assert all_serving(seen()) and not all_serving(seen(r2_listed=False)) and not all_serving(None)
     assert not all_serving(dataclasses.replace(seen(), router_up=False))
     assert not all_serving(dataclasses.replace(seen(), error="router http://127.0.0.1:30000: no answer"))
+
+
+def test_the_gateway_is_named_and_a_replica_smg_lists_draining_says_so():
+    import dataclasses
+
+    from console.service.fleet_watch import listing_state
+
+    view = dataclasses.replace(seen(), gateway="smg 1.13.0")
+    r2 = dataclasses.replace(view.replicas[1], healthy=False, router_status="draining")  # smg's settle
+    view = dataclasses.replace(view, replicas=(view.replicas[0], dataclasses.replace(r2, state=listing_state(r2))))
+    text = plain(fleet_lines(view))
+    assert "router http://127.0.0.1:30000 (smg 1.13.0) up, 1 of 2 replicas healthy" in text
+    assert "r2  draining" in text and "router draining · 0 running, 0 queued" in text

@@ -37,7 +37,22 @@ def test_a_server_without_it_or_without_a_weights_backup() -> None:
     assert "--enable-memory-saver" in (memory_saver_of(info).why_not([KV_CACHE]) or "")
     # a release without the keys (older servers) counts as off; no memory_usage is None, not zeros
     bare = memory_saver_of({"version": "0.4.6", "internal_states": [{"last_gen_throughput": 1.0}]})
-    assert bare == MemorySaver(enabled=False, weights_cpu_backup=False, memory_gib=None)
+    assert bare == MemorySaver(enabled=False, weights_cpu_backup=False, memory_gib=None, version="0.4.6")
+
+
+@pytest.mark.parametrize(("version", "holds"), [
+    ("0.5.23", True), ("0.5.6", True), ("0.5.6.post2", True), ("0.5.23-standin", True), ("0.6.0rc1", True),
+    ("0.5.5", False), ("0.5.5.post3", False), ("0.4.6", False), ("0.5.5-standin", False),
+    (None, False), ("nightly", False)])
+def test_the_pause_route_needs_an_sglang_whose_pause_holds_requests(version: str | None, holds: bool) -> None:
+    """/pause_generation takes a mode from SGLang 0.5.6 (io_struct.py, PauseGenerationReqInput); 0.5.5 and
+    earlier read no body and abort every request in flight (docs/sglang.md). A version that cannot be
+    read cannot be told: refused too, saying so."""
+    info = {**SAMPLE["server_info"], "version": version}
+    why = memory_saver_of(info).why_no_pause()
+    assert (why is None) == holds, why
+    if version is not None and not holds and version[0].isdigit():
+        assert f"SGLang {version}" in why and "aborts every request" in why and "0.5.6" in why
 
 
 @settings(max_examples=40, deadline=None)

@@ -5,13 +5,16 @@ failure, refusal and lost answer, and a cancel after the pause, the console dies
 fails) and a new engine resumes; every case ends with the window's promises and the pause route's
 own: the server is never stopped; it ends serving, or the run exits 3 and the store names it as the
 one that left it paused; each pause has exactly one continue and each release exactly one resume of
-the same tags; the held requests run again; nothing is extracted twice."""
+the same tags; the held requests run again; nothing is extracted twice. A server restarted outside
+the run at each point, crossed with a crash at each (issue 40), gets nothing meant for the process
+paused; an SGLang whose pause aborts has no pause route."""
 
 from __future__ import annotations
 
 import asyncio
 import dataclasses
 from pathlib import Path
+from typing import Any
 
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -21,7 +24,7 @@ import console.procedure.engine as engine_module
 from console.messages import RunFinished
 from console.procedure import forecast as fc
 from console.procedure.engine import EXIT_DOWN, PAUSE_CRASH_POINTS, ResumeRefused
-from tests.engine_fakes import INFERENCE, TRAINING, Fault, Producers, ScriptedDecider
+from tests.engine_fakes import INFERENCE, TRAINING, FakeWorld, Fault, Producers, ScriptedDecider
 from tests.engine_sweep import (  # its fixtures (producers, window) come through tests/conftest.py
     Crasher,
     Failure,
@@ -214,7 +217,7 @@ def test_only_what_the_extraction_needs_is_released(free: int, backup: bool, tag
     from console.procedure.steps.pause import release_plan
     from console.service.memory_saver import MemorySaver
 
-    saver = MemorySaver(True, backup, {"kv_cache": 12.0, "cuda_graph": 2.0, "weights": 24.0})
+    saver = MemorySaver(True, backup, {"kv_cache": 12.0, "cuda_graph": 2.0, "weights": 24.0}, "0.5.23")
     chosen, why = release_plan(saver, free, 1, 30000)
     assert chosen == tags, why
     if tags is None:
@@ -327,3 +330,167 @@ async def test_a_pause_window_cut_at_its_budget_gives_the_server_back_and_the_ne
     assert world.service.stop_commands == 0 and world.service.start_commands == 0  # never stopped
     assert sum(j.kind == "evaluate" for j in world.job_order) == 1  # the whole set, evaluated once
     assert server.serving() and server.held == 0 and paused.store.left_down() is None
+
+
+# --- a server restarted outside the run (issue 40) ------------------------------------------------
+
+
+RESTART_POINTS = ("paused", "released", "go", "gpu-released", "resumed", "continued")
+CONTROL = ("release_memory_occupation", "resume_memory_occupation")
+
+
+def restart_at(world: FakeWorld, moment: str) -> None:
+    """The server's unit restarted outside the run (its own stop and start, by hand), once, the moment
+    the world gets there: just after the server answered the pause (the release, the resume, the
+    continue), or once the extractor computes on the GPU (go) or has let it go (gpu-released);
+    whichever console is alive then, or none."""
+    server = world.server
+
+    def once() -> None:
+        if len(server.lives) == 1:
+            world.service.restart_outside()
+
+    route = {"paused": "pause", "released": "release", "resumed": "resume", "continued": "continue_"}.get(moment)
+    if route is not None:
+        answer = getattr(server, route)
+
+        def answered_then_restarted(*args: Any) -> Any:
+            result = answer(*args)
+            once()
+            return result
+        setattr(server, route, answered_then_restarted)
+        return
+    extractor_point, point = {"go": "forward", "gpu-released": "gpu_released"}[moment], world.point
+
+    async def reached_then_restarted(job: Any, name: str) -> None:
+        await point(job, name)
+        if name == extractor_point:
+            once()
+    world.point = reached_then_restarted  # type: ignore[method-assign]
+
+
+def assert_restart_promises(w: Window, finished: RunFinished, restarted_held: bool) -> None:
+    """The window's promises, and over a restart: the server ends serving; SGLang's scheduler never
+    met a resume of a tag it had not released, a second release or a continue over released memory
+    (the fake's violations); each process got at most one pause and one release, and a continue and
+    a resume of exactly what it released, unless the restart ended it first, which the run named
+    with both processes."""
+    assert_promises(w, finished)
+    server, service = w.world.server, w.world.service
+    assert server.serving() and not w.state().service.held and w.store.left_down() is None, finished
+    assert not server.violations, server.violations
+    assert service.stop_commands == 0 and service.start_commands == 0, service.commands
+    assert len(server.lives) == 2, "the server was restarted once"
+    for life, sent in enumerate(server.lives):
+        routes = [route for route, _ in sent]
+        tags = {route: [body["tags"] for r, body in sent if r == route] for route in CONTROL}
+        assert routes.count("pause_generation") <= 1 and routes.count("release_memory_occupation") <= 1, sent
+        whole = (routes.count("continue_generation") == routes.count("pause_generation")
+                 and tags["resume_memory_occupation"] == tags["release_memory_occupation"])
+        assert whole or life == 0, f"process {life} was left paused or released: {sent}"
+    journal = " ".join(e["message"] for e in w.store.open(w.run_id).read_journal())
+    if restarted_held:  # named with both processes (the fake unit's start times), and the memory's return
+        assert "is not the process this run paused" in journal and "now, " in journal and "when paused" in journal
+        assert "the window's memory came back by that restart" in finished.message, finished.message
+
+
+# A restart after the continue meets a server serving again, which nothing of the run holds: once.
+RESTARTS_AND_CRASHES = [(restart, crash) for restart in RESTART_POINTS for crash in (None, *RESTART_POINTS)
+                        if restart != "continued" or crash is None]
+
+
+@pytest.mark.parametrize(("restart", "crash"), RESTARTS_AND_CRASHES,
+                         ids=[f"restart-{r}-crash-{c or 'none'}" for r, c in RESTARTS_AND_CRASHES])
+async def test_a_server_restarted_at_each_point_crossed_with_a_crash_at_each(
+        paused: Window, restart: str, crash: str | None) -> None:
+    """The drill's case (issue 40): the server restarted by its own stop and start while this run
+    held it, the console alive or killed at each point. Nothing is released, resumed or continued
+    on the new process; a restart before the extraction began pauses the new one again (asked);
+    after it, the window's memory came back by the restart and the run goes on."""
+    world = paused.world
+    restart_at(world, restart)
+    finished = await paused.until_finished([Crasher(crash)])
+    held = restart != "continued"  # continued: the server was serving again, nothing of the run held it
+    if restart == "paused" and crash != "paused":  # the live console's release meets the new process
+        assert finished.status == "failed" and "nothing was released" in finished.message, finished.message
+    else:
+        assert finished.exit_code == 0, finished.message
+        assert paused.state().steps["evaluate"].status == "done"
+    if restart in ("paused", "released") and crash == restart:  # found before the extraction: paused again
+        assert [[r for r, _ in life].count("pause_generation") for life in world.server.lives] == [1, 1]
+        assert paused.state().windows[0]["restarted_outside"], paused.state().windows
+    assert_restart_promises(paused, finished, held)
+
+
+async def test_a_run_that_left_the_server_paused_gives_back_nothing_to_a_restarted_one(paused: Window) -> None:
+    """`run --resume` (or r) of a run that left the server paused, after the server was restarted by
+    its own commands: the drill's case. Nothing is resumed or continued on the new process (SGLang's
+    scheduler would die on the resume: `KeyError: 'kv_cache'`); the run says the memory came back
+    by the restart, naming both processes, and it is no longer named as holding the server."""
+    world = paused.world
+    refused = await paused.console(decider=ScriptedDecider(world.clock, refuse={"resume"}))
+    assert refused.exit_code == EXIT_DOWN and paused.store.left_down() is not None, refused.message
+    world.service.restart_outside()
+    again = await paused.console()
+    assert again is not None and again.service_up and paused.store.left_down() is None, again
+    assert "nothing was resumed or continued" in again.message and "came back by that restart" in again.message
+    assert "now, " in again.message and "when paused" in again.message, again.message
+    assert world.server.lives[1] == [] and not world.server.violations and world.server.serving()
+
+
+async def test_an_sglang_whose_pause_aborts_has_no_pause_route(window: Window, tmp_path: Path) -> None:
+    """The rehearsal server as SGLang 0.5.5 (`--sglang-version`; its model worker in this process, its
+    front's answers as they are sent): its /pause_generation reads no mode and aborts the request in
+    flight, as 0.5.5's does. The console reads the version from its /server_info: `--route pause`
+    is refused before anything is sent, naming the version; `--route auto` says why and takes the
+    stop route."""
+    import json
+    import threading
+
+    from console.procedure.engine import Engine
+    from console.service.sglang_api import memory_saver_of
+    from remote.drill import memory_saver
+    from remote.drill.standin.arguments import parse_args
+    from remote.drill.standin.model import Request
+    from remote.drill.standin.server import Server
+    from tests.fake_hosts import FakeHosts
+
+    (tmp_path / "config.json").write_text(json.dumps({"model_type": "qwen3_5_text"}))
+    old = Server(parse_args(["--model", str(tmp_path), "--port", "0", "--sglang-version", "0.5.5",
+                             "--enable-memory-saver", "--enable-weights-cpu-backup"]))
+    request = Request("r1", [11, 22, 33], {})
+    old.running[request.rid] = request
+
+    def scheduler() -> None:  # the request ends once aborted, as the model worker's loop ends it
+        request.aborted.wait(10)
+        with old.counter_lock:
+            old.running.pop(request.rid)
+    threading.Thread(target=scheduler, daemon=True).start()
+    assert memory_saver.answer(old.saver, "/pause_generation", {"mode": "retract"}) == (200, memory_saver.PAUSED)
+    assert request.aborted.is_set() and old.saver.engine_paused is None, "0.5.5 aborts: no retract held it"
+    memory_saver.answer(old.saver, "/continue_generation", {})
+    assert old.server_info()["version"] == "0.5.5-standin"
+
+    class OldServer:
+        async def memory_saver(self) -> Any:
+            return memory_saver_of(old.server_info())
+
+    class OldServerHosts(FakeHosts):
+        async def server(self) -> Any:
+            return OldServer()
+
+    async def run(route: str) -> RunFinished:
+        run = window.store.open(window.run_id) if route == "pause" else window.store.create(
+            str(window.world.config.source), None)
+        return await Engine(OldServerHosts(window.world), window.world.config, run,
+                            ScriptedDecider(window.world.clock), window.store, route=route).execute()
+
+    window.world.gpus[9999] = (TRAINING, {0: 81000, 1: 81000}, "python train.py")  # no room elsewhere
+    refused = await run("pause")
+    assert refused.status == "failed" and "SGLang 0.5.5-standin" in refused.message, refused.message
+    assert "aborts every request" in refused.message and "0.5.6" in refused.message
+    auto = await run("auto")
+    assert auto.exit_code == 0, auto.message
+    state = window.store.open(auto.run_id).state
+    assert state.route == "window" and "SGLang 0.5.5-standin" in state.facts["route_chosen"]["why"], state.facts
+    assert window.world.service.stop_commands == 1 and window.world.server.calls == []  # the stop route, whole

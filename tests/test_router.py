@@ -1,6 +1,8 @@
-"""The router client against SGLang's real router (sglang-router 0.3.2) in front of two real rehearsal
-servers: listing, removing (the router stops routing there), adding back (it routes there again), the
-admin key, and every bad answer told with the router's URL, the route and what came back."""
+"""The router client against SGLang's real routers, smg 1.13.0 and sglang-router 0.3.2, in front of two
+real rehearsal servers: which gateway answers, listing, removing (the router stops routing there; smg
+keeps it draining for its settle first), adding back (it routes there again, with its settings), the
+admin key, and every bad answer told with the router's URL, the route and what came back. What both
+gateways must be seen to do runs on each (`any_router_fleet`); the rest on smg, the default."""
 
 from __future__ import annotations
 
@@ -16,7 +18,9 @@ from pathlib import Path
 
 import pytest
 
-from console.service.router import RouterClient, RouterError, wait_idle
+from console.drill.fleet import DRAIN_SETTLE_S, GATEWAYS, SMG
+from console.service.replica_loads import read_loads
+from console.service.router import SGLANG_ROUTER, Gateway, RouterClient, RouterError, wait_idle
 from console.service.sglang_api import ServerUnreachable, SglangClient, server_summary
 from tests.router_helpers import need_router, running_router
 from tests.standin_helpers import free_port
@@ -51,30 +55,53 @@ def send_through(router: str, count: int, tag: str) -> None:
     asyncio.run(go())
 
 
-def test_lists_both_replicas_healthy_with_their_model_and_load(fleet, tiny_target):
-    router, replicas = fleet
-    workers = asyncio.run(RouterClient(router).workers())
+def gateway_of(request: pytest.FixtureRequest) -> str:
+    """Which gateway `any_router_fleet` gave this test."""
+    return request.node.callspec.params["any_router_fleet"]
+
+
+def test_the_gateway_is_told_and_lists_both_replicas_healthy_with_their_model_and_load(any_router_fleet, tiny_target,
+                                                                                       request):
+    router, replicas = any_router_fleet
+    client = RouterClient(router)
+    workers = asyncio.run(client.workers())
     assert sorted(w.url for w in workers) == sorted(replicas)
     assert all(w.healthy and w.model == str(tiny_target) and w.load == 0 for w in workers)  # none in flight
     assert len({w.id for w in workers}) == 2  # the router names each by its own id
-    assert asyncio.run(RouterClient(router).loads()) == dict.fromkeys(replicas, 0)
+    assert asyncio.run(client.loads()) == dict.fromkeys(replicas, 0)
+    gateway = asyncio.run(client.gateway())
+    if gateway_of(request) == SMG:
+        assert gateway == Gateway(SMG, "1.13.0") and str(gateway) == "smg 1.13.0" and gateway.settles
+        assert all(w.status == "ready" and w.settle_s == DRAIN_SETTLE_S for w in workers)  # the drill's settle
+    else:
+        assert gateway == Gateway(SGLANG_ROUTER) and str(gateway) == "sglang-router" and not gateway.settles
+        assert all(w.status is None and w.settle_s is None for w in workers)  # no status, no settle
 
 
-def test_removed_replica_gets_no_requests_and_gets_them_again_once_added_back(fleet):
-    router, (kept, drained) = fleet
+def test_removed_replica_gets_no_requests_and_gets_them_again_once_added_back(any_router_fleet, request):
+    router, (kept, drained) = any_router_fleet
     client = RouterClient(router)
+    was = asyncio.run(client.worker(drained))
+    assert was is not None
     removed_id = asyncio.run(client.remove_worker(drained))
     try:
-        asyncio.run(client.wait_gone(drained, timeout_s=10))
+        if asyncio.run(client.gateway()).settles:  # smg: listed draining for its settle, routed nothing
+            assert gateway_of(request) == SMG
+            out = asyncio.run(client.worker(drained))
+            assert out is not None and out.draining and not out.healthy and out.id == removed_id
+            assert asyncio.run(client.remove_worker(drained)) == removed_id  # nothing sent: the settle is not cut
+            assert asyncio.run(client.worker(drained)) is not None
+        asyncio.run(client.wait_gone(drained, timeout_s=10 + DRAIN_SETTLE_S))
         assert [w.url for w in asyncio.run(client.workers())] == [kept]
         before = served(kept), served(drained)
         send_through(router, 6, "drained")
         assert served(drained) == before[1]  # not one request reached the removed replica
         assert served(kept) == before[0] + 6
     finally:
-        new_id = asyncio.run(client.add_worker(drained))
+        new_id = asyncio.run(client.add_worker(drained, was.spec))
     back = asyncio.run(client.wait_listed(drained, timeout_s=30))
     assert back.healthy and back.id == new_id != removed_id
+    assert back.spec == was.spec  # smg: its settings given back (the drill's settle); sglang-router: none listed
     # The router takes it back into rotation: fresh prompts reach it again.
     before = served(drained)
     send_through(router, 8, "rejoined")
@@ -127,9 +154,9 @@ class _Broken(BaseHTTPRequestHandler):
     do_GET = do_POST = do_DELETE = _answer  # noqa: N815 - http.server's naming
 
 
-@pytest.fixture
-def broken() -> Iterator[str]:
-    server = ThreadingHTTPServer(("127.0.0.1", 0), _Broken)
+def _serve(handler: type[BaseHTTPRequestHandler]) -> Iterator[str]:
+    """A scripted HTTP peer on loopback for the test's duration: its URL."""
+    server = ThreadingHTTPServer(("127.0.0.1", 0), handler)
     thread = threading.Thread(target=server.serve_forever, daemon=True)
     thread.start()
     try:
@@ -137,6 +164,11 @@ def broken() -> Iterator[str]:
     finally:
         server.shutdown()
         server.server_close()
+
+
+@pytest.fixture
+def broken() -> Iterator[str]:
+    yield from _serve(_Broken)
 
 
 @pytest.mark.parametrize(("get", "post", "call", "message"), [
@@ -159,13 +191,16 @@ def test_bad_router_answers_are_clear_errors(broken, get, post, call, message):
     assert str(caught.value).startswith(f"router {broken}: {message}")
 
 
-def test_admin_key_is_needed_for_worker_routes_and_inference_stays_open(fleet, tmp_path):
+@pytest.mark.parametrize("gateway", GATEWAYS)
+def test_admin_key_is_needed_for_worker_routes_and_inference_stays_open(fleet, tmp_path, gateway):
     _, replicas = fleet
     keys = (f"ops:Operator:admin:{ADMIN_KEY}", f"ro:Reader:user:{USER_KEY}")
     with running_router(replicas[:1], tmp_path / "router.log", "--control-plane-api-keys", *keys,
-                        key=ADMIN_KEY) as router:
-        workers = asyncio.run(RouterClient(router, api_key=ADMIN_KEY).workers())
+                        key=ADMIN_KEY, gateway=gateway) as router:
+        admin = RouterClient(router, api_key=ADMIN_KEY)
+        workers = asyncio.run(admin.workers())
         assert [w.url for w in workers] == replicas[:1]
+        assert asyncio.run(admin.gateway()).kind == gateway
         with pytest.raises(RouterError, match=r"HTTP 401: the router wants an admin API key: set \[fleet\] api_key_env$"):
             asyncio.run(RouterClient(router).workers())
         with pytest.raises(RouterError, match="HTTP 401: .*; the key given was refused"):
@@ -220,12 +255,17 @@ def greedy_reference(replica: str, tiny_target: Path, max_new: int) -> tuple[lis
 
 def test_chat_completion_through_the_router(fleet, tiny_target):
     router, replicas = fleet
-    status, kind, raw = chat(router, {"model": "tiny", "messages": MESSAGES, "max_tokens": 6, "temperature": 0})
+    model = str(tiny_target)  # smg routes a chat by its model: the replicas' served name
+    status, _, raw = chat(router, {"model": "tiny", "messages": MESSAGES, "max_tokens": 6})
+    assert status == 404 and json.loads(raw)["error"]["code"] == "model_not_found", raw[:200]
+    status, _, raw = chat(router, {"messages": MESSAGES, "max_tokens": 6})  # no model: refused, never guessed
+    assert status == 400 and json.loads(raw)["error"]["code"] == "missing_required_parameter", raw[:200]
+    status, kind, raw = chat(router, {"model": model, "messages": MESSAGES, "max_tokens": 6, "temperature": 0})
     assert status == 200 and kind.startswith("application/json"), raw[:200]
     answer = json.loads(raw)
     ids, reference = greedy_reference(replicas[0], tiny_target, 6)
     (choice,) = answer["choices"]
-    assert answer["object"] == "chat.completion" and answer["id"].startswith("chatcmpl-") and answer["model"] == "tiny"
+    assert answer["object"] == "chat.completion" and answer["id"].startswith("chatcmpl-") and answer["model"] == model
     assert choice["message"] == {"role": "assistant", "content": reference["text"], "reasoning_content": None}
     finish = reference["meta_info"]["finish_reason"]
     assert (choice["finish_reason"], choice["matched_stop"]) == (finish["type"], finish.get("matched"))
@@ -236,15 +276,15 @@ def test_chat_completion_through_the_router(fleet, tiny_target):
 
 def test_streamed_chat_completion_through_the_router(fleet, tiny_target):
     router, replicas = fleet
-    body = {"messages": MESSAGES, "max_completion_tokens": 8, "temperature": 0, "stream": True,
-            "stream_options": {"include_usage": True}}
+    body = {"model": str(tiny_target), "messages": MESSAGES, "max_completion_tokens": 8, "temperature": 0,
+            "stream": True, "stream_options": {"include_usage": True}}
     status, kind, raw = chat(router, body)
     assert status == 200 and kind.startswith("text/event-stream"), raw[:200]
     payloads = events(raw)
     assert payloads[-1] == "[DONE]"
     chunks = [json.loads(p) for p in payloads[:-1]]
-    # no model given: the router forwards its own default, "unknown" (docs/sglang.md, Router), echoed back
-    assert all(c["object"] == "chat.completion.chunk" and c["model"] == "unknown" for c in chunks), chunks[:2]
+    # smg forwards the request and its SSE answer as they are (docs/sglang.md, Router): the model echoed
+    assert all(c["object"] == "chat.completion.chunk" and c["model"] == str(tiny_target) for c in chunks), chunks[:2]
     assert len({c["id"] for c in chunks}) == 1
     first, *middle, finish, usage = chunks
     assert first["choices"][0]["delta"] == {"reasoning_content": None, "role": "assistant", "content": ""}
@@ -259,22 +299,24 @@ def test_streamed_chat_completion_through_the_router(fleet, tiny_target):
     assert usage["usage"]["prompt_tokens"] == len(ids)
 
 
-def test_chat_stream_without_usage_ends_with_the_finish_chunk_then_done(fleet):
+def test_chat_stream_without_usage_ends_with_the_finish_chunk_then_done(fleet, tiny_target):
     router, _ = fleet
-    payloads = events(chat(router, {"messages": MESSAGES, "max_tokens": 3, "temperature": 0, "stream": True})[2])
+    payloads = events(chat(router, {"model": str(tiny_target), "messages": MESSAGES, "max_tokens": 3, "temperature": 0,
+                                    "stream": True})[2])
     assert payloads[-1] == "[DONE]"
     last = json.loads(payloads[-2])
     assert last["choices"][0]["finish_reason"] == "length" and "usage" not in last
 
 
-def test_chat_stop_string_and_bad_requests(fleet):
+def test_chat_stop_string_and_bad_requests(fleet, tiny_target):
     router, (replica, _) = fleet
     plain = json.loads(chat(replica, {"messages": MESSAGES, "max_tokens": 8, "temperature": 0})[2])
     text = plain["choices"][0]["message"]["content"]
     assert plain["model"] == "default"  # SGLang's DEFAULT_MODEL_NAME when the request names none
     stop = text[2:4]  # two characters the greedy answer contains: it ends right before them
     assert stop and stop not in text[:2]
-    stopped = json.loads(chat(router, {"messages": MESSAGES, "max_tokens": 8, "temperature": 0, "stop": stop})[2])
+    stopped = json.loads(chat(router, {"model": str(tiny_target), "messages": MESSAGES, "max_tokens": 8, "temperature": 0,
+                                       "stop": stop})[2])
     (choice,) = stopped["choices"]
     assert (choice["finish_reason"], choice["matched_stop"]) == ("stop", stop)
     assert text.startswith(choice["message"]["content"]) and stop not in choice["message"]["content"]
@@ -297,7 +339,7 @@ def test_a_replica_busy_past_the_bound_is_named_then_seen_idle_once_its_request_
     sender.start()
     try:
         async def running() -> None:  # until the replica reports it running (never a fixed sleep)
-            while server_summary(await client.metrics())["running_requests"] != 1:
+            while (await read_loads(client)).running != 1:
                 await asyncio.sleep(0.05)
         asyncio.run(asyncio.wait_for(running(), 60))
         with pytest.raises(RouterError) as caught:
@@ -311,8 +353,70 @@ def test_a_replica_busy_past_the_bound_is_named_then_seen_idle_once_its_request_
     assert asyncio.run(wait_idle(client, bound_s=30)) < 30
 
 
-def test_a_replica_without_metrics_cannot_be_seen_idle(broken):
-    _Broken.answers = {"GET": (404, b'{"detail": "Not Found"}')}
-    with pytest.raises(RouterError, match=r"GET /metrics: HTTP 404: it serves no metrics, so its requests cannot be "
-                                          r"seen to end \(start it with --enable-metrics\)"):
+def test_a_replicas_load_snapshot_is_sglangs_shape_and_each_one_is_newer(fleet):
+    _, (replica, _) = fleet
+    client = SglangClient(replica)
+    data = json.loads(asyncio.run(client.get("/v1/loads?include=core,queues")).body)
+    assert set(data) == {"timestamp", "version", "accelerator", "num_accelerators", "loads"}
+    (load,) = data["loads"]
+    assert {"timestamp", "dp_rank", "num_running_reqs", "num_waiting_reqs", "max_running_requests"} <= set(load)
+    assert set(load["queues"]) == {"waiting", "grammar", "paused", "retracted", "prealloc_ready"}
+    assert "disaggregation" not in load  # only the sections asked for (v1_loads.py, LoadSnapshot.to_dict)
+    bad = asyncio.run(client.get("/v1/loads?include=everything"))
+    assert bad.status == 400 and json.loads(bad.body)["detail"].startswith("Invalid include sections: {'everything'}")
+    first = asyncio.run(read_loads(client))
+    second = asyncio.run(read_loads(client))
+    assert first.idle and second.newer_than(first) and not first.newer_than(second)
+
+
+def test_a_replica_without_a_load_snapshot_cannot_be_seen_idle(broken):
+    _Broken.answers = {"GET": (404, b'{"detail": "Not Found"}')}  # SGLang 0.4.6 has no /v1/loads
+    with pytest.raises(RouterError, match=r"GET /v1/loads: HTTP 404: it serves no load snapshot \(SGLang 0.5.23 does; "
+                                          r"0.4.6 does not\), so its own requests cannot be seen to end"):
         asyncio.run(wait_idle(SglangClient(broken), bound_s=1))
+
+
+class _Replica(BaseHTTPRequestHandler):
+    """A replica whose /v1/loads snapshots are scripted (each GET the next; the last repeated) and
+    whose /metrics gauge says 0 running, as SGLang's may just after a request arrived (it is set per
+    prefill batch and every 40 decode steps): what the drain must read, and when."""
+
+    snapshots: list[tuple[float, int]] = []  # (timestamp, running)
+    reads = 0
+
+    def log_message(self, *args) -> None:
+        pass
+
+    def do_GET(self) -> None:  # noqa: N802 - http.server's naming
+        if self.path.startswith("/v1/loads"):
+            cls = type(self)
+            stamp, running = cls.snapshots[min(cls.reads, len(cls.snapshots) - 1)]
+            cls.reads += 1
+            body = json.dumps({"loads": [{"timestamp": stamp, "dp_rank": 0, "num_running_reqs": running,
+                                          "num_waiting_reqs": 0, "queues": {"grammar": 0}}]}).encode()
+        else:
+            body = b'sglang:num_running_reqs{tp_rank="0"} 0.0\nsglang:num_queue_reqs{tp_rank="0"} 0.0\n'
+        self.send_response(200)
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+
+@pytest.fixture
+def scripted_replica() -> Iterator[str]:
+    yield from _serve(_Replica)
+
+
+def test_idle_is_a_snapshot_taken_after_the_first_one_read_never_the_metrics_gauge(scripted_replica):
+    client = SglangClient(scripted_replica)
+    assert server_summary(asyncio.run(client.metrics()))["running_requests"] == 0  # the gauge says idle
+    # The snapshot read when the replica left the router says idle too, but it was taken before: the
+    # request the router sent just before is not in it. It is never renewed: never seen idle.
+    _Replica.snapshots, _Replica.reads = [(100.0, 0)], 0
+    with pytest.raises(RouterError, match=r"its /v1/loads snapshot was not renewed within 0.4 s after it left the "
+                                          r"router \(the bound\): it cannot be seen idle"):
+        asyncio.run(wait_idle(client, bound_s=0.4, poll_s=0.05))
+    # The next snapshots count that request running, then none: idle once a newer one says so.
+    _Replica.snapshots, _Replica.reads = [(100.0, 0), (100.5, 1), (100.5, 1), (101.0, 0)], 0
+    asyncio.run(wait_idle(client, bound_s=10, poll_s=0.01))
+    assert _Replica.reads == 4

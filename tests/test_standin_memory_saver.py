@@ -304,3 +304,26 @@ async def test_without_the_memory_saver_a_release_frees_nothing_and_a_stray_resu
     report = load.report
     assert report is not None and report.failed >= 3 and report.completed >= 2
     assert set(report.failures) <= {"refused", "no answer"} and report.failures["refused"] >= 2
+
+
+def test_a_fresh_server_dies_on_a_resume_of_memory_it_never_released(tmp_path: Path) -> None:
+    """A server process starts with nothing released (SGLang 0.5.23: `WeightUpdater.offload_tags`, an
+    empty set), and a resume of a tag not in it is a KeyError in its scheduler, which ends the server
+    (`offload_tags.remove`): what a console resuming a server restarted since its release would meet
+    (issue 40). With the memory saver on, as the drill runs it; its model worker in this process."""
+    from remote.drill import memory_saver
+    from remote.drill.standin.arguments import parse_args
+    from remote.drill.standin.server import Server
+
+    (tmp_path / "config.json").write_text(json.dumps({"model_type": "qwen3_5_text"}))
+    fresh = Server(parse_args(["--model", str(tmp_path), "--port", "0", "--enable-memory-saver",
+                               "--enable-weights-cpu-backup"]))
+    deaths: list[str] = []
+
+    def die(reason: str) -> None:  # the real one kills the process (SIGKILL), as SGLang's SIGQUIT does
+        deaths.append(reason)
+        raise SystemExit(reason)
+    fresh.die = die  # type: ignore[method-assign]
+    with pytest.raises(SystemExit):
+        memory_saver.answer(fresh.saver, "/resume_memory_occupation", {"tags": ["kv_cache", "cuda_graph"]})
+    assert deaths and deaths[0].startswith("KeyError: 'kv_cache'"), deaths

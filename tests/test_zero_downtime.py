@@ -4,9 +4,12 @@ runs with SGLang's memory saver: it releases its KV cache and CUDA graphs and ta
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
+import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -18,7 +21,8 @@ from console.procedure.fit import where_it_fits
 from console.procedure.store import RunStore
 from remote import probe
 from remote.drill import simgpu
-from tests.window_fixtures import Drill, read_json
+from tests.standin_helpers import wait_status
+from tests.window_fixtures import ENTRY_POINT, Drill, cli_env, kill, read_json
 
 pytestmark = pytest.mark.timeout(600)
 
@@ -88,6 +92,66 @@ def test_the_pause_route_gives_the_memory_back_and_never_stops_the_server(drill:
     (summary,) = RunStore(drill.runs).summaries()
     assert summary.route == "pause" and summary.downtime_s == svc["continued_at"] - svc["paused_at"]
     assert not summary.server_paused and not summary.service_down
+
+
+def test_a_server_restarted_while_paused_is_named_and_never_resumed(drill: Drill) -> None:
+    """Issue 40, as the drill found it: a pause-route console killed while the server is paused and its
+    KV cache released (the give-back's question unanswered), the server restarted with its own stop
+    and start commands, then `run --resume`. The new process has released nothing: nothing is
+    resumed or continued on it (SGLang would die on the resume: `KeyError: 'kv_cache'`); the run
+    names both processes, says the window's memory came back by the restart, and finishes."""
+    service = drill.config.service
+    console = subprocess.Popen([ENTRY_POINT, "run", "--headless", "--step", "--route", "pause", "--config",
+                                str(drill.config_path), "--runs", str(drill.runs)], stdin=subprocess.PIPE,
+                               stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=cli_env())
+    said = Said(console)
+    for answered in range(2):  # pause, release: yes; the third question (the resume) stays unanswered
+        said.wait_for(lambda text, n=answered: text.count("Proceed?") > n)
+        console.stdin.write("y\n")
+        console.stdin.flush()
+    said.wait_for(lambda text: text.count("Proceed?") == 3 and "give the server its memory back" in text)
+    paused_pid = drill.service_pid()
+    kill(console)
+    run_id, state = drill.only_run()
+    assert state["service"]["released"] == ["kv_cache", "cuda_graph"] and state["service"]["paused"], state["service"]
+    for command in (service.stop, service.start):  # the server's own commands, outside the run
+        subprocess.run(list(command), check=True, capture_output=True, timeout=60)
+    wait_status(service.url + "/health", 200, timeout=60)
+    restarted_pid = drill.service_pid()
+    assert restarted_pid not in (None, paused_pid)
+    done = drill.run_cli("run", "--headless", "--yes", "--resume", run_id)
+    assert done.returncode == EXIT_DONE, done.stdout + done.stderr
+    assert drill.service_pid() == restarted_pid  # alive: never sent a resume of memory it never released
+    logs = Path(service.log[-1]).parent
+    assert not any("KeyError" in log.read_text() for log in logs.glob("standin*.log"))
+    svc = RunStore(drill.runs).open(run_id).state.service
+    assert svc.restarted_outside == f"pid {restarted_pid} now, pid {paused_pid} when paused", svc.restarted_outside
+    assert not svc.held and svc.resumes == 0 and svc.continues == 0
+    assert "the window's memory came back by that restart" in " ".join((done.stdout + done.stderr).split())
+    journal = [e["message"] for e in drill.journal()]
+    assert not any(m.startswith("POST /resume_memory_occupation") for m in journal), journal
+
+
+class Said:
+    """A console's output as it comes (read in a thread: its questions end without a newline)."""
+
+    def __init__(self, proc: subprocess.Popen):
+        self.proc, self.text, self._more = proc, "", threading.Condition()
+        threading.Thread(target=self._read, daemon=True).start()
+
+    def _read(self) -> None:
+        while chunk := os.read(self.proc.stdout.fileno(), 4096):
+            with self._more:
+                self.text += chunk.decode(errors="replace")
+                self._more.notify_all()
+        with self._more:
+            self._more.notify_all()
+
+    def wait_for(self, seen: Callable[[str], bool], timeout: float = 180) -> None:
+        with self._more:
+            if not self._more.wait_for(lambda: seen(self.text) or self.proc.poll() is not None, timeout):
+                raise TimeoutError(self.text[-3000:])
+            assert seen(self.text), f"the console exited ({self.proc.returncode}) first:\n{self.text[-3000:]}"
 
 
 def test_a_host_without_room_is_not_proposed_and_the_route_refused(drill: Drill) -> None:

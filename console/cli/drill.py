@@ -3,7 +3,7 @@
 `drill` alone brings the rehearsal hosts up (building the assets once) and runs the real procedure
 against them: in the console (TUI), or with `--headless` on the terminal (prompts, or none with
 `--yes`). With `--replicas N` (N > 1) that is the fleet window: one replica drained out of SGLang's
-router, its window, its rejoin, while the others serve. `up` prints progress on stderr and the config's path alone on stdout, as its last line, so
+router (smg, or `--router sglang-router`), its window, its rejoin, while the others serve. `up` prints progress on stderr and the config's path alone on stdout, as its last line, so
 that `dflash-ops run --config "$(dflash-ops drill up | tail -n1)"` works.
 """
 
@@ -28,7 +28,7 @@ def cmd_up(args: argparse.Namespace) -> int:
 
     try:
         path = up(args.dir, fresh=args.fresh, gpu=_gpu(args), memory_saver=not args.no_memory_saver,
-                  replicas=args.replicas)
+                  replicas=args.replicas, router=args.router)
     except (DrillError, AssetsError) as exc:
         print(f"dflash-ops drill up: {exc}", file=sys.stderr)
         return 1
@@ -45,12 +45,12 @@ def cmd_drill(args: argparse.Namespace) -> int:
     gpu = _gpu(args)
     try:
         config = up(args.dir, fresh=args.fresh, gpu=gpu, memory_saver=not args.no_memory_saver,
-                    replicas=args.replicas)
+                    replicas=args.replicas, router=args.router)
     except (DrillError, AssetsError) as exc:
         print(f"dflash-ops drill: {exc}", file=sys.stderr)
         return 1
-    fleet = (f", {args.replicas} rehearsal servers behind SGLang's router: the fleet window drains one, runs its "
-             f"window there and puts it back") if args.replicas > 1 else ""
+    fleet = (f", {args.replicas} rehearsal servers behind SGLang's router ({args.router}): the fleet window drains "
+             f"one, runs its window there and puts it back") if args.replicas > 1 else ""
     print(f"drill hosts up ({'REAL GPU' if gpu else 'SIMULATED GPUs'}{fleet}); config {config} "
           f"(`dflash-ops drill down` ends them)", file=sys.stderr)
     args.config = str(config)
@@ -86,6 +86,9 @@ def _add_gpu_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--replicas", type=_replica_count, default=1, metavar="N",
                         help="N rehearsal servers behind SGLang's real router (the fleet extra), the config with "
                              "[fleet] (default 1: one server, [service])")
+    parser.add_argument("--router", choices=("smg", "sglang-router"), default="smg",
+                        help="with --replicas: the router in front of them, smg 1.13 (SGLang's gateway, the default) "
+                             "or the older sglang-router 0.3.2")
     parser.add_argument("--no-memory-saver", action="store_true",
                         help="the rehearsal server without SGLang's --enable-memory-saver (the pause route is then "
                              "not possible: the other case, rehearsed)")

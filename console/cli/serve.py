@@ -2,26 +2,29 @@
 
 Each browser that opens the page gets its own read-only console (a process of
 `python -m console.cli serve --app`): the dashboard following the run that drives the hosts, with
-the read-only console's keys only (none stops, starts or ends anything). It binds 127.0.0.1 unless
-told otherwise (reach it with an ssh port forward); any other bind needs the token printed at start:
-the page, its websocket and its files are refused without it (a cookie carries it once the page
-opened with `?token=`). A websocket opened from another site's page (its Origin) is refused too.
+the read-only console's keys only (none stops, starts, ends or writes anything). It binds 127.0.0.1
+unless told otherwise (reach it with an ssh port forward). Whatever the bind, the page, its files and
+its websocket are refused without the token printed at start (one per user, kept in a file only
+they can read: console/cli/serve_access.py; a cookie carries it once the page opened with
+`?token=`), under a name the console does not answer to (DNS rebinding), and from another site's
+page (its Origin).
 
-textual-serve's `Server` is aiohttp: the token is a middleware added to its application, and the
-page's websocket address is taken from the request (so a forwarded port of any number works).
+textual-serve's `Server` is aiohttp: the guard is a middleware added to its application
+(screens/serve.py), and the page's websocket address is taken from the request (so a forwarded port
+of any number works).
 """
 
 from __future__ import annotations
 
 import argparse
 import ipaddress
-import secrets
 import shlex
 import socket
 import sys
 from pathlib import Path
 from typing import Any
 
+from console.cli.serve_access import WILDCARDS, serve_token, served_names, token_file
 from console.cli.usage import UsageError
 from console.config import DEFAULT_CONFIG_NAME, load_config
 
@@ -49,21 +52,21 @@ def run(args: argparse.Namespace) -> int:
     config = load_config(args.config)  # a bad config is said here, once, not in every browser
     if args.app:
         return serve_app(config, args.runs)
-    token = None if is_loopback(args.bind) else secrets.token_urlsafe(24)
-    names = ", ".join(config.hosts)
+    path = token_file()
+    token = serve_token(path, renew=args.new_token)
+    names = served_names(args.bind, args.name)
     from screens.serve import make_server  # the browser side is the Textual app's
 
     server = make_server(app_command(Path(args.config), args.runs), args.bind, args.port, token,
-                         f"dflash-ops (read-only): {names}")
-    host = socket.getfqdn() if args.bind in ("0.0.0.0", "::") else f"[{args.bind}]" if ":" in args.bind else args.bind
-    url = f"http://{host}:{args.port}/" + (f"?token={token}" if token else "")
-    print(f"dflash-ops serve: the console, read-only, at {url}", flush=True)
-    if token:
-        print("dflash-ops serve: the page is refused without its token (above); keep it to the people "
-              "who may watch", flush=True)
-    else:
+                         f"dflash-ops (read-only): {', '.join(config.hosts)}", names)
+    host = socket.getfqdn() if args.bind in WILDCARDS else f"[{args.bind}]" if ":" in args.bind else args.bind
+    print(f"dflash-ops serve: the console, read-only, at http://{host}:{args.port}/?token={token}", flush=True)
+    print(f"dflash-ops serve: without its token (kept in {path}, yours only; --new-token replaces it) the page, "
+          "its files and its websocket are refused: give the address only to the people who may watch",
+          flush=True)
+    if is_loopback(args.bind):
         print(f"dflash-ops serve: from another machine: ssh -N -L {args.port}:127.0.0.1:{args.port} "
-              f"{_this_host()}, then open http://127.0.0.1:{args.port}/", flush=True)
+              f"{_this_host()}, then open http://127.0.0.1:{args.port}/?token={token}", flush=True)
     try:
         server.serve()
     except OSError as exc:  # the port is taken, the address is not this machine's
@@ -91,14 +94,19 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         "serve", help="the console, read-only, in a browser (for the people who share the window)",
         description="Serve the console read-only in a browser (textual-serve), following the run that drives "
                     "the hosts: hosts, GPUs, the service and its DOWN timer, the steps, the jobs, the journal. "
-                    "No key acts on a host. Binds 127.0.0.1 by default (reach it with ssh -L); another "
-                    "--bind needs the token printed at start.")
+                    "No key acts on a host or writes a file. Binds 127.0.0.1 by default (reach it with "
+                    "ssh -L); whatever the bind, the page needs the token printed at start.")
     parser.add_argument("--config", default=DEFAULT_CONFIG_NAME, metavar="FILE",
                         help=f"config file (default ./{DEFAULT_CONFIG_NAME})")
     parser.add_argument("--port", type=int, default=DEFAULT_PORT, metavar="N",
                         help=f"the port to serve on (default {DEFAULT_PORT})")
     parser.add_argument("--bind", default="127.0.0.1", metavar="ADDR",
-                        help="the address to listen on (default 127.0.0.1; any other needs the printed token)")
+                        help="the address to listen on (default 127.0.0.1)")
+    parser.add_argument("--name", action="append", default=[], metavar="NAME",
+                        help="another name the page is opened by (a DNS alias, a proxy's name; repeatable): "
+                             "any name not the console's own is refused")
+    parser.add_argument("--new-token", action="store_true",
+                        help="replace the token (addresses printed before stop working)")
     parser.add_argument("--runs", metavar="DIR", default=None,
                         help="the run store (default: the user data dir's runs/, or $DFLASH_OPS_RUNS)")
     parser.add_argument("--app", action="store_true", help=argparse.SUPPRESS)  # one browser's console

@@ -5,8 +5,9 @@ host), streams the telemetry agent, asks the service manager for its state and t
 health through a forwarded port. It never stops or starts anything (it does ship the worker code,
 which the agent needs, into the host's workdir).
 
-With `[fleet]`: the router's health and each replica (its state: serving, draining, in window,
-rejoining, DRAINED by run X; its requests, host and GPUs) under the service.
+With `[fleet]`: the router's health and which gateway it is (smg or sglang-router), and each replica
+(its state: serving, draining, in window, rejoining, DRAINED by run X; its requests, host and GPUs)
+under the service.
 
 A drill host whose workdir holds `simulated-gpu.json` (`remote.drill.simgpu`) is read through that
 file and shown SIMULATED. One snapshot by default (exit 0 when every host is connected and the

@@ -121,8 +121,8 @@ HEADER = """\
 
 """
 FLEET_HEADER = """\
-# --replicas: several rehearsal servers on ct129 behind SGLang's real router (sglang-router, the fleet
-# extra) on loopback: [fleet] instead of [service]. The first replica's simulated GPUs are ct129's; the
+# --replicas: several rehearsal servers on ct129 behind SGLang's real router (smg, or sglang-router with
+# --router sglang-router; the fleet extra) on loopback: [fleet] instead of [service]. The first replica's simulated GPUs are ct129's; the
 # others' are in their own service directories.
 
 """

@@ -94,6 +94,7 @@ class DrillStatus:
     memory_saver: bool = True  # the rehearsal server runs with SGLang's memory saver
     router_url: str | None = None  # --replicas: SGLang's router in front of the replicas
     replica_urls: tuple[str, ...] = ()
+    router: str | None = None  # which one: smg or sglang-router (a drill state from before it was recorded: the old one)
 
     def lines(self) -> list[str]:
         """The status as a few lines for the terminal."""
@@ -115,7 +116,7 @@ class DrillStatus:
         service += ", memory saver on" if self.memory_saver else ", no memory saver"
         training = (f"shares the GPU with {INFERENCE_HOST}" if self.gpu else
                     f"training run pid {self.trainer_pid}" if self.trainer_pid else "training run not running")
-        fleet_line = ([f"  router {self.router_url} in front of {len(self.replica_urls)} replicas on {INFERENCE_HOST}: "
+        fleet_line = ([f"  router ({self.router or 'sglang-router'}) {self.router_url} in front of {len(self.replica_urls)} replicas on {INFERENCE_HOST}: "
                        f"{', '.join(self.replica_urls)} (the service above is the first)"] if self.router_url else [])
         return [f"drill at {self.dir}: up since {since} (pid {self.pid}), {'REAL GPU' if self.gpu else 'SIMULATED GPUs'}",
                 f"  hosts: {hosts}", f"  service on {INFERENCE_HOST}: {service} ({self.service_url})", *fleet_line,
@@ -193,32 +194,35 @@ def cuda_present() -> bool:
 
 def up(dir: str | os.PathLike | None = None, fresh: bool = False, python: str = sys.executable,
        say: Callable[[str], None] = _say, timeout_s: float = READY_TIMEOUT_S, gpu: bool = False,
-       memory_saver: bool = True, replicas: int = 1) -> Path:
+       memory_saver: bool = True, replicas: int = 1, router: str = fleet.SMG) -> Path:
     """Bring the drill up (or find it up) and return its config's path.
 
     `fresh`: end a drill that is up and start a new one (the stuck-VRAM episode re-armed).
     `gpu`: the drill on this machine's CUDA GPU (REAL GPU); a drill up in the other mode is ended first.
     `memory_saver`: the rehearsal server runs with SGLang's memory saver (the pause route's case); a
     drill up with the other setting is ended first.
-    `replicas`: more than one rehearsal server, behind SGLang's real router (console/drill/fleet.py);
-    a drill up with another count is ended first.
+    `replicas`: more than one rehearsal server, behind SGLang's real router (console/drill/fleet.py):
+    `router`, smg (the default) or sglang-router; a drill up with another count or router is ended first.
     """
     if replicas < 1:
         raise DrillError(f"--replicas {replicas}: at least one rehearsal server")
-    if replicas > 1 and not fleet.router_installed():
-        raise DrillError("--replicas needs SGLang's router: pip install 'dflash-ops[fleet]' (sglang-router==0.3.2)")
+    if router not in fleet.GATEWAYS:
+        raise DrillError(f"--router {router}: expected one of {', '.join(fleet.GATEWAYS)}")
+    if replicas > 1 and not fleet.router_installed(router):
+        raise DrillError(fleet.missing_line(router))
     if gpu and not cuda_present():
         raise DrillError("--gpu: this machine has no CUDA GPU that torch can use (torch.cuda.is_available() is False)")
     if gpu and memory_saver and importlib.util.find_spec("torch_memory_saver") is None:
         raise DrillError("--gpu: the rehearsal server's memory saver needs torch_memory_saver (pip install "
                          "'dflash-ops[gpu]'), or pass --no-memory-saver")
-    layout = DrillLayout.at(dir, gpu, memory_saver, replicas)
+    layout = DrillLayout.at(dir, gpu, memory_saver, replicas, router)
     with _drill_lock(layout):
         running = _running_state(layout)
         if running is not None:
             if (not fresh and bool(running.get("gpu")) == gpu
                     and bool(running.get("memory_saver", True)) == memory_saver
-                    and running.get("replicas", 1) == replicas):
+                    and running.get("replicas", 1) == replicas
+                    and (replicas == 1 or running.get("router", fleet.SGLANG_ROUTER) == router)):
                 return layout.config
             _down_locked(layout, say)
         if procs.marked_pids(layout.dir):  # what a crashed drill left running
@@ -235,7 +239,8 @@ def _start_hosts(layout: DrillLayout, assets: DrillAssets, python: str, say: Cal
     write_json_atomic(layout.state_file, {**_read_state(layout), "state": "starting", "pid": None})
     argv = [python, "-m", "console.drill.hosts", "serve", "--dir", str(layout.dir), "--assets", str(assets.root),
             "--python", python, *(["--gpu"] if layout.gpu else []),
-            *([] if layout.memory_saver else ["--no-memory-saver"]), "--replicas", str(layout.replicas)]
+            *([] if layout.memory_saver else ["--no-memory-saver"]), "--replicas", str(layout.replicas),
+            "--router", layout.router]
     env = {**os.environ, procs.MARK_ENV: procs.mark_value(layout.dir)}
     say(f"starting the rehearsal hosts (log: {layout.log})")
     with layout.log.open("ab") as log:  # the child keeps its own copy of the descriptor
@@ -316,6 +321,7 @@ def status(dir: str | os.PathLike | None = None) -> DrillStatus:
         trainer_pid=trainer if isinstance(trainer, int) and pid_alive(trainer) else None, since=state.get("ready_at"),
         gpu=bool(state.get("gpu")), memory_saver=bool(state.get("memory_saver", True)),
         router_url=state.get("router_url"), replica_urls=tuple(state.get("replica_urls") or ()),
+        router=state.get("router"),
     )
 
 
@@ -532,6 +538,7 @@ async def serve(layout: DrillLayout, assets: DrillAssets, python: str) -> int:
             "python": python,
             "fit_taus": assets.fit_taus, "gpu": layout.gpu, "memory_saver": layout.memory_saver,
             "replicas": layout.replicas, "router_url": running_fleet.router_url if running_fleet else None,
+            "router": running_fleet.gateway if running_fleet else None,
             "router_pid": running_fleet.router.pid if running_fleet else None,
             "router_start": start_time(running_fleet.router.pid) if running_fleet else None,
             "replica_urls": running_fleet.replica_urls if running_fleet else [url],
@@ -592,8 +599,9 @@ def main(argv: list[str] | None = None) -> int:
     run.add_argument("--gpu", action="store_true", help="the hosts share this machine's CUDA GPU (REAL GPU)")
     run.add_argument("--no-memory-saver", action="store_true", help="the rehearsal server without SGLang's memory saver")
     run.add_argument("--replicas", type=int, default=1, help="rehearsal servers; more than one behind SGLang's router")
+    run.add_argument("--router", choices=fleet.GATEWAYS, default=fleet.SMG, help="which router a fleet runs")
     args = parser.parse_args(argv)
-    layout = DrillLayout.at(args.dir, args.gpu, not args.no_memory_saver, args.replicas)
+    layout = DrillLayout.at(args.dir, args.gpu, not args.no_memory_saver, args.replicas, args.router)
     assets = find_assets(args.assets.parent, args.assets.name)
     if assets is None:
         print(f"{args.assets}: not a complete drill assets directory", file=sys.stderr)

@@ -45,12 +45,13 @@ class DrillLayout:
     gpu: bool = False
     memory_saver: bool = True
     replicas: int = 1  # rehearsal servers on ct129; more than one: behind SGLang's real router (a fleet)
+    router: str = "smg"  # which router a fleet runs: "smg" or "sglang-router" (console/drill/fleet.py)
 
     @classmethod
     def at(cls, path: str | os.PathLike | None = None, gpu: bool = False, memory_saver: bool = True,
-           replicas: int = 1) -> DrillLayout:
+           replicas: int = 1, router: str = "smg") -> DrillLayout:
         return cls(Path(path).expanduser().resolve() if path is not None else default_dir().resolve(), gpu,
-                   memory_saver, replicas)
+                   memory_saver, replicas, router)
 
     @property
     def model_name(self) -> str:

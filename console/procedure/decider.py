@@ -56,6 +56,8 @@ def confirmation_text(c: Confirmation) -> str:
     estimate = c.estimate_apart()  # the stop's forecast is in its impact already: one figure per question
     if estimate is not None:
         lines.append(f"  estimate: {duration(estimate)} ({c.estimate_basis})")
+    if c.leaves:  # what n leaves behind, when the engine says it (the restart after a no while down)
+        lines.append(f"  no:      {c.leaves}")
     return "\n".join(lines)
 
 

@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any
 from console.messages import RunFinished
 from console.procedure import kept
 from console.procedure.outcomes import Refused, ResumeRefused, StepFailed
-from console.procedure.steps import fleet, pause, preflight, stop
+from console.procedure.steps import fleet, pause, preflight, route_steps, stop
 from console.procedure.store import what_next
 from console.service.control import ReadyTimeout, ServiceError
 from console.service.sglang_api import ServerAnswerError, ServerUnreachable
@@ -57,7 +57,7 @@ async def end(engine: Engine, status: str, message: str) -> RunFinished:
     if status not in ("done", "paused"):
         if status not in ("failed",):  # a failed step journalled its own error
             engine.journal(None, message, level="warning")
-        await compensate_to_the_end(engine, status)
+        await compensate_to_the_end(engine, status, declined_while_down(engine, message) if status == "refused" else None)
         if engine._left_flushing is not None:  # the extraction is not thrown away: the run stays resumable
             status, message = "paused", f"{message}; {engine._left_flushing}"
     if not engine.service_down_by_us and not engine.server_held_by_us and not engine.plan_only:
@@ -93,9 +93,29 @@ async def release_lock(engine: Engine) -> None:
                                  "the host lock could not be released", "warning")
 
 
-async def compensate_to_the_end(engine: Engine, why: str) -> None:
-    """The compensation, never abandoning a restart half-way."""
-    await _through_interruptions(engine, compensate_and_rejoin(engine, why),
+def declined_while_down(engine: Engine, message: str) -> tuple[str, str] | None:
+    """A no to a step that must run while the service is down (free-vram: the holders left running):
+    the window cannot go on without it, and the service is down because of this run. The restart
+    offered then says so (its reason), and what a no to it leaves (`Confirmation.leaves`): the
+    service down, named by this run, which `run --resume` restarts later (exit 3). None otherwise (a
+    no to the stop changed nothing; a no to the restart is not asked again)."""
+    if not engine.service_down_by_us:
+        return None
+    step = next((s.name for s in route_steps(engine.route) if s.while_down and s.name != "restart"
+                 and engine.state.status_of(s.name) == "refused"), None)
+    if step is None:
+        return None
+    run_id, since = engine.run.run_id, engine.state.service.stopped_at or time.time()
+    reason = f"{message}; {step} must run while the service is down, so this window cannot go on"
+    leaves = (f"the service stays DOWN, stopped by run {run_id} at {time.strftime('%H:%M:%S', time.localtime(since))}; "
+              f"`dflash-ops run --resume {run_id}` restarts it later (exit 3)")
+    return reason, leaves
+
+
+async def compensate_to_the_end(engine: Engine, why: str, declined: tuple[str, str] | None = None) -> None:
+    """The compensation, never abandoning a restart half-way. `declined`: the restart's reason and
+    what a no to it leaves, after a no to a step that must run while the service is down."""
+    await _through_interruptions(engine, compensate_and_rejoin(engine, why, declined),
                                  "interrupted again during the compensation: it goes on (the restart is "
                                  "not abandoned half-way)", "the compensation failed", "error")
 
@@ -114,8 +134,13 @@ def finish(engine: Engine, status: str, message: str) -> RunFinished:
     if down:
         since = engine.state.service.stopped_at or time.time()
         message += f"; THE SERVICE IS STILL DOWN (since {time.strftime('%H:%M:%S', time.localtime(since))})"
+        if status != "paused":  # (a pause names its resume already: it goes on with the run)
+            message += f": `dflash-ops run --resume {engine.run.run_id}` restarts it"
     if held:
         message += "; " + held_line(engine.run.run_id, engine.state.service)
+    if engine.route == "pause":  # a window whose memory came back by a restart outside the run: said
+        whys = [*(w.get("restarted_outside") for w in engine.state.windows), engine.state.service.restarted_outside]
+        message += "".join(f"; {pause.restart_words(why)}" for why in whys if why)
     if drained:
         message += "; " + fleet.drained_line(engine.run.run_id, engine.state.service)
     finished = RunFinished(engine.run.run_id, status, code, not down and not held, message, str(engine.run.dir))
@@ -182,6 +207,10 @@ async def give_back_only(engine: Engine) -> RunFinished:
         message = f"run {state.status} earlier; giving the server back failed: {exc}"
     except asyncio.CancelledError:
         message = f"run {state.status} earlier; {cancelled(engine, 'resume')}"
+    else:
+        if state.service.restarted_outside:  # another process: nothing was sent to it (pause.same_server)
+            said = pause.restart_words(state.service.restarted_outside)
+            message = f"run {state.status} earlier; nothing was resumed or continued: {said}"
     if state.service.held:
         return closed(engine, EXIT_DOWN, message + "; " + held_line(engine.run.run_id, state.service))
     if state.service.drained:  # the fleet window: given back, then back in the router
@@ -245,10 +274,10 @@ async def end_own_jobs(engine: Engine) -> None:
 
     await asyncio.gather(*(end_on(host, handles) for host, handles in by_host.items()))
 
-async def compensate_and_rejoin(engine: Engine, why: str) -> None:
+async def compensate_and_rejoin(engine: Engine, why: str, declined: tuple[str, str] | None = None) -> None:
     """The route's compensation, then (the fleet window) the drained replica back in the router:
     never while it is still down or paused."""
-    await compensate(engine, why)
+    await compensate(engine, why, declined)
     if not engine.restart_on_failure:
         return
     try:
@@ -256,9 +285,9 @@ async def compensate_and_rejoin(engine: Engine, why: str) -> None:
     except GIVE_BACK_ERRORS + fleet.FLEET_ERRORS as exc:
         engine.journal("rejoin", f"putting the replica back in the router failed: {exc}", level="error")
 
-async def compensate(engine: Engine, why: str) -> None:
+async def compensate(engine: Engine, why: str, declined: tuple[str, str] | None = None) -> None:
     """After a failure, refusal or cancel: end our jobs, and with the service down because of us,
-    offer the restart."""
+    offer the restart (`declined`: its reason and what a no leaves, `declined_while_down`)."""
     await end_own_jobs(engine)
     if engine._restart_task is not None:
         task, engine._restart_task = engine._restart_task, None
@@ -286,7 +315,11 @@ async def compensate(engine: Engine, why: str) -> None:
         engine.journal("restart", "the restart was refused: the service stays down (r in the console, or "
                                 f"`dflash-ops run --resume {engine.run.run_id}`, restarts it)", level="warning")
         return
+    reason, leaves = declined or (f"the run {why} after the stop", None)
     try:
-        await stop.restart_service(engine, reason=f"the run {why} after the stop")
-    except (Refused, StepFailed, HostError, ServiceError, ReadyTimeout, TimeoutError) as exc:
+        await stop.restart_service(engine, reason=reason, leaves=leaves)
+    except Refused:
+        engine.journal("restart", "the restart was refused: the service stays down (r in the console, or "
+                                  f"`dflash-ops run --resume {engine.run.run_id}`, restarts it)", level="warning")
+    except (StepFailed, HostError, ServiceError, ReadyTimeout, TimeoutError) as exc:
         engine.journal("restart", f"the restart failed: {exc}", level="error")

@@ -156,6 +156,7 @@ class Engine:
         # Every wait on the operator's answers, and which step it held up: a step's work is its time less those.
         self.answer_waits = AnswerWaits(lambda: time.time())  # (read at each call: the sweep's clock replaces `time`)
         self._ran: set[str] = set()  # steps this engine ran (not found satisfied)
+        self._settled_at_start: set[str] = set()  # steps the run's state had settled when this engine began
         self._resumed = False
         self._windows_here = 0  # windows this engine began after a budget cut (`_next_replica`)
         self._budget_task: asyncio.Task | None = None
@@ -359,6 +360,7 @@ class Engine:
         self._unsubscribe_telemetry = self.bus.subscribe(self._record_telemetry)
         if self.service_down_by_us or self.server_held_by_us:
             self._publish_downtime()
+        self._settled_at_start = {name for name, rec in state.steps.items() if rec.status in SETTLED}
         status, message = await self._drive()
         return await self._end(status, message)
 
@@ -489,9 +491,31 @@ class Engine:
                     raise Paused(unit[-1].name, why)
                 await self._next_replica(unit[-1].name, why)
                 return True
-            if self.one_step and self._ran - ran_before and unit[-1].name != ROUTES[self.route][-1]:
-                raise Paused(unit[-1].name)
+            if self.one_step and self._stepped(unit, ran_before):
+                raise Paused(unit[-1].name, self._next_step_waits(unit[-1].name))
         return False
+
+    def _stepped(self, unit: tuple[Step, ...], ran_before: set[str]) -> bool:
+        """Step mode: the unit just ended is the one step asked for, and the run pauses after it.
+
+        It is the first unit of the route whose work the run's state did not record settled when this
+        engine began: a step done earlier and run again on the way (free-vram trusts the hosts, not its
+        record, until the extraction begins) is no step of its own, else a resume after it would pause
+        after it again, forever, never reaching the extraction. Never while the restart (or give-back)
+        begun at gpu_released is still to be joined: the step after the extraction is the restart, and
+        the run never pauses with a question of it open; nor after the last step, which ends the run."""
+        new = (self._ran - ran_before) - self._settled_at_start
+        return bool(new) and self._restart_task is None and unit[-1].name != ROUTES[self.route][-1]
+
+    def _next_step_waits(self, done: str) -> str:
+        """What a pause of step mode says: the step done, the one that waits, how to run it."""
+        names = ROUTES[self.route]
+        acting = {s.name for s in self.plan.steps if s.acts} if self.plan is not None else set(names)
+        waiting = next((n for n in names[names.index(done) + 1:]
+                        if n in acting and self.state.status_of(n) not in SETTLED), None)
+        then = f"the next step, {waiting}, runs" if waiting else "the rest runs"
+        return f"paused after {done} (one step at a time): {then} on `dflash-ops run --resume {self.run.run_id}` " \
+               f"(n in the console)"
 
     async def _next_replica(self, step: str, why: str) -> None:
         """A fleet's window cut short at its budget, its replica back in the router: the run goes on by

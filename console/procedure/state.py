@@ -130,10 +130,15 @@ class ServiceState:
     restarted_outside_at: float | None = None  # found running again, started by someone else
     pids_before_stop: list[int] = field(default_factory=list)
     # The service's process before the stop, as its manager said at preflight (systemd's MainPID and
-    # ActiveEnterTimestamp, or the status command's pid and start time): a resume that finds it
-    # active again tells a restart outside the run from a stop that never took effect.
+    # ActiveEnterTimestamp, or the status command's pid): a resume that finds it active again tells a
+    # restart outside the run from a stop that never took effect. On the pause route, the process
+    # paused (asked again just before the pause is sent): nothing is released, resumed or continued
+    # on another one (steps/pause.py, `same_server`).
     main_pid_before_stop: int | None = None
     active_since_before_stop: float | None = None
+    # The pause route: the server this run paused was found to be another process (both named): the
+    # window's memory came back by that restart, and nothing more is sent for this window.
+    restarted_outside: str | None = None
     restart_error: str | None = None  # why the last restart failed, shown before it is offered again
     # The pause route (the server is never stopped): `paused` and `released` mean paused / released
     # by this run and not yet given back; `held` is either, as `down` is for the stop route.

@@ -2,8 +2,8 @@
 healthy, its load, its GPUs and what a run is doing with it (serving / draining / in window /
 rejoining / DRAINED by run X).
 
-`look` asks the router (`GET /health`, `GET /workers`) and each replica (`/metrics`); it never
-raises: what cannot be read is said in the view. `with_runs` adds each replica's state from the runs'
+`look` asks the router (`GET /health`, `GET /workers`, which gateway it is: smg or sglang-router)
+and each replica (its own `/v1/loads`); it never raises: what cannot be read is said in the view. `with_runs` adds each replica's state from the runs'
 states (the run store's, the one source `status`, `runs` and the console share): a replica a live
 run has drained is "draining" while its drain step runs, "rejoining" while its rejoin runs, else "in
 window"; one a run left out of the router and no console drives is "DRAINED" by that run (`r` in the
@@ -20,8 +20,9 @@ from typing import Any
 
 from console.config import ConfigError
 from console.messages import FleetView, ReplicaView
+from console.service.replica_loads import LoadsUnreadable, read_loads
 from console.service.router import RouterClient, RouterError, Worker
-from console.service.sglang_api import ServerUnreachable, SglangClient, server_summary
+from console.service.sglang_api import ServerAnswerError, ServerUnreachable, SglangClient
 
 LOOK_TIMEOUT_S = 5.0  # one look at the fleet; a replica that does not answer in time is said so
 
@@ -31,27 +32,28 @@ async def _replica(replica: Any, listed: Worker | None) -> ReplicaView:
     running = queued = None
     error = None
     try:
-        summary = server_summary(await SglangClient(service.url, timeout=LOOK_TIMEOUT_S).metrics())
-        running, queued = summary["running_requests"], summary["queued_requests"]
-        if running is None:
-            error = "no /metrics (start it with --enable-metrics)"
-    except (ServerUnreachable, OSError, ValueError) as exc:
+        loads = await read_loads(SglangClient(service.url, timeout=LOOK_TIMEOUT_S))
+        running, queued = loads.running, loads.queued
+    except LoadsUnreadable as exc:
+        error = str(exc)
+    except (ServerUnreachable, ServerAnswerError, OSError, ValueError) as exc:
         error = f"no answer: {exc}"
     return ReplicaView(replica.name, service.host, tuple(service.gpus), listed is not None,
-                       bool(listed and listed.healthy), listed.load if listed else None,
-                       None if running is None else int(running), None if queued is None else int(queued), error)
+                       bool(listed and listed.healthy), listed.load if listed else None, running, queued, error,
+                       router_status=listed.status if listed else None)
 
 
 async def look(fleet: Any) -> FleetView:
     """The router and every replica, now. Never raises."""
     workers: list[Worker] = []
-    error = None
+    error = gateway = None
     up = False
     try:
         router = RouterClient(fleet.router, timeout=LOOK_TIMEOUT_S, api_key=fleet.api_key())
         up = await router.health() == 200
         workers = await router.workers()
-    except (RouterError, ServerUnreachable, ConfigError, OSError, ValueError) as exc:
+        gateway = str(await router.gateway())
+    except (RouterError, ServerUnreachable, ServerAnswerError, ConfigError, OSError, ValueError) as exc:
         error = str(exc)
 
     def listed(replica: Any) -> Worker | None:
@@ -61,12 +63,17 @@ async def look(fleet: Any) -> FleetView:
     if error is not None:  # the listing is unknown: never say "out of the router" for what was not read
         replicas = [dataclasses.replace(r, state="unknown") for r in replicas]
     else:
-        replicas = [dataclasses.replace(r, state=_listing_state(r)) for r in replicas]
-    return FleetView(fleet.router, up, tuple(replicas), time.time(), error)
+        replicas = [dataclasses.replace(r, state=listing_state(r)) for r in replicas]
+    return FleetView(fleet.router, up, tuple(replicas), time.time(), error, gateway)
 
 
-def _listing_state(replica: ReplicaView) -> str:
-    return "serving" if replica.listed and replica.healthy else "unhealthy" if replica.listed else "out of the router"
+def listing_state(replica: ReplicaView) -> str:
+    """A replica's state as the router's listing alone says it (no run holds it)."""
+    if replica.listed and replica.healthy:
+        return "serving"
+    if replica.router_status == "draining":  # smg's settle after a removal: no new request reaches it
+        return "draining"
+    return "unhealthy" if replica.listed else "out of the router"
 
 
 def _live(state: Any) -> bool:

@@ -12,12 +12,16 @@ utils/torch_memory_saver_adapter.py). Facts and their SGLang 0.5.23 sources: doc
 (managers/scheduler_components/memory_usage.py, build_memory_usage): `weight`, `kvcache` (GiB:
 memory_pool.py's GB is 1 << 30), `startup_available`, `token_capacity`, `token_capacity_swa`, and
 `graph`, the CUDA graphs' GiB per capture phase. They are one rank's own GPU's figures (a TP rank's
-share), not the server's total.
+share), not the server's total. Its `version` is SGLang's own (`__version__`), which tells whether
+its pause can hold requests at all: `/pause_generation` takes a `mode` from 0.5.6 (io_struct.py,
+PauseGenerationReqInput); 0.5.5 and earlier take no body and abort every request in flight
+(tokenizer_manager.py, pause_generation: `abort_request(abort_all=True)`).
 """
 
 from __future__ import annotations
 
 import math
+import re
 from dataclasses import dataclass
 from typing import Any
 
@@ -28,6 +32,16 @@ PAUSE_MODES = ("abort", "retract", "in_place")
 # constants.py, GPU_MEMORY_TYPE_*: the tags release and resume take.
 KV_CACHE, WEIGHTS, CUDA_GRAPH = "kv_cache", "weights", "cuda_graph"
 MEMORY_TAGS = (KV_CACHE, WEIGHTS, CUDA_GRAPH)
+# The first SGLang whose /pause_generation takes a mode (retract holds the requests): 0.5.6. Before
+# it the route reads no body and aborts every request in flight (docs/sglang.md, "Pause and release").
+PAUSE_HOLDS_SINCE = (0, 5, 6)
+
+
+def release_of(version: str | None) -> tuple[int, int, int] | None:
+    """SGLang's `version` as (major, minor, patch): "0.5.6.post2" and "0.5.23-standin" read as their
+    release; None when it does not begin with one."""
+    match = re.match(r"v?(\d+)\.(\d+)(?:\.(\d+))?", version.strip()) if isinstance(version, str) else None
+    return (int(match[1]), int(match[2]), int(match[3] or 0)) if match else None
 
 
 @dataclass(frozen=True)
@@ -37,11 +51,26 @@ class MemorySaver:
     `memory_gib` is keyed by release tag (`kv_cache`, `weights`, `cuda_graph`): SGLang's
     `memory_usage` `kvcache`, `weight` and the sum of `graph`'s phases, in GiB on one GPU (the
     largest over DP ranks); None when the server reports no memory usage (older releases, the
-    rehearsal server without a simulated or real GPU)."""
+    rehearsal server without a simulated or real GPU). `version`: SGLang's, as /server_info says."""
 
     enabled: bool
     weights_cpu_backup: bool
     memory_gib: dict[str, float] | None = None
+    version: str | None = None
+
+    def why_no_pause(self) -> str | None:
+        """Why this server's /pause_generation cannot hold the requests in flight (the pause route's
+        promise: none fails), or None when it can (SGLang 0.5.6 and later)."""
+        release = release_of(self.version)
+        if release is None:
+            return (f"the server reports no SGLang version that can be read ({self.version!r} in /server_info): "
+                    f"whether its /pause_generation holds requests (SGLang 0.5.6 and later) or aborts every one "
+                    f"of them (0.5.5 and earlier) cannot be told")
+        if release < PAUSE_HOLDS_SINCE:
+            return (f"the server runs SGLang {self.version}, whose /pause_generation takes no mode and aborts every "
+                    f"request in flight (the retract mode that holds them came in SGLang 0.5.6): the pause route "
+                    f"would fail users' requests; upgrading the server to SGLang 0.5.6 or later makes it possible")
+        return None
 
     def why_not(self, tags: list[str] | tuple[str, ...]) -> str | None:
         """Why releasing `tags` would not work as the route needs, or None when it would."""
@@ -82,9 +111,10 @@ def memory_saver_of(server_info: dict) -> MemorySaver:
                 if isinstance(state, dict)]
     known = [usage for usage in per_rank if usage is not None]
     memory = {tag: max(usage[tag] for usage in known) for tag in MEMORY_TAGS} if known else None
+    version = server_info.get("version")
     return MemorySaver(enabled=server_info.get("enable_memory_saver") is True,
                        weights_cpu_backup=server_info.get("enable_weights_cpu_backup") is True,
-                       memory_gib=memory)
+                       memory_gib=memory, version=version if isinstance(version, str) else None)
 
 
 def check_tags(tags: list[str] | tuple[str, ...], endpoint: str) -> list[str]:

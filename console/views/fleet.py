@@ -29,10 +29,12 @@ def gpus_text(gpus: tuple[int, ...]) -> str:
 
 
 def router_line(view: FleetView) -> Text:
-    """'router http://…:30000 up, 2 of 2 replicas healthy' (or why it cannot be read)."""
+    """'router http://…:30000 (smg 1.13.0) up, 2 of 2 replicas healthy' (or why it cannot be read)."""
     if view.error is not None:
         return Text(f"router {view.router}: {view.error}", style="bold red")
     text = Text(f"router {view.router} ")
+    if view.gateway:
+        text.append(f"({view.gateway}) ", style="bold")
     text.append("up" if view.router_up else "DOWN", style="green" if view.router_up else "bold red")
     healthy, total = view.healthy_count, len(view.replicas)
     text.append(f", {healthy} of {total} replicas healthy", style="green" if healthy == total else "yellow")
@@ -58,7 +60,8 @@ def requests_text(replica: ReplicaView) -> str:
 def replica_rows(view: FleetView) -> list[list[Text | str]]:
     rows: list[list[Text | str]] = []
     for r in view.replicas:
-        listed = "healthy" if r.listed and r.healthy else "UNHEALTHY" if r.listed else "not listed"
+        listed = "healthy" if r.listed and r.healthy else "not listed" if not r.listed else \
+            "draining" if r.router_status == "draining" else "UNHEALTHY"
         if view.error is not None:
             listed = "?"
         rows.append([r.name, state_text(r), Text(listed, style="green" if listed == "healthy" else "yellow"),

@@ -22,6 +22,9 @@ What it follows (facts and their sources: docs/sglang.md, "Pause and release"):
   `--enable-weights-cpu-backup`; without it they come back as fresh memory, their values lost (the
   buffers SGLang stashes come back).
 - The four routes are ADMIN_OPTIONAL (utils/auth.py): the API key, or the admin key when one is set.
+- `--sglang-version` before 0.5.6 answers as SGLang 0.5.5 does (http_server.py, pause_generation takes
+  only the Request; tokenizer_manager.py, pause_generation: `abort_request(abort_all=True)`): the pause
+  reads no body, whatever mode is sent, and aborts every request in flight.
 
 Where the memory is: on simulated GPUs the server's GPU worker holds `--gpu-mib` per GPU, split into
 the weights, the KV cache (`--kv-cache-mib`) and the CUDA graphs (`--cuda-graph-mib`); a release
@@ -34,6 +37,7 @@ regions, so NVML sees that memory really leave and come back.
 from __future__ import annotations
 
 import contextlib
+import re
 import threading
 import time
 from typing import Any
@@ -42,11 +46,19 @@ from remote.drill import simgpu
 
 TAGS = ("kv_cache", "weights", "cuda_graph")  # constants.py, GPU_MEMORY_TYPE_*; also SGLang's order for "all"
 PAUSE_MODES = ("abort", "retract", "in_place")
+SGLANG_VERSION = "0.5.23"  # the release answered as unless --sglang-version says another
+PAUSE_MODES_SINCE = (0, 5, 6)  # io_struct.py, PauseGenerationReqInput: the first release whose pause takes a mode
 GRAPH_PHASES = ("prefill", "decode", "target_verify", "draft_prefill", "draft_decode", "draft_extend")
 NOT_IDLE = "release_memory_occupation should be called only when server is idle."  # weight_updater.py
 KV_SHARE, GRAPH_SHARE = 0.35, 0.03  # of --gpu-mib by default: a 27B bf16 server on 2 x 48 GB keeps ~35 % as KV cache
 TMS_MISSING = ("enable_memory_saver is enabled, but torch-memory-saver is not installed. Please install it via "
                "`pip3 install torch-memory-saver`. ")  # utils/torch_memory_saver_adapter.py
+
+
+def release_of(version: str) -> tuple[int, int, int] | None:
+    """"0.5.5" (or "0.5.6.post2") as (0, 5, 5); None when it names no release."""
+    match = re.fullmatch(r"(\d+)\.(\d+)(?:\.(\d+))?(?:[.+-]?\w+)*", version.strip())
+    return (int(match[1]), int(match[2]), int(match[3] or 0)) if match else None
 
 
 class Refused(Exception):
@@ -91,6 +103,9 @@ class MemorySaver:
         self.enabled = bool(args.enable_memory_saver)
         self.weights_cpu_backup = bool(args.enable_weights_cpu_backup)
         self.device = getattr(args, "device", "cpu")
+        # SGLang 0.5.5 and earlier: /pause_generation reads no body and aborts every request in flight
+        release = release_of(getattr(args, "sglang_version", SGLANG_VERSION))
+        self.pause_takes_mode = release is None or release >= PAUSE_MODES_SINCE
         self.cond = threading.Condition()
         self.front_paused = False  # the tokenizer manager's is_pause: new requests wait at the front
         self.engine_paused: str | None = None  # the scheduler's pause: "retract" or "in_place"
@@ -345,7 +360,7 @@ def answer(saver: MemorySaver, path: str, body: dict) -> tuple[int, Any]:
     """One control route's answer (status, JSON body) for a body already parsed as a JSON object;
     Refused(400) for what FastAPI's validation of the request struct refuses."""
     if path == "/pause_generation":
-        mode = body.get("mode", "abort")
+        mode = body.get("mode", "abort") if saver.pause_takes_mode else "abort"  # 0.5.5: no body read at all
         if mode not in PAUSE_MODES:
             raise Refused(400, f"mode: Input should be 'abort', 'retract' or 'in_place', got {mode!r}")
         saver.pause(mode)

@@ -68,10 +68,19 @@ class QuestionModal(ConsoleModal[bool]):
             with body:
                 yield from self.body()
             if self.refusal:
-                yield Static(Text(f"{self.no_label} (n): {self.refusal}"), classes="refusal")
+                yield Static(self.refusal_text(), classes="refusal")
             with Horizontal(classes="buttons"):
                 yield Button(f"{self.yes_label} (y)", id="yes", variant="error" if self.destructive else "primary")
+                yield from self.more_buttons()
                 yield Button(f"{self.no_label} (n)", id="no")
+
+    def refusal_text(self) -> Text:
+        """What `n` leaves behind, above the buttons."""
+        return Text(f"{self.no_label} (n): {self.refusal}")
+
+    def more_buttons(self) -> ComposeResult:
+        """Answers between yes and no (the restart offered after a no while down: leave it down for later)."""
+        yield from ()
 
     def on_mount(self) -> None:
         self.query_one("#no" if self.destructive else "#yes", Button).focus()
@@ -85,7 +94,7 @@ class QuestionModal(ConsoleModal[bool]):
         self.set_class(short, "short")
         # The header's row, the banner and the footer; the border, the title, the buttons and their margin (and, when
         # tall, the padding and the title's margin): the body gets the rest.
-        extra = 1 if self.refusal else 0  # the line saying what n leaves behind
+        extra = len(self.refusal_text().plain.splitlines()) if self.refusal else 0  # what n leaves behind
         self.query_one(".body").styles.max_height = max(3, height - (10 if short else 14) - extra)
 
     def on_button_pressed(self, event: Button.Pressed) -> None:
@@ -115,11 +124,11 @@ REFUSALS = {
 class ConfirmModal(QuestionModal):
     """What the engine asks before a stop, a start or an overwrite."""
 
-    def __init__(self, confirmation: Confirmation) -> None:
+    def __init__(self, confirmation: Confirmation, title: str | None = None, yes: str = "Proceed",
+                 no: str = "Cancel") -> None:
         c = confirmation
-        super().__init__(f"{c.step}: {c.action} on {c.host}?", yes="Proceed", no="Cancel",
-                         destructive=c.destructive,
-                         refusal=REFUSALS.get(c.step, "nothing is run; the refusal is journalled"))
+        super().__init__(title or f"{c.step}: {c.action} on {c.host}?", yes=yes, no=no, destructive=c.destructive,
+                         refusal=c.leaves or REFUSALS.get(c.step, "nothing is run; the refusal is journalled"))
         self.confirmation = c
 
     def body(self) -> ComposeResult:
@@ -148,3 +157,33 @@ class ConfirmModal(QuestionModal):
 
     def _tick(self) -> None:
         self.query_one(".impact", Static).update(self.impact_text())
+
+
+class RestartOrLeaveModal(ConfirmModal):
+    """The restart the run offers after a no to a step that must run while the service is down (the
+    holders left running): the window cannot go on. As the quit dialog: restart now (y, r: the
+    literal start command above), leave it down for later (l: this console quits, exit 3, leaving the
+    run and `run --resume` on the terminal), or not now (n, escape: it stays down here, r restarts it).
+    Dismissed with True, "leave" or False."""
+
+    BINDINGS = [Binding("r", "answer(True)", "Restart now", show=False),
+                Binding("l", "leave", "Leave it down for later")]
+
+    def __init__(self, confirmation: Confirmation) -> None:
+        super().__init__(confirmation, title=f"The service is down and this window cannot go on: restart it on "
+                                             f"{confirmation.host} now, or leave it down for later?",
+                         yes="Restart now", no="Not now")
+
+    def refusal_text(self) -> Text:
+        return Text(f"Leave it down for later (l): {self.refusal}; this console quits.\n"
+                    f"{self.no_label} (n): it stays down here; r restarts it.")
+
+    def more_buttons(self) -> ComposeResult:
+        yield Button("Leave it down for later (l)", id="leave", variant="error")
+
+    def on_button_pressed(self, event: Button.Pressed) -> None:
+        event.stop()
+        self.dismiss("leave" if event.button.id == "leave" else event.button.id == "yes")
+
+    def action_leave(self) -> None:
+        self.dismiss("leave")

@@ -26,7 +26,7 @@ KEYS = [
     ("q", "quit (asks first while the service is down or a run is going; leaving it down has its own key, "
           "l); ctrl+q and ctrl+c quit the same way, from any screen"),
 ]
-ACTING_KEYS = {"g", "n", "p", "c", "r"}  # what read-only does not offer
+ACTING_KEYS = {"g", "n", "p", "c", "r", "e"}  # what read-only does not offer (e writes the report)
 RESULT_KEYS = [
     ("1..7", "summary, per prompt, acceptance chart, parity, kernels, the window's timeline, the online cross-check"),
     ("d", "per prompt: the next drafter's columns (the prompt column stays)"),
@@ -61,11 +61,12 @@ class HelpModal(ConsoleModal[None]):
     def dialog(self) -> ComposeResult:
         with Vertical(), VerticalScroll():
             if self.read_only:
-                yield Static(Text("Read-only: this console watches; no key stops, starts or ends anything.",
-                                  style="bold yellow"))
+                yield Static(Text("Read-only: this console watches; no key stops, starts or ends anything, "
+                                  "or writes a file.", style="bold yellow"))
             yield Static(keys_table("Dashboard", [(k, t) for k, t in KEYS
                                                   if not (self.read_only and k in ACTING_KEYS)]))
-            yield Static(keys_table("Results", RESULT_KEYS))
+            yield Static(keys_table("Results", [(k, t) for k, t in RESULT_KEYS
+                                                if not (self.read_only and k in ACTING_KEYS)]))
             yield Static(Text("\nBefore anything changes a host you are asked, with the literal command. "
                               "Refusing changes nothing. While the service is down because of a run a red "
                               "banner says for how long, on every screen, and whether anything is bringing it "

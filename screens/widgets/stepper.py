@@ -59,14 +59,18 @@ def stepper_renderable(steps: Mapping[str, StepView], planned: bool, now: float,
     return Group(*parts)
 
 
-def ended_line(finished: Any, read_only: bool = False) -> Text | None:
-    """'run 20251201-093500-ab12 done: o opens the results', under the steps of the run this console drove."""
+def ended_line(finished: Any, read_only: bool = False, steps: Mapping[str, StepView] | None = None) -> Text | None:
+    """'run 20251201-093500-ab12 done: o opens the results', under the steps of the run this console drove;
+    a run paused after a step names the step that waits for n ('n runs the next step, extract')."""
     if finished is None:
         return None
     if finished.status == "done":
         return Text(f"run {finished.run_id} done" + ("" if read_only else ": o opens the results"), style="green")
-    return Text(f"run {finished.run_id} {finished.status} (exit {finished.exit_code})",
-                style="yellow" if finished.service_up else "bold red")
+    line = f"run {finished.run_id} {finished.status} (exit {finished.exit_code})"
+    if finished.status == "paused" and not read_only:
+        waiting = next((s.name for s in (steps or {}).values() if s.status == "pending" and s.acts), None)
+        line += ": n runs the next step" + (f", {waiting}" if waiting else "")
+    return Text(line, style="yellow" if finished.service_up else "bold red")
 
 
 def stepper_chips(steps: Mapping[str, StepView], now: float) -> Text:
@@ -96,7 +100,7 @@ class Stepper(Static):
              finished: Any = None) -> None:
         self.border_title = f"Steps  {run_id}" + (f" ({route})" if route and route != "window" else "") \
             if run_id else "Steps"
-        ended = None if running else ended_line(finished, read_only)
+        ended = None if running else ended_line(finished, read_only, steps)
         key = (compact, planned, running, read_only, ended and ended.plain, tuple((s.name, s.status, s.estimate_s, s.started_at, s.ended_at, s.detail,
                                         s.work_s, s.decision_s,
                                         int(now - s.started_at) if s.status == "running" and s.started_at else None)

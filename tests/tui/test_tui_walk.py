@@ -284,6 +284,7 @@ async def test_every_question_says_what_n_leaves_behind_in_the_buttons_words():
         assert {"Proceed", "Cancel"} <= footer and not {"Yes", "No"} & footer
         refusal = text_of(app.screen.query_one(".refusal", Static)).strip()
         assert refusal == "Cancel (n): the service stays down; r restarts it"
+        await until(pilot, lambda: app.screen.query_one(".refusal").region.height > 0)  # laid out (a loaded CI)
         assert app.screen.query_one(".refusal").region.height == 1  # on screen at 80 x 24, above the buttons
         await pilot.press("n")
 

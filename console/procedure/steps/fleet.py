@@ -8,9 +8,12 @@ replica is listed healthy; the one with the fewest running requests (its own /me
 is never the last healthy one; the requests running on it must fit under the others'
 `max_running_requests` (from their /server_info) when they report it. Each refusal says the numbers.
 
-`drain` writes `drained = {replica, router, since}` to the run's state *before* it asks the router to
-remove the replica (a crash there still knows it may be out), waits until the router no longer lists
-it, then until the replica itself runs and queues nothing, within `[fleet] drain_timeout_s`.
+`drain` writes `drained = {replica, router, since, spec}` to the run's state *before* it asks the router
+to remove the replica (a crash there still knows it may be out; `spec`: the worker's settings smg
+lists, given back by the rejoin), waits until the router no longer lists it (smg: once the gateway's
+own settle is over, the worker listed `draining` meanwhile; sglang-router: a short settle of ours),
+then until the replica's own /v1/loads counts no request in a snapshot taken after that, within
+`[fleet] drain_timeout_s` (never the /metrics gauges: console/service/replica_loads.py).
 `rejoin` waits for the replica's /health_generate, adds it back, waits until the router lists it
 healthy, clears `drained`, and verifies that requests through the router reach it (its own
 `num_requests_total` rises; said when the policy cannot show it). One drain per window, one rejoin
@@ -24,6 +27,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import json
 import time
 import uuid
 from dataclasses import dataclass
@@ -31,8 +35,9 @@ from typing import TYPE_CHECKING, Any
 
 from console.messages import Confirmation
 from console.procedure.outcomes import Found, Refused, Skip, StepFailed
-from console.service.router import RouterClient, RouterError, Worker, wait_idle
-from console.service.sglang_api import ServerUnreachable, SglangClient, server_summary
+from console.service.replica_loads import read_loads
+from console.service.router import SMG, SMG_DEFAULT_SETTLE_S, RouterClient, RouterError, Worker, wait_idle
+from console.service.sglang_api import ServerUnreachable, SglangClient
 
 if TYPE_CHECKING:
     from console.config import Config
@@ -50,8 +55,9 @@ class ReplicaLoad:
     name: str
     listed: bool
     healthy: bool
-    running: int | None  # its /metrics sglang:num_running_reqs (+ queued); None when unreadable
+    running: int | None  # its /v1/loads num_running_reqs (+ waiting); None when unreadable
     capacity: int | None  # its /server_info max_running_requests; None when it does not say
+    listed_as: str | None = None  # how the router lists it when not healthy (smg: "draining", ...)
 
 
 @dataclass(frozen=True)
@@ -65,13 +71,13 @@ def choose(loads: list[ReplicaLoad], eligible: set[str] | None = None) -> Choice
     fit the extraction and that have the drafters' kernels (None: all)."""
     unhealthy = [r.name for r in loads if not (r.listed and r.healthy)]
     if unhealthy:
-        said = ", ".join(f"{r.name} ({'unhealthy' if r.listed else 'not listed'})" for r in loads
+        said = ", ".join(f"{r.name} ({r.listed_as or 'unhealthy' if r.listed else 'not listed'})" for r in loads
                          if r.name in unhealthy)
         return Choice(None, f"the router does not list every replica healthy: {said}; the fleet window runs only "
                             f"while all are")
     unknown = [r.name for r in loads if r.running is None]
     if unknown:
-        return Choice(None, f"the running requests of {', '.join(unknown)} cannot be read (its /metrics): the "
+        return Choice(None, f"the running requests of {', '.join(unknown)} cannot be read (its /v1/loads): the "
                             f"load the others would take cannot be measured")
     if len(loads) < 2:
         return Choice(None, f"{loads[0].name if loads else 'no replica'} is the last healthy replica: it is never "
@@ -142,13 +148,12 @@ async def measure(fleet: FleetConfig, via: Any = None) -> list[ReplicaLoad]:
         client = via.replica_client(replica.service.url) if via is not None else SglangClient(replica.service.url)
         running = None
         try:
-            summary = server_summary(await client.metrics())
-            if summary["running_requests"] is not None:
-                running = int(summary["running_requests"] + (summary["queued_requests"] or 0))
+            loads = await read_loads(client)
+            running = loads.running + loads.queued
         except Exception:  # unreadable: the choice refuses and says so
             pass
         return ReplicaLoad(replica.name, listed is not None, bool(listed and listed.healthy), running,
-                           await _capacity(client))
+                           await _capacity(client), listed.status if listed is not None and not listed.healthy else None)
 
     return list(await asyncio.gather(*(one(r) for r in fleet.replicas)))
 
@@ -232,20 +237,24 @@ async def run_drain(engine: Any) -> str:
                                           f"is not drained by this run")
             if svc.drained is None:
                 impact = (f"the router stops sending requests to {replica.name}; the other replicas carry them; its "
-                          f"requests in flight finish (bound {fleet.drain_timeout_s:g} s)")
+                          f"requests in flight finish (the router's settle, then bound {fleet.drain_timeout_s:g} s)")
                 if not await engine._ask(Confirmation("drain", f"take replica {replica.name} out of the router",
                                                       fleet.router_host or "console",
                                                       ("DELETE", f"{fleet.router}/workers/{listed.id}"), impact, False)):
                     raise Refused("drain", f"take replica {replica.name} out of the router")
                 engine._crash("before-drain-recorded")
-                svc.drained = {"replica": replica.name, "router": fleet.router, "since": time.time()}
+                svc.drained = {"replica": replica.name, "router": fleet.router, "since": time.time(),
+                               "spec": listed.spec}
                 engine.state.facts["fleet_replica"] = replica.name
                 svc.drains += 1
                 engine.run.save()  # before the removal: a crash during it knows the replica may be out
                 engine._crash("drain-recorded")
-            await router.remove_worker(replica.worker_url)
-            await router.wait_gone(replica.worker_url, LISTED_S)
-        engine.journal("drain", f"{replica.name} ({replica.worker_url}) is out of the router {fleet.router}")
+            await router.remove_worker(replica.worker_url)  # smg: not again while it drains (it would cut the settle)
+            await router.wait_gone(replica.worker_url, LISTED_S + (listed.settle_s or SMG_DEFAULT_SETTLE_S))
+        gateway = await router.gateway()
+        settled = await router.settle()
+        engine.journal("drain", f"{replica.name} ({replica.worker_url}) is out of the router {fleet.router} ({gateway}"
+                                f"{': after its settle' if gateway.settles else f', then {settled:g} s of ours'})")
         engine._crash("draining")
         waited = await wait_idle(replica_client(engine, replica), fleet.drain_timeout_s)
     except FLEET_ERRORS as exc:
@@ -295,15 +304,18 @@ async def run_rejoin(engine: Any, reason: str = "its window is over") -> str:
                                  await router.wait_listed(replica.worker_url, LISTED_S))
             except RouterError:
                 engine.journal("rejoin", "the add sent earlier never landed: sent again", level="warning")
+        spec = (svc.drained or {}).get("spec") or {}
+        body = json.dumps({"url": replica.worker_url, **spec}) if (await router.gateway()).kind == SMG else \
+            json.dumps({"url": replica.worker_url})
         if not await engine._ask(Confirmation("rejoin", f"put replica {replica.name} back in the router",
                                               fleet.router_host or "console",
-                                              ("POST", f"{fleet.router}/workers", f'{{"url": "{replica.worker_url}"}}'),
+                                              ("POST", f"{fleet.router}/workers", body),
                                               f"{reason}: the router sends {replica.name} requests again", False)):
             raise Refused("rejoin", f"put replica {replica.name} back in the router")
         engine._crash("before-add")
         svc.rejoins += 1
         engine.run.save()
-        await router.add_worker(replica.worker_url)
+        await router.add_worker(replica.worker_url, spec)
         engine._crash("added")
         worker = await router.wait_listed(replica.worker_url, LISTED_S)
     except FLEET_ERRORS as exc:

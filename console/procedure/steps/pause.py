@@ -19,19 +19,27 @@ then find that done (the continue step still checks /health and the greedy token
 Every failure, refusal, cancel and crash after the pause ends in resume + continue (`give_back`,
 called by the engine's compensation as the stop route's restart is): one continue per pause, one
 resume per release. Facts on SGLang's routes: docs/sglang.md.
+
+Nothing is released, resumed or continued on another process than the one paused (`same_server`):
+a restarted SGLang has released nothing, and its scheduler dies on a resume of a tag it never
+released. The process is its manager's pid and start time, asked just before the pause is sent and
+again before each of those requests; a restart found is named with both, and the window's memory
+came back by it. The route needs an SGLang whose pause holds requests (0.5.6 and later).
 """
 
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 import time
 from typing import TYPE_CHECKING, Any
 
-from console.messages import Confirmation, Forecast, ForecastPhase, TelemetrySample
+from console.messages import Confirmation, Forecast, ForecastPhase, ServiceStatus, TelemetrySample
 from console.procedure import forecast as fc
 from console.procedure.fit import SPLIT_FILL, need_mib
 from console.procedure.outcomes import Found, Refused, Skip, StepFailed
+from console.procedure.state import ServiceState
 from console.service.memory_saver import CUDA_GRAPH, KV_CACHE, WEIGHTS, MemorySaver
 from console.service.sglang_api import ServerAnswerError
 from console.session import service_name
@@ -99,7 +107,11 @@ def release_plan(saver: MemorySaver, free_mib: int | None, gpus: int, need: int 
     """The tags to release and why; (None, why) when the route is not possible on this server.
 
     The KV cache and CUDA graphs when the extraction fits beside the resident weights; the weights
-    too only when it must, and only with a CPU backup of them (else they would be lost)."""
+    too only when it must, and only with a CPU backup of them (else they would be lost). An SGLang
+    whose pause aborts the requests (0.5.5 and earlier) has no pause route at all."""
+    aborts = saver.why_no_pause()
+    if aborts is not None:
+        return None, aborts
     if not saver.enabled:
         return None, f"the server runs without the memory saver: {SAVER_HINT}"
     light = [KV_CACHE, CUDA_GRAPH]
@@ -204,10 +216,112 @@ async def _paused_now(engine: Engine) -> bool | None:
     return True if status == 503 else False if status == 200 else None
 
 
+# --- the process paused: proven before anything more is sent to it ---------------------------------
+
+
+def process_words(pid: int | None, since: float | None) -> str:
+    """"pid 4242 up since 09:31:02", or whichever of the two its manager reports."""
+    words = ([f"pid {pid}"] if pid is not None else []) + (
+        [f"up since {time.strftime('%H:%M:%S', time.localtime(since))}"] if since is not None else [])
+    return " ".join(words) or "no pid or start time"
+
+
+def other_process(service: ServiceState, status: ServiceStatus) -> bool | None:
+    """Whether the server's manager now names another process than the one this run paused: its pid
+    or its start time differs from those recorded just before the pause (systemd's MainPID and
+    ActiveEnterTimestamp, a status command's pid), or none runs. None: nothing to compare."""
+    if not status.active:
+        return True
+    compared = False
+    pids = (service.main_pid_before_stop, status.main_pid)
+    for then, now in (pids, (service.active_since_before_stop, status.since)):
+        if then is not None and now is not None:
+            if then != now:
+                return True
+            compared = True
+    return False if compared else None
+
+
+def restart_words(why: str | None) -> str:
+    """How a run says it: "the server this run paused was restarted outside it (pid 5151 now, pid 4242
+    when paused): the window's memory came back by that restart"."""
+    return (f"the server this run paused was restarted outside it ({why}): the window's memory came back by "
+            f"that restart")
+
+
+async def same_server(engine: Engine, step: str) -> bool:
+    """Whether the server is still the process this run paused, asked before a release, a resume or a
+    continue is sent: a restarted SGLang released nothing, and its scheduler dies on a resume of a
+    tag it never released (weight_updater.py, `offload_tags.remove`). Its manager's pid and start
+    time against those recorded before the pause, as the stop route's `restarted_outside`; where
+    neither tells, /ready: 503 is a paused server, 200 one that is not paused (nothing is sent to it).
+    Another process: the window's memory came back by its restart (`_restarted`, both named), False.
+    None running: the same, then StepFailed (nothing of the run holds it; it needs a start)."""
+    svc = engine.state.service
+    status = await (await engine.hosts.service_manager(engine.connect_s)).status()
+    other = other_process(svc, status)
+    then = process_words(svc.main_pid_before_stop, svc.active_since_before_stop)
+    if other is None:
+        paused = await _paused_now(engine)
+        if paused is None:
+            raise StepFailed(step, f"cannot tell whether the server is the process this run paused ({then} then, "
+                                   f"{process_words(status.main_pid, status.since)} now) and it has no /ready: look "
+                                   f"at it before giving its memory back by hand")
+        if paused:
+            return True
+        _restarted(engine, status, f"it answers /ready 200, so it is not paused, and its manager names nothing to "
+                                   f"compare with the process paused ({then})")
+        return False
+    if not other:
+        return True
+    if not status.active:
+        _restarted(engine, status, f"it is {status.state} now; {then} when paused")
+        raise StepFailed(step, f"the server this run paused is {status.state}: its process is gone, with the memory "
+                               f"it held, and nothing is sent; it was not stopped by this run: start it")
+    _restarted(engine, status, f"{process_words(status.main_pid, status.since)} now, {then} when paused")
+    return False
+
+
+def _restarted(engine: Engine, status: ServiceStatus, why: str) -> None:
+    """The process this run paused is not the server now: the memory it released went with it, and
+    nothing of this run holds the server any more. The pause's downtime ends at the new process's
+    start (its manager's, when it says), else now."""
+    svc = engine.state.service
+    paused_at = time.strftime("%H:%M:%S", time.localtime(svc.paused_at or time.time()))
+    since = status.since if status.active and status.since is not None else None
+    up_at = since if since is not None and since >= (svc.paused_at or 0) else time.time()
+    svc.restarted_outside, svc.restarted_outside_at = why, up_at
+    svc.paused, svc.released, svc.releasing, svc.resuming = False, [], [], []
+    svc.continued_at = svc.continued_at or up_at
+    engine.run.save()
+    engine._publish_downtime()
+    engine.journal(None, f"{service_name(engine.config)} on {engine.config.service.host} is not the process this run "
+                         f"paused at {paused_at} ({why}): restarted outside this run, the window's memory came back "
+                         f"by that restart; nothing is released, resumed or continued on it", level="warning")
+
+
+def _pause_again(engine: Engine) -> None:
+    """Restarted before the extraction began: the window is over (kept in `windows`, the restart named)
+    and the next begins with a new pause of the process running now, asked as the first was."""
+    svc = engine.state.service
+    engine.state.windows.append({"service": dataclasses.asdict(svc), "extraction": {}, "steps": {},
+                                 "forecast": engine.state.forecast, "restarted_outside": svc.restarted_outside})
+    engine.state.service = ServiceState()
+    engine.run.save()
+    engine._publish_downtime()
+
+
 async def check_pause(engine: Engine) -> Skip | None:
     svc = engine.state.service
     if svc.pauses == 0:
         return None
+    since = time.strftime("%H:%M:%S", time.localtime(svc.paused_at or time.time()))
+    if svc.held and not await same_server(engine, "pause"):
+        extraction = engine.state.extraction
+        if extraction.begun_at is None and not extraction.complete:  # the window needs the memory again
+            _pause_again(engine)
+            return None
+        return Found(f"paused by this run at {since}; {restart_words(svc.restarted_outside)}")
     if svc.paused and not svc.pause_confirmed:  # sent, its answer never seen: asked of the server
         now = await _paused_now(engine)
         if now is False:
@@ -216,9 +330,10 @@ async def check_pause(engine: Engine) -> Skip | None:
             return None
         svc.pause_confirmed = True
         engine.run.save()
-    since = time.strftime("%H:%M:%S", time.localtime(svc.paused_at or time.time()))
     if svc.paused:
         return Found(f"paused by this run at {since}")
+    if svc.restarted_outside:
+        return Found(f"paused by this run at {since}; {restart_words(svc.restarted_outside)}")
     return Found(f"paused by this run at {since}; taking requests again since "
                  f"{time.strftime('%H:%M:%S', time.localtime(svc.continued_at or time.time()))}")
 
@@ -257,6 +372,16 @@ async def run_pause(engine: Engine) -> str:
                                           request_argv(engine, "/pause_generation", body), impact, False,
                                           made.downtime_s, "forecast")):
         raise Refused("pause", "pause the server's generation")
+    manager = await engine.hosts.service_manager(engine.connect_s)
+    status = await manager.status()  # the process paused: nothing is sent later to another one
+    if not status.active:
+        raise StepFailed("pause", f"{manager.name} is {status.state}: there is no server to pause")
+    if status.main_pid is None and status.since is None:
+        raise StepFailed("pause", f"refused before the pause, the server untouched: {manager.name} reports neither "
+                                  f"a pid nor a start time, so a server restarted during the window could not be "
+                                  f"told from the one paused (SGLang dies on a resume of memory it never released): "
+                                  f"make its status command print the server's pid first")
+    svc.main_pid_before_stop, svc.active_since_before_stop = status.main_pid, status.since
     svc.paused_at = svc.paused_at or time.time()
     svc.paused, svc.pause_confirmed = True, False
     svc.pauses += 1
@@ -330,6 +455,9 @@ async def run_release(engine: Engine) -> str:
                                           request_argv(engine, "/release_memory_occupation", body), impact,
                                           WEIGHTS in tags)):
         raise Refused("release", f"release the server's {' and '.join(tags)}")
+    if not await same_server(engine, "release"):
+        raise StepFailed("release", f"nothing was released: {restart_words(svc.restarted_outside)}; a new run "
+                                    f"pauses the server that runs now")
     svc.used_before_release_mib = _used(engine, _latest(engine))
     svc.releasing = list(tags)
     svc.releases += 1
@@ -467,13 +595,24 @@ async def join_give_back(engine: Engine, step: str | None = None) -> None:
         raise refused
 
 
-async def check_resume(engine: Engine) -> Skip | None:
-    await join_give_back(engine, "resume")
+async def _settle(engine: Engine, step: str) -> None:
+    """A release or resume whose answer was never seen, settled from the GPUs: only on the process
+    paused (a restarted one's GPUs say nothing of this run's requests)."""
     svc = engine.state.service
+    if (svc.releasing or svc.resuming) and not await same_server(engine, step):
+        return
     if svc.releasing:
         await _settle_releasing(engine)
     if svc.resuming:
         await _settle_resuming(engine)
+
+
+async def check_resume(engine: Engine) -> Skip | None:
+    await join_give_back(engine, "resume")
+    svc = engine.state.service
+    await _settle(engine, "resume")
+    if svc.restarted_outside:
+        return Found(f"nothing resumed: {restart_words(svc.restarted_outside)}")
     if svc.released:
         return None
     if svc.releases == 0:
@@ -493,6 +632,8 @@ async def run_resume(engine: Engine, reason: str = "the extraction finished") ->
                                           f"{reason}: {service_name(engine.config)} takes back {', '.join(tags)}"
                                           f"{failed_before}", False, engine.earlier.get("resume"))):
         raise Refused("resume", "give the server its memory back")
+    if not await same_server(engine, "resume"):
+        return f"nothing resumed: {restart_words(svc.restarted_outside)}"
     svc.resumes += 1
     svc.resuming = list(tags)
     engine.run.save()  # before the request: a crash during it knows a resume may have landed
@@ -521,6 +662,8 @@ async def run_resume(engine: Engine, reason: str = "the extraction finished") ->
 
 async def verify_resume(engine: Engine) -> None:
     """The memory is seen back on the GPUs (telemetry), not assumed from the answer."""
+    if engine.state.service.restarted_outside:
+        return  # it came back by the restart: nothing was resumed
     stream = engine.hosts.telemetry(engine.config.service.host)
     latest = stream.telemetry.latest
     if _memory_back(engine, latest) is None or _memory_back(engine, latest):
@@ -539,6 +682,8 @@ async def check_continue(engine: Engine) -> Skip | None:
     svc = engine.state.service
     if svc.pauses == 0:
         return Skip("the server was not paused by this run")
+    if svc.restarted_outside:
+        return Found(f"nothing continued: {restart_words(svc.restarted_outside)}")
     if not svc.paused and not engine._continued_early:  # continued by this console at gpu_released: verified below
         return Found(f"taking requests again since "
                      f"{time.strftime('%H:%M:%S', time.localtime(svc.continued_at or time.time()))}")
@@ -561,6 +706,12 @@ async def run_continue(engine: Engine, reason: str = "its memory is back") -> st
                                           request_argv(engine, "/continue_generation", {}),
                                           f"{reason}: the held requests run again", False)):
         raise Refused("continue", "let the server take requests again")
+    if not await same_server(engine, "continue"):
+        return f"nothing continued: {restart_words(svc.restarted_outside)}"
+    if await _paused_now(engine) is False:  # not paused (continued outside the run): nothing is sent
+        engine.journal("continue", "the server answers /ready 200: it is not paused, no continue is sent",
+                       level="warning")
+        return _continued(engine)
     svc.continues += 1
     engine.run.save()
     try:
@@ -613,6 +764,10 @@ async def give_back(engine: Engine, reason: str) -> None:
 
 async def _give_back(engine: Engine, reason: str, early: bool = False) -> None:
     svc = engine.state.service
+    # The process is proven before anything is asked (the resume and the continue prove it again once
+    # their questions are answered); at gpu_released, where each moment is downtime, only then.
+    if not early and svc.held and not await same_server(engine, "resume"):
+        return  # restarted outside the run (named): nothing of this run holds the server
     unconfirmed = svc.paused and not svc.pause_confirmed and not svc.released and not svc.releasing
     if unconfirmed and await _paused_now(engine) is False:  # the pause never landed: nothing to continue
         svc.paused = False
@@ -620,10 +775,7 @@ async def _give_back(engine: Engine, reason: str, early: bool = False) -> None:
         engine.journal("pause", "the pause had not landed (/ready answers 200): nothing to give back",
                        level="warning")
         return
-    if svc.releasing:
-        await _settle_releasing(engine)
-    if svc.resuming:
-        await _settle_resuming(engine)
+    await _settle(engine, "resume")
     if svc.released:
         await run_resume(engine, reason)
         await verify_resume(engine)

@@ -294,15 +294,19 @@ async def _pause_acts(engine: Engine) -> dict[str, tuple[bool, str]]:
 
 
 async def _say_pause_route(engine: Engine) -> None:
-    """On the stop route, one line on whether the pause route would be possible (the server's memory
-    saver): without it, the one change that makes later windows need no restart."""
+    """On the stop route, one line on whether the pause route would be possible (an SGLang whose pause
+    holds requests, and its memory saver): without the saver, the one change that makes later
+    windows need no restart."""
     try:
         server = await engine.hosts.server()
         saver = await server.memory_saver()
     except Exception as exc:  # the plan goes on: this line is advice
         engine.journal("preflight", f"pause route: could not ask the server ({exc})", level="warning")
         return
-    if saver.enabled:
+    aborts = saver.why_no_pause()
+    if aborts is not None:
+        engine.state.facts["pause_route"] = f"not possible: {aborts}"
+    elif saver.enabled:
         engine.state.facts["pause_route"] = "possible: the server runs with the memory saver (--route pause)"
     else:
         engine.state.facts["pause_route"] = f"not possible: {pause.SAVER_HINT}"
@@ -311,8 +315,9 @@ async def _say_pause_route(engine: Engine) -> None:
 
 async def _choose_route(engine: Engine) -> None:
     """`--route auto`: the least harm these hosts allow, fixed for the run from here: zero-downtime
-    where another host has room, else pause where the server runs with the memory saver (and the
-    extraction fits what it can release), else the stop route."""
+    where another host has room, else pause where the server's pause holds requests (SGLang 0.5.6 and
+    later), it runs with the memory saver and the extraction fits what it can release, else the stop
+    route, saying why (`pause.release_plan`)."""
     fit = next((f for f in engine.fits if f.proposed), None)
     if fit is not None:
         route, why = "zero-downtime", f"{fit.host} has room ({fit.why})"

@@ -309,8 +309,9 @@ async def run_restart(engine: Engine) -> str:
     return f"ready {(service.ready_at or 0) - (service.stopped_at or 0):.1f} s after the stop"
 
 
-async def restart_service(engine: Engine, reason: str) -> None:
+async def restart_service(engine: Engine, reason: str, leaves: str | None = None) -> None:
     """Start the service (asking first) and wait until it is ready; the downtime ends then.
+    `leaves`: what a no to it leaves behind, when the question says so (`Confirmation.leaves`).
 
     One start per down period: the manager is asked first, and a service already active or
     activating (our start cut off by a crash, a quit modal's restart, another console) is
@@ -338,7 +339,7 @@ async def restart_service(engine: Engine, reason: str) -> None:
                 if not await engine._ask(Confirmation("restart", "start the service", service.host, tuple(argv),
                                                     f"{reason}: brings {service_name(engine.config)} back "
                                                     f"({so_far}){failed_before}", False,
-                                                    engine.earlier.get("restart"))):
+                                                    engine.earlier.get("restart"), leaves=leaves)):
                     engine.restart_refused = True
                     raise Refused("restart", "start the service")
                 svc.start_issued_at = time.time()

@@ -6,7 +6,7 @@
         [--gpu-file F --gpu-mib M [--release-after S | --hold-until-killed] [--stubborn-holder]]
         [--flap-health] [--speculative-drafter DRAFTER_DIR] [--step-delay S]
         [--enable-memory-saver [--enable-weights-cpu-backup] [--kv-cache-mib M] [--cuda-graph-mib M]]
-        [--admin-api-key KEY]
+        [--admin-api-key KEY] [--sglang-version X.Y.Z]
 
 It serves the tiny target (`remote.drill.tinymodel`) with transformers, and behaves as SGLang 0.5.23
 does where the console and the workers meet it (each fact and its SGLang source: docs/sglang.md):
@@ -28,12 +28,15 @@ does where the console and the workers meet it (each fact and its SGLang source:
                                    (SSE chunks, data: [DONE]) (`remote.drill.chat`)
   POST /abort_request              {"rid": ...} or {"abort_all": true}: an abort finish, 200
   POST /pause_generation           {"mode": abort (default) | retract | in_place}; /continue_generation
+                                   (`--sglang-version` before 0.5.6: no body read, every request aborted,
+                                   as SGLang 0.5.5; /server_info's version says which)
   POST /release_memory_occupation  {"tags": kv_cache, weights, cuda_graph; none: all}; /resume_memory_occupation
                                    (GET too): SGLang's memory saver, `remote.drill.memory_saver`: each
                                    mode's effect on requests in flight, the idle assertion and the
                                    repeated calls that end SGLang's server, the memory leaving the
                                    simulated GPU (torch_memory_saver's real release on --device cuda)
   GET  /metrics                    with --metrics: SGLang's gauges and counters, its label set
+  GET  /v1/loads                   the scheduler's load snapshot (running, waiting, queues), taken now
 - `--api-key KEY`: every route but /health*, /ready* and /metrics* answers 401 without
   `Authorization: Bearer KEY` (the four memory saver routes want `--admin-api-key` instead when set); `--preferred-sampling-params` is laid under each request's as SGLang
   does; `--max-queued-requests N` aborts with 503 "The request queue is full." past N waiting.

@@ -16,7 +16,7 @@ from typing import Any
 from remote.drill.standin.arguments import parse_args
 from remote.drill.standin.gpu_worker import run_gpu_worker
 from remote.drill.standin.http_front import HttpFront
-from remote.drill.standin.server import VERSION, Server, log
+from remote.drill.standin.server import Server, log
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -35,7 +35,7 @@ def main(argv: list[str] | None = None) -> int:
         raise SystemExit(0)
 
     signal.signal(signal.SIGTERM, on_term)
-    log(f"standin {VERSION} serving {args.model} on {server.url} (pid {os.getpid()}, {args.device})")
+    log(f"standin {server.version} serving {args.model} on {server.url} (pid {os.getpid()}, {args.device})")
     try:
         server.start_gpu_worker()
         if args.flap_health:  # the fault: the port opens before the weights are in

@@ -50,6 +50,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     memory_saver.add_arguments(parser)
     parser.add_argument("--preferred-sampling-params", help="SGLang's: a JSON object laid under each request's")
     parser.add_argument("--max-queued-requests", type=int, help="SGLang's: past this many waiting, a 503 abort")
+    parser.add_argument("--sglang-version", default=memory_saver.SGLANG_VERSION, metavar="X.Y.Z",
+                        help="the SGLang release it answers as (/server_info's version, with -standin): from "
+                             f"{'.'.join(map(str, memory_saver.PAUSE_MODES_SINCE))} /pause_generation takes a mode; "
+                             "before it, it reads no body and aborts every request in flight (default %(default)s)")
     parser.add_argument("--speculative-drafter", metavar="PATH",
                         help="DFLASH speculative decoding with this DFlash drafter checkpoint (remote.drill.specdecode)")
     parser.add_argument("--gpu-worker", action="store_true", help=argparse.SUPPRESS)
@@ -65,6 +69,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         return args
     if not args.model or args.port is None:
         parser.error("--model and --port are required")
+    if memory_saver.release_of(args.sglang_version) is None:
+        parser.error(f"--sglang-version {args.sglang_version!r}: a release such as 0.5.23 or 0.5.5")
     if args.gpu_file and sum(m or 0 for m in (args.kv_cache_mib, args.cuda_graph_mib)) > args.gpu_mib:
         parser.error(f"--kv-cache-mib + --cuda-graph-mib exceed --gpu-mib {args.gpu_mib}")
     if args.preferred_sampling_params is not None:

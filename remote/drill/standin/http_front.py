@@ -17,6 +17,7 @@ from __future__ import annotations
 import argparse
 import json
 import time
+import urllib.parse
 import uuid
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
@@ -27,7 +28,7 @@ from remote.drill.sglang_contract import ContractError, allowed, decode_sampling
 from remote.drill.standin.server import QueueFull, Server
 
 GET_ROUTES = ("/health", "/health_generate", "/ready", "/model_info", "/get_model_info", "/server_info",
-              "/get_server_info", "/v1/models", "/metrics")
+              "/get_server_info", "/v1/models", "/metrics", "/v1/loads")
 POST_ROUTES = ("/generate", "/v1/completions", "/v1/chat/completions", "/abort_request")
 
 
@@ -143,6 +144,13 @@ def make_handler(server: Server, args: argparse.Namespace) -> type[BaseHTTPReque
                 self._send(200, server.server_info())
             elif path == "/v1/models":
                 self._send(200, server.model_list())
+            elif path == "/v1/loads":
+                query = urllib.parse.parse_qs(urllib.parse.urlsplit(self.path).query)
+                include = {s.strip() for s in ",".join(query.get("include", [])).split(",")} if "include" in query else None
+                try:
+                    self._send(200, server.loads(include))
+                except ValueError as exc:
+                    self._send(400, {"detail": str(exc)})
             elif path == "/metrics" and args.metrics:
                 self._send(200, server.metrics_text(), "text/plain; version=0.0.4; charset=utf-8")
             elif path in POST_ROUTES or path in memory_saver.CONTROL_ROUTES:

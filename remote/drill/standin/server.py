@@ -36,7 +36,7 @@ from remote.drill.sglang_contract import resolve_sampling_params, verify_samplin
 from remote.drill.standin.gpu_worker import start_gpu_worker
 from remote.drill.standin.model import Generation, Model, Request, generate, generate_tokens, import_ahead
 
-VERSION = "0.5.23-standin"
+VERSION = f"{memory_saver.SGLANG_VERSION}-standin"  # /server_info's version (--sglang-version, with -standin)
 HEALTH_CHECK_TIMEOUT_S = float(os.environ.get("SGLANG_HEALTH_CHECK_TIMEOUT", 20))  # http_server.py
 WARMUP_TEXT = "The capital city of France is"  # http_server.py, _execute_server_warmup
 WARMUP_MAX_NEW_TOKENS = 8
@@ -69,6 +69,7 @@ class Server:
             raise SystemExit(f"standin: --model {args.model}: no config.json there (build it with remote.drill.tinymodel)")
         self.config = json.loads(config_file.read_text())
         self.served_name = args.served_name or str(self.model_path)
+        self.version = f"{getattr(args, 'sglang_version', memory_saver.SGLANG_VERSION)}-standin"
         self.preferred = json.loads(args.preferred_sampling_params) if getattr(args, "preferred_sampling_params", None) else None
         self.model: Model | None = None
         self.load_error: str | None = None
@@ -233,7 +234,7 @@ class Server:
             "startup_time": self.started_at,
             "internal_states": [{"last_gen_throughput": self._throughput(), **self.saver.server_args(),
                                  "memory_usage": self.saver.memory_usage()}],
-            "version": VERSION,
+            "version": self.version,
             "frontend": "python",
             "standin": True,
             "pid": os.getpid(),
@@ -270,6 +271,38 @@ class Server:
         for name, kind, help_text, value in rows:
             out += [f"# HELP {name} {help_text}", f"# TYPE {name} {kind}", f"{name}{label} {float(value)}"]
         return "\n".join(out) + "\n"
+
+    def loads(self, include: set[str] | None) -> dict:
+        """/v1/loads (entrypoints/v1_loads.py, managers/load_snapshot.py): one scheduler's load snapshot,
+        taken now (SGLang's scheduler publishes one at each prefill, every 15 decode steps and when
+        idle; this one is never older than the request). `include`: the sections asked for (None: all);
+        an unknown one is ValueError, SGLang's 400."""
+        sections = {"core", "memory", "spec", "lora", "disagg", "queues", "all"}
+        if include is not None and not include <= sections:
+            raise ValueError(f"Invalid include sections: {include - sections}. Valid options: {sorted(sections)}")
+        with self.counter_lock:
+            running, waiting = len(self.running), len(self.waiting)
+        load: dict[str, Any] = {
+            "timestamp": time.time(), "dp_rank": 0, "num_running_reqs": running, "num_waiting_reqs": waiting,
+            "num_waiting_uncached_tokens": 0, "num_used_tokens": 0, "num_total_tokens": 0, "num_active_tokens": 0,
+            "num_prealloc_ready_tokens": 0, "max_total_num_tokens": 0,
+            "max_running_requests": 1,  # one request at a time (the model lock), the others wait
+            "token_usage": 0.01 if running else 0.0, "gen_throughput": self._throughput(),
+            "cache_hit_rate": self.cached_tokens / self.prompt_tokens if self.prompt_tokens else 0.0,
+            "utilization": 1.0 if running else 0.0, "total_prefill_uncached_tokens": self.prompt_tokens - self.cached_tokens,
+            "total_prefill_busy_us": 0, "decode_moments": None,
+        }
+        if include is None or include != {"core"}:
+            if include is None or "all" in include or "disagg" in include:
+                load["disaggregation"] = {"mode": "null", "prefill_bootstrap_queue_reqs": 0,
+                                          "prefill_inflight_queue_reqs": 0, "decode_prealloc_queue_reqs": 0,
+                                          "decode_transfer_queue_reqs": 0, "decode_retracted_queue_reqs": 0,
+                                          "kv_transfer_speed_gb_s": 0.0, "kv_transfer_latency_ms": 0.0}
+            if include is None or "all" in include or "queues" in include:
+                load["queues"] = {"waiting": waiting, "grammar": 0, "paused": self.saver.held, "retracted": 0,
+                                  "prealloc_ready": 0}
+        return {"timestamp": time.strftime("%Y-%m-%dT%H:%M:%S+00:00", time.gmtime()), "version": self.version,
+                "accelerator": None, "num_accelerators": 1, "loads": [load]}
 
     def tokenize(self, text: str) -> list[int]:
         """`text`'s token ids, as /generate and /v1/completions tokenize a prompt."""
