@@ -172,3 +172,24 @@ def test_piped_or_narrow_the_summary_keeps_drafter_names_and_taus_whole(run_dir:
         tau = metrics["tau"]["vanilla"]
         assert any(f"{tau['macro']:.2f} [{tau['ci95'][0]:.2f}, {tau['ci95'][1]:.2f}]" in line for line in lines), name
     assert "…" not in done.stdout
+
+
+def test_without_a_run_dir_the_latest_run_is_reported(run_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                      capsys: pytest.CaptureFixture[str]):
+    """Issue 43 (low): `report` needed an argument; without one it reports the store's latest run."""
+    from console.procedure.store import STATE
+    from tests.tui.rundir import RUN_ID, build_run
+
+    runs = tmp_path / "runs"
+    assert main(["report", "--runs", str(runs)]) == 2  # an empty store: said in one line
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and f"no run in {runs}: give RUN_DIR" in err
+    older = runs / "20251130-080000-0000"
+    older.mkdir(parents=True)
+    (older / STATE).write_text("{}")  # older than RUN_ID: not the one reported
+    directory = build_run(runs, run_dir)
+    monkeypatch.setenv("DFLASH_OPS_RUNS", str(runs))
+    assert main(["report"]) == 0
+    captured = capsys.readouterr()
+    assert f"the latest run: {RUN_ID} ({directory})" in captured.err
+    assert "copy (reference)" in captured.out and f"wrote {directory / 'report.md'}" in captured.out

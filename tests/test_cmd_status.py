@@ -173,3 +173,22 @@ def test_a_damaged_run_store_is_listed_beside_the_run_that_left_the_service_down
         line = _line(captured.out, f"unreadable run {run_id}:")
         assert str(store.root / run_id / STATE) in line
     assert "a JSON list" in _line(captured.out, "aa01") and "not JSON" in _line(captured.out, "aa03")
+
+
+def test_piped_at_80_columns_keeps_host_names_and_the_reason_whole(hosts: ThreadedHosts, tmp_path: Path,
+                                                                    monkeypatch: pytest.MonkeyPatch,
+                                                                    capsys: pytest.CaptureFixture[str]):
+    """Issue 43.9: piped (80 columns) `status` cut host names to `c…` and the rest of the row away."""
+    monkeypatch.setenv("COLUMNS", "80")
+    closed = _closed_port()
+    config = write_config(tmp_path / "ops.toml", {
+        "ct129": hosts.host_table("ct129"),
+        "ct200": hosts.host_table("ct200", port=closed),
+    }, service=command_service(tmp_path, tmp_path / "no-such.pid", free_port()))
+    assert main(["status", "--config", str(config)]) == 1
+    out = capsys.readouterr().out
+    assert "…" not in out
+    ct129 = _line(out, "ct129  connected, ")
+    assert " ms" in ct129 and "ago" in ct129
+    assert _line(out, "ct200  down")
+    assert "no GPU readings" in out

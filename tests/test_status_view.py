@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 from rich.console import Console
@@ -73,7 +74,48 @@ def test_status_at_120_columns_is_one_row_per_gpu_and_ends_on_the_verdict():
     lines = text.rstrip("\n").splitlines()
     gpu_rows = [line for line in lines if "GiB" in line or " MiB (" in line]
     assert len(gpu_rows) == 10  # ct129's 2 and ct200's 8 GPUs, one line each
-    assert len(lines) <= 16, "\n".join(lines)
+    # one block per host (issue 43.9): a line for each host, and ct129's holders wrap rather than being cut
+    assert len(lines) <= 18, "\n".join(lines)
     assert lines[-1].startswith("SERVICE DOWN since 02:52:04")  # the last line: left above the prompt
     assert "NOT RUNNING (stopped)" in text and "(stopped): stopped" not in text
-    assert "+3 more" in next(line for line in lines if line.lstrip().startswith("ct129"))
+    assert "+3 more" in next(line for line in lines if line.lstrip().startswith("0 L40S"))
+
+
+def _crowded_view():
+    from console.messages import GpuProcess, HostState
+    from console.views.status import status_view
+    from tests.tui.standin import serving_telemetry
+
+    ct129, ct200 = serving_telemetry()
+    crowded = tuple(GpuProcess(5000 + i, g, 900 + i, "root", f"/opt/venv/bin/python worker_{i}.py --tp-rank {g}")
+                    for g in (0, 1) for i in range(3))
+    ct129 = ct129.__class__(ct129.host, ct129.sample.__class__(**{**ct129.sample.__dict__,
+                                                                  "processes": ct129.sample.processes + crowded}),
+                            ct129.age_s, ct129.stale, ct129.streaming, service_pids=ct129.service_pids)
+    states = {h: HostState(h, "connected", NOW - 60, latency_s=0.001) for h in ("ct129", "ct200")}
+    return status_view(states, {"ct129": ct129, "ct200": ct200}, "server", "ct129", None, NOW)
+
+
+@pytest.mark.parametrize("width", [None, 80, 120, 60, 40])
+def test_status_never_cuts_a_host_name_util_or_holder(width: int | None):
+    """Issue 43.9: piped or at 80 columns `status` cut host names to `c…` and dropped util and
+    holders; holders were cut even at 120. Values stay whole: wrapped, or one block per host."""
+    import io
+
+    from console.views.status import short_command
+    from tests.tui.standin import SGLANG
+
+    out = io.StringIO()  # None: piped, the width rich gives a file that is not a terminal
+    console = Console(file=out, width=width, force_terminal=False)
+    console.print(_crowded_view())
+    text = out.getvalue()
+    assert max(len(line) for line in text.splitlines()) <= console.width
+    words = " ".join(text.split())  # a wrapped value reads whole once its line breaks are spaces
+    lines = text.splitlines()
+    assert any(line.startswith("ct129 ") for line in lines) and any(line.startswith("ct200 ") for line in lines)
+    for util in ("62%", "58%", "97%", "90%"):
+        assert util in words
+    assert f"4242 43.1 GiB [service] +3 more {short_command(SGLANG)}" in words
+    for i in range(8):
+        assert f"{9100 + i} 68.4 GiB python train_drafter.py --config v4.yaml" in words
+    assert text.count("…") == 2  # only where `short_command` shortens the server's command, once per GPU

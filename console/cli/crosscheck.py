@@ -39,7 +39,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                                         "RUN/crosscheck.json and the report's Online section.")
     parser.add_argument("run_dir", metavar="RUN", help="a run directory, or a run id of the store")
     parser.add_argument("--config", default=None, help="the config (default: the one the run was made with)")
-    parser.add_argument("--runs", default=None, help="the runs directory (default: the user data dir's runs/)")
+    parser.add_argument("--runs", default=None, metavar="DIR",
+                        help="the run store (default: the user data dir's runs/, or $DFLASH_OPS_RUNS)")
     parser.set_defaults(run=run)
 
 

@@ -11,6 +11,10 @@ from __future__ import annotations
 
 import argparse
 import sys
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from console.drill.hosts import DrillStatus
 
 
 def _gpu(args: argparse.Namespace) -> bool:
@@ -59,14 +63,41 @@ def cmd_drill(args: argparse.Namespace) -> int:
 
 
 def cmd_down(args: argparse.Namespace) -> int:
-    from console.drill.hosts import down
+    from console.drill.hosts import down, status
 
+    before = status(args.dir)  # what was up: what the last line says was ended
     outcomes = down(args.dir)
     left = [o for o in outcomes if o["outcome"] in ("survived", "not_permitted")]
     for o in outcomes:
         print(f"ended pid {o['pid']}: {o['outcome']} ({o['detail']})", file=sys.stderr)
-    print("drill down" if not left else f"drill down, but {len(left)} process(es) could not be ended")
+    line = down_line(before, outcomes)
+    print(line if not left else f"{line}; but {len(left)} process(es) could not be ended")
     return 1 if left else 0
+
+
+def down_line(before: DrillStatus, outcomes: list[dict]) -> str:
+    """'drill down: ended the rehearsal hosts (pid 4100), the rehearsal server (pid 4123) and ...
+    (DIR)', or 'drill down: nothing was up (DIR)': what `drill down` ended, from the drill's status
+    just before and the outcomes of the processes ended after the hosts' own ending."""
+    ended = []
+    if before.up:
+        ended.append(f"the rehearsal hosts (pid {before.pid})")
+        if before.router_url:
+            ended.append(f"the router ({before.router or 'sglang-router'}) and {len(before.replica_urls)} "
+                         f"rehearsal servers")
+        elif before.service_pid:
+            ended.append(f"the rehearsal server (pid {before.service_pid})")
+        if before.trainer_pid:
+            ended.append(f"the training run (pid {before.trainer_pid})")
+    elif before.starting:
+        ended.append(f"the rehearsal hosts, still starting (pid {before.pid})")
+    rest = sum(o["outcome"] in ("terminated", "killed") for o in outcomes)
+    if rest:
+        ended.append(f"{rest} process(es) {'the hosts left' if ended else 'an earlier drill left'} running")
+    if not ended:
+        return f"drill down: nothing was up ({before.dir})"
+    listed = ", ".join(ended[:-1]) + (" and " if len(ended) > 1 else "") + ended[-1]
+    return f"drill down: ended {listed} ({before.dir})"
 
 
 def cmd_status(args: argparse.Namespace) -> int:

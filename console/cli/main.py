@@ -18,7 +18,7 @@ from typing import NoReturn
 
 from console.cli.drill import add_parser as add_drill
 from console.cli.usage import EXIT_USAGE, UsageError
-from console.config import DEFAULT_CONFIG_NAME, ConfigError, example_config_text, load_config
+from console.config import DEFAULT_CONFIG_NAME, ConfigError, example_config_text
 from console.procedure.results import ResultsError
 from remote.artifacts import atomic_path
 
@@ -52,9 +52,10 @@ def cmd_config_check(args: argparse.Namespace) -> int:
     """Validate the config and print the resolved plan."""
     from rich.console import Console
 
+    from console.cli.config_source import load_pointing_to_drill
     from console.views.plan import render_plan
 
-    config = load_config(args.config)
+    config = load_pointing_to_drill(args.config)
     console = Console()
     console.print(render_plan(config))
     console.print(f"{args.config}: OK", style="green")
@@ -141,8 +142,9 @@ def _add_report(sub: argparse._SubParsersAction) -> None:
                     "parity.json and probes.json when beside it) and write report.md and report.json there; "
                     "or of a run (RUNS/<id>, or its id, as `dflash-ops runs` lists it): its results/, the "
                     "report written in the run's directory.")
-    parser.add_argument("run_dir", metavar="RUN_DIR",
-                        help="the evaluation's output directory (or its results.json), or a run's directory or id")
+    parser.add_argument("run_dir", metavar="RUN_DIR", nargs="?", default=None,
+                        help="the evaluation's output directory (or its results.json), or a run's directory or id "
+                             "(default: the latest run of the store)")
     _add_runs_option(parser)
     parser.set_defaults(run=_cmd_report)
 

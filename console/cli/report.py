@@ -1,8 +1,9 @@
-"""`dflash-ops report RUN_DIR`: an evaluation's result tables in the terminal, and exported beside it.
+"""`dflash-ops report [RUN_DIR]`: an evaluation's result tables in the terminal, and exported beside it.
 
 RUN_DIR is the output directory of `remote.evaluate` (or its `results.json`), or a run's own directory
 in the run store (`RUNS/<id>`, what `dflash-ops runs` lists, or the bare id): its `results/` are read
-and its report is written beside its `state.json`, where the engine's report step keeps it. It is read only when
+and its report is written beside its `state.json`, where the engine's report step keeps it. Without
+RUN_DIR: the store's latest run. It is read only when
 complete (its `manifest.json`, written last, lists every file); `parity.json` (from `remote.parity`)
 and `probes.json` (from `dflash-ops probe --out`) are added to the report when they lie beside it.
 Shown too: warnings first (g-vs-x above 2% and what it means, unsound layers evaluated anyway,
@@ -49,10 +50,21 @@ def evaluation_dirs(given: Path, runs: str | None = None) -> tuple[Path, Path]:
     return results, given
 
 
+def latest_run(runs: str | None) -> Path:
+    """The store's newest run (`report` without RUN_DIR), said on stderr."""
+    store = RunStore(runs)
+    ids = store.run_ids()
+    if not ids:
+        raise UsageError(f"no run in {store.root}: give RUN_DIR (an evaluation's directory, or a run's directory or id)")
+    Console(stderr=True).print(Text(f"dflash-ops: the latest run: {ids[-1]} ({store.root / ids[-1]})"), soft_wrap=True)
+    return store.root / ids[-1]
+
+
 def run(args: argparse.Namespace) -> int:
-    """`dflash-ops report RUN_DIR`: print the tables, write report.md and report.json beside them
+    """`dflash-ops report [RUN_DIR]`: print the tables, write report.md and report.json beside them
     (a run's: in its directory)."""
-    run_dir, out_dir = evaluation_dirs(Path(args.run_dir), getattr(args, "runs", None))
+    given = Path(args.run_dir) if args.run_dir is not None else latest_run(getattr(args, "runs", None))
+    run_dir, out_dir = evaluation_dirs(given, getattr(args, "runs", None))
     loaded = read_run(run_dir)
     threshold = float(getattr(args, "mismatch_threshold", None) or MISMATCH_THRESHOLD)
     console = Console()

@@ -303,6 +303,13 @@ def _health(url: str | None, timeout: float = 2.0) -> int | None:
         return None
 
 
+def running_config(dir: str | os.PathLike | None = None) -> Path | None:
+    """The config of the drill that is up (its hosts' process alive and ready), else None: read-only,
+    nothing asked of its hosts."""
+    layout = DrillLayout.at(dir)
+    return layout.config if _running_state(layout) is not None else None
+
+
 def status(dir: str | os.PathLike | None = None) -> DrillStatus:
     """Whether the drill is up, where, and its service's state (read-only)."""
     layout = DrillLayout.at(dir)

@@ -6,8 +6,11 @@ from __future__ import annotations
 
 import time
 from collections.abc import Mapping
+from dataclasses import dataclass
 
-from rich.console import Group, RenderableType
+from rich.cells import cell_len
+from rich.console import Console, ConsoleOptions, Group, RenderableType, RenderResult
+from rich.padding import Padding
 from rich.table import Table
 from rich.text import Text
 
@@ -63,13 +66,13 @@ def short_command(command: str | None, limit: int = COMMAND_CHARS) -> str:
 
 
 def _holders(update: TelemetryUpdate, gpu: int) -> Text:
-    """The GPU's biggest holder on one line (pid, MiB, [service], then its command, which alone may be
-    cut at the table's edge), and how many more: one row per GPU."""
+    """The GPU's biggest holder (pid, MiB, [service], then its command, shortened by `short_command`),
+    and how many more: one row per GPU."""
     procs = sorted((p for p in update.sample.processes if p.gpu == gpu), key=lambda p: -(p.mib or 0))
     if not procs:
         return Text("-", style="dim")
     top = procs[0]
-    text = Text(f"{top.pid} {mib(top.mib)}", no_wrap=True, overflow="ellipsis")
+    text = Text(f"{top.pid} {mib(top.mib)}")
     if top.pid in update.service_pids:
         text.append(" [service]", style="cyan")
     if len(procs) > 1:
@@ -97,38 +100,119 @@ def telemetry_text(update: TelemetryUpdate | None) -> Text:
     return text
 
 
-def hosts_table(states: Mapping[str, HostState], telemetry: Mapping[str, TelemetryUpdate | None],
-                now: float) -> Table:
-    """One row per GPU (a single row for a host without readings), the host's link on its first row."""
-    table = Table(title="Hosts", title_justify="left", header_style="bold", box=None, padding=(0, 1), expand=True)
-    table.add_column("host", no_wrap=True)
-    table.add_column("connection", no_wrap=True)  # why a link is down goes under the table, whole
-    table.add_column("telemetry", no_wrap=True)
-    table.add_column("GPU", no_wrap=True, overflow="ellipsis", max_width=22)
-    table.add_column("memory", no_wrap=True)
-    table.add_column("util", no_wrap=True, justify="right")
-    table.add_column("holders: pid, memory, command", no_wrap=True, overflow="ellipsis", ratio=1)  # the rest of the width
+@dataclass(frozen=True)
+class HostRows:
+    """One host as `status` shows it: its name, link and telemetry source, and a row per GPU (GPU,
+    memory, util, holders; a single row for a host without readings)."""
+
+    name: str
+    link: Text
+    source: Text
+    gpus: tuple[tuple[Text, Text, Text, Text], ...]
+
+
+HEADERS = ("host", "connection", "telemetry", "GPU", "memory", "util", "holders: pid, memory, command")
+_GPU_HEADERS = HEADERS[3:]
+HOLDERS_MIN = 30  # narrower, the holders column would fold inside words: a line per value instead
+
+
+def host_rows(states: Mapping[str, HostState], telemetry: Mapping[str, TelemetryUpdate | None],
+              now: float) -> list[HostRows]:
+    """Each host's cells, for either layout of `HostsView`."""
+    hosts = []
     for name, state in states.items():
         update = telemetry.get(name)
         link = connection_text(state, now)
         source = telemetry_text(update) if state.status == "connected" or update is not None else Text("-")
         stale = "dim" if update is not None and update.stale else ""
         sample = update.sample if update is not None else None
-        if sample is None or not sample.gpus:
-            if sample is None:
-                table.add_row(name, link, source, "-", "", "", "")
-            else:  # the agent says why (no NVML, no nvidia-smi): in the widest column
-                table.add_row(name, link, source, Text("no GPU readings", style="yellow"), "", "",
-                              Text(sample.reason or "", style="yellow"))
-            continue
-        for i, gpu in enumerate(sample.gpus):
-            util = f"{gpu.util_pct:.0f}%" if gpu.util_pct is not None else "?"
-            table.add_row(
-                name if i == 0 else "", link if i == 0 else "", source if i == 0 else "",
-                Text(f"{gpu.index} {(gpu.name or '').replace('NVIDIA ', '')}".rstrip(), style=stale),
-                Text(_memory(gpu), style=stale), Text(util, style=stale), _holders(update, gpu.index),
-            )
-    return table
+        if sample is None:
+            rows = ((Text("-"), Text(""), Text(""), Text("")),)
+        elif not sample.gpus:  # the agent says why (no NVML, no nvidia-smi): in the widest column
+            rows = ((Text("no GPU readings", style="yellow"), Text(""), Text(""),
+                     Text(sample.reason or "", style="yellow")),)
+        else:
+            rows = tuple((Text(f"{gpu.index} {(gpu.name or '').replace('NVIDIA ', '')}".rstrip(), style=stale),
+                          Text(_memory(gpu), style=stale),
+                          Text(f"{gpu.util_pct:.0f}%" if gpu.util_pct is not None else "?", style=stale),
+                          _holders(update, gpu.index)) for gpu in sample.gpus)
+        hosts.append(HostRows(name, link, source, rows))
+    return hosts
+
+
+class HostsView:
+    """The hosts, never a value cut (host names, links, GPUs, memory, util, holders): one table, a
+    row per GPU with the host's link on its first row, where every cell fits whole on its line;
+    else one block per host (its name, link and telemetry on a line, then its GPUs' rows, under one
+    header) whose holders wrap between words, as piped or at 80 columns."""
+
+    def __init__(self, hosts: list[HostRows]):
+        self.hosts = hosts
+
+    def _widths(self) -> list[int]:
+        widths = [cell_len(h) for h in HEADERS]
+        for host in self.hosts:
+            for i, cell in enumerate((host.name, host.link.plain, host.source.plain)):
+                widths[i] = max(widths[i], cell_len(cell))
+            for row in host.gpus:
+                for i, cell in enumerate(row, start=3):
+                    widths[i] = max(widths[i], cell.cell_len)
+        return widths
+
+    def table(self) -> Table:
+        """A row per GPU, every cell whole on one line (drawn only where that fits)."""
+        table = Table(title="Hosts", title_justify="left", header_style="bold", box=None, padding=(0, 1), expand=True)
+        for header in HEADERS:
+            table.add_column(header, no_wrap=True, justify="right" if header == "util" else "left",
+                             ratio=1 if header.startswith("holders") else None)
+        for host in self.hosts:
+            for i, row in enumerate(host.gpus):
+                first = (host.name, host.link, host.source) if i == 0 else ("", "", "")
+                table.add_row(*first, *row)
+        return table
+
+    def stacked(self, widths: list[int]) -> list[RenderableType]:
+        """One block per host; the GPU columns aligned across hosts, the holders wrapping."""
+        parts: list[RenderableType] = [Text("Hosts", style="bold italic")]
+        for n, host in enumerate(self.hosts):
+            parts.append(Text.assemble((host.name, "bold"), "  ", host.link, "  ", host.source))
+            table = Table(box=None, padding=(0, 1), show_header=n == 0, header_style="bold", expand=True)
+            for header, width in zip(_GPU_HEADERS, widths[3:], strict=True):
+                holders = header.startswith("holders")
+                table.add_column(header, justify="right" if header == "util" else "left", overflow="fold",
+                                 min_width=None if holders else width, ratio=1 if holders else None)
+            for row in host.gpus:
+                table.add_row(*row)
+            parts.append(table)
+        return parts
+
+    def lines(self) -> list[RenderableType]:
+        """One block per host, a line per value, for a width where even the GPU columns do not fit:
+        each wraps between words."""
+        parts: list[RenderableType] = [Text("Hosts", style="bold italic")]
+        for host in self.hosts:
+            parts.append(Text.assemble((host.name, "bold"), "  ", host.link, "  ", host.source))
+            for gpu, memory, util, holders in host.gpus:
+                parts.append(Padding(gpu, (0, 0, 0, 2)))
+                for header, value in (("memory", memory), ("util", util), ("holders", holders)):
+                    if value.plain:
+                        parts.append(Padding(Text.assemble(f"{header}: ", value), (0, 0, 0, 4)))
+        return parts
+
+    def __rich_console__(self, console: Console, options: ConsoleOptions) -> RenderResult:
+        widths = self._widths()
+        if sum(widths) + 2 * len(widths) <= options.max_width:  # one space either side of each cell
+            yield self.table()
+        elif sum(widths[3:6]) + 2 * 4 + HOLDERS_MIN <= options.max_width:
+            yield from self.stacked(widths)
+        else:
+            yield from self.lines()
+
+
+def hosts_table(states: Mapping[str, HostState], telemetry: Mapping[str, TelemetryUpdate | None],
+                now: float) -> HostsView:
+    """The hosts' links, telemetry and GPUs, laid out for the width (`HostsView`)."""
+    return HostsView(host_rows(states, telemetry, now))
 
 
 def service_lines(service_name: str, host: str, view: ServiceView | None, now: float) -> list[Text]:
