@@ -4,7 +4,9 @@ Exit codes: 0 done; 1 failed (or refused), the service up; 2 usage or config; 3 
 with the service down; 4 paused with the service up (`run --resume` continues it). Ctrl-C cancels the procedure; after the stop the restart is then performed (unless
 `--no-restart`), and the exit code says whether the service is still down. SIGTERM (`kill`) and
 SIGHUP (the terminal closed) are handled as Ctrl-C is, journalled; a second signal while the run
-compensates is journalled too and changes nothing, so a restart is never abandoned half-way.
+compensates is journalled too and changes nothing, so a restart is never abandoned half-way. A
+stdout or stderr whose reader dies or stops reading never ends nor blocks the run
+(`console.cli.terminal_output`).
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ from rich.text import Text
 
 from console import messages as m
 from console.cli.config_source import config_for
+from console.cli.terminal_output import terminal_output
 from console.config import Config, ConfigError
 from console.operator import Operator
 from console.procedure.decider import ApproveAll, Decider, RefuseAll, TerminalDecider
@@ -312,7 +315,7 @@ def run(args: argparse.Namespace) -> int:
         else:
             operator.open_run(args.resume)  # nothing to resume, or a damaged run: said before connecting
         guard = SignalGuard(operator, say=lambda line: err.print(Text(f"dflash-ops: {line}", style="yellow")))
-        with guard:
+        with terminal_output(), guard:  # a reader gone or stalled never ends nor blocks the window
             return asyncio.run(run_procedure(operator, decider, args.resume, args.no_restart, args.route, err))
     except (RunStoreError, LookupError) as exc:
         err.print(f"dflash-ops: error: {exc}", style="red", soft_wrap=True)
