@@ -32,7 +32,7 @@ from screens.decider import ModalDecider
 from screens.errors import StaysUp
 from screens.fleet import drained_by, replica_name
 from screens.format import clock
-from screens.modals.confirm import QuestionModal
+from screens.modals.confirm import QUESTION_GUARD_S, QuestionModal
 from screens.modals.error import ErrorModal, ErrorReport, bug_report, report_of, tail
 from screens.modals.help import HelpModal
 from screens.modals.quit import QuitWhileDownModal
@@ -110,6 +110,7 @@ class ConsoleApp(StaysUp, App[int]):
         # take the console's one guarded quit, from every screen and question.
         Binding("ctrl+q,ctrl+c", "quit_anywhere", "Quit", show=False, priority=True),
     ]
+    question_guard_s = QUESTION_GUARD_S  # a question ignores keys and clicks this long when it comes on top
     ACTING = {"run_procedure", "plan", "cancel_run", "restart_service", "next_step", "zero_downtime"}
 
     def __init__(self, operator: Any, *, autostart: bool = False, resume: str | bool | None = None,

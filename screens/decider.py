@@ -8,6 +8,7 @@ import contextlib
 from typing import TYPE_CHECKING
 
 from textual.message import Message
+from textual.screen import Screen
 
 from console.messages import Confirmation, HoldersFound
 from screens.modals.confirm import ConfirmModal, RestartOrLeaveModal
@@ -79,10 +80,21 @@ class ModalDecider:
             approved = await answer
         except asyncio.CancelledError:  # the run was cancelled under the question: take it away
             with contextlib.suppress(Exception):  # (the app may be closing: no screen left to pop)
-                if modal.is_attached and self.app.screen is modal:
-                    modal.dismiss(False)
+                self._take_away(modal)
             raise
         finally:
             self.asking = None
         self.app.post_message(DecisionAnswered(confirmation, approved))
         return approved
+
+    def _take_away(self, modal: Screen) -> None:
+        """The question nobody waits on any more leaves the screen, also from under a quit dialog (which
+        goes with it, as "stay": it was asked over that question), never left behind to be answered."""
+        from screens.app import QUIT_DIALOGS  # (the app imports this module)
+
+        if not modal.is_attached or modal not in self.app.screen_stack:
+            return
+        while self.app.screen is not modal and self.app.screen.id in QUIT_DIALOGS:
+            self.app.screen.dismiss(None)
+        if self.app.screen is modal:
+            modal.dismiss(False)

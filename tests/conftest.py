@@ -4,6 +4,8 @@ host has no asyncssh and runs `tests/gpu` alone, which needs no SSH)."""
 import os
 import sys
 
+import pytest
+
 # One torch thread per process: the suite runs three test processes on two cores, each starting
 # workers and rehearsal servers that use torch at the same time. With torch's default (a thread per
 # core each) the threads spin waiting on each other: a speculative-decoding test took 120 s instead
@@ -70,3 +72,13 @@ def pytest_collection_modifyitems(items):
         weight[path] = MEASURED_S.get(path, weight[path])
     order = {path: rank for rank, path in enumerate(sorted(weight, key=lambda p: -weight[p]))}
     items.sort(key=lambda item: order[item.location[0]])
+
+
+@pytest.fixture(autouse=True)
+def no_question_guard(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The console's questions answer at once: a test that presses y as a question appears means it.
+    (The guard against keys meant for another screen, issue 43, has its own tests, which set
+    `app.question_guard_s`.) Only where the test's module imported the console: no Textual otherwise."""
+    app = sys.modules.get("screens.app")
+    if app is not None:
+        monkeypatch.setattr(app.ConsoleApp, "question_guard_s", 0.0)

@@ -4,6 +4,7 @@ Cancel has the focus, so a stray Enter refuses. The body scrolls with the arrows
 
 from __future__ import annotations
 
+import asyncio
 import re
 import shlex
 
@@ -12,18 +13,27 @@ from textual import events
 from textual.app import ComposeResult
 from textual.binding import Binding
 from textual.containers import Horizontal, Vertical, VerticalScroll
+from textual.timer import Timer
 from textual.widgets import Button, Static
 
 from console.messages import Confirmation
 from console.views.units import duration
 from screens.modals.base import ConsoleModal
 
+# How long a question that has just appeared (or come back from under a dialog) ignores keys and clicks:
+# a key meant for what was on screen before (Esc for a quit dialog's Stay) never answers it (issue 43).
+QUESTION_GUARD_S = 0.5
+
 # The engine's frozen count in a restart's impact, as units.duration wrote it ("down 1 min 30 s so far").
 SO_FAR = re.compile(r"down (?:\d+(?:\.\d+)? (?:d|h|min|s) )+so far")
 
 
 class QuestionModal(ConsoleModal[bool]):
-    """A yes/no question with its own buttons; the base of the confirm and holders modals."""
+    """A yes/no question with its own buttons; the base of the confirm and holders modals.
+
+    Each time it comes on top (pushed, or back from under a dialog) it ignores its keys and clicks for
+    the app's `question_guard_s` (`QUESTION_GUARD_S`): its buttons are disabled (dimmed, no focus) and
+    its footer keys off until the guard passes; `answerable` is set then."""
 
     DEFAULT_CSS = """
     QuestionModal { align: center middle; }
@@ -42,6 +52,7 @@ class QuestionModal(ConsoleModal[bool]):
     QuestionModal.short .buttons { margin-top: 0; }
     QuestionModal Button { margin-left: 2; }
     """
+    ANSWERS = frozenset({"answer", "refuse", "leave"})  # the actions a key meant for another screen must not reach
     BINDINGS = [Binding("y", "answer(True)", "Yes"), Binding("n", "answer(False)", "No"),
                 Binding("escape", "refuse", "No", show=False)]
 
@@ -56,6 +67,9 @@ class QuestionModal(ConsoleModal[bool]):
         self._bindings.key_to_bindings["n"] = [Binding("n", "answer(False)", no)]
         self.destructive = destructive
         self.AUTO_FOCUS = "#no" if destructive else "#yes"  # the screen's own focus pass agrees
+        # Guarded from the start: a key queued as it is pushed is checked before its first resume.
+        self.answerable = asyncio.Event()
+        self._guard_timer: Timer | None = None
 
     def body(self) -> ComposeResult:
         yield from ()
@@ -83,8 +97,38 @@ class QuestionModal(ConsoleModal[bool]):
         yield from ()
 
     def on_mount(self) -> None:
-        self.query_one("#no" if self.destructive else "#yes", Button).focus()
         self._fit(self.app.size.height)
+
+    def on_screen_resume(self) -> None:
+        self.guard()
+
+    def guard(self) -> None:
+        """Ignore keys and clicks for the guard time (again, when it comes back on top)."""
+        guard_s = getattr(self.app, "question_guard_s", QUESTION_GUARD_S)
+        if self._guard_timer is not None:
+            self._guard_timer.stop()
+            self._guard_timer = None
+        if guard_s <= 0:
+            self._arm()
+            return
+        self.answerable.clear()
+        self.add_class("guarded")
+        for button in self.query(Button):
+            button.disabled = True
+        self.refresh_bindings()
+        self._guard_timer = self.set_timer(guard_s, self._arm)
+
+    def _arm(self) -> None:
+        self._guard_timer = None
+        self.remove_class("guarded")
+        for button in self.query(Button):
+            button.disabled = False
+        self.query_one("#no" if self.destructive else "#yes", Button).focus()  # the safe one for a destructive step
+        self.answerable.set()
+        self.refresh_bindings()
+
+    def check_action(self, action: str, parameters: tuple[object, ...]) -> bool | None:
+        return self.answerable.is_set() or action not in self.ANSWERS
 
     def on_resize(self, event: events.Resize) -> None:
         self._fit(event.size.height)
@@ -99,13 +143,16 @@ class QuestionModal(ConsoleModal[bool]):
 
     def on_button_pressed(self, event: Button.Pressed) -> None:
         event.stop()
-        self.dismiss(event.button.id == "yes")
+        if self.answerable.is_set():  # (a disabled button posts none; a press already queued is dropped)
+            self.dismiss(event.button.id == "yes")
 
     def action_answer(self, approved: bool) -> None:
-        self.dismiss(approved)
+        if self.answerable.is_set():
+            self.dismiss(approved)
 
     def action_refuse(self) -> None:
-        self.dismiss(False)
+        if self.answerable.is_set():
+            self.dismiss(False)
 
 
 def command_text(argv: tuple[str, ...] | list[str]) -> Text:
@@ -183,7 +230,9 @@ class RestartOrLeaveModal(ConfirmModal):
 
     def on_button_pressed(self, event: Button.Pressed) -> None:
         event.stop()
-        self.dismiss("leave" if event.button.id == "leave" else event.button.id == "yes")
+        if self.answerable.is_set():
+            self.dismiss("leave" if event.button.id == "leave" else event.button.id == "yes")
 
     def action_leave(self) -> None:
-        self.dismiss("leave")
+        if self.answerable.is_set():
+            self.dismiss("leave")

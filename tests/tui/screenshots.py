@@ -67,6 +67,7 @@ async def drill(out: Path, size: tuple[int, int]) -> None:
                         await pilot.pause(0.5)
                         app.save_screenshot(named("tui-holders.svg", size), str(out))
                     if isinstance(screen, ConfirmModal | HoldersModal):
+                        await screen.answerable.wait()  # (a key sooner is ignored: the question's guard)
                         await pilot.press("y")
                         while app.screen is screen:
                             await pilot.pause(0.05)

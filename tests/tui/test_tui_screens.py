@@ -2,7 +2,10 @@
 run was recorded as cancelled by the operator. Every screen is shown through one idempotent way
 (`ConsoleApp.show_screen`), and any exception goes to the one error modal, never ending the console
 or its run (screens/errors.py). Item 5: ctrl+c and ctrl+q over a question did nothing visible (a quit
-dialog lay under it), and that dialog came back later with what was true when it was asked. Each
+dialog lay under it), and that dialog came back later with what was true when it was asked. Item 4: a
+key meant for one modal answered another (Esc for a stale quit dialog's Stay refused the question
+that had just appeared on top): a question ignores keys and clicks for a guard time each time it
+comes on top, and nothing is left under it. Each
 test drives the stand-in's window and holds it in its extraction, the service down, while the keys
 go over the screens."""
 
@@ -17,11 +20,11 @@ import pytest
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 from textual.screen import Screen
-from textual.widgets import Static
+from textual.widgets import Button, Static
 
 from screens.app import ConsoleApp
 from screens.dashboard import DashboardScreen
-from screens.modals.confirm import ConfirmModal
+from screens.modals.confirm import QUESTION_GUARD_S, ConfirmModal
 from screens.modals.error import ErrorModal
 from screens.modals.holders import HoldersModal
 from screens.modals.quit import QuitWhileDownModal
@@ -195,4 +198,67 @@ async def test_a_question_over_the_quit_dialog_takes_its_place_and_ctrl_c_asks_a
             await until(pilot, lambda: on_top(app, ConfirmModal))
         await pilot.press("n")
         assert await asyncio.wait_for(asked, 30) is False
+        await the_window_ends(app, pilot, op)
+
+
+# --- issue 43, item 4: a key meant for one modal never answers another ----------------------------
+
+HELD_S = 60.0  # a guard that outlasts the keys pressed into it, however loaded the machine
+
+
+async def guard_passes(question) -> None:
+    """The real guard from now on, and its end awaited on the question's own event."""
+    question.app.question_guard_s = QUESTION_GUARD_S
+    question.guard()
+    await asyncio.wait_for(question.answerable.wait(), 5)
+
+
+async def test_keys_and_clicks_as_a_question_appears_over_a_quit_dialog_do_not_answer_it(runs_root: Path):
+    async with mid_window(runs_root, asked=False) as (app, pilot, op):
+        app.question_guard_s = HELD_S
+        await pilot.press("ctrl+c")
+        await until(pilot, lambda: isinstance(app.screen, QuitWhileDownModal))
+        asked = asyncio.ensure_future(app.decider.decide(restart_confirmation()))
+        await until(pilot, lambda: isinstance(app.screen, ConfirmModal))
+        question = app.screen
+        await pilot.press("escape")  # meant for the quit dialog's Stay, a moment too late
+        await pilot.click("#no")  # and a click on where its button was
+        await pilot.press("n", "enter")
+        assert app.screen is question and not asked.done()
+        assert question.has_class("guarded") and all(b.disabled for b in question.query(Button))
+        assert app.focused is None  # (nothing for Enter to press)
+        await guard_passes(question)
+        assert not question.has_class("guarded") and app.focused is question.query_one("#yes")
+        await pilot.press("n")  # now it is meant
+        assert await asyncio.wait_for(asked, 30) is False
+        await the_window_ends(app, pilot, op)
+
+
+async def test_a_question_back_from_under_a_dialog_is_guarded_again(runs_root: Path):
+    async with mid_window(runs_root, asked=False) as (app, pilot, op):
+        app.question_guard_s = QUESTION_GUARD_S
+        asked = asyncio.ensure_future(app.decider.decide(restart_confirmation()))
+        await until(pilot, lambda: isinstance(app.screen, ConfirmModal))
+        question = app.screen
+        await guard_passes(question)
+        app.question_guard_s = HELD_S
+        await pilot.press("ctrl+c")
+        await until(pilot, lambda: isinstance(app.screen, QuitWhileDownModal))
+        await pilot.press("escape", "escape")  # stay, and the reflex's second one
+        assert app.screen is question and not asked.done() and not question.answerable.is_set()
+        await guard_passes(question)
+        await pilot.press("n")
+        assert await asyncio.wait_for(asked, 30) is False
+        await the_window_ends(app, pilot, op)
+
+
+async def test_a_question_cancelled_under_a_quit_dialog_is_not_left_behind(runs_root: Path):
+    async with mid_window(runs_root, asked=False) as (app, pilot, op):
+        asked = asyncio.ensure_future(app.decider.decide(restart_confirmation()))
+        await until(pilot, lambda: on_top(app, ConfirmModal))
+        await pilot.press("ctrl+c")
+        await until(pilot, lambda: on_top(app, QuitWhileDownModal))
+        asked.cancel()  # the run was cancelled under them
+        await until(pilot, lambda: isinstance(app.screen, DashboardScreen))
+        assert ConfirmModal not in kinds(app) and QuitWhileDownModal not in kinds(app)
         await the_window_ends(app, pilot, op)
