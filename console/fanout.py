@@ -32,7 +32,9 @@ class FanOut:
         """One subscriber, isolated: its failure is logged once per kind of value."""
         try:
             callback(value)
-        except Exception:  # noqa: BLE001 - one broken subscriber must not stop the publisher
+        # SystemExit too: rich raises it from a print to a closed terminal, and a view's print must
+        # never end the engine mid-window (Ctrl-C and a cancel still pass: BaseException's others).
+        except (Exception, SystemExit):  # noqa: BLE001 - one broken subscriber must not stop the publisher
             key = (id(callback), type(value))
             if key not in self._failed:
                 self._failed.add(key)
