@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import subprocess
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -293,19 +295,29 @@ def test_the_jobs_summary_keeps_every_size_rate_and_label_whole_at_any_width() -
     check()
 
 
-def test_a_missing_config_names_the_drill_that_is_up(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """Issue 43.13: after the drill, in a fresh directory, `status`, `run --plan` and `config check`
-    said "write an example with `config init`": they name the drill's config while a drill is up."""
+@contextlib.contextmanager
+def drill_up(drill: Path) -> Iterator[subprocess.Popen]:
+    """A drill that `console.drill.hosts` finds up in `drill`: its config, state and a live process
+    named as the hosts' process is (its module and directory on its command line); ended after."""
     import json
 
-    drill = tmp_path / "drill"
     drill.mkdir()
     (drill / "dflash-ops.toml").write_text(example_config_text())
-    # the drill's hosts process as `console.drill.hosts` finds it: alive, its module and directory named
     hosts = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)", "console.drill.hosts", str(drill)])
     try:
         (drill / "drill.pid").write_text(str(hosts.pid))
         (drill / "drill.json").write_text(json.dumps({"state": "ready", "pid": hosts.pid}))
+        yield hosts
+    finally:
+        hosts.kill()
+        hosts.wait()
+
+
+def test_a_missing_config_names_the_drill_that_is_up(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Issue 43.13: after the drill, in a fresh directory, `status`, `run --plan` and `config check`
+    said "write an example with `config init`": they name the drill's config while a drill is up."""
+    drill = tmp_path / "drill"
+    with drill_up(drill) as hosts:
         monkeypatch.setenv("DFLASH_OPS_DRILL_DIR", str(drill))
         monkeypatch.setenv("DFLASH_OPS_RUNS", str(tmp_path / "runs"))
         fresh = tmp_path / "fresh"
@@ -317,9 +329,6 @@ def test_a_missing_config_names_the_drill_that_is_up(tmp_path: Path, monkeypatch
         hosts.wait()
         assert_one_line_error(dflash_ops("config", "check", cwd=fresh), "write an example with `dflash-ops config init")
         assert "drill" not in dflash_ops("config", "check", cwd=fresh).stderr
-    finally:
-        hosts.kill()
-        hosts.wait()
 
 
 def test_crosscheck_help_names_the_runs_variable(capsys: pytest.CaptureFixture[str]) -> None:
@@ -333,24 +342,14 @@ def test_crosscheck_help_names_the_runs_variable(capsys: pytest.CaptureFixture[s
 def test_drill_down_says_what_it_ended(tmp_path: Path) -> None:
     """Issue 43 (low): `drill down` printed only "drill down". It names what it ended: the hosts'
     process, and what an earlier drill left running; or that nothing was up."""
-    import json
-
     from console.drill.procs import MARK_ENV, mark_value
 
     drill = tmp_path / "drill"
-    drill.mkdir()
-    (drill / "dflash-ops.toml").write_text(example_config_text())
-    hosts = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)", "console.drill.hosts", str(drill)])
-    try:
-        (drill / "drill.pid").write_text(str(hosts.pid))
-        (drill / "drill.json").write_text(json.dumps({"state": "ready", "pid": hosts.pid}))
+    with drill_up(drill) as hosts:
         done = dflash_ops("drill", "down", "--dir", str(drill), cwd=tmp_path)
         assert done.returncode == 0, done.stderr
         assert done.stdout.strip() == f"drill down: ended the rehearsal hosts (pid {hosts.pid}) ({drill})"
         assert hosts.wait(timeout=10) is not None
-    finally:
-        hosts.kill()
-        hosts.wait()
     left = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"],
                             env={**os.environ, MARK_ENV: mark_value(drill)})
     try:
