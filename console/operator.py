@@ -159,16 +159,13 @@ class Operator:
                                       f"--config {other.state.config}` restarts it")
                 raise LookupError("no run left the service down")
             engine = Engine(SessionHosts(self.session), self.config, run, decider, self.store)
-        engine.decider = decider
-        await engine.restart_service(reason="the operator asked for it")
+        await engine.restart_service(reason="the operator asked for it", decider=decider)
 
     def cancel(self, leave_down: bool = False) -> None:
         """Cancel the procedure in progress: it then offers the restart if the service is down,
         unless the operator chose to leave it down (`leave_down`, its own key in the quit modal)."""
-        if leave_down and self.engine is not None:
-            self.engine.restart_on_failure = False
         if self.engine is not None:
-            self.engine.cancel()  # asked again until the run takes it (a cancel can be lost on 3.11)
+            self.engine.cancel(leave_down)  # asked again until the run takes it (a cancel can be lost on 3.11)
 
     def driven_elsewhere(self, run_id: str) -> str | None:
         """Who drives run `run_id` when it is another live console (or one that cannot be told):

@@ -15,9 +15,9 @@ def update_static(widget, renderable, key: object, lines: int | None = None) -> 
     """`widget.update(renderable)` only when `key` (what it shows) changed since the last call, and
     with a layout pass only when its height may have changed (`lines` differs, or is unknown):
     a repaint at 1 Hz stays a repaint, not a reflow of the whole screen."""
-    if getattr(widget, "_shown_key", None) == key:
+    if getattr(widget, "shown_key", None) == key:
         return False
-    layout = lines is None or getattr(widget, "_shown_lines", None) != lines
-    widget._shown_key, widget._shown_lines = key, lines
+    layout = lines is None or getattr(widget, "shown_lines", None) != lines
+    widget.shown_key, widget.shown_lines = key, lines
     widget.update(renderable, layout=layout)
     return True

@@ -89,14 +89,15 @@ class _TimeModule:
 
 
 def install_clock(monkeypatch: Any, clock: Clock) -> None:
-    """The engine and its steps read the world's clock (step times, the stop, the ready moment,
+    """The engine, its window and the steps read the world's clock (step times, the stop, the ready moment,
     decision time): every module of the engine's that imports `time`, and the workers' events."""
     import console.procedure.engine as engine_module
     import console.procedure.steps as steps_module
 
     # The workers' events carry the world's time too (their `t`, which the engine reads as when a
     # worker says something happened: the GPUs' release, the extraction's progress).
-    modules = [engine_module, sys.modules["console.procedure.run_jobs"], sys.modules["remote.events"]]
+    modules = [engine_module, sys.modules["console.procedure.window"], sys.modules["console.procedure.run_jobs"],
+               sys.modules["remote.events"]]
     modules += [m for name, m in sorted(sys.modules.items()) if name.startswith(steps_module.__name__ + ".")]
     for module in modules:
         if getattr(module, "time", None) is time:

@@ -93,7 +93,7 @@ def fleet_config(router: str, urls: list[str], drain_timeout_s: float = 30):
 
 
 class StepsOnly:
-    """What the fleet steps read of the engine: the config, the run (its state.json on disk), the
+    """What the fleet steps read of the window (console/procedure/window.py): the config, the run (its state.json on disk), the
     journal, the operator's yes, the crash hook. Every answer is yes; `crash_at` dies at one point."""
 
     def __init__(self, config: Any, run: Any, crash_at: str | None = None):
@@ -107,11 +107,11 @@ class StepsOnly:
     def journal(self, step: str | None, message: str, **fields: Any) -> None:
         self.run.journal(step, message, **fields)
 
-    async def _ask(self, confirmation: Any) -> bool:
+    async def ask(self, confirmation: Any) -> bool:
         self.asked.append(confirmation.action)
         return True
 
-    def _crash(self, point: str) -> None:
+    def crash_point(self, point: str) -> None:
         if point == self.crash_at:
             raise SimulatedCrash(point)
 
@@ -291,13 +291,13 @@ async def listed_now(router: str) -> dict[str, bool]:
 
 
 class AskingSteps(StepsOnly):
-    """The fleet steps' view of the engine, asking the console's decider (as the engine does)."""
+    """The fleet steps' view of the window, asking the console's decider (as the engine does)."""
 
     def __init__(self, config: Any, run: Any, decider: Any, operator: FleetOperator):
         super().__init__(config, run)
         self.decider, self.operator = decider, operator
 
-    async def _ask(self, confirmation: Any) -> bool:
+    async def ask(self, confirmation: Any) -> bool:
         return await self.operator._ask(self.decider, confirmation)
 
 

@@ -14,7 +14,8 @@ from hypothesis import strategies as st
 
 from console.procedure import forecast as fc
 from console.procedure.state import ExtractionState, RunState, ServiceState, StepState
-from console.procedure.steps import planned
+from console.procedure.step import planned
+from console.procedure.steps import route_steps
 from console.service.control import SystemdManager
 from console.views.units import duration
 from remote import extract, probe
@@ -266,7 +267,7 @@ def window_state(run_id: str, created_at: float, phases: dict[str, float], windo
         t += phases[name]
         stamps.append(t)
     hosts = {"stop": service_host, "free-vram": service_host, "extract": extract_host, "restart": service_host}
-    plan = [dataclasses.asdict(step) for step in planned(route, {}, hosts, {}, {})]
+    plan = [dataclasses.asdict(step) for step in planned(route_steps(route), {}, hosts, {}, {})]
     steps = {"free-vram": StepState(status="done", started_at=stamps[1], ended_at=stamps[2], detail=free_vram)}
     state = RunState(run_id, created_at, status="done", route=route, plan=plan, steps=steps,
                      service=ServiceState(stopped_at=stamps[0], stop_returned_at=stamps[1], vram_free_at=stamps[2],

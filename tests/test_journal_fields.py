@@ -95,7 +95,7 @@ async def test_the_pause_route_publishes_its_pause_and_journals_it(window: Windo
 
 
 class _Recorder:
-    """What `_record_progress` needs of an engine: where it writes (the journal's own fields kept)."""
+    """What `record_progress` needs of an engine: where it writes (the journal's own fields kept)."""
 
     def __init__(self) -> None:
         self.progress_said: dict[Any, Any] = {}
@@ -124,9 +124,9 @@ def test_progress_is_throttled_and_never_left_short(gaps: list[float]) -> None:
         patch.setattr(run_jobs, "time", Time)
         for done, gap in enumerate(gaps, 1):
             clock[0] += gap
-            run_jobs._record_progress(engine, handle, "progress", m.JobProgress(
+            run_jobs.record_progress(engine, handle, "progress", m.JobProgress(
                 "r-extract", "extract", "ct129", done, len(gaps), "prompts", key="prompts"))
-        run_jobs._record_progress(engine, handle, "exit", m.JobExit("r-extract", "extract", "ct129", 0))
+        run_jobs.record_progress(engine, handle, "exit", m.JobExit("r-extract", "extract", "ct129", 0))
     bars = [w["data"]["done"] for w in engine.written if w["kind"] == "job-progress"]
     assert bars[-1] == len(gaps) and bars == sorted(set(bars))
     assert len(bars) <= math.floor(clock[0] / run_jobs.PROGRESS_EVERY_S) + 2

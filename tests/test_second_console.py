@@ -304,7 +304,7 @@ def test_a_staged_worker_whose_console_is_gone_ends_itself(tmp_path: Path) -> No
 
 
 async def test_the_console_holds_the_staged_workers_lease_while_it_runs(window: Window) -> None:
-    from console.procedure.steps.extract import STAGE_LEASE_S
+    from console.procedure.steps.extraction import STAGE_LEASE_S
 
     assert await window.console(Crasher("staged")) is None
     (staged,) = window.world.extraction_jobs()

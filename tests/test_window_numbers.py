@@ -38,9 +38,13 @@ async def test_a_stop_that_failed_with_the_server_up_records_no_downtime(window:
 
 # --- item 14: the re-projection on the worker's clock ----------------------------------------------
 
-class ProjectingEngine:
-    """What `steps/extract.py`'s event handler reads of the engine, and nothing else (a stand-in: the
+class ProjectingWindow:
+    """What `steps/extract.py`'s event handler reads of the window, and nothing else (a stand-in: the
     handler is tested alone, with events as the real worker writes them, replayed late)."""
+
+    from console.procedure.window import Window
+
+    began = Window.began  # the real one: when the window's downtime began
 
     def __init__(self, stopped_at: float, budget_s: float):
         from console.procedure import forecast as fc
@@ -55,11 +59,11 @@ class ProjectingEngine:
                                    staged_event={"forward_tokens_per_s": 5.0})  # the warm-up's rate: slow
         start = fc.ForecastPhase("start", 10.0, "median of 2 earlier runs on ct129")
         made = fc.Forecast("r", 210.0, (fc.ForecastPhase("extract", 200.0, "warm-up"), start), budget_s)
-        self._window_forecast = (made, inputs)
-        self._progress = fc.ExtractionProgress()
-        self._budget_asked, self._budget_task = False, None
-        self._gpu_released = asyncio.Event()
-        self._restart_task = None
+        self.forecast_made = (made, inputs)
+        self.progress = fc.ExtractionProgress()
+        self.budget_asked, self.budget_task = False, None
+        self.gpu_released = asyncio.Event()
+        self.restart_task = None
         self.bus = MessageBus()
         self.asked: list = []
         self.run = self
@@ -70,10 +74,10 @@ class ProjectingEngine:
     def save(self) -> None:
         pass
 
-    def _crash(self, point: str) -> None:
+    def crash_point(self, point: str) -> None:
         pass
 
-    async def _ask(self, confirmation, holds: bool = True) -> bool:
+    async def ask(self, confirmation, holds: bool = True) -> bool:
         self.asked.append(confirmation)
         return False
 
@@ -90,7 +94,7 @@ async def test_the_reprojection_runs_on_the_workers_clock_not_when_the_console_r
     from console.procedure.steps import extract
 
     stopped_at = time.time() - 3600.0  # the window began an hour before this console reads its events
-    engine = ProjectingEngine(stopped_at, budget_s=120.0)
+    engine = ProjectingWindow(stopped_at, budget_s=120.0)
     seen: list[WindowProjection] = []
     engine.bus.subscribe(lambda m: seen.append(m) if isinstance(m, WindowProjection) else None)
     burst = [tokens_event(stopped_at + 20.0, 100), tokens_event(stopped_at + 30.0, 600),
@@ -98,16 +102,16 @@ async def test_the_reprojection_runs_on_the_workers_clock_not_when_the_console_r
     for event in burst:
         extract._on_extract_event(engine, event)
     # 500 tokens in the worker's 10 s, then 300 in 5 s: 800 tokens in 15 s.
-    assert engine._progress.tokens_per_s == pytest.approx(800 / 15)
+    assert engine.progress.tokens_per_s == pytest.approx(800 / 15)
     newest = seen[-1]
     assert newest.expected_ready_at == pytest.approx(stopped_at + 35.0 + 100 / (800 / 15) + 10.0)
     assert newest.expected_ready_at < newest.budget_ends_at == stopped_at + 120.0
     # The first sample alone (1000 - 100 tokens at the warm-up's 5 tok/s) was past the budget: an offer
     # was begun, and withdrawn once the burst's newest sample said the window fits.
     assert seen[0].expected_ready_at > seen[0].budget_ends_at
-    if engine._budget_task is not None:
-        await engine._budget_task
-    assert engine.asked == [] and not engine._budget_asked
+    if engine.budget_task is not None:
+        await engine.budget_task
+    assert engine.asked == [] and not engine.budget_asked
     extract._on_extract_event(engine, {"seq": 9, "t": stopped_at + 37.5, "type": "gpu_released", "tokens": 1000})
     assert engine.state.extraction.gpu_released_at == stopped_at + 37.5
 
@@ -129,7 +133,7 @@ async def test_the_next_windows_forecast_counts_only_the_missing_prompts(window:
     run.save()
     engine = Engine(FakeHosts(window.world), window.world.config, window.store.open(window.run_id),
                     ScriptedDecider(window.world.clock), window.store)
-    inputs = await engine._forecast_inputs()
+    inputs = await engine.window.forecast_inputs()
     assert inputs.prompt_tokens == (5000,)
     state.windows = []  # the first window: every prompt
     assert fc.tokens_left(state, [300, 5000, 700]) == (300, 5000, 700)
@@ -277,18 +281,18 @@ async def test_on_the_pause_route_the_window_is_projected_from_the_pause_and_the
     from console.procedure.steps import extract
 
     paused_at = time.time() - 100.0
-    engine = ProjectingEngine(paused_at, budget_s=30.0)
+    engine = ProjectingWindow(paused_at, budget_s=30.0)
     engine.state.service = ServiceState(paused=True, paused_at=paused_at, pauses=1)
-    made, inputs = engine._window_forecast
+    made, inputs = engine.forecast_made
     tail = (fc.ForecastPhase("resume", 0.2, "measured on an H200"), fc.ForecastPhase("continue", 0.1, "estimate"))
     pause_made = fc.Forecast("r", 200.3, (fc.ForecastPhase("pause", 0.0, "estimate"), made.phases[0], *tail), 30.0)
-    engine._window_forecast = (pause_made, inputs)
+    engine.forecast_made = (pause_made, inputs)
     engine.route = "pause"
     engine.config = types.SimpleNamespace(target=types.SimpleNamespace(host="ct129"))
 
     async def window_dir(host: str) -> str:
         return f"/work/{host}/windows/r"
-    engine._window_dir = window_dir
+    engine.dir_on = window_dir
     seen: list[WindowProjection] = []
     engine.bus.subscribe(lambda m: seen.append(m) if isinstance(m, WindowProjection) else None)
     for event in (tokens_event(paused_at + 5.0, 100), tokens_event(paused_at + 15.0, 200)):
@@ -297,5 +301,5 @@ async def test_on_the_pause_route_the_window_is_projected_from_the_pause_and_the
     assert newest.down_since == paused_at and newest.budget_ends_at == paused_at + 30.0
     assert newest.expected_ready_at == pytest.approx(paused_at + 15.0 + 800 / 10 + 0.3)
     assert newest.basis.endswith("then resume (0 s: measured on an H200) + continue (0 s: estimate)")
-    await engine._budget_task
+    await engine.budget_task
     assert [c.action for c in engine.asked] == ["stop the extraction now and give the server its memory back"]

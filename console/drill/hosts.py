@@ -123,7 +123,7 @@ class DrillStatus:
                 f"  {TRAINING_HOST}: {training}", f"  config: {self.config}"]
 
 
-def _say(msg: str) -> None:
+def say_line(msg: str) -> None:
     print(msg, file=sys.stderr, flush=True)
 
 
@@ -135,7 +135,7 @@ def _read_state(layout: DrillLayout) -> dict[str, Any]:
     return data if isinstance(data, dict) else {}
 
 
-def _cmdline(pid: int) -> str:
+def cmdline_of(pid: int) -> str:
     try:
         with open(f"/proc/{pid}/cmdline", "rb") as fh:
             return fh.read().replace(b"\0", b" ").decode(errors="replace")
@@ -144,8 +144,8 @@ def _cmdline(pid: int) -> str:
 
 
 def _is_hosts_process(layout: DrillLayout, pid: Any) -> bool:
-    return (isinstance(pid, int) and pid_alive(pid) and "console.drill.hosts" in _cmdline(pid)
-            and str(layout.dir) in _cmdline(pid))
+    return (isinstance(pid, int) and pid_alive(pid) and "console.drill.hosts" in cmdline_of(pid)
+            and str(layout.dir) in cmdline_of(pid))
 
 
 def _hosts_pid(layout: DrillLayout) -> int | None:
@@ -157,7 +157,7 @@ def _hosts_pid(layout: DrillLayout) -> int | None:
     return pid if _is_hosts_process(layout, pid) else None
 
 
-def _running_state(layout: DrillLayout) -> dict[str, Any] | None:
+def running_state(layout: DrillLayout) -> dict[str, Any] | None:
     pid = _hosts_pid(layout)
     state = _read_state(layout)
     if pid is not None and state.get("state") == "ready" and state.get("pid") == pid and layout.config.is_file():
@@ -166,7 +166,7 @@ def _running_state(layout: DrillLayout) -> dict[str, Any] | None:
 
 
 @contextlib.contextmanager
-def _drill_lock(layout: DrillLayout) -> Iterator[None]:
+def drill_lock(layout: DrillLayout) -> Iterator[None]:
     """One `up` / `down` of a drill at a time."""
     layout.dir.mkdir(parents=True, exist_ok=True, mode=0o700)
     with locked(layout.dir / ".lock"):
@@ -193,7 +193,7 @@ def cuda_present() -> bool:
 
 
 def up(dir: str | os.PathLike | None = None, fresh: bool = False, python: str = sys.executable,
-       say: Callable[[str], None] = _say, timeout_s: float = READY_TIMEOUT_S, gpu: bool = False,
+       say: Callable[[str], None] = say_line, timeout_s: float = READY_TIMEOUT_S, gpu: bool = False,
        memory_saver: bool = True, replicas: int = 1, router: str = fleet.SMG) -> Path:
     """Bring the drill up (or find it up) and return its config's path.
 
@@ -216,8 +216,8 @@ def up(dir: str | os.PathLike | None = None, fresh: bool = False, python: str = 
         raise DrillError("--gpu: the rehearsal server's memory saver needs torch_memory_saver (pip install "
                          "'dflash-ops[gpu]'), or pass --no-memory-saver")
     layout = DrillLayout.at(dir, gpu, memory_saver, replicas, router)
-    with _drill_lock(layout):
-        running = _running_state(layout)
+    with drill_lock(layout):
+        running = running_state(layout)
         if running is not None:
             if (not fresh and bool(running.get("gpu")) == gpu
                     and bool(running.get("memory_saver", True)) == memory_saver
@@ -261,13 +261,13 @@ def _start_hosts(layout: DrillLayout, assets: DrillAssets, python: str, say: Cal
                      f"{_log_tail(layout)}")
 
 
-def down(dir: str | os.PathLike | None = None, say: Callable[[str], None] = _say) -> list[dict]:
+def down(dir: str | os.PathLike | None = None, say: Callable[[str], None] = say_line) -> list[dict]:
     """Stop the hosts, the service, the training run and every process the drill started.
 
     Returns what became of each process that was still running at the end (`remote.endpids` outcomes).
     """
     layout = DrillLayout.at(dir)
-    with _drill_lock(layout):
+    with drill_lock(layout):
         return _down_locked(layout, say)
 
 
@@ -291,7 +291,7 @@ def _down_locked(layout: DrillLayout, say: Callable[[str], None]) -> list[dict]:
     return outcomes
 
 
-def _health(url: str | None, timeout: float = 2.0) -> int | None:
+def health_status(url: str | None, timeout: float = 2.0) -> int | None:
     if not url:
         return None
     try:
@@ -307,13 +307,13 @@ def running_config(dir: str | os.PathLike | None = None) -> Path | None:
     """The config of the drill that is up (its hosts' process alive and ready), else None: read-only,
     nothing asked of its hosts."""
     layout = DrillLayout.at(dir)
-    return layout.config if _running_state(layout) is not None else None
+    return layout.config if running_state(layout) is not None else None
 
 
 def status(dir: str | os.PathLike | None = None) -> DrillStatus:
     """Whether the drill is up, where, and its service's state (read-only)."""
     layout = DrillLayout.at(dir)
-    state = _running_state(layout)
+    state = running_state(layout)
     if state is None:
         starting = _read_state(layout)
         if starting.get("state") == "starting" and _is_hosts_process(layout, starting.get("pid")):
@@ -324,7 +324,7 @@ def status(dir: str | os.PathLike | None = None) -> DrillStatus:
     return DrillStatus(
         layout.dir, up=True, config=layout.config, pid=state["pid"], ports=dict(state.get("ports", {})),
         service_url=state.get("service_url"), service_pid=service_pid,
-        service_health=_health(state.get("service_url")) if service_pid else None,
+        service_health=health_status(state.get("service_url")) if service_pid else None,
         trainer_pid=trainer if isinstance(trainer, int) and pid_alive(trainer) else None, since=state.get("ready_at"),
         gpu=bool(state.get("gpu")), memory_saver=bool(state.get("memory_saver", True)),
         router_url=state.get("router_url"), replica_urls=tuple(state.get("replica_urls") or ()),
@@ -458,7 +458,7 @@ async def _start_server(layout: DrillLayout, name: str, python: str, preferred: 
     raise DrillError(f"{name}: cannot listen on 127.0.0.1")
 
 
-def _run_service_command(layout: DrillLayout, argv: list[str], timeout: float = 30.0) -> str:
+def run_service_command(layout: DrillLayout, argv: list[str], timeout: float = 30.0) -> str:
     """A service command run as the SSH server would run it: in ct129's home, with the drill's mark."""
     home = layout.home(INFERENCE_HOST)
     env = {**os.environ, "HOME": str(home), procs.MARK_ENV: procs.mark_value(layout.dir)}
@@ -469,10 +469,10 @@ def _run_service_command(layout: DrillLayout, argv: list[str], timeout: float = 
     return done.stdout.strip()
 
 
-def _wait_health(url: str, timeout_s: float, service_state: Path) -> None:
+def wait_health(url: str, timeout_s: float, service_state: Path) -> None:
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
-        if _health(url) == 200:
+        if health_status(url) == 200:
             return
         if drill_service.running_pid(service_state) is None:
             log = service_state / drill_service.LOG_FILE
@@ -530,13 +530,13 @@ async def serve(layout: DrillLayout, assets: DrillAssets, python: str) -> int:
         write_drill_config(layout, ports, service_port, user, python, replica_ports, router_port)
         commands = service_commands(layout, python, service_port)
         _log(f"config written: {layout.config}")
-        _log(f"{INFERENCE_HOST}: starting the service: {_run_service_command(layout, commands['start'])}")
+        _log(f"{INFERENCE_HOST}: starting the service: {run_service_command(layout, commands['start'])}")
         url = f"http://127.0.0.1:{service_port}"
-        await asyncio.to_thread(_wait_health, url, SERVICE_HEALTH_TIMEOUT_S, layout.service_state)
+        await asyncio.to_thread(wait_health, url, SERVICE_HEALTH_TIMEOUT_S, layout.service_state)
         _log(f"{INFERENCE_HOST}: the service answers /health 200 at {url}")
         if router_port is not None:  # --replicas: the others, then SGLang's router in front of them all
             running_fleet = await asyncio.to_thread(
-                fleet.start_fleet, layout, python, replica_ports, router_port, _run_service_command, _wait_health,
+                fleet.start_fleet, layout, python, replica_ports, router_port, run_service_command, wait_health,
                 _log, SERVICE_HEALTH_TIMEOUT_S)
         write_json_atomic(layout.state_file, {
             "state": "ready", "pid": os.getpid(), "started_at": previous.get("started_at") or time.time(),
@@ -563,7 +563,7 @@ async def serve(layout: DrillLayout, assets: DrillAssets, python: str) -> int:
             fleet.stop_router(running_fleet)
             for extra in running_fleet.extra_commands:
                 with contextlib.suppress(DrillError, subprocess.TimeoutExpired):
-                    _log(f"{INFERENCE_HOST}: stopping a replica: {_run_service_command(layout, extra['stop'])}")
+                    _log(f"{INFERENCE_HOST}: stopping a replica: {run_service_command(layout, extra['stop'])}")
         await _shutdown(layout, servers, trainer, commands)
     return code
 
@@ -572,7 +572,7 @@ async def _shutdown(layout: DrillLayout, servers: dict[str, DrillSSHServer], tra
                     commands: dict[str, list[str]] | None) -> None:
     if commands is not None:
         try:
-            _log(f"{INFERENCE_HOST}: stopping the service: {_run_service_command(layout, commands['stop'])}")
+            _log(f"{INFERENCE_HOST}: stopping the service: {run_service_command(layout, commands['stop'])}")
         except (DrillError, subprocess.TimeoutExpired) as exc:
             _log(f"{INFERENCE_HOST}: stopping the service failed ({exc}); its process is ended below")
     if trainer is not None and trainer.poll() is None:

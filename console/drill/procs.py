@@ -23,7 +23,7 @@ def mark_value(drill_dir: Path) -> str:
     return str(Path(drill_dir).resolve())
 
 
-def _ancestors() -> set[int]:
+def ancestors() -> set[int]:
     """This process and its parents: a drill command run from inside the drill never ends itself."""
     seen, pid = set(), os.getpid()
     while pid > 1 and pid not in seen:
@@ -36,7 +36,7 @@ def _ancestors() -> set[int]:
 def marked_pids(drill_dir: Path) -> list[int]:
     """Live processes of this user whose environment carries the drill's mark, lowest pid first."""
     needle = f"{MARK_ENV}={mark_value(drill_dir)}".encode()
-    skip = _ancestors()
+    skip = ancestors()
     found = []
     for entry in os.scandir("/proc"):
         if not entry.name.isdigit() or int(entry.name) in skip:

@@ -40,11 +40,11 @@ from remote.procstat import pid_alive, start_time
 KEPT_IN_WORKDIR = {"code", SIMULATED_GPU_FILE, f"{SIMULATED_GPU_FILE}.lock", "probe-cache"}
 
 
-def rearm(dir: str | Path, say: Callable[[str], None] = hosts._say) -> Path:
+def rearm(dir: str | Path, say: Callable[[str], None] = hosts.say_line) -> Path:
     """The drill at `dir` as `up` leaves it; returns its config's path."""
     layout = hosts.DrillLayout.at(dir)
-    with hosts._drill_lock(layout):
-        state = hosts._running_state(layout)
+    with hosts.drill_lock(layout):
+        state = hosts.running_state(layout)
         assets = find_assets(Path(state["assets"]).parent, Path(state["assets"]).name) if state else None
         reusable = (state is not None and assets is not None and not state.get("gpu")
                     and state.get("replicas", 1) == 1 and state.get("memory_saver", True)
@@ -74,15 +74,15 @@ def _rearm_locked(layout: DrillLayout, state: dict[str, Any], assets: Any, say: 
     write_drill_config(layout, state["ports"], port, state["user"], python)
     (layout.service_state / drill_service.STUCK_MARKER).unlink(missing_ok=True)
     if not serving:
-        say(f"{INFERENCE_HOST}: starting the service again: {hosts._run_service_command(layout, commands['start'])}")
-        hosts._wait_health(state["service_url"], hosts.SERVICE_HEALTH_TIMEOUT_S, layout.service_state)
+        say(f"{INFERENCE_HOST}: starting the service again: {hosts.run_service_command(layout, commands['start'])}")
+        hosts.wait_health(state["service_url"], hosts.SERVICE_HEALTH_TIMEOUT_S, layout.service_state)
 
 
 def _as_started(pid: int, info: dict[str, Any], start_argv: list[str]) -> bool:
     """The server `up` started, serving: its pid, its command line (a rehearsal may have started it
     with a fault's flags), nothing paused or released, no request in flight."""
     standin_args = start_argv[start_argv.index("--") + 1:]
-    cmdline = hosts._cmdline(pid).split()
+    cmdline = hosts.cmdline_of(pid).split()
     requests = info.get("requests") or {}
     return (info.get("pid") == pid and cmdline[cmdline.index("remote.drill.standin") + 1:][:len(standin_args)] == standin_args
             and not info.get("paused") and not info.get("released")
@@ -91,7 +91,7 @@ def _as_started(pid: int, info: dict[str, Any], start_argv: list[str]) -> bool:
 
 def _server_info(url: str) -> dict[str, Any] | None:
     """/server_info when /health passes, else None."""
-    if hosts._health(url) != 200:
+    if hosts.health_status(url) != 200:
         return None
     try:
         with urllib.request.urlopen(f"{url}/server_info", timeout=5) as answer:
@@ -114,11 +114,11 @@ def _end(layout: DrillLayout, keep: set[Any], say: Callable[[str], None]) -> Non
 def _consoles(layout: DrillLayout) -> list[int]:
     """dflash-ops commands driving this drill (`--config <its config>`, `--dir <it>`), not our own."""
     needles = {str(layout.config), str(layout.dir)}
-    skip = procs._ancestors()
+    skip = procs.ancestors()
     found = []
     for entry in Path("/proc").iterdir():
         if entry.name.isdigit() and int(entry.name) not in skip:
-            argv = hosts._cmdline(int(entry.name)).split()
+            argv = hosts.cmdline_of(int(entry.name)).split()
             if any(word.rsplit("/", 1)[-1] == "dflash-ops" for word in argv[:2]) and needles & set(argv):
                 found.append(int(entry.name))
     return found

@@ -30,22 +30,15 @@ import dataclasses
 import logging
 import time
 from collections.abc import Callable
-from pathlib import Path
 from typing import Any
 
 from console.config import Config
 from console.messages import (
-    Confirmation,
-    DecisionMade,
-    Downtime,
-    HostFit,
     PlanReady,
     RunFinished,
     StepUpdate,
 )
 from console.procedure import ending, identity, run_jobs
-from console.procedure import forecast as fc
-from console.procedure.answer_waits import AnswerWaits
 from console.procedure.decider import Decider
 from console.procedure.ending import (  # noqa: F401  (re-exported: the CLI, the views and the tests import them here)
     AS_IT_WAS,
@@ -57,9 +50,7 @@ from console.procedure.ending import (  # noqa: F401  (re-exported: the CLI, the
     GIVE_BACK_ERRORS,
     held_line,
 )
-from console.procedure.fit import longest_tokens
-from console.procedure.follower import QUESTION, write_question
-from console.procedure.hosts import WindowHosts, reconnect_wait
+from console.procedure.hosts import WindowHosts
 from console.procedure.outcomes import (  # noqa: F401  (re-exported: the views, the CLI and the tests import them here)
     Found,
     LeftOut,
@@ -70,14 +61,12 @@ from console.procedure.outcomes import (  # noqa: F401  (re-exported: the views,
     Skip,
     StepFailed,
 )
-from console.procedure.state import STEP_ENDED, ExtractionState, Owner, ServiceState
+from console.procedure.state import STEP_ENDED, ExtractionState, Owner, ServiceState, between_windows
 from console.procedure.steps import (
     BY_NAME,
     ROUTES,
-    Preflight,
     Step,
     estimates,
-    extract,
     fleet,
     pause,
     route_steps,
@@ -86,11 +75,10 @@ from console.procedure.steps import (
 )
 from console.procedure.steps.preflight import LOCK_FILE  # noqa: F401  (re-exported)
 from console.procedure.store import Run, RunStore, owned_elsewhere, what_next
+from console.procedure.window import Window
 from console.service.control import ReadyTimeout, ServiceError
 from console.service.vram import VramError
 from console.ssh.hosts import HostDisconnected, HostError
-from console.views.plan import done_earlier
-from remote.prompts import DEFAULT_PROMPTS, load_prompts
 
 LINK_RETRIES = 3  # a step whose link drops is run again this many times
 SETTLED = ("done", "skipped", "left-out")
@@ -109,18 +97,7 @@ class Engine:
                  restart_on_failure: bool = True, route: str | None = None, plan_only: bool = False,
                  stage: bool | None = None, one_step: bool = False,
                  crash_at: Callable[[str], None] | None = None):
-        self.hosts = hosts
-        self.config = config
-        self.connect_s = reconnect_wait(config)  # how long a step waits for a dropped host
-        self.bus = hosts.bus
-        self.run = run
-        self.decider = decider
-        self.store = store
-        self.restart_on_failure = restart_on_failure
-        self.plan_only = plan_only
-        self.stage_override = stage  # None: the plan decides from the target host's RAM
         self.one_step = one_step  # run the next unsatisfied step (stage + cache together), then pause
-        self.crash_at = crash_at  # the crash-point sweep's hook (raises SimulatedCrash at a named point)
         route = route or (None if run.state.started else getattr(config.window, "route", None))  # [window] route
         if route is not None and route not in (*ROUTES, "auto"):
             raise ValueError(f"unknown route {route!r}: expected one of {', '.join(ROUTES)} or auto")
@@ -138,64 +115,72 @@ class Engine:
             refused = identity.refusal(run.state, config, run.run_id)  # before anything is written or sent
             if refused is not None:
                 raise ResumeRefused(refused)
-        self.facts = Preflight()
-        self.fits: list[HostFit] = []
-        self.plan: PlanReady | None = None
-        self.earlier = estimates(s.state.to_json() for s in self._earlier_runs())
-        self._restart_lock = asyncio.Lock()
-        self._window_dirs: set[tuple[str, str]] = set()  # (host, path) made by this console (`_window_dir`)
-        self._before_resume: Any = None  # a resumed run's state before this console touched it (`kept.left_as_it_was`)
-        # The operator said no to the restart: the run asks no more (the restart step, the compensation);
-        # only `r` (or `run --resume`) asks again, as a decision of its own.
-        self.restart_refused = False
-        self._asking: list[Confirmation] = []  # the questions waiting for an answer, oldest first (question.json)
-        self.holds_lock = False  # this engine took the host lock (host_lock.take): the run's jobs are its own
-        self.lock_refused = False  # another live console's run holds the host: nothing of it is touched
-        self.lease: Any = None  # renews the staged worker's lease while this engine runs (steps/serving.py)
+        # What the steps see of this run: the only object they receive (`window.py`).
+        self.window = window = Window(hosts, config, run, decider, store, self.route, route_steps(self.route),
+                                      restart_on_failure=restart_on_failure, plan_only=plan_only,
+                                      stage_override=stage, crash_at=crash_at)
+        window.earlier = estimates(s.state.to_json() for s in window.earlier_runs())
+        self.run, self.plan_only = run, plan_only
         self._unsubscribe_telemetry: Callable[[], None] | None = None
-        # Every wait on the operator's answers, and which step it held up: a step's work is its time less those.
-        self.answer_waits = AnswerWaits(lambda: time.time())  # (read at each call: the sweep's clock replaces `time`)
         self._ran: set[str] = set()  # steps this engine ran (not found satisfied)
         self._settled_at_start: set[str] = set()  # steps the run's state had settled when this engine began
-        self._resumed = False
-        self._windows_here = 0  # windows this engine began after a budget cut (`_next_replica`)
-        self._budget_task: asyncio.Task | None = None
-        self._fresh_window()
         self._task: asyncio.Task | None = None  # the one running `execute`, while it does
         self._driving = False  # in `_drive`: the steps run, a cancel is taken there
         self._cancel_asked = False  # while driving: a cancel came, taken or not yet
         self._cancel_taken = False
         self._cancel_again: asyncio.TimerHandle | None = None
 
-    # --- bookkeeping --------------------------------------------------------------------------
+    # --- what the console and the CLI read of the run (the window's) ----------------------------
 
     @property
     def state(self):
         return self.run.state
 
-    def _earlier_runs(self) -> list[Run]:
-        if self.store is None:
-            return []
-        return [r for r in self.store.readable() if r.run_id != self.run.run_id]
+    @property
+    def config(self) -> Config:
+        return self.window.config  # a fleet run's next window narrows it to its replica
 
-    def _crash(self, point: str) -> None:
-        if self.crash_at is not None:
-            self.crash_at(point)
+    @property
+    def plan(self) -> PlanReady | None:
+        return self.window.plan
+
+    @property
+    def decider(self) -> Decider:
+        return self.window.decider
+
+    @decider.setter
+    def decider(self, decider: Decider) -> None:  # the terminal gone: every question refused from now on
+        self.window.decider = decider
+
+    @property
+    def restart_on_failure(self) -> bool:
+        return self.window.restart_on_failure
+
+    @property
+    def service_down_by_us(self) -> bool:
+        return self.window.service_down_by_us
+
+    @property
+    def server_held_by_us(self) -> bool:
+        return self.window.server_held_by_us
+
+    def shown_plan(self) -> PlanReady | None:
+        return self.window.shown_plan()
 
     def journal(self, step: str | None, message: str, **fields: Any) -> None:
-        self.bus.publish(self.run.journal(step, message, **fields))
+        self.window.journal(step, message, **fields)
 
     def record(self, step: str | None, message: str, **fields: Any) -> None:
-        """Journalled for the replay only, not the event log (a step's start, the jobs' progress)."""
-        if not self.plan_only:
-            self.run.journal(step, message, **fields)
+        self.window.record(step, message, **fields)
+
+    # --- bookkeeping --------------------------------------------------------------------------
 
     def _publish_step(self, name: str, attempt_started: float | None = None) -> None:
         if self.plan_only:  # a preview keeps no run: the stepper shows the plan, not its ticks
             return
         rec = self.state.step(name)
         started = attempt_started if rec.status == "running" and attempt_started else rec.started_at
-        self.bus.publish(StepUpdate(self.run.run_id, name, rec.status, started, rec.ended_at, rec.detail,
+        self.window.bus.publish(StepUpdate(self.run.run_id, name, rec.status, started, rec.ended_at, rec.detail,
                                     work_s=rec.work_s, decision_s=rec.decision_s, found_on_resume=rec.found_on_resume))
 
     def _set(self, name: str, status: str, detail: str | None = None, attempt_started: float | None = None,
@@ -221,100 +206,6 @@ class Engine:
         else:
             self.record(name, said, **fields)
 
-    async def _ask(self, confirmation: Confirmation, holds: bool = True) -> bool:
-        """The operator's yes or no. Its wait is no step's work (`answer_waits`) and no phase of the
-        window's (`ServiceState.answer_waits`): never measured, never forecast. `holds=False`: the work
-        goes on while it waits (the offer to stop the extraction at the budget), so it holds up nothing."""
-        asked_at = time.time()
-        wait = self.answer_waits.asked() if holds else None
-        self._asking.append(confirmation)
-        self._say_question()
-        try:
-            approved = await self.decider.decide(confirmation)
-        finally:
-            self._asking.remove(confirmation)
-            self._say_question()
-            if wait is not None:
-                self._answered(wait)
-        self.bus.publish(DecisionMade(confirmation, approved, self.decider.name, self.run.run_id))
-        # The whole question, for the replay: it is shown at `asked_at`, answered at the entry's time.
-        question = {"impact": confirmation.impact, "destructive": confirmation.destructive,
-                    "estimate_s": confirmation.estimate_s, "estimate_basis": confirmation.estimate_basis,
-                    "asked_at": asked_at}
-        self.journal(confirmation.step, f"{'approved' if approved else 'refused'}: {confirmation.action}",
-                     host=confirmation.host, decision=f"{'yes' if approved else 'no'} ({self.decider.name})",
-                     argv=list(confirmation.argv), kind="question", data=question)
-        return approved
-
-    def _answered(self, wait: Any) -> None:
-        """A question of the window answered: its wait is kept with the window's stamps, so that no
-        measured phase holds it (`forecast.measured_phases`), and the service's expected return moves
-        by it: the banner's "late" counts from the answer, not from the question."""
-        self.answer_waits.answered(wait)
-        service = self.state.service
-        if not service.began() or self.plan_only:
-            return  # before the stop (or the pause): no window holds it yet
-        service.answer_waits.append([wait.asked_at, wait.answered_at])  # saved with what the answer lets happen
-        began = extract.window_began(self)
-        if began is not None and self._window_forecast is not None:
-            made, inputs = self._window_forecast
-            waited = fc.overlap(service.answer_waits, began, wait.answered_at)
-            self.bus.publish(fc.project(made, inputs, began, wait.answered_at, self._progress, waited_s=waited))
-
-    def _say_question(self) -> None:
-        """question.json beside the run's state: the question this run waits on (the oldest still
-        open), so that a read-only console, the browser view and `status` say what it waits on,
-        whichever decider asks (the TUI's modals, `run --step`'s prompts); removed once answered."""
-        path = self.run.dir / QUESTION
-        with contextlib.suppress(OSError):  # a store we cannot write loses only this courtesy
-            if self._asking:
-                write_question(self.run.dir, self._asking[0], time.time())
-            else:
-                path.unlink(missing_ok=True)
-
-    def shown_plan(self) -> PlanReady | None:
-        """The plan as the views show it: on a resume, the steps that ended earlier in this run do not
-        act again (said as the terminal's plan view says it). The engine's own plan is unchanged: a
-        staged extraction is still staged when its stage step is done."""
-        if self.plan is None or not self._resumed:
-            return self.plan
-        ended = {name: rec.status for name, rec in self.state.steps.items() if name != "preflight"}
-        return dataclasses.replace(self.plan, steps=done_earlier(self.plan.steps, ended))
-
-    def _publish_downtime(self) -> None:
-        """The service's state (down since the stop until ready; on the pause route paused since the
-        pause until the continue): published for every view and the notifier, journalled on a change."""
-        service = self.state.service
-        if service.down or service.stopped_at is not None:
-            said = Downtime(self.run.run_id, service.stopped_at if service.down else None, service.ready_at)
-            now = "down" if service.down else "up"
-        else:
-            paused = service.held or (service.paused_at is not None and service.continued_at is None)
-            since = service.paused_at or service.released_at
-            said = Downtime(self.run.run_id, since if paused else None, service.continued_at, paused=paused)
-            now = "paused" if paused else "up"
-        self.bus.publish(said)
-        if now != self._service_said:
-            self._service_said = now
-            self.record(None, f"the service is {now}", kind="service",
-                        data={"state": now, "since": said.down_since, "back_at": said.restarted_at})
-
-    @property
-    def service_down_by_us(self) -> bool:
-        return self.state.service.down
-
-    @property
-    def server_held_by_us(self) -> bool:
-        """Paused or released by this run and not given back yet (the pause route)."""
-        return self.state.service.held
-
-    async def _connected(self, name: str, step: str) -> None:
-        try:
-            await self.hosts.connect(name, self.connect_s)
-        except TimeoutError:
-            raise StepFailed(step, f"{name} is not connected after {self.connect_s:.0f} s "
-                                   f"({self.hosts.link_state(name)})") from None
-
     # --- the run ------------------------------------------------------------------------------
 
     async def execute(self) -> RunFinished:
@@ -326,13 +217,13 @@ class Engine:
         finally:
             self._task = None
             self._cancel_no_more()
-            if self.lease is not None:  # the console's lease is not renewed past its run
-                self.lease.cancel()
+            if self.window.lease is not None:  # the console's lease is not renewed past its run
+                self.window.lease.cancel()
 
     async def _execute(self) -> RunFinished:
         state = self.state
         if state.started and not state.finished and not self.plan_only:  # a resume: what it was, kept
-            self._before_resume = copy.deepcopy(state)
+            self.window.before_resume = copy.deepcopy(state)
         changed = identity.edited(state, self.config) if state.started and not self.plan_only else None
         if changed:  # the run's own file, edited since: allowed (the same service), said
             self.journal(None, changed, level="warning")
@@ -344,7 +235,7 @@ class Engine:
             # back in the router first (its rejoin)
             self._next_window()
         state.status = "running"
-        resumed = self._resumed = state.started
+        resumed = self.window.resumed = state.started
         state.started = True
         if not self.plan_only:
             state.owner = Owner.this_process()
@@ -357,21 +248,24 @@ class Engine:
         for step in route_steps(self.route):  # the views show where a resumed run stands
             if state.status_of(step.name) != "pending":
                 self._publish_step(step.name)
-        self._unsubscribe_telemetry = self.bus.subscribe(self._record_telemetry)
+        self._unsubscribe_telemetry = self.window.bus.subscribe(self._record_telemetry)
         if self.service_down_by_us or self.server_held_by_us:
-            self._publish_downtime()
+            self.window.publish_downtime()
         self._settled_at_start = {name for name, rec in state.steps.items() if rec.status in SETTLED}
         status, message = await self._drive()
         return await self._end(status, message)
 
-    def cancel(self) -> None:
-        """Cancel the run (Ctrl-C, a signal, the console's quit): it then compensates.
+    def cancel(self, leave_down: bool = False) -> None:
+        """Cancel the run (Ctrl-C, a signal, the console's quit): it then compensates (`leave_down`:
+        never offering the restart or the give-back, the quit modal's own key).
 
         A cancel can be lost on its way: on Python 3.11 `asyncio.wait_for` (asyncssh waits on each
         command with it) returns the command's result instead when the cancel lands in the moment
         the command completes. So until the run has taken it, it is asked again every
         `CANCEL_AGAIN_S`; once taken (compensating), a cancel is one more interruption, which the
         compensation journals and waits through."""
+        if leave_down:
+            self.window.restart_on_failure = False
         task = self._task
         if task is None or task.done():
             return
@@ -416,7 +310,7 @@ class Engine:
             try:
                 await self._do(BY_NAME["preflight"])
             except StepFailed as exc:
-                if self._before_resume is not None:  # a resume's preflight: the run is left as it was
+                if self.window.before_resume is not None:  # a resume's preflight: the run is left as it was
                     return AS_IT_WAS, exc.msg
                 raise
             if self.plan_only:
@@ -444,16 +338,15 @@ class Engine:
             return "failed", message
 
     async def _end(self, status: str, message: str) -> RunFinished:
-        return await ending.end(self, status, message)
+        if self._unsubscribe_telemetry:
+            self._unsubscribe_telemetry()
+        return await ending.end(self.window, status, message)
 
     async def _release_lock(self) -> None:
-        await ending.release_lock(self)
+        await ending.release_lock(self.window)
 
     async def _restart_only(self) -> RunFinished:
-        return await ending.restart_only(self)
-
-    async def _end_own_jobs(self) -> None:
-        await ending.end_own_jobs(self)
+        return await ending.restart_only(self.window)
 
     async def _steps(self) -> None:
         while await self._window_steps():
@@ -472,7 +365,7 @@ class Engine:
                 else:
                     await self._side_by_side(unit)
             except Refused as exc:
-                if exc.step == "drain" and self._windows_here and not self.state.service.drains:
+                if exc.step == "drain" and self.window.windows_here and not self.state.service.drains:
                     raise Paused("drain", f"{exc}: this run's window {len(self.state.windows) + 1} on replica "
                                           f"{self.state.facts.get('fleet_replica')} is not begun, nothing of it "
                                           f"changed; every prompt extracted is kept and `run --resume "
@@ -487,7 +380,7 @@ class Engine:
                        f"the next window" + (f" (on the next replica: the least loaded other than "
                                              f"{self.state.facts.get('fleet_replica')} that can take it)"
                                              if self.config.fleet is not None else "") + ", then evaluates")
-                if self.config.fleet is None or self.one_step or not fleet.between_windows(self.state):
+                if self.config.fleet is None or self.one_step or not between_windows(self.state):
                     raise Paused(unit[-1].name, why)
                 await self._next_replica(unit[-1].name, why)
                 return True
@@ -505,12 +398,12 @@ class Engine:
         begun at gpu_released is still to be joined: the step after the extraction is the restart, and
         the run never pauses with a question of it open; nor after the last step, which ends the run."""
         new = (self._ran - ran_before) - self._settled_at_start
-        return bool(new) and self._restart_task is None and unit[-1].name != ROUTES[self.route][-1]
+        return bool(new) and self.window.restart_task is None and unit[-1].name != ROUTES[self.route][-1]
 
     def _next_step_waits(self, done: str) -> str:
         """What a pause of step mode says: the step done, the one that waits, how to run it."""
         names = ROUTES[self.route]
-        acting = {s.name for s in self.plan.steps if s.acts} if self.plan is not None else set(names)
+        acting = {s.name for s in self.plan.steps if s.acts} if self.window.plan is not None else set(names)
         waiting = next((n for n in names[names.index(done) + 1:]
                         if n in acting and self.state.status_of(n) not in SETTLED), None)
         then = f"the next step, {waiting}, runs" if waiting else "the rest runs"
@@ -523,50 +416,27 @@ class Engine:
         same next window as a resume (`_next_window`) and a preflight addressed to that replica; its
         drain is asked as every drain is. A refusal of the choice, or that preflight's failure, ends
         the run paused (nothing of the next window changed; `run --resume` goes on)."""
-        self._crash("window-over")
+        self.window.crash_point("window-over")
         try:
-            chosen, chose = await fleet.next_in_run(self)
+            chosen, chose = await fleet.next_in_run(self.window)
         except StepFailed as exc:
             raise Paused(step, f"{why}; the next window is not begun in this run: {exc.msg}") from None
-        config = fleet.on_replica(self.config, chosen)
-        if chosen.service.host != self.config.service.host and self.holds_lock:
-            await ending.release_lock(self)  # the next window's preflight takes the lock on its host
-        address = getattr(self.hosts, "address", None)
+        config = fleet.on_replica(self.window.config, chosen)
+        if chosen.service.host != self.config.service.host and self.window.holds_lock:
+            await ending.release_lock(self.window)  # the next window's preflight takes the lock on its host
+        address = getattr(self.window.hosts, "address", None)
         if address is not None:  # the live session's service watch: the next replica's server and manager
             address(config)
-        self.config = config
+        self.window.config = config
         self.journal(None, f"the window was cut short at its budget; the run goes on with the next replica: {chose}")
         self._next_window()
-        self._windows_here += 1
-        self._fresh_window()
+        self.window.windows_here += 1
+        self.window.fresh()
         try:
             await self._do(BY_NAME["preflight"])
         except StepFailed as exc:
             raise Paused("preflight", f"{why}; the next window's preflight on replica {chosen.name} failed, nothing "
                                       f"of it changed: {exc.msg}") from None
-
-    def _fresh_window(self) -> None:
-        """What the engine keeps of one window: made at the start, and anew for a run's next window
-        (as a new console's engine would)."""
-        if self._budget_task is not None:
-            self._budget_task.cancel()  # the last window's offer to stop at its budget, if still open
-        self._budget_task = None
-        self._budget_asked = False
-        self._gpu_released = asyncio.Event()
-        self.start_issued = asyncio.Event()  # the restart's start is being sent (or the service found starting)
-        # The server's return begun at gpu_released: the stop route's restart, the pause route's give-back.
-        self._restart_task: asyncio.Task | None = None
-        self._continued_early = False  # continued by that give-back: the continue step verifies it
-        self._give_back_refused: Exception | None = None  # the operator's no to it, raised by its own step
-        self._stopped_mono: float | None = None
-        self._left_flushing: str | None = None  # why the extractor was left to finish (`kept.flushing`)
-        self._irreversible: dict[str, str] = {}  # step -> detail, once its change on the host is made
-        # job counter -> (when last journalled, its newest value not journalled yet): run_jobs._record_progress
-        self.progress_said: dict[tuple[str, str], tuple[float, Any]] = {}
-        self._window_forecast: tuple[fc.Forecast, fc.ForecastInputs] | None = None
-        self._progress = fc.ExtractionProgress()
-        self._service_said: str | None = None  # the service's state last journalled ("down", "up", "paused")
-        self._health_said: tuple[Any, ...] | None = None  # its health verdict last journalled
 
     async def _side_by_side(self, unit: tuple[Step, ...]) -> None:
         """Steps of one group at once: the first to fail cancels the others (their jobs are ended
@@ -601,7 +471,7 @@ class Engine:
         try:
             for attempt in range(LINK_RETRIES + 1):
                 try:
-                    verdict = await step.check(self) if step.check else None
+                    verdict = await step.check(self.window) if step.check else None
                     if verdict is not None:
                         detail = verdict
                         break
@@ -609,9 +479,9 @@ class Engine:
                         self._set(name, "running", attempt_started=attempt_started)
                         running = True
                     self._ran.add(name)
-                    detail = await step.run(self)
+                    detail = await step.run(self.window)
                     if step.verify and not isinstance(detail, Skip):
-                        await step.verify(self)
+                        await step.verify(self.window)
                     break
                 except HostDisconnected as exc:
                     if attempt == LINK_RETRIES:
@@ -627,8 +497,8 @@ class Engine:
             raise
         except asyncio.CancelledError:
             self._account(name, attempt_started)
-            if name in self._irreversible:  # its change was made: cancelled after it, it is done
-                self._set(name, "done", self._irreversible[name])
+            if name in self.window.irreversible:  # its change was made: cancelled after it, it is done
+                self._set(name, "done", self.window.irreversible[name])
             else:
                 self._set(name, "cancelled")
             raise
@@ -648,7 +518,7 @@ class Engine:
                 self._publish_step(name)  # recorded done before: its times and detail stay as they were
                 return
             self._account(name, attempt_started)
-            self._set(name, "done", detail.why, found=self._resumed and before in ("running", "pending", "cancelled"))
+            self._set(name, "done", detail.why, found=self.window.resumed and before in ("running", "pending", "cancelled"))
         elif isinstance(detail, Skip):
             if before in SETTLED and not running:
                 self._publish_step(name)
@@ -664,7 +534,7 @@ class Engine:
         the step's work is the time it worked, and nothing else."""
         rec = self.state.step(name)
         now = time.time()
-        waited = self.answer_waits.held(attempt_started, now)
+        waited = self.window.answer_waits.held(attempt_started, now)
         rec.work_s += max(0.0, now - attempt_started - waited)
         rec.decision_s += waited
 
@@ -683,99 +553,28 @@ class Engine:
                               "forecast": state.forecast,
                               **({"replica": state.facts.get("fleet_replica")} if self.config.fleet else {})})
         if self.config.fleet is not None:
-            state.facts["fleet_replica"] = fleet.replica_of(self).name  # drained None: the narrowed config's
+            state.facts["fleet_replica"] = fleet.replica_of(self.window).name  # drained None: the narrowed config's
         missing = state.extraction.partial["missing"]
         state.service, state.extraction, state.forecast = ServiceState(), ExtractionState(), None
         for name in window_steps:
             state.steps.pop(name, None)
-        run_jobs.new_attempt(self, "extract")
+        run_jobs.new_attempt(self.window, "extract")
         self.run.save()
         on = f" on replica {state.facts['fleet_replica']}" if self.config.fleet is not None else ""
         self.journal(None, f"window {len(state.windows) + 1} of run {self.run.run_id}{on}: the {len(missing)} prompts "
                            f"missing ({', '.join(missing)}) are extracted now; the others are kept")
-        self._crash("next-window")
+        self.window.crash_point("next-window")
 
-    async def _forecast_inputs(self, manager: Any | None = None) -> fc.ForecastInputs:
-        facts = self.state.facts
-        tokens = facts.get("prompt_tokens")
-        if not tokens:  # before the cache: the prompts' length estimated from their text
-            tokens = [longest_tokens([p]) for p in self._prompt_records()]
-        history = None
-        if manager is not None:  # the unit's last stop and start (None from a command manager)
-            with contextlib.suppress(Exception):
-                history = await manager.history()
-        record = self.state.jobs.get("extract")
-        staged_event = record.result if record is not None and "staged" in record.events_seen else None
-        plan_stage = facts.get("plan_stage", {})
-        return fc.ForecastInputs(
-            run_id=self.run.run_id, service_host=self.config.service.host, extract_host=self._extract_host()[0],
-            staged=self._acts("stage"), prompt_tokens=fc.tokens_left(self.state, tokens), model_bytes=self.facts.model_bytes,
-            stop_grace_s=self.config.service.stop_grace_s, budget_s=self.config.window.max_downtime_s,
-            systemd=history, speeds=self.facts.probes.get(self.config.target.host, {}).get("speeds"),
-            staged_event=staged_event if isinstance(staged_event, dict) else None,
-            earlier=[r.state.to_json() for r in self._earlier_runs()],
-            stage_left_out=None if plan_stage.get("stage", True) else plan_stage.get("why"),
-            zero_downtime=facts.get("proposal"))
-
-    async def _forecast(self, manager: Any | None = None) -> tuple[fc.Forecast, fc.ForecastInputs]:
-        """The window's downtime by phase, each with its basis; published and kept in the state."""
-        inputs = await self._forecast_inputs(manager)
-        made = fc.forecast(inputs)
-        self.state.forecast = fc.to_state(made)
-        self.run.save()
-        self.bus.publish(made)
-        self._window_forecast = (made, inputs)
-        return made, inputs
-
-    # --- what the steps share: where the run's work is on the hosts -----------------------------
-
-    def _extract_host(self) -> tuple[str, str]:
-        """(host, model path) of the extraction: the target host, or the zero-downtime route's choice."""
-        chosen = self.state.facts.get("extract_on")
-        if self.route == "zero-downtime" and chosen:
-            return chosen["host"], chosen["model_path"]
-        return self.config.target.host, self.config.target.model_path
-
-    def _prompt_records(self) -> list[dict[str, Any]]:
-        """The prompts as the workers will read them (the config's max_new_tokens applied)."""
-        source = self.config.prompts.file
-        path = DEFAULT_PROMPTS if source is None else Path(source).expanduser()
-        if not path.is_absolute():
-            path = self.config.base_dir() / path
-        try:
-            prompt_set = load_prompts(path)
-        except Exception as exc:  # PromptFileError names file, line and field
-            raise StepFailed("preflight", getattr(exc, "msg", str(exc))) from None
-        records = []
-        for prompt in prompt_set.prompts:
-            record = prompt.to_json()
-            if self.config.prompts.max_new_tokens:
-                record["max_new_tokens"] = self.config.prompts.max_new_tokens
-            records.append(record)
-        return records
-
-    def _acts(self, name: str) -> bool:
-        if self.plan is not None:
-            return any(s.name == name and s.acts for s in self.plan.steps)
-        return any(s.get("name") == name and s.get("acts") for s in self.state.plan)
-
-
-    async def _window_dir(self, name: str) -> str:
-        """This run's directory on host `name` (created private, once per console: every step asks
-        for it, some inside the window, where each round trip is downtime)."""
-        path = f"{await self.hosts.workdir(name)}/windows/{self.run.run_id}"
-        if (name, path) not in self._window_dirs:
-            await self.hosts.run(name, ["mkdir", "-p", "-m", "700", path])
-            self._window_dirs.add((name, path))
-        return path
-
-    async def restart_service(self, reason: str) -> None:
-        """Bring the server back (asking first): start it and wait until it is ready
-        (`steps/stop.py`), or, paused by this run, resume and continue it (`steps/pause.py`)."""
+    async def restart_service(self, reason: str, decider: Decider | None = None) -> None:
+        """Bring the server back (asking first, `decider`: the one asking now, the console's `r`): start
+        it and wait until it is ready (`steps/stop.py`), or, paused by this run, resume and continue it
+        (`steps/pause.py`)."""
+        if decider is not None:
+            self.window.decider = decider
         if self.server_held_by_us and not self.service_down_by_us:
-            await pause.give_back(self, reason)
+            await pause.give_back(self.window, reason)
         else:
-            await stop.restart_service(self, reason)
+            await stop.restart_service(self.window, reason)
         if self.state.finished and self.state.service.left_as() is None:  # `r` on a finished run: its lock goes
             await self._release_lock()
 
@@ -790,8 +589,8 @@ class Engine:
             status, health = message.status, message.health
             verdict = (getattr(status, "state", None), health.ready if health else None,
                        health.health_status if health else None, message.error)
-            if verdict != self._health_said:
-                self._health_said = verdict
+            if verdict != self.window.health_said:
+                self.window.health_said = verdict
                 said = "ready" if verdict[1] else f"not ready ({verdict[3] or verdict[0] or 'no answer'})"
                 self.record(None, f"the service's health: {said}", kind="service",
                             data={"state": verdict[0], "ready": verdict[1], "health_status": verdict[2],

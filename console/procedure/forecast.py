@@ -559,8 +559,6 @@ def against(state: Mapping[str, Any] | RunState) -> list[PhaseAgainst]:
     time; [] for a run without a forecast."""
     run = _state(state)
     if run.route == "pause":  # pause -> continue, by the pause route's own phases
-        from console.procedure.steps.pause import pause_against
-
         return pause_against(run)
     if not run.forecast:
         return []
@@ -660,3 +658,62 @@ def hindcast(states: Iterable[Mapping[str, Any] | RunState]) -> list[Hindcast]:
         rows.append(Hindcast(i + 1, run.run_id, ask.staged, PhaseAgainst(
             "downtime", made.downtime_s, worked(svc.answer_waits, svc.stopped_at, svc.ready_at), summary(made))))
     return rows
+
+
+PAUSE_PHASES = ("pause", "release", "free-vram", "extract", "resume", "continue")  # the pause route's
+
+
+def pause_against(run: Any) -> list[PhaseAgainst]:
+    """The pause route's forecast against what it measured, per phase (each step's own work time),
+    then the route's downtime, pause -> continue, and the time it waited on the operator's answers
+    (left out of the downtime, as of the forecast). [] for a run without a pause forecast."""
+    made = run.facts.get("pause_forecast")
+    if not made:
+        return []
+    planned = from_state(run.run_id, made)
+    rows = []
+    for name in PAUSE_PHASES:
+        p = phase(planned, name)
+        step = run.steps.get(p.name)
+        measured = step.work_s if step is not None and step.status == "done" and not step.found_on_resume else None
+        rows.append(PhaseAgainst(p.name, p.seconds, measured, p.basis))
+    svc = run.service
+    whole = worked(svc.answer_waits, svc.paused_at, svc.continued_at)  # the operator's answers left out
+    return [*rows, PhaseAgainst("downtime (pause -> continue)", planned.downtime_s, whole, made.get("basis", "")),
+            *answers_row(svc.answer_waits, svc.paused_at, svc.continued_at)]
+
+
+def estimates(earlier_states: Iterable[dict[str, Any]]) -> dict[str, float]:
+    """Median duration of each step (and of the downtime, key "downtime") over earlier finished runs.
+
+    The operator's answers never enter one: a step's is its work time; the downtime is the sum of
+    the forecast's measured phases (forecast.measured_phases: the hosts' work from the stop to ready,
+    a question's wait left out), from runs that measured every phase; the pause route's is its pause
+    to its continue less the time the window waited on the operator's answers."""
+    durations: dict[str, list[float]] = {}
+    for state in earlier_states:
+        for name, step in state.get("steps", {}).items():
+            if step.get("status") != "done" or step.get("found_on_resume"):
+                continue
+            if step.get("work_s"):  # the work alone, the operator's think time left out
+                durations.setdefault(name, []).append(step["work_s"])
+            elif step.get("started_at") is not None and step.get("ended_at") is not None:
+                durations.setdefault(name, []).append(max(0.0, step["ended_at"] - step["started_at"]
+                                                          - (step.get("decision_s") or 0.0)))
+        service = state.get("service", {})
+        if service.get("stopped_at") is not None and service.get("ready_at") is not None:
+            try:
+                phases = measured_phases(state)
+            except StateError:
+                phases = {}
+            if phases and all(v is not None for v in phases.values()):
+                durations.setdefault("downtime", []).append(sum(phases.values()))
+        if service.get("paused_at") is not None and service.get("continued_at") is not None:
+            if service.get("answer_waits"):  # the window's own record of its waits on the operator
+                work_s = worked(service["answer_waits"], service["paused_at"], service["continued_at"])
+            else:  # a run from before it was kept: its steps' waits
+                waited = sum((state.get("steps", {}).get(n) or {}).get("decision_s") or 0.0
+                             for n in ("release", "free-vram", "extract", "resume", "continue"))
+                work_s = max(0.0, service["continued_at"] - service["paused_at"] - waited)
+            durations.setdefault("pause-downtime", []).append(work_s)
+    return {name: statistics.median(values) for name, values in durations.items()}

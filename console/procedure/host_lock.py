@@ -26,7 +26,7 @@ from console.procedure.state import Owner
 from console.ssh.hosts import CommandFailed
 
 if TYPE_CHECKING:
-    from console.procedure.engine import Engine
+    from console.procedure.window import Window
 
 LOCK_FILE = "dflash-ops.lock"  # in the service host's workdir: the run driving that host
 OWNER_FIELDS = ("user", "host", "pid", "since", "start_ticks")
@@ -37,8 +37,8 @@ class LockHeld(StepFailed):
     no restart, the lock kept)."""
 
 
-async def lock_path(engine: Engine) -> str:
-    return f"{await engine.hosts.workdir(engine.config.service.host)}/{LOCK_FILE}"
+async def lock_path(window: Window) -> str:
+    return f"{await window.hosts.workdir(window.config.service.host)}/{LOCK_FILE}"
 
 
 def _owner_of(held: dict[str, Any]) -> Owner | None:
@@ -68,111 +68,111 @@ def _is_this_console(held: dict[str, Any], me: Owner | None) -> bool:
         and held.get("start_ticks") in (None, me.start_ticks)
 
 
-async def _read(engine: Engine, host: str, path: str) -> str | None:
+async def _read(window: Window, host: str, path: str) -> str | None:
     try:
-        return await engine.hosts.read_text(host, path)
+        return await window.hosts.read_text(host, path)
     except FileNotFoundError:
         return None
 
 
-async def _create(engine: Engine, host: str, path: str, text: str) -> bool:
+async def _create(window: Window, host: str, path: str, text: str) -> bool:
     """The lock made whole under a private name, then linked to its name: True when this console
     made it, False when a lock was there already (another console won)."""
     tmp = f"{path}.{uuid.uuid4().hex[:8]}.new"
-    await engine.hosts.write_text(host, tmp, text)
+    await window.hosts.write_text(host, tmp, text)
     try:
-        await engine.hosts.run(host, ["ln", "--", tmp, path])
+        await window.hosts.run(host, ["ln", "--", tmp, path])
         return True
     except CommandFailed:
         return False
     finally:
-        await engine.hosts.run(host, ["rm", "-f", "--", tmp])
+        await window.hosts.run(host, ["rm", "-f", "--", tmp])
 
 
-async def _remove_if_unchanged(engine: Engine, host: str, path: str, seen: str) -> bool:
+async def _remove_if_unchanged(window: Window, host: str, path: str, seen: str) -> bool:
     """Move the lock aside (one console can), and remove it if it is the one `seen`; a lock put
     there meanwhile by another console is linked back. True when `seen` was removed."""
     aside = f"{path}.{uuid.uuid4().hex[:8]}.gone"
     try:
-        await engine.hosts.run(host, ["mv", "--", path, aside])
+        await window.hosts.run(host, ["mv", "--", path, aside])
     except CommandFailed:
         return False  # not there any more: another console moved it first
     try:
-        if await _read(engine, host, aside) == seen:
+        if await _read(window, host, aside) == seen:
             return True
         try:  # someone else's lock: back where it was (unless yet another lock is there now)
-            await engine.hosts.run(host, ["ln", "--", aside, path])
+            await window.hosts.run(host, ["ln", "--", aside, path])
         except CommandFailed:
-            engine.journal("preflight", f"the host lock {host}:{path} changed hands twice while it was looked at",
+            window.journal("preflight", f"the host lock {host}:{path} changed hands twice while it was looked at",
                            host=host, level="warning")
         return False
     finally:
-        await engine.hosts.run(host, ["rm", "-f", "--", aside])
+        await window.hosts.run(host, ["rm", "-f", "--", aside])
 
 
-def _finished_here(engine: Engine, run_id: str) -> bool:
+def _finished_here(window: Window, run_id: str) -> bool:
     """The lock's run is in this console's store and has finished: nobody drives it any more."""
-    if engine.store is None or run_id == engine.run.run_id:
+    if window.store is None or run_id == window.run.run_id:
         return False
     try:
-        return engine.store.open(run_id).state.finished
+        return window.store.open(run_id).state.finished
     except Exception:  # noqa: BLE001 - not in this store, or unreadable: the lock's owner decides
         return False
 
 
-async def take(engine: Engine) -> None:
+async def take(window: Window) -> None:
     """Take the host's lock for this run and console, or refuse (`LockHeld`) while another live (or
     unknowable) console holds it; a gone console's lock is taken over, saying so."""
-    host = engine.config.service.host
-    path = await lock_path(engine)
-    me = engine.state.owner
-    mine = json.dumps({"run_id": engine.run.run_id, **(me.__dict__ if me else {})})
+    host = window.config.service.host
+    path = await lock_path(window)
+    me = window.state.owner
+    mine = json.dumps({"run_id": window.run.run_id, **(me.__dict__ if me else {})})
     for _ in range(4):
-        if await _create(engine, host, path, mine):
-            engine.holds_lock = True
+        if await _create(window, host, path, mine):
+            window.holds_lock = True
             return
-        text = await _read(engine, host, path)
+        text = await _read(window, host, path)
         if text is None:
             continue  # removed meanwhile: try again
         held = _parse(host, path, text)
         if _is_this_console(held, me):  # this console's (an attempt whose answer was lost, an earlier run)
-            await engine.hosts.write_text(host, path, mine)
-            engine.holds_lock = True
+            await window.hosts.write_text(host, path, mine)
+            window.holds_lock = True
             return
         owner = _owner_of(held)
-        alive = False if _finished_here(engine, held["run_id"]) else owner.alive() if owner is not None else False
-        who = ("this run's earlier console" if held["run_id"] == engine.run.run_id else
+        alive = False if _finished_here(window, held["run_id"]) else owner.alive() if owner is not None else False
+        who = ("this run's earlier console" if held["run_id"] == window.run.run_id else
                f"run {held['run_id']}") + (f" ({owner.describe()})" if owner else "")
         if alive is not False:
-            engine.lock_refused = True
+            window.lock_refused = True
             where = "" if alive else " (on another machine: cannot tell from here whether it still runs)"
             raise LockHeld("preflight", f"{host} is driven by {who}{where} ({path}): one run per inference host "
                                         f"at a time; wait for it, or watch it with dflash-ops console --read-only")
-        if await _remove_if_unchanged(engine, host, path, text):
-            engine.journal("preflight", f"taking over the lock of {who} on {host}: its console is gone", host=host,
+        if await _remove_if_unchanged(window, host, path, text):
+            window.journal("preflight", f"taking over the lock of {who} on {host}: its console is gone", host=host,
                            level="warning")
     raise StepFailed("preflight", f"the host lock {host}:{path} kept changing hands: another console is starting "
                                   f"a run on {host}; try again")
 
 
-async def release(engine: Engine) -> None:
+async def release(window: Window) -> None:
     """Remove the lock when it names this run and its console is this one or gone; never another
     live console's."""
-    host = engine.config.service.host
-    path = await lock_path(engine)
-    text = await _read(engine, host, path)
+    host = window.config.service.host
+    path = await lock_path(window)
+    text = await _read(window, host, path)
     if text is None:
         return
     try:
         held = _parse(host, path, text)
     except StepFailed:
         return  # damaged: not ours to remove
-    if held["run_id"] != engine.run.run_id:
+    if held["run_id"] != window.run.run_id:
         return
     owner = _owner_of(held)
-    nobody_drives = engine.state.finished or owner is None or owner.alive() is False
-    if not _is_this_console(held, engine.state.owner) and not nobody_drives:
+    nobody_drives = window.state.finished or owner is None or owner.alive() is False
+    if not _is_this_console(held, window.state.owner) and not nobody_drives:
         return
-    if await _remove_if_unchanged(engine, host, path, text):
-        engine.holds_lock = False
-        engine.journal(None, f"released the host lock {host}:{path}", host=host)
+    if await _remove_if_unchanged(window, host, path, text):
+        window.holds_lock = False
+        window.journal(None, f"released the host lock {host}:{path}", host=host)

@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from console.config import Config
+from console.procedure.state import between_windows, recorded_replica
 
 KEYS = ("host", "address", "manager", "unit", "url")  # what names the service (SSH port and user do not)
 FLEET_KEYS = ("router", "replicas")  # what names a fleet: its router and the set of its replicas
@@ -109,8 +110,6 @@ def _other_replica(state: Any, config: Config, run_id: str) -> str | None:
     """A fleet run's window on one replica is resumed (restarted, rejoined) on that replica only: a
     config narrowed to another is refused, naming both. Between two windows the next one may be on
     any replica (`steps/fleet.py: next_replica`)."""
-    from console.procedure.steps.fleet import between_windows, recorded_replica
-
     name = recorded_replica(state)
     if config.fleet is None or not (state.service_identity or {}).get("router") or name is None \
             or between_windows(state):

@@ -13,19 +13,19 @@ from console.messages import RunFinished
 from console.ssh.jobs import JobHandle
 
 if TYPE_CHECKING:
-    from console.procedure.engine import Engine
+    from console.procedure.window import Window
 
-EXIT_FAILED, EXIT_DOWN = 1, 3  # as console/procedure/engine.py says them
+EXIT_FAILED, EXIT_DOWN = 1, 3  # as console/procedure/window.py says them
 
 
-def left_as_it_was(engine: Engine, why: str) -> RunFinished:
+def left_as_it_was(window: Window, why: str) -> RunFinished:
     """A resume whose preflight failed (a host briefly unreachable, the server not ready yet, the
     host's lock held): nothing of the resume has acted, so nothing is undone. The run's state is
     restored whole (paused or running, its window and kept prompts as they were), no job is ended,
     nothing is compensated; a later resume tries again."""
-    assert engine._before_resume is not None
-    run = engine.run
-    run.state = state = engine._before_resume
+    assert window.before_resume is not None
+    run = window.run
+    run.state = state = window.before_resume
     left = state.service.left_as()
     code = EXIT_DOWN if left else EXIT_FAILED
     message = (f"the resume's preflight failed: {why}; run {run.run_id} is left as it was ({state.status}"
@@ -34,26 +34,26 @@ def left_as_it_was(engine: Engine, why: str) -> RunFinished:
     state.message = message
     run.save()
     finished = RunFinished(run.run_id, "failed", code, left is None, message, str(run.dir))
-    engine.journal(None, message, level="error", exit=code)
-    engine.bus.publish(finished)
+    window.journal(None, message, level="error", exit=code)
+    window.bus.publish(finished)
     run.close()
     return finished
 
 
-def flushing(engine: Engine, handle: JobHandle, state: str | None, exit_code: int | None) -> bool:
+def flushing(window: Window, handle: JobHandle, state: str | None, exit_code: int | None) -> bool:
     """The extractor after `gpu_released`, running (writing its files), exited 0 before the engine
     handled its exit, or on a host that cannot be asked (`state` None): left alone, and the run ends
     paused for its resume to verify the states and evaluate (`Engine._end`), never killed while it
-    flushes. Said once (`engine._left_flushing`)."""
-    record = engine.state.jobs.get("extract")
+    flushes. Said once (`window.left_flushing`)."""
+    record = window.state.jobs.get("extract")
     if (record is None or record.job_id != handle.job_id or "gpu_released" not in record.events_seen
             or record.exit_code is not None):  # its exit handled: the step saw it end (and verified it)
         return False
     if state not in (None, "running") and not (state == "exited" and exit_code == 0):
         return False
-    if engine._left_flushing is None:
-        engine._left_flushing = (f"the extractor (pid {handle.pid} on {handle.host}) had released the GPUs and "
+    if window.left_flushing is None:
+        window.left_flushing = (f"the extractor (pid {handle.pid} on {handle.host}) had released the GPUs and "
                                  f"was writing its files: it is left to finish, and `dflash-ops run --resume "
-                                 f"{engine.run.run_id}` verifies them and evaluates")
-        engine.journal("extract", engine._left_flushing, host=handle.host, level="warning")
+                                 f"{window.run.run_id}` verifies them and evaluates")
+        window.journal("extract", window.left_flushing, host=handle.host, level="warning")
     return True

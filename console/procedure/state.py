@@ -331,3 +331,19 @@ def _from_v1(data: dict[str, Any]) -> RunState:
         service.setdefault("stops", 1)
         service.setdefault("stop_confirmed", bool(service.get("stop_returned_at")))
     return _build({**data, "format": SCHEMA, "facts": facts, "extraction": extraction, "service": service})
+
+
+# --- a fleet run's windows (steps/fleet.py, identity.py) ----------------------------------------
+
+
+def recorded_replica(state: Any) -> str | None:
+    """The replica a run's window is on, as its state recorded it (None: not chosen yet)."""
+    drained = state.service.drained or {}
+    return drained.get("replica") or state.facts.get("fleet_replica")
+
+
+def between_windows(state: Any) -> bool:
+    """A run cut short at its budget whose window is over (the replica served and back in the router):
+    its next window extracts the missing prompts, on the replica chosen for it (`steps/fleet.py: next_replica`)."""
+    svc = state.service
+    return bool(state.extraction.partial) and svc.began() and svc.left_as() is None  # as the engine finds it on resume

@@ -80,7 +80,7 @@ class Run:
     def results_dir(self) -> Path:
         return self.dir / "results"
 
-    def _failed_write(self, what: Path, exc: OSError) -> None:
+    def failed_write(self, what: Path, exc: OSError) -> None:
         message = f"cannot write {what}: {exc.strerror or exc}"
         if not self.keep_going_on_write_errors:
             raise StoreWriteError(message) from exc
@@ -94,7 +94,7 @@ class Run:
         try:
             write_bytes_atomic(self.dir / STATE, self.state.dumps())
         except OSError as exc:
-            self._failed_write(self.dir / STATE, exc)
+            self.failed_write(self.dir / STATE, exc)
 
     def _append(self, record: dict[str, Any]) -> None:
         path = self.dir / JOURNAL
@@ -122,7 +122,7 @@ class Run:
             self._append(record)
         except OSError as exc:
             self.unwritten.append(record)
-            self._failed_write(self.dir / JOURNAL, exc)
+            self.failed_write(self.dir / JOURNAL, exc)
         return entry
 
     def read_journal(self) -> list[dict[str, Any]]:

@@ -7,7 +7,6 @@ evaluation, and what each step of the procedure will do with them. It reads noth
 
 from __future__ import annotations
 
-import dataclasses
 import shlex
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -20,7 +19,8 @@ from rich.table import Table
 from rich.text import Text
 
 from console.config import Config
-from console.messages import Forecast, PlannedStep, PlanReady
+from console.messages import Forecast, PlanReady
+from console.procedure.step import done_earlier
 from console.procedure.steps import ROUTES, STEP_TITLES
 from console.service.control import manager_from_config
 from console.views.tables import FittedTable
@@ -279,17 +279,6 @@ def render_plan(config: Config) -> RenderableType:
 
 # --------------------------------------------------------------------------------------------
 # `run --plan`: the plan chosen at preflight (a `PlanReady`), for a terminal or a pipe.
-
-
-DONE_EARLIER = ("done", "skipped", "left-out")  # a resume does not do these steps again
-
-
-def done_earlier(steps: tuple[PlannedStep, ...], ended: Mapping[str, str]) -> tuple[PlannedStep, ...]:
-    """A resumed run's plan: the steps already ended earlier in it (step -> status) read "no" (done
-    earlier in this run, not done again) and have no command (the engine's plan and this view agree)."""
-    earlier = {name: status for name, status in ended.items() if status in DONE_EARLIER}
-    return tuple(dataclasses.replace(step, acts=False, why=f"{earlier[step.name]} earlier in this run: not done again",
-                                     argv=()) if step.name in earlier else step for step in steps)
 
 
 def forecast_unknown_steps(plan: PlanReady) -> set[str]:

@@ -14,8 +14,9 @@ The cross-check comes last: it needs the service ready and the offline tau to st
 `STEPS` below is the only list of steps: every view reads it. Each step family's check, run, verify
 and compensation lives in a module of its own: `preflight`, `serving` (stage, cache), `stop` (stop,
 free-vram, restart), `pause` (pause, release, the pause route's free-vram, resume, continue),
-`extract`, `results` (evaluate, report, crosscheck), `fleet` (drain, rejoin); each function takes the engine
-(`console/procedure/engine.py`) as its first argument.
+`extract`, `results` (evaluate, report, crosscheck), `fleet` (drain, rejoin); each function takes the
+window (`console/procedure/window.py`) as its first argument, and no step module imports this table or
+the engine: the engine imports the table.
 
 Stage and cache run side by side while the server serves; the stop waits for both. A step is left
 out of a plan with a reason (no `stage` when the target host lacks the RAM to pin the weights), and
@@ -24,57 +25,13 @@ at run time a step whose work is already done is skipped, saying why (resume).
 
 from __future__ import annotations
 
-import statistics
-from collections.abc import Awaitable, Callable, Iterable
-from dataclasses import dataclass
-from typing import Any
-
-from console.messages import PlannedStep
+from console.procedure.facts import STAGE_RAM_MARGIN, Preflight, size_text, stage_decision
+from console.procedure.forecast import estimates
+from console.procedure.step import Step, by_route
 from console.procedure.steps import extract, fleet, pause, preflight, results, serving, stop
-from console.procedure.steps.facts import STAGE_RAM_MARGIN, Preflight, size_text, stage_decision
 
 __all__ = ["BY_NAME", "ROUTES", "STAGE_RAM_MARGIN", "STEPS", "STEP_NAMES", "STEP_TITLES", "PAUSE", "WINDOW", "ZERO_DOWNTIME",
-           "Preflight", "Step", "by_route", "estimates", "planned", "route_steps", "size_text", "stage_decision", "units"]
-
-StepCall = Callable[..., Awaitable[Any]]  # (engine) -> the check's verdict, the run's detail, the verify's None
-
-
-def by_route(**calls: StepCall) -> StepCall:
-    """One step that does its work differently on each route (free-vram: the window route ends the
-    stopped server's leftovers, the pause route only waits for the room)."""
-    async def call(engine: Any) -> Any:
-        return await calls[engine.route.replace("-", "_")](engine)
-    call.__name__ = "/".join(f"{route}:{fn.__module__.rsplit('.', 1)[-1]}.{fn.__name__}" for route, fn in calls.items())
-    return call
-
-
-@dataclass(frozen=True)
-class Step:
-    """One step of the window, as data. The engine is a loop over `STEPS`; the plan, the stepper,
-    `views/plan.py` and the console's state read the same table.
-
-    `check`, `run` and `verify` are functions of the engine: `check` asks the hosts whether the
-    step's work is already there (a resumed run trusts the hosts, not its saved state) and returns
-    why it is satisfied or None; `run` does the work and returns its detail; `verify` confirms the
-    work on the host after it ran. `compensate` says what an early end after this step has begun
-    must undo. `asks` is the confirmation it asks before it changes a host. `group`: the steps of
-    one group run side by side (the first failure cancels the others).
-    """
-
-    name: str
-    title: str
-    host_role: str  # "hosts" | "target" | "service" | "extract" | "eval" | "console"
-    routes: tuple[str, ...]
-    check: StepCall | None
-    run: StepCall
-    verify: StepCall | None = None
-    compensate: str | None = None  # "end our job" | "restart the service" | "resume and continue the server"
-    asks: str | None = None
-    left_out_when: str | None = None
-    group: str | None = None
-    while_down: bool = False  # runs while the service is down (window route)
-    after_restart: bool = False  # runs once the service is back: a resume never re-runs the steps before it
-
+           "Preflight", "Step", "by_route", "estimates", "route_steps", "size_text", "stage_decision", "units"]
 
 _ALL = ("window", "pause", "zero-downtime")
 _SERVED = ("window", "pause")  # the routes that extract on the serving GPUs
@@ -146,51 +103,3 @@ def units(route: str) -> list[tuple[Step, ...]]:
     return out
 
 
-def estimates(earlier_states: Iterable[dict[str, Any]]) -> dict[str, float]:
-    """Median duration of each step (and of the downtime, key "downtime") over earlier finished runs.
-
-    The operator's answers never enter one: a step's is its work time; the downtime is the sum of
-    the forecast's measured phases (forecast.measured_phases: the hosts' work from the stop to ready,
-    a question's wait left out), from runs that measured every phase; the pause route's is its pause
-    to its continue less the time the window waited on the operator's answers."""
-    from console.procedure import forecast
-    from console.procedure.forecast import measured_phases
-    from console.procedure.state import StateError
-
-    durations: dict[str, list[float]] = {}
-    for state in earlier_states:
-        for name, step in state.get("steps", {}).items():
-            if step.get("status") != "done" or step.get("found_on_resume"):
-                continue
-            if step.get("work_s"):  # the work alone, the operator's think time left out
-                durations.setdefault(name, []).append(step["work_s"])
-            elif step.get("started_at") is not None and step.get("ended_at") is not None:
-                durations.setdefault(name, []).append(max(0.0, step["ended_at"] - step["started_at"]
-                                                          - (step.get("decision_s") or 0.0)))
-        service = state.get("service", {})
-        if service.get("stopped_at") is not None and service.get("ready_at") is not None:
-            try:
-                phases = measured_phases(state)
-            except StateError:
-                phases = {}
-            if phases and all(v is not None for v in phases.values()):
-                durations.setdefault("downtime", []).append(sum(phases.values()))
-        if service.get("paused_at") is not None and service.get("continued_at") is not None:
-            if service.get("answer_waits"):  # the window's own record of its waits on the operator
-                worked = forecast.worked(service["answer_waits"], service["paused_at"], service["continued_at"])
-            else:  # a run from before it was kept: its steps' waits
-                waited = sum((state.get("steps", {}).get(n) or {}).get("decision_s") or 0.0
-                             for n in ("release", "free-vram", "extract", "resume", "continue"))
-                worked = max(0.0, service["continued_at"] - service["paused_at"] - waited)
-            durations.setdefault("pause-downtime", []).append(worked)
-    return {name: statistics.median(values) for name, values in durations.items()}
-
-
-def planned(route: str, acts: dict[str, tuple[bool, str]], hosts: dict[str, str],
-            argvs: dict[str, list[str]], earlier: dict[str, float]) -> tuple[PlannedStep, ...]:
-    """The plan's steps: for each step of `route`, whether it acts and why, its host, argv, estimate."""
-    steps = []
-    for name in ROUTES[route]:
-        act, why = acts.get(name, (True, STEP_TITLES[name]))
-        steps.append(PlannedStep(name, act, why, hosts.get(name), tuple(argvs.get(name, ())), earlier.get(name)))
-    return tuple(steps)

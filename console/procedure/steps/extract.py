@@ -17,105 +17,72 @@ from console.procedure import run_jobs
 from console.procedure.fit import SPLIT_FILL
 from console.procedure.outcomes import Found, Skip, StepFailed
 from console.procedure.steps import between_hosts, pause, stop
+from console.procedure.steps.extraction import extract_args, extraction_complete
 from console.service.vram import others_used
 from console.ssh.jobs import JobHandle
 from console.tasks import cancel_and_wait
 from console.views.units import duration
 
 if TYPE_CHECKING:
-    from console.procedure.engine import Engine
+    from console.procedure.window import Window
 
 
-STAGE_LEASE_S = 600.0  # a staged worker whose console has not renewed its lease for this long ends itself
-LEASE_RENEW_S = 30.0  # the console renews it this often while it runs
-
-
-def extract_args(engine: Engine, window_dir: str, staged: bool) -> list[str]:
-    target = engine.config.target
-    args = ["--model", target.model_path, "--completions", f"{window_dir}/completions.json",
-            "--out", f"{window_dir}/states", "--layers", ",".join(map(str, engine.facts.layers)),
-            "--kernels", target.kernels]
-    args += ["--stop-file", f"{window_dir}/stop"]  # the operator's stop at the budget
-    if staged:  # the console's lease on it (steps/serving.py: keep_lease): it ends itself once the console is gone
-        args += ["--staged", "--go-file", f"{window_dir}/go", "--lease-file", f"{window_dir}/lease",
-                 "--lease-s", f"{STAGE_LEASE_S:g}"]
-    return args
-
-
-async def extraction_complete(engine: Engine) -> bool:
-    """The states' manifest on the extraction host is complete and its files match their sha256."""
-    if engine.state.extraction.complete:
-        return True
-    record = engine.state.jobs.get("extract")
-    if record is None:
-        return False
-    if engine.state.extraction.begun_at is None and "staged" in record.events_seen:
-        return False  # a staged extractor writes nothing before its go, and the go is recorded before it is sent
-    host_name, _ = engine._extract_host()
-    window = await engine._window_dir(host_name)
-    if await engine.hosts.manifest_complete(host_name, f"{window}/states"):
-        engine.state.extraction.complete = True
-        engine.run.save()
-        return True
-    return False
-
-
-async def check_extract(engine: Engine) -> Skip | None:
-    await _back_before_verifying(engine)
-    if await extraction_complete(engine):
-        host_name, _ = engine._extract_host()
-        engine._gpu_released.set()
+async def check_extract(window: Window) -> Skip | None:
+    await _back_before_verifying(window)
+    if await extraction_complete(window):
+        host_name, _ = window.extract_host()
+        window.gpu_released.set()
         return Found(f"already extracted (manifest complete, sha256 verified): "
-                     f"{host_name}:{await engine._window_dir(host_name)}/states")
+                     f"{host_name}:{await window.dir_on(host_name)}/states")
     return None
 
 
-async def _back_before_verifying(engine: Engine) -> None:
+async def _back_before_verifying(window: Window) -> None:
     """A resume that finds `gpu_released` recorded brings the server back first (the restart begun,
     its start sent; on the pause route its memory given back and its requests let through), then
     verifies the states: the sha256 of every file never runs while the server is down."""
-    record = engine.state.jobs.get("extract")
-    if record is None or "gpu_released" not in record.events_seen or engine.state.extraction.complete:
+    record = window.state.jobs.get("extract")
+    if record is None or "gpu_released" not in record.events_seen or window.state.extraction.complete:
         return
-    if engine.route == "pause" and engine.server_held_by_us:
-        pause.begin_give_back(engine)  # as at gpu_released: the continue step then verifies what it gave back
-        await pause.give_back(engine, reason="the extraction had released the GPUs")  # joins it
+    if window.route == "pause" and window.server_held_by_us:
+        pause.begin_give_back(window)  # as at gpu_released: the continue step then verifies what it gave back
+        await pause.give_back(window, reason="the extraction had released the GPUs")  # joins it
         return
-    stop.begin_restart(engine)
-    task = engine._restart_task
+    stop.begin_restart(window)
+    task = window.restart_task
     if task is None or task.done():
         return
-    issued = asyncio.ensure_future(engine.start_issued.wait())
+    issued = asyncio.ensure_future(window.start_issued.wait())
     try:
-        with engine.answer_waits.joined(task):  # the restart's question holds the extraction's verification up
+        with window.answer_waits.joined(task):  # the restart's question holds the extraction's verification up
             await asyncio.wait({task, issued}, return_when=asyncio.FIRST_COMPLETED)
     finally:
         issued.cancel()
 
 
-async def verify_extract(engine: Engine) -> None:
-    if engine.state.extraction.partial:
+async def verify_extract(window: Window) -> None:
+    if window.state.extraction.partial:
         return  # a partial extraction is published as such (manifest.partial.json), never as complete
-    engine.state.extraction.complete = False  # asked of the host, not taken from the run
-    if not await extraction_complete(engine):
-        host_name, _ = engine._extract_host()
-        raise StepFailed("extract", f"the extractor finished but {host_name}:{await engine._window_dir(host_name)}/states "
+    window.state.extraction.complete = False  # asked of the host, not taken from the run
+    if not await extraction_complete(window):
+        host_name, _ = window.extract_host()
+        raise StepFailed("extract", f"the extractor finished but {host_name}:{await window.dir_on(host_name)}/states "
                                     f"has no complete, sha256-verified manifest")
 
 
-def _on_extract_event(engine: Engine, event: dict[str, Any]) -> None:
+def _on_extract_event(window: Window, event: dict[str, Any]) -> None:
     if event.get("type") == "progress" and event.get("key") == "tokens":
-        _project(engine, event)
+        _project(window, event)
     if event.get("type") != "gpu_released":
         return
-    extraction = engine.state.extraction
+    extraction = window.state.extraction
     extraction.gpu_released_at = extraction.gpu_released_at or worker_time(event)
     extraction.window = {k: v for k, v in event.items() if k not in ("type", "seq")}
-    engine.run.save()
-    engine._gpu_released.set()
-    engine._crash("gpu-released")
-    stop.begin_restart(engine)
-    pause.begin_give_back(engine)
+    window.run.save()
+    window.gpu_released.set()
+    window.crash_point("gpu-released")
+    stop.begin_restart(window)
+    pause.begin_give_back(window)
 
 
 def worker_time(event: dict[str, Any]) -> float:
@@ -125,153 +92,153 @@ def worker_time(event: dict[str, Any]) -> float:
     return float(t) if isinstance(t, (int, float)) and not isinstance(t, bool) else time.time()
 
 
-def _project(engine: Engine, event: dict[str, Any]) -> None:
+def _project(window: Window, event: dict[str, Any]) -> None:
     """The window's end re-projected from the extraction's rate, on the worker's clock (the event's
     own `t`); past the budget, the operator is offered to stop the extraction now (keeping every
     prompt extracted) and bring the server back."""
-    began = window_began(engine)
-    if engine._window_forecast is None or began is None:
+    began = window.began()
+    if window.forecast_made is None or began is None:
         return
-    made, inputs = engine._window_forecast
+    made, inputs = window.forecast_made
     at = worker_time(event)
-    engine._progress.add(at, event.get("done") or 0, event.get("total"))
-    projection = fc.project(made, inputs, began, at, engine._progress)
-    engine.bus.publish(projection)
-    if fc.passes_budget(projection) and not engine._budget_asked and engine._progress.left:
-        engine._budget_asked = True
-        engine._budget_task = asyncio.create_task(_offer_budget_stop(engine, projection), name="budget-stop")
+    window.progress.add(at, event.get("done") or 0, event.get("total"))
+    projection = fc.project(made, inputs, began, at, window.progress)
+    window.bus.publish(projection)
+    if fc.passes_budget(projection) and not window.budget_asked and window.progress.left:
+        window.budget_asked = True
+        window.budget_task = asyncio.create_task(_offer_budget_stop(window, projection), name="budget-stop")
 
 
-def window_began(engine: Engine) -> float | None:
+def window_began(window: Window) -> float | None:
     """When the window's downtime began, while it lasts: the stop (the server down), or the pause
     (its requests held) on the pause route; None outside a window."""
-    svc = engine.state.service
+    svc = window.state.service
     if svc.stopped_at is not None and svc.down:
         return svc.stopped_at
-    if engine.route == "pause" and svc.paused_at is not None and svc.paused:
+    if window.route == "pause" and svc.paused_at is not None and svc.paused:
         return svc.paused_at
     return None
 
 
-async def _offer_budget_stop(engine: Engine, projection: Any) -> None:
+async def _offer_budget_stop(window: Window, projection: Any) -> None:
     await asyncio.sleep(0)  # the rest of a burst of replayed events first: the offer rests on the newest
-    latest = _latest_projection(engine)
+    latest = _latest_projection(window)
     if latest is not None:
-        if not fc.passes_budget(latest) or not engine._progress.left:
-            engine._budget_asked = False  # a stale sample said so; the newest does not
+        if not fc.passes_budget(latest) or not window.progress.left:
+            window.budget_asked = False  # a stale sample said so; the newest does not
             return
         projection = latest
-    target = engine.config.target.host
-    window = await engine._window_dir(target)
-    stop_file = f"{window}/stop"
+    target = window.config.target.host
+    wdir = await window.dir_on(target)
+    stop_file = f"{wdir}/stop"
     argv = ["sh", "-c", f"umask 077; : > {shlex.quote(stop_file)}"]
     late = projection.expected_ready_at - (projection.budget_ends_at or projection.expected_ready_at)
-    back = "give the server its memory back" if engine.route == "pause" else "restart the service"
-    if not await engine._ask(Confirmation(
+    back = "give the server its memory back" if window.route == "pause" else "restart the service"
+    if not await window.ask(Confirmation(
             "extract", f"stop the extraction now and {back}", target, tuple(argv),
             f"the window would end {duration(late)} past its budget ({projection.basis}); every prompt already "
             f"extracted is kept (complete, verified files) and `run --resume` extracts the rest in the next "
             f"window", False, None), holds=False):  # the extraction goes on while it is asked
         return
-    engine.state.extraction.stop_asked_at = time.time()
-    engine.run.save()
-    await engine.hosts.run(target, argv)
-    engine.journal("extract", "the extraction stops after the prompt in hand (the budget): the rest in the next "
+    window.state.extraction.stop_asked_at = time.time()
+    window.run.save()
+    await window.hosts.run(target, argv)
+    window.journal("extract", "the extraction stops after the prompt in hand (the budget): the rest in the next "
                             "window", host=target, level="warning")
 
 
-def _latest_projection(engine: Engine) -> Any:
+def _latest_projection(window: Window) -> Any:
     """The projection from every progress event handled so far, as of the newest one's `t`."""
-    began = window_began(engine)
-    samples = engine._progress.samples
-    if engine._window_forecast is None or began is None or not samples:
+    began = window.began()
+    samples = window.progress.samples
+    if window.forecast_made is None or began is None or not samples:
         return None
-    made, inputs = engine._window_forecast
-    return fc.project(made, inputs, began, samples[-1][0], engine._progress)
+    made, inputs = window.forecast_made
+    return fc.project(made, inputs, began, samples[-1][0], window.progress)
 
 
-async def run_extract(engine: Engine) -> str:
-    if engine.route == "zero-downtime":
-        return await _extract_elsewhere(engine)
-    made = engine.state.facts.get("pause_forecast") if engine.route == "pause" else engine.state.forecast
-    if engine._window_forecast is None and made:  # resumed: the stop's (or the pause's) forecast stands
-        engine._window_forecast = (fc.from_state(engine.run.run_id, made), await engine._forecast_inputs())
-    target = engine.config.target.host
-    window = await engine._window_dir(target)
-    extraction = engine.state.extraction
-    record = engine.state.jobs.get("extract")
-    staged = engine._acts("stage") and record is not None
+async def run_extract(window: Window) -> str:
+    if window.route == "zero-downtime":
+        return await _extract_elsewhere(window)
+    made = window.state.facts.get("pause_forecast") if window.route == "pause" else window.state.forecast
+    if window.forecast_made is None and made:  # resumed: the stop's (or the pause's) forecast stands
+        window.forecast_made = (fc.from_state(window.run.run_id, made), await window.forecast_inputs())
+    target = window.config.target.host
+    wdir = await window.dir_on(target)
+    extraction = window.state.extraction
+    record = window.state.jobs.get("extract")
+    staged = window.acts("stage") and record is not None
     if record is not None and "gpu_released" in record.events_seen:
-        stop.begin_restart(engine)  # released before a crash: the restart need not wait for the follow
+        stop.begin_restart(window)  # released before a crash: the restart need not wait for the follow
     if staged:
-        state = await run_jobs.job_state(engine, "extract")
+        state = await run_jobs.job_state(window, "extract")
         if state != "running" and extraction.begun_at is None and "staged" in record.events_seen:
-            engine.journal("extract", f"the staged extractor (pid {record.pid}) is gone before the go: extracting "
+            window.journal("extract", f"the staged extractor (pid {record.pid}) is gone before the go: extracting "
                                     f"from disk instead", host=target, level="warning")
-            run_jobs.new_attempt(engine, "extract")
+            run_jobs.new_attempt(window, "extract")
             staged = False
         elif state == "running" and extraction.go_sent_at is None:
             extraction.begun_at = extraction.begun_at or time.time()
-            engine.run.save()
-            await engine.hosts.run(target, ["sh", "-c", f"umask 077; : > {shlex.quote(window + '/go')}"])
+            window.run.save()
+            await window.hosts.run(target, ["sh", "-c", f"umask 077; : > {shlex.quote(wdir + '/go')}"])
             extraction.go_sent_at = time.time()
-            engine.run.save()
-            engine.journal("extract", "go: the staged extractor copies the weights to the GPU", host=target)
-            engine._crash("go")
+            window.run.save()
+            window.journal("extract", "go: the staged extractor copies the weights to the GPU", host=target)
+            window.crash_point("go")
         elif state is None or (state != "running" and "staged" not in record.events_seen):
             staged = False
     if not staged:
-        if engine.state.jobs.get("extract") is None or engine.state.jobs["extract"].handle is None:
-            await engine.hosts.run(target, ["rm", "-f", "--", f"{window}/stop"])  # a new window: no old stop
+        if window.state.jobs.get("extract") is None or window.state.jobs["extract"].handle is None:
+            await window.hosts.run(target, ["rm", "-f", "--", f"{wdir}/stop"])  # a new window: no old stop
 
         def begun(_: JobHandle) -> None:
             extraction.begun_at = extraction.begun_at or time.time()
-            engine.run.save()
-            engine._crash("go")
-        outcome = await run_jobs.job(engine, target, "extract", "extract", extract_args(engine, window, False), step="extract",
-                                  on_event=partial(_on_extract_event, engine), started=begun)
+            window.run.save()
+            window.crash_point("go")
+        outcome = await run_jobs.job(window, target, "extract", "extract", extract_args(window, wdir, False), step="extract",
+                                  on_event=partial(_on_extract_event, window), started=begun)
     else:
-        outcome = await run_jobs.job(engine, target, "extract", "extract", extract_args(engine, window, True), step="extract",
-                                  on_event=partial(_on_extract_event, engine))
+        outcome = await run_jobs.job(window, target, "extract", "extract", extract_args(window, wdir, True), step="extract",
+                                  on_event=partial(_on_extract_event, window))
     result = outcome.get("result") or {}
     window_facts = result.get("window", {})
     if result.get("complete") is False:  # cut short at the budget: kept, never taken as complete
         missing = [str(x) for x in result.get("prompts_missing", [])]
-        done = [str(x) for x in engine.state.facts.get("prompt_ids", []) if str(x) not in missing]
-        engine.state.extraction.partial = {"done": done, "missing": missing}
-        engine.run.save()
+        done = [str(x) for x in window.state.facts.get("prompt_ids", []) if str(x) not in missing]
+        window.state.extraction.partial = {"done": done, "missing": missing}
+        window.run.save()
         return (f"partial at the budget: {result.get('prompts', '?')} prompts kept, {len(missing)} missing: "
                 f"the rest in the next window (run --resume)")
     return (f"{result.get('prompts', '?')} prompts, {result.get('tokens', '?')} tokens, layers "
             f"{result.get('layers')}; window {window_facts.get('window_s', '?')} s")
 
 
-async def _extract_elsewhere(engine: Engine) -> str:
+async def _extract_elsewhere(window: Window) -> str:
     """The zero-downtime route: extract on the host with room while the server keeps serving."""
-    host_name, model_path = engine._extract_host()
-    chosen = engine.state.facts["extract_on"]
-    window = await engine._window_dir(host_name)
-    if host_name != engine.config.service.host:
-        service_window = await engine._window_dir(engine.config.service.host)
-        await between_hosts.relay_file(engine, engine.config.service.host, f"{service_window}/completions.json", host_name,
-                               f"{window}/completions.json", "extract")
-    args = extract_args(engine, window, False)
+    host_name, model_path = window.extract_host()
+    chosen = window.state.facts["extract_on"]
+    wdir = await window.dir_on(host_name)
+    if host_name != window.config.service.host:
+        service_window = await window.dir_on(window.config.service.host)
+        await between_hosts.relay_file(window, window.config.service.host, f"{service_window}/completions.json", host_name,
+                               f"{wdir}/completions.json", "extract")
+    args = extract_args(window, wdir, False)
     args[args.index("--model") + 1] = model_path
     gpus = chosen.get("gpus") or [chosen["gpu"]]
     if len(gpus) > 1:  # a device_map split, each GPU capped at what it had free (renumbered from 0)
         caps = ",".join(f"{n}={int(chosen['free_mib'][str(g)] * SPLIT_FILL)}MiB" for n, g in enumerate(gpus))
         args += ["--device-map", "auto", "--max-memory", caps]
-    env = {} if engine.hosts.simulated(host_name) else {"CUDA_VISIBLE_DEVICES": ",".join(map(str, gpus))}
+    env = {} if window.hosts.simulated(host_name) else {"CUDA_VISIBLE_DEVICES": ",".join(map(str, gpus))}
     watching: list[asyncio.Task] = []
     job_started = asyncio.Event()
 
     def watch(handle: JobHandle) -> None:  # from the moment our job exists, its memory is ours
-        engine.state.extraction.begun_at = engine.state.extraction.begun_at or time.time()
-        engine.run.save()
-        watching.append(asyncio.create_task(_gpu_taken(engine, host_name, gpus, chosen["need_mib"])))
+        window.state.extraction.begun_at = window.state.extraction.begun_at or time.time()
+        window.run.save()
+        watching.append(asyncio.create_task(_gpu_taken(window, host_name, gpus, chosen["need_mib"])))
         job_started.set()
 
-    job = asyncio.create_task(run_jobs.job(engine, host_name, "extract", "extract", args, step="extract", env=env,
+    job = asyncio.create_task(run_jobs.job(window, host_name, "extract", "extract", args, step="extract", env=env,
                                         started=watch), name="zero-downtime-extract")
     try:
         started = asyncio.create_task(job_started.wait())
@@ -283,7 +250,7 @@ async def _extract_elsewhere(engine: Engine) -> str:
             # Taken: stopped now, whatever the job says later (a cancel can be swallowed mid-SSH call).
             with contextlib.suppress(Exception):  # the job's own failure is not the news here
                 await cancel_and_wait(job)
-            await engine._end_own_jobs()  # stopped cleanly, before the other process meets an OOM
+            await run_jobs.end_own_jobs(window)  # stopped cleanly, before the other process meets an OOM
             raise StepFailed("extract", f"{watching[0].result()} during the extraction: it was stopped before "
                                         f"an OOM. The window route remains: dflash-ops run --route window")
         outcome = await job
@@ -295,14 +262,14 @@ async def _extract_elsewhere(engine: Engine) -> str:
             f"{result.get('tokens', '?')} tokens, layers {result.get('layers')}")
 
 
-async def _gpu_taken(engine: Engine, host: str, gpus: list[int], need_mib: int) -> str:
+async def _gpu_taken(window: Window, host: str, gpus: list[int], need_mib: int) -> str:
     """Returns (says why) once other processes leave the chosen GPUs less room than the extraction
     needs. Our own job's memory is not counted: its pid is read anew for every sample."""
-    stream = engine.hosts.telemetry(host)
+    stream = window.hosts.telemetry(host)
     fill = 1.0 if len(gpus) == 1 else SPLIT_FILL
 
     def ours() -> list[int]:
-        record = engine.state.jobs.get("extract")
+        record = window.state.jobs.get("extract")
         return [record.pid] if record is not None and record.pid else []
 
     def room(sample: TelemetrySample) -> int | None:

@@ -35,6 +35,7 @@ from typing import TYPE_CHECKING, Any
 
 from console.messages import Confirmation
 from console.procedure.outcomes import Found, Refused, Skip, StepFailed
+from console.procedure.state import between_windows, recorded_replica
 from console.service.replica_loads import read_loads
 from console.service.router import SMG, SMG_DEFAULT_SETTLE_S, RouterClient, RouterError, Worker, wait_idle
 from console.service.sglang_api import ServerUnreachable, SglangClient
@@ -42,6 +43,7 @@ from console.service.sglang_api import ServerUnreachable, SglangClient
 if TYPE_CHECKING:
     from console.config import Config
     from console.config.fleet import FleetConfig, ReplicaConfig
+    from console.procedure.window import Window
 
 LISTED_S = 60.0  # the router lists a worker within a second of its health check; this is the bound
 ROUTED_PROBES = 8  # requests sent through the router to see the rejoined replica get some
@@ -108,16 +110,16 @@ def _router(fleet: FleetConfig) -> RouterClient:
     return RouterClient(fleet.router, api_key=fleet.api_key())
 
 
-def router_of(engine: Any) -> Any:
+def router_of(window: Window) -> Any:
     """The router's client for this run: the hosts' own when they give one (the engine sweep's fake
     world: tests/fake_router.py), else the router at [fleet] router."""
-    made = getattr(getattr(engine, "hosts", None), "router_client", None)
-    return made() if made is not None else _router(engine.config.fleet)
+    made = getattr(getattr(window, "hosts", None), "router_client", None)
+    return made() if made is not None else _router(window.config.fleet)
 
 
-def replica_client(engine: Any, replica: ReplicaConfig) -> Any:
+def replica_client(window: Window, replica: ReplicaConfig) -> Any:
     """The replica's own HTTP client (its /metrics, /health_generate), the hosts' own when they give one."""
-    made = getattr(getattr(engine, "hosts", None), "replica_client", None)
+    made = getattr(getattr(window, "hosts", None), "replica_client", None)
     return made(replica.service.url) if made is not None else SglangClient(replica.service.url)
 
 
@@ -180,55 +182,55 @@ def on_replica(config: Config, replica: ReplicaConfig) -> Config:
     return dataclasses.replace(config, service=replica.service)
 
 
-def replica_of(engine: Any) -> ReplicaConfig:
+def replica_of(window: Window) -> ReplicaConfig:
     """The replica this run's window is on: the one recorded when it drained, else the config's service."""
-    fleet = engine.config.fleet
-    drained = engine.state.service.drained or {}
+    fleet = window.config.fleet
+    drained = window.state.service.drained or {}
     named = fleet.replica(drained["replica"]) if drained.get("replica") else None
     if named is not None:
         return named
-    found = next((r for r in fleet.replicas if r.service == engine.config.service), None)
+    found = next((r for r in fleet.replicas if r.service == window.config.service), None)
     if found is None:
-        raise StepFailed("drain", f"the service {engine.config.service.url} is none of [fleet]'s replicas")
+        raise StepFailed("drain", f"the service {window.config.service.url} is none of [fleet]'s replicas")
     return found
 
 
 # --- drain ------------------------------------------------------------------------------------------
 
 
-async def check_drain(engine: Any) -> Skip | None:
-    if engine.config.fleet is None:
+async def check_drain(window: Window) -> Skip | None:
+    if window.config.fleet is None:
         return Skip("one server: no router to leave")
-    svc = engine.state.service
+    svc = window.state.service
     if svc.drained is None:
         return Found("the replica is back in the router") if svc.rejoins else None
     if svc.drains and svc.rejoins >= svc.drains:  # its add was sent: the drain is over, the rejoin settles it
         return Found("drained; its rejoin was sent")
-    replica = replica_of(engine)
+    replica = replica_of(window)
     try:
-        listed = await router_of(engine).worker(replica.worker_url)
+        listed = await router_of(window).worker(replica.worker_url)
     except FLEET_ERRORS as exc:
         raise StepFailed("drain", str(exc)) from None
     if listed is not None:
         return None  # recorded, and the removal never landed: drained again (not a second drain)
-    idle = await _idle_within(engine, replica, 0.0)
+    idle = await _idle_within(window, replica, 0.0)
     return Found(f"{replica.name} out of the router since "
                  f"{time.strftime('%H:%M:%S', time.localtime(svc.drained['since']))}") if idle else None
 
 
-async def _idle_within(engine: Any, replica: ReplicaConfig, bound_s: float) -> bool:
+async def _idle_within(window: Window, replica: ReplicaConfig, bound_s: float) -> bool:
     try:
-        await wait_idle(replica_client(engine, replica), bound_s)
+        await wait_idle(replica_client(window, replica), bound_s)
         return True
     except RouterError:
         return False
 
 
-async def run_drain(engine: Any) -> str:
-    fleet = engine.config.fleet
-    replica = replica_of(engine)
-    router = router_of(engine)
-    svc = engine.state.service
+async def run_drain(window: Window) -> str:
+    fleet = window.config.fleet
+    replica = replica_of(window)
+    router = router_of(window)
+    svc = window.state.service
     try:
         listed = await router.worker(replica.worker_url)
         if svc.drained is None or listed is not None:
@@ -238,143 +240,143 @@ async def run_drain(engine: Any) -> str:
             if svc.drained is None:
                 impact = (f"the router stops sending requests to {replica.name}; the other replicas carry them; its "
                           f"requests in flight finish (the router's settle, then bound {fleet.drain_timeout_s:g} s)")
-                if not await engine._ask(Confirmation("drain", f"take replica {replica.name} out of the router",
+                if not await window.ask(Confirmation("drain", f"take replica {replica.name} out of the router",
                                                       fleet.router_host or "console",
                                                       ("DELETE", f"{fleet.router}/workers/{listed.id}"), impact, False)):
                     raise Refused("drain", f"take replica {replica.name} out of the router")
-                engine._crash("before-drain-recorded")
+                window.crash_point("before-drain-recorded")
                 svc.drained = {"replica": replica.name, "router": fleet.router, "since": time.time(),
                                "spec": listed.spec}
-                engine.state.facts["fleet_replica"] = replica.name
+                window.state.facts["fleet_replica"] = replica.name
                 svc.drains += 1
-                engine.run.save()  # before the removal: a crash during it knows the replica may be out
-                engine._crash("drain-recorded")
+                window.run.save()  # before the removal: a crash during it knows the replica may be out
+                window.crash_point("drain-recorded")
             await router.remove_worker(replica.worker_url)  # smg: not again while it drains (it would cut the settle)
             await router.wait_gone(replica.worker_url, LISTED_S + (listed.settle_s or SMG_DEFAULT_SETTLE_S))
         gateway = await router.gateway()
         settled = await router.settle()
-        engine.journal("drain", f"{replica.name} ({replica.worker_url}) is out of the router {fleet.router} ({gateway}"
+        window.journal("drain", f"{replica.name} ({replica.worker_url}) is out of the router {fleet.router} ({gateway}"
                                 f"{': after its settle' if gateway.settles else f', then {settled:g} s of ours'})")
-        engine._crash("draining")
-        waited = await wait_idle(replica_client(engine, replica), fleet.drain_timeout_s)
+        window.crash_point("draining")
+        waited = await wait_idle(replica_client(window, replica), fleet.drain_timeout_s)
     except FLEET_ERRORS as exc:
         raise StepFailed("drain", f"{exc}; the replica is put back in the router") from None
     return f"{replica.name} out of the router and idle after {waited:.1f} s"
 
 
-async def verify_drain(engine: Any) -> None:
-    replica = replica_of(engine)
-    if await router_of(engine).worker(replica.worker_url) is not None:
+async def verify_drain(window: Window) -> None:
+    replica = replica_of(window)
+    if await router_of(window).worker(replica.worker_url) is not None:
         raise StepFailed("drain", f"the router lists {replica.name} again after its removal")
 
 
 # --- rejoin -----------------------------------------------------------------------------------------
 
 
-async def check_rejoin(engine: Any) -> Skip | None:
-    if engine.config.fleet is None:
+async def check_rejoin(window: Window) -> Skip | None:
+    if window.config.fleet is None:
         return Skip("one server: no router to rejoin")
-    svc = engine.state.service
+    svc = window.state.service
     if svc.drained is None:
         return Found("the replica is back in the router") if svc.rejoins else Skip("the replica was not drained")
-    replica = replica_of(engine)
+    replica = replica_of(window)
     try:
-        listed = await router_of(engine).worker(replica.worker_url)
+        listed = await router_of(window).worker(replica.worker_url)
     except FLEET_ERRORS as exc:
         raise StepFailed("rejoin", str(exc)) from None
     if listed is not None and listed.healthy:
-        _rejoined(engine, replica, "found listed healthy")
+        _rejoined(window, replica, "found listed healthy")
         return Found(f"{replica.name} listed healthy by the router")
     return None
 
 
-async def run_rejoin(engine: Any, reason: str = "its window is over") -> str:
-    fleet = engine.config.fleet
-    replica = replica_of(engine)
-    router = router_of(engine)
-    svc = engine.state.service
+async def run_rejoin(window: Window, reason: str = "its window is over") -> str:
+    fleet = window.config.fleet
+    replica = replica_of(window)
+    router = router_of(window)
+    svc = window.state.service
     try:
-        status = (await replica_client(engine, replica).get("/health_generate")).status
+        status = (await replica_client(window, replica).get("/health_generate")).status
         if status != 200:
             raise StepFailed("rejoin", f"{replica.name}'s GET /health_generate answers {status}: it is not put back "
                                        f"in the router until it generates")
         if svc.rejoins >= svc.drains:  # an add was sent and its listing never seen: wait for that one first
             try:
-                return _rejoined(engine, replica, "the add sent earlier had landed",
+                return _rejoined(window, replica, "the add sent earlier had landed",
                                  await router.wait_listed(replica.worker_url, LISTED_S))
             except RouterError:
-                engine.journal("rejoin", "the add sent earlier never landed: sent again", level="warning")
+                window.journal("rejoin", "the add sent earlier never landed: sent again", level="warning")
         spec = (svc.drained or {}).get("spec") or {}
         body = json.dumps({"url": replica.worker_url, **spec}) if (await router.gateway()).kind == SMG else \
             json.dumps({"url": replica.worker_url})
-        if not await engine._ask(Confirmation("rejoin", f"put replica {replica.name} back in the router",
+        if not await window.ask(Confirmation("rejoin", f"put replica {replica.name} back in the router",
                                               fleet.router_host or "console",
                                               ("POST", f"{fleet.router}/workers", body),
                                               f"{reason}: the router sends {replica.name} requests again", False)):
             raise Refused("rejoin", f"put replica {replica.name} back in the router")
-        engine._crash("before-add")
+        window.crash_point("before-add")
         svc.rejoins += 1
-        engine.run.save()
+        window.run.save()
         await router.add_worker(replica.worker_url, spec)
-        engine._crash("added")
+        window.crash_point("added")
         worker = await router.wait_listed(replica.worker_url, LISTED_S)
     except FLEET_ERRORS as exc:
         raise StepFailed("rejoin", str(exc)) from None
-    return _rejoined(engine, replica, "added", worker)
+    return _rejoined(window, replica, "added", worker)
 
 
-def _rejoined(engine: Any, replica: ReplicaConfig, how: str, worker: Worker | None = None) -> str:
-    svc = engine.state.service
+def _rejoined(window: Window, replica: ReplicaConfig, how: str, worker: Worker | None = None) -> str:
+    svc = window.state.service
     since = (svc.drained or {}).get("since") or time.time()
     svc.drained = None
     svc.rejoined_at = time.time()
-    engine.run.save()
+    window.run.save()
     line = f"{replica.name} back in the router ({how}) after {svc.rejoined_at - since:.1f} s out"
-    engine.journal("rejoin", line)
+    window.journal("rejoin", line)
     return line
 
 
-async def verify_rejoin(engine: Any) -> None:
+async def verify_rejoin(window: Window) -> None:
     """Requests through the router reach the replica again (its own num_requests_total rises), when
     the policy spreads short prompts (round_robin, random, power_of_two); said when it cannot be seen."""
-    replica = replica_of(engine)
-    client = replica_client(engine, replica)
+    replica = replica_of(window)
+    client = replica_client(window, replica)
     before = await client.metrics()
     if before is None or "sglang:num_requests_total" not in before:
-        engine.journal("rejoin", f"{replica.name} serves no num_requests_total: that the router routes to it is "
+        window.journal("rejoin", f"{replica.name} serves no num_requests_total: that the router routes to it is "
                                  f"not verified", level="warning")
         return
-    through = getattr(router_of(engine), "inference", None) or SglangClient(engine.config.fleet.router, timeout=60)
+    through = getattr(router_of(window), "inference", None) or SglangClient(window.config.fleet.router, timeout=60)
     for i in range(ROUTED_PROBES):
         answer = await through.post("/generate", {"text": f"{uuid.uuid4().hex} rejoin probe {i}",
                                                   "sampling_params": {"max_new_tokens": 1, "temperature": 0}})
         if answer.status != 200:
-            raise StepFailed("rejoin", f"a request through the router {engine.config.fleet.router} failed after the "
+            raise StepFailed("rejoin", f"a request through the router {window.config.fleet.router} failed after the "
                                        f"rejoin: HTTP {answer.status}")
     after = await client.metrics() or {}
     if after.get("sglang:num_requests_total", 0) <= before["sglang:num_requests_total"]:
-        engine.journal("rejoin", f"none of {ROUTED_PROBES} requests through the router reached {replica.name} (a "
+        window.journal("rejoin", f"none of {ROUTED_PROBES} requests through the router reached {replica.name} (a "
                                  f"policy such as cache_aware may keep short prompts elsewhere): routing to it is not "
                                  f"seen", level="warning")
 
 
-async def rejoin_after(engine: Any, reason: str) -> None:
+async def rejoin_after(window: Window, reason: str) -> None:
     """The compensation's last part: a drained replica goes back in the router, once the route's own
     compensation (restart, or resume + continue) gave it back. Never while it is down or paused."""
-    svc = engine.state.service
-    if engine.config.fleet is None or svc.drained is None or svc.down or svc.held:
+    svc = window.state.service
+    if window.config.fleet is None or svc.drained is None or svc.down or svc.held:
         return
-    if await check_rejoin(engine) is None:
-        await run_rejoin(engine, reason)
+    if await check_rejoin(window) is None:
+        await run_rejoin(window, reason)
 
 
-def plan_acts(engine: Any) -> dict[str, tuple[bool, str]]:
+def plan_acts(window: Window) -> dict[str, tuple[bool, str]]:
     """What the plan says of drain and rejoin: left out on one server, else the replica and router."""
-    fleet = engine.config.fleet
+    fleet = window.config.fleet
     if fleet is None:
         why = "left out: one server (no [fleet] router)"
         return {"drain": (False, why), "rejoin": (False, why)}
-    replica = replica_of(engine)
+    replica = replica_of(window)
     return {"drain": (True, f"take {replica.name} out of the router {fleet.router}; the other replicas carry the "
                             f"traffic (its requests finish within {fleet.drain_timeout_s:g} s)"),
             "rejoin": (True, f"put {replica.name} back in the router once /health_generate passes")}
@@ -385,12 +387,6 @@ def drained_line(run_id: str, service: Any) -> str:
     drained = service.drained or {}
     since = time.strftime("%H:%M:%S", time.localtime(drained.get("since") or time.time()))
     return f"REPLICA {drained.get('replica', '?')} IS STILL OUT OF THE ROUTER: DRAINED by run {run_id} since {since}"
-
-
-def recorded_replica(state: Any) -> str | None:
-    """The replica a run's window is on, as its state recorded it (None: not chosen yet)."""
-    drained = state.service.drained or {}
-    return drained.get("replica") or state.facts.get("fleet_replica")
 
 
 async def fleet_config(config: Config, state: Any | None = None, replica: str | None = None,
@@ -425,13 +421,6 @@ async def fleet_config(config: Config, state: Any | None = None, replica: str | 
     return on_replica(config, chosen), why
 
 
-def between_windows(state: Any) -> bool:
-    """A run cut short at its budget whose window is over (the replica served and back in the router):
-    its next window extracts the missing prompts, on the replica chosen for it (`next_replica`)."""
-    svc = state.service
-    return bool(state.extraction.partial) and svc.began() and svc.left_as() is None  # as Engine._execute
-
-
 async def next_replica(config: Config, last: str, named: str | None, fits: set[str] | None,
                        via: Any = None) -> tuple[ReplicaConfig, str]:
     """The replica of a run's next window (its prompts did not fit one window's budget): the least
@@ -455,15 +444,15 @@ async def next_replica(config: Config, last: str, named: str | None, fits: set[s
     return chosen, f"{why}; the run's next window, on {last} again: no other replica can take it"
 
 
-async def next_in_run(engine: Any) -> tuple[ReplicaConfig, str]:
+async def next_in_run(window: Window) -> tuple[ReplicaConfig, str]:
     """The replica of a run's next window chosen within the run (its window cut short at its budget,
     its replica back in the router): `next_replica`, as `run --resume` chooses it, from the fits this
     run's preflight (or the newest one) found. StepFailed with the refusal; nothing changed."""
-    state = engine.state
-    last = recorded_replica(state) or replica_of(engine).name
-    known = [state, *(run.state for run in engine._earlier_runs())]
-    via = engine.hosts if getattr(engine.hosts, "router_client", None) is not None else None
-    return await next_replica(engine.config, last, None, known_fits(engine.config, known), via)
+    state = window.state
+    last = recorded_replica(state) or replica_of(window).name
+    known = [state, *(run.state for run in window.earlier_runs())]
+    via = window.hosts if getattr(window.hosts, "router_client", None) is not None else None
+    return await next_replica(window.config, last, None, known_fits(window.config, known), via)
 
 
 def known_fits(config: Config, states: Any) -> set[str] | None:
@@ -481,21 +470,21 @@ def known_fits(config: Config, states: Any) -> set[str] | None:
     return None
 
 
-def check_fits(engine: Any, samples: dict[str, Any], tokens: int) -> None:
+def check_fits(window: Window, samples: dict[str, Any], tokens: int) -> None:
     """Preflight, before the drain: the run's replica can take the window (`fit.replica_fits`: it
     serves on the target's host, whose kernels are the drafters', and its GPUs hold the extraction),
     else the window is refused, naming why and the replicas that can (`run --replica NAME`); nothing
     has changed yet. Each replica's verdict is journalled and kept in the run's facts."""
     from console.procedure.fit import replica_fits
 
-    if engine.config.fleet is None or engine.state.service.drains:  # drained already: the window is on it
+    if window.config.fleet is None or window.state.service.drains:  # drained already: the window is on it
         return
-    fits = replica_fits(engine.config, engine.facts.probes, samples, tokens, len(engine.facts.layers),
-                        simulated=engine.hosts.simulated)
-    engine.state.facts["fleet_fits"] = {f.name: {"fits": f.fits, "why": f.why} for f in fits}
+    fits = replica_fits(window.config, window.facts.probes, samples, tokens, len(window.facts.layers),
+                        simulated=window.hosts.simulated)
+    window.state.facts["fleet_fits"] = {f.name: {"fits": f.fits, "why": f.why} for f in fits}
     for f in fits:
-        engine.journal("preflight", f"fleet window on {f.name}: {'fits' if f.fits else 'no'}: {f.why}")
-    mine = replica_of(engine).name
+        window.journal("preflight", f"fleet window on {f.name}: {'fits' if f.fits else 'no'}: {f.why}")
+    mine = replica_of(window).name
     verdict = next(f for f in fits if f.name == mine)
     if verdict.fits:
         return

@@ -40,13 +40,14 @@ from console.procedure import forecast as fc
 from console.procedure.fit import SPLIT_FILL, need_mib
 from console.procedure.outcomes import Found, Refused, Skip, StepFailed
 from console.procedure.state import ServiceState
+from console.procedure.steps.extraction import extraction_complete
 from console.service.memory_saver import CUDA_GRAPH, KV_CACHE, WEIGHTS, MemorySaver
 from console.service.sglang_api import ServerAnswerError
 from console.session import service_name
 from console.views.units import duration
 
 if TYPE_CHECKING:
-    from console.procedure.engine import Engine
+    from console.procedure.window import Window
 
 PROBE_IDS = [1, 2, 3, 4, 5, 6, 7, 8]  # any valid ids: the same greedy request before the pause and after
 PROBE_TOKENS = 8
@@ -60,47 +61,46 @@ MEMORY_BACK_SHARE = 0.8  # of what the release freed, seen used again after the 
 MEASURED_H200 = {"release": {KV_CACHE: 0.06, CUDA_GRAPH: 0.06, WEIGHTS: 20.0},
                  "resume": {KV_CACHE: 0.17, CUDA_GRAPH: 0.17, WEIGHTS: 7.0}}
 CONTROL_S = 0.1  # a pause or continue request's round trip (an estimate)
-PAUSE_PHASES = ("pause", "release", "free-vram", "extract", "resume", "continue")
 SAVER_HINT = ("add --enable-memory-saver (and --enable-weights-cpu-backup) to the server's start command: one "
               "restart, at a time you choose, and later windows need no restart at all")
 
 
-def _url(engine: Engine, path: str) -> str:
-    return engine.config.service.url.rstrip("/") + path
+def _url(window: Window, path: str) -> str:
+    return window.config.service.url.rstrip("/") + path
 
 
-def request_argv(engine: Engine, path: str, body: dict[str, Any]) -> tuple[str, ...]:
+def request_argv(window: Window, path: str, body: dict[str, Any]) -> tuple[str, ...]:
     """The literal request, as the Decider shows it: POST http://…/release_memory_occupation {"tags": [...]}."""
-    return ("POST", _url(engine, path), json.dumps(body))
+    return ("POST", _url(window, path), json.dumps(body))
 
 
-def _gpus(engine: Engine, sample: TelemetrySample) -> list[int]:
-    return list(engine.config.service.gpus) or [g.index for g in sample.gpus]
+def _gpus(window: Window, sample: TelemetrySample) -> list[int]:
+    return list(window.config.service.gpus) or [g.index for g in sample.gpus]
 
 
-def _used(engine: Engine, sample: TelemetrySample | None) -> dict[str, int]:
+def _used(window: Window, sample: TelemetrySample | None) -> dict[str, int]:
     """Used MiB per service GPU in `sample` (keys as strings: the state is JSON)."""
     if sample is None:
         return {}
-    gpus = _gpus(engine, sample)
+    gpus = _gpus(window, sample)
     return {str(g.index): int(g.mem_used_mib) for g in sample.gpus if g.index in gpus and g.mem_used_mib is not None}
 
 
-def _latest(engine: Engine) -> TelemetrySample | None:
-    return engine.hosts.telemetry(engine.config.service.host).telemetry.latest
+def _latest(window: Window) -> TelemetrySample | None:
+    return window.hosts.telemetry(window.config.service.host).telemetry.latest
 
 
-def extraction_need_mib(engine: Engine) -> int | None:
+def extraction_need_mib(window: Window) -> int | None:
     """What the extraction needs on the service's GPUs (fit.py's estimate), None when unknown."""
     from console.procedure.fit import longest_tokens
 
-    model = engine.facts.probes.get(engine.config.target.host, {}).get("model", {})
+    model = window.facts.probes.get(window.config.target.host, {}).get("model", {})
     if not model.get("tensor_bytes"):
         return None
-    tokens = engine.state.facts.get("prompt_tokens")
-    longest = max(tokens) if tokens else longest_tokens(engine._prompt_records())
+    tokens = window.state.facts.get("prompt_tokens")
+    longest = max(tokens) if tokens else longest_tokens(window.prompt_records())
     return need_mib(int(model["tensor_bytes"]), int(longest), int(model.get("hidden_size") or 0),
-                    len(engine.facts.layers), int(model.get("vocab_size") or 0))
+                    len(window.facts.layers), int(model.get("vocab_size") or 0))
 
 
 def release_plan(saver: MemorySaver, free_mib: int | None, gpus: int, need: int | None) -> tuple[list[str] | None, str]:
@@ -135,33 +135,33 @@ def release_plan(saver: MemorySaver, free_mib: int | None, gpus: int, need: int 
                                f"their CPU backup): the extraction (~{need} MiB) does not fit beside them")
 
 
-async def plan_release(engine: Engine) -> tuple[list[str] | None, str]:
+async def plan_release(window: Window) -> tuple[list[str] | None, str]:
     """The release the plan proposes (kept in the run's facts: a resumed run keeps its plan)."""
-    kept = engine.state.facts.get("plan_release")
+    kept = window.state.facts.get("plan_release")
     if kept is not None:
         return kept["tags"], kept["why"]
-    server = await engine.hosts.server()
+    server = await window.hosts.server()
     saver = await server.memory_saver()
-    sample = _latest(engine)
-    used = _used(engine, sample)
+    sample = _latest(window)
+    used = _used(window, sample)
     free = None
     if sample is not None and used:
         totals = {str(g.index): g.mem_total_mib for g in sample.gpus if g.mem_total_mib is not None}
         free = sum(totals[g] - used[g] for g in used if g in totals)
-    tags, why = release_plan(saver, free, max(1, len(used)), extraction_need_mib(engine))
-    engine.state.facts["plan_release"] = {"tags": tags, "why": why, "weights_cpu_backup": saver.weights_cpu_backup}
-    engine.run.save()
+    tags, why = release_plan(saver, free, max(1, len(used)), extraction_need_mib(window))
+    window.state.facts["plan_release"] = {"tags": tags, "why": why, "weights_cpu_backup": saver.weights_cpu_backup}
+    window.run.save()
     return tags, why
 
 
-async def pause_forecast(engine: Engine, tags: list[str], inputs: fc.ForecastInputs | None = None) -> Forecast:
+async def pause_forecast(window: Window, tags: list[str], inputs: fc.ForecastInputs | None = None) -> Forecast:
     """The pause route's downtime (pause → continue) by phase, each with its basis: earlier pause
     runs' own step times, else issue 26's measurements on an H200 (said so); the extraction as the
     window's forecast has it. Over budget above `[window] max_downtime_s`."""
     from console.procedure.steps import estimates
 
-    earlier = estimates(r.state.to_json() for r in engine._earlier_runs() if r.state.route == "pause")
-    runs = sum(1 for r in engine._earlier_runs() if r.state.route == "pause")
+    earlier = estimates(r.state.to_json() for r in window.earlier_runs() if r.state.route == "pause")
+    runs = sum(1 for r in window.earlier_runs() if r.state.route == "pause")
 
     def phase(step: str, fallback: float, basis: str) -> ForecastPhase:
         if step in earlier:
@@ -173,8 +173,8 @@ async def pause_forecast(engine: Engine, tags: list[str], inputs: fc.ForecastInp
         return seconds, ("measured on an H200 (issue 26, torch_memory_saver 0.0.10): "
                          + ", ".join(f"{t} {MEASURED_H200[kind][t]:g} s" for t in tags))
 
-    window = fc.forecast(inputs or await engine._forecast_inputs())
-    extract = fc.phase(window, "extract")
+    whole = fc.forecast(inputs or await window.forecast_inputs())
+    extract = fc.phase(whole, "extract")
     phases = (phase("pause", CONTROL_S, "estimate: one control request"),
               phase("release", *h200("release")),
               phase("free-vram", 1.0, "estimate: one telemetry sample sees the memory free"),
@@ -182,37 +182,17 @@ async def pause_forecast(engine: Engine, tags: list[str], inputs: fc.ForecastInp
               phase("resume", *h200("resume")),
               phase("continue", CONTROL_S, "estimate: one control request"))
     total = sum(p.seconds for p in phases if p.seconds is not None)  # a floor while the extraction is unknown
-    budget = engine.config.window.max_downtime_s
-    return Forecast(engine.run.run_id, total, phases, budget, budget is not None and total > budget)
-
-
-def pause_against(run: Any) -> list[fc.PhaseAgainst]:
-    """The pause route's forecast against what it measured, per phase (each step's own work time),
-    then the route's downtime, pause -> continue, and the time it waited on the operator's answers
-    (left out of the downtime, as of the forecast). [] for a run without a pause forecast."""
-    made = run.facts.get("pause_forecast")
-    if not made:
-        return []
-    planned = fc.from_state(run.run_id, made)
-    rows = []
-    for name in PAUSE_PHASES:
-        p = fc.phase(planned, name)
-        step = run.steps.get(p.name)
-        measured = step.work_s if step is not None and step.status == "done" and not step.found_on_resume else None
-        rows.append(fc.PhaseAgainst(p.name, p.seconds, measured, p.basis))
-    svc = run.service
-    whole = fc.worked(svc.answer_waits, svc.paused_at, svc.continued_at)  # the operator's answers left out
-    return [*rows, fc.PhaseAgainst("downtime (pause -> continue)", planned.downtime_s, whole, made.get("basis", "")),
-            *fc.answers_row(svc.answer_waits, svc.paused_at, svc.continued_at)]
+    budget = window.config.window.max_downtime_s
+    return Forecast(window.run.run_id, total, phases, budget, budget is not None and total > budget)
 
 
 # --- pause ----------------------------------------------------------------------------------------
 
 
-async def _paused_now(engine: Engine) -> bool | None:
+async def _paused_now(window: Window) -> bool | None:
     """Whether the server is paused, by SGLang's /ready (503 while paused, 200 serving); None when it
     cannot tell (a release without /ready answers 404)."""
-    status = await (await engine.hosts.server()).ready()
+    status = await (await window.hosts.server()).ready()
     return True if status == 503 else False if status == 200 else None
 
 
@@ -249,7 +229,7 @@ def restart_words(why: str | None) -> str:
             f"that restart")
 
 
-async def same_server(engine: Engine, step: str) -> bool:
+async def same_server(window: Window, step: str) -> bool:
     """Whether the server is still the process this run paused, asked before a release, a resume or a
     continue is sent: a restarted SGLang released nothing, and its scheduler dies on a resume of a
     tag it never released (weight_updater.py, `offload_tags.remove`). Its manager's pid and start
@@ -257,79 +237,79 @@ async def same_server(engine: Engine, step: str) -> bool:
     neither tells, /ready: 503 is a paused server, 200 one that is not paused (nothing is sent to it).
     Another process: the window's memory came back by its restart (`_restarted`, both named), False.
     None running: the same, then StepFailed (nothing of the run holds it; it needs a start)."""
-    svc = engine.state.service
-    status = await (await engine.hosts.service_manager(engine.connect_s)).status()
+    svc = window.state.service
+    status = await (await window.hosts.service_manager(window.connect_s)).status()
     other = other_process(svc, status)
     then = process_words(svc.main_pid_before_stop, svc.active_since_before_stop)
     if other is None:
-        paused = await _paused_now(engine)
+        paused = await _paused_now(window)
         if paused is None:
             raise StepFailed(step, f"cannot tell whether the server is the process this run paused ({then} then, "
                                    f"{process_words(status.main_pid, status.since)} now) and it has no /ready: look "
                                    f"at it before giving its memory back by hand")
         if paused:
             return True
-        _restarted(engine, status, f"it answers /ready 200, so it is not paused, and its manager names nothing to "
+        _restarted(window, status, f"it answers /ready 200, so it is not paused, and its manager names nothing to "
                                    f"compare with the process paused ({then})")
         return False
     if not other:
         return True
     if not status.active:
-        _restarted(engine, status, f"it is {status.state} now; {then} when paused")
+        _restarted(window, status, f"it is {status.state} now; {then} when paused")
         raise StepFailed(step, f"the server this run paused is {status.state}: its process is gone, with the memory "
                                f"it held, and nothing is sent; it was not stopped by this run: start it")
-    _restarted(engine, status, f"{process_words(status.main_pid, status.since)} now, {then} when paused")
+    _restarted(window, status, f"{process_words(status.main_pid, status.since)} now, {then} when paused")
     return False
 
 
-def _restarted(engine: Engine, status: ServiceStatus, why: str) -> None:
+def _restarted(window: Window, status: ServiceStatus, why: str) -> None:
     """The process this run paused is not the server now: the memory it released went with it, and
     nothing of this run holds the server any more. The pause's downtime ends at the new process's
     start (its manager's, when it says), else now."""
-    svc = engine.state.service
+    svc = window.state.service
     paused_at = time.strftime("%H:%M:%S", time.localtime(svc.paused_at or time.time()))
     since = status.since if status.active and status.since is not None else None
     up_at = since if since is not None and since >= (svc.paused_at or 0) else time.time()
     svc.restarted_outside, svc.restarted_outside_at = why, up_at
     svc.paused, svc.released, svc.releasing, svc.resuming = False, [], [], []
     svc.continued_at = svc.continued_at or up_at
-    engine.run.save()
-    engine._publish_downtime()
-    engine.journal(None, f"{service_name(engine.config)} on {engine.config.service.host} is not the process this run "
+    window.run.save()
+    window.publish_downtime()
+    window.journal(None, f"{service_name(window.config)} on {window.config.service.host} is not the process this run "
                          f"paused at {paused_at} ({why}): restarted outside this run, the window's memory came back "
                          f"by that restart; nothing is released, resumed or continued on it", level="warning")
 
 
-def _pause_again(engine: Engine) -> None:
+def _pause_again(window: Window) -> None:
     """Restarted before the extraction began: the window is over (kept in `windows`, the restart named)
     and the next begins with a new pause of the process running now, asked as the first was."""
-    svc = engine.state.service
-    engine.state.windows.append({"service": dataclasses.asdict(svc), "extraction": {}, "steps": {},
-                                 "forecast": engine.state.forecast, "restarted_outside": svc.restarted_outside})
-    engine.state.service = ServiceState()
-    engine.run.save()
-    engine._publish_downtime()
+    svc = window.state.service
+    window.state.windows.append({"service": dataclasses.asdict(svc), "extraction": {}, "steps": {},
+                                 "forecast": window.state.forecast, "restarted_outside": svc.restarted_outside})
+    window.state.service = ServiceState()
+    window.run.save()
+    window.publish_downtime()
 
 
-async def check_pause(engine: Engine) -> Skip | None:
-    svc = engine.state.service
+async def check_pause(window: Window) -> Skip | None:
+    svc = window.state.service
     if svc.pauses == 0:
         return None
     since = time.strftime("%H:%M:%S", time.localtime(svc.paused_at or time.time()))
-    if svc.held and not await same_server(engine, "pause"):
-        extraction = engine.state.extraction
+    if svc.held and not await same_server(window, "pause"):
+        extraction = window.state.extraction
         if extraction.begun_at is None and not extraction.complete:  # the window needs the memory again
-            _pause_again(engine)
+            _pause_again(window)
             return None
         return Found(f"paused by this run at {since}; {restart_words(svc.restarted_outside)}")
     if svc.paused and not svc.pause_confirmed:  # sent, its answer never seen: asked of the server
-        now = await _paused_now(engine)
+        now = await _paused_now(window)
         if now is False:
-            engine.journal("pause", "the pause sent earlier had not landed (/ready answers 200): sent again",
+            window.journal("pause", "the pause sent earlier had not landed (/ready answers 200): sent again",
                            level="warning")
             return None
         svc.pause_confirmed = True
-        engine.run.save()
+        window.run.save()
     if svc.paused:
         return Found(f"paused by this run at {since}")
     if svc.restarted_outside:
@@ -338,41 +318,41 @@ async def check_pause(engine: Engine) -> Skip | None:
                  f"{time.strftime('%H:%M:%S', time.localtime(svc.continued_at or time.time()))}")
 
 
-async def run_pause(engine: Engine) -> str:
-    if engine.state.status_of("cache") not in ("done", "skipped"):
+async def run_pause(window: Window) -> str:
+    if window.state.status_of("cache") not in ("done", "skipped"):
         raise StepFailed("pause", "refused: the completions are not cached and verified")
-    if engine._acts("stage") and engine.state.status_of("stage") not in ("done", "skipped"):
+    if window.acts("stage") and window.state.status_of("stage") not in ("done", "skipped"):
         raise StepFailed("pause", "refused: the staged extractor has not reported `staged`")
-    tags, why = await plan_release(engine)
+    tags, why = await plan_release(window)
     if tags is None:
         raise StepFailed("pause", f"the pause route is not possible: {why}")
-    inputs = await engine._forecast_inputs()
-    made = await pause_forecast(engine, tags, inputs)
-    engine.state.facts["pause_forecast"] = fc.to_state(made)
-    engine.run.save()
-    engine._window_forecast = (made, inputs)  # re-projected from the extraction's rate (steps/extract.py)
-    if made.over_budget and engine.state.service.pauses == 0:
+    inputs = await window.forecast_inputs()
+    made = await pause_forecast(window, tags, inputs)
+    window.state.facts["pause_forecast"] = fc.to_state(made)
+    window.run.save()
+    window.forecast_made = (made, inputs)  # re-projected from the extraction's rate (steps/extract.py)
+    if made.over_budget and window.state.service.pauses == 0:
         raise StepFailed("pause", f"refused before the pause, the server untouched: the forecast pause "
                                   f"{fc.summary(made)} exceeds the budget [window] max_downtime_s = {made.budget_s:g} s")
-    if made.budget_s is not None and fc.unknown(made) and engine.state.service.pauses == 0:
+    if made.budget_s is not None and fc.unknown(made) and window.state.service.pauses == 0:
         raise StepFailed("pause", f"refused before the pause, the server untouched: the budget [window] "
                                   f"max_downtime_s = {made.budget_s:g} s cannot be checked, the forecast pause "
                                   f"{fc.summary(made)} has {', '.join(fc.unknown(made))} unknown")
-    server = await engine.hosts.server()
-    svc = engine.state.service
+    server = await window.hosts.server()
+    svc = window.state.service
     if svc.probe_tokens is None:  # the greedy answer the resumed server must give again
         svc.probe_tokens = list((await server.generate(PROBE_IDS, PROBE_TOKENS, PROBE_WAIT_S))["output_ids"])
-        engine.run.save()
+        window.run.save()
     body = {"mode": "retract"}
-    impact = (f"{service_name(engine.config)} on {engine.config.service.host} holds its requests (running ones go "
+    impact = (f"{service_name(window.config)} on {window.config.service.host} holds its requests (running ones go "
               f"back to its queue, new ones wait; none fails) until /continue_generation; the process is never "
               f"stopped; forecast pause {fc.summary(made)}"
               + (f" (budget {made.budget_s:g} s)" if made.budget_s is not None else ""))
-    if not await engine._ask(Confirmation("pause", "pause the server's generation", engine.config.service.host,
-                                          request_argv(engine, "/pause_generation", body), impact, False,
+    if not await window.ask(Confirmation("pause", "pause the server's generation", window.config.service.host,
+                                          request_argv(window, "/pause_generation", body), impact, False,
                                           made.downtime_s, "forecast")):
         raise Refused("pause", "pause the server's generation")
-    manager = await engine.hosts.service_manager(engine.connect_s)
+    manager = await window.hosts.service_manager(window.connect_s)
     status = await manager.status()  # the process paused: nothing is sent later to another one
     if not status.active:
         raise StepFailed("pause", f"{manager.name} is {status.state}: there is no server to pause")
@@ -385,38 +365,38 @@ async def run_pause(engine: Engine) -> str:
     svc.paused_at = svc.paused_at or time.time()
     svc.paused, svc.pause_confirmed = True, False
     svc.pauses += 1
-    engine.run.keep_going_on_write_errors = True  # from here on a full disk must not keep it paused
-    engine.run.save()  # before the request: a crash during it still knows the server may be paused
-    engine._publish_downtime()
+    window.run.keep_going_on_write_errors = True  # from here on a full disk must not keep it paused
+    window.run.save()  # before the request: a crash during it still knows the server may be paused
+    window.publish_downtime()
     await server.pause_generation("retract")
     svc.pause_confirmed = True
-    engine.run.save()
-    engine._irreversible["pause"] = "paused (retract): requests held, none failed"
-    engine.journal("pause", "POST /pause_generation {\"mode\": \"retract\"}: paused", host=engine.config.service.host)
-    engine._crash("paused")
-    return engine._irreversible["pause"]
+    window.run.save()
+    window.irreversible["pause"] = "paused (retract): requests held, none failed"
+    window.journal("pause", "POST /pause_generation {\"mode\": \"retract\"}: paused", host=window.config.service.host)
+    window.crash_point("paused")
+    return window.irreversible["pause"]
 
 
 # --- release --------------------------------------------------------------------------------------
 
 
-async def check_release(engine: Engine) -> Skip | None:
-    svc = engine.state.service
+async def check_release(window: Window) -> Skip | None:
+    svc = window.state.service
     if svc.releasing:
-        await _settle_releasing(engine)
+        await _settle_releasing(window)
     if svc.released_tags:
         return Found(f"released {', '.join(svc.released_tags)} at "
                      f"{time.strftime('%H:%M:%S', time.localtime(svc.released_at or time.time()))}")
     return None
 
 
-async def _settle_releasing(engine: Engine) -> None:
+async def _settle_releasing(window: Window) -> None:
     """A release whose answer was never seen (the link dropped, the console died): whether the memory
     left is read from the GPUs, never guessed (a tag resumed that was not released, or released
     twice, ends SGLang's scheduler)."""
-    svc = engine.state.service
+    svc = window.state.service
     before = svc.used_before_release_mib
-    now = _used(engine, _latest(engine))
+    now = _used(window, _latest(window))
     if not before or not now:
         raise StepFailed("release", f"the release of {', '.join(svc.releasing)} was sent but its answer never "
                                     f"came, and no GPU readings tell whether the memory left: look at the server "
@@ -427,75 +407,74 @@ async def _settle_releasing(engine: Engine) -> None:
         svc.released, svc.released_tags = list(tags), list(tags)
         svc.released_at = svc.released_at or time.time()
         svc.used_after_release_mib = now
-        engine.journal("release", f"the release of {', '.join(tags)} had landed: {freed} MiB left the GPUs",
+        window.journal("release", f"the release of {', '.join(tags)} had landed: {freed} MiB left the GPUs",
                        level="warning")
     else:
-        engine.journal("release", f"the release of {', '.join(tags)} had not landed (the GPUs hold what they held)",
+        window.journal("release", f"the release of {', '.join(tags)} had not landed (the GPUs hold what they held)",
                        level="warning")
     svc.releasing = []
-    engine.run.save()
+    window.run.save()
 
 
-async def run_release(engine: Engine) -> str:
-    tags, why = await plan_release(engine)
+async def run_release(window: Window) -> str:
+    tags, why = await plan_release(window)
     if tags is None:
         raise StepFailed("release", f"not possible: {why}")
-    server = await engine.hosts.server()
+    server = await window.hosts.server()
     saver = await server.memory_saver()
     refused = saver.why_not(tags)
     if refused:
         raise StepFailed("release", f"{refused}; {SAVER_HINT}")
-    svc = engine.state.service
+    svc = window.state.service
     body = {"tags": tags}
-    impact = (f"{service_name(engine.config)} on {engine.config.service.host} gives back {why}; it stays paused, "
+    impact = (f"{service_name(window.config)} on {window.config.service.host} gives back {why}; it stays paused, "
               f"its process and " + ("its weights (copied to CPU memory)" if WEIGHTS in tags else "its weights")
               + " stay; /resume_memory_occupation takes exactly these back")
-    if not await engine._ask(Confirmation("release", f"release the server's {' and '.join(tags)}",
-                                          engine.config.service.host,
-                                          request_argv(engine, "/release_memory_occupation", body), impact,
+    if not await window.ask(Confirmation("release", f"release the server's {' and '.join(tags)}",
+                                          window.config.service.host,
+                                          request_argv(window, "/release_memory_occupation", body), impact,
                                           WEIGHTS in tags)):
         raise Refused("release", f"release the server's {' and '.join(tags)}")
-    if not await same_server(engine, "release"):
+    if not await same_server(window, "release"):
         raise StepFailed("release", f"nothing was released: {restart_words(svc.restarted_outside)}; a new run "
                                     f"pauses the server that runs now")
-    svc.used_before_release_mib = _used(engine, _latest(engine))
+    svc.used_before_release_mib = _used(window, _latest(window))
     svc.releasing = list(tags)
     svc.releases += 1
-    engine.run.save()  # before the request: a crash during it knows a release may have landed
+    window.run.save()  # before the request: a crash during it knows a release may have landed
     started = time.monotonic()
     await server.release_memory_occupation(tags)
     svc.released, svc.released_tags, svc.releasing = list(tags), list(tags), []
     svc.released_at = time.time()
-    engine.run.save()
+    window.run.save()
     took = time.monotonic() - started
-    engine.journal("release", f"POST /release_memory_occupation {json.dumps(body)}: released in {took:.2f} s",
-                   host=engine.config.service.host, duration_s=round(took, 3))
-    engine._crash("released")
+    window.journal("release", f"POST /release_memory_occupation {json.dumps(body)}: released in {took:.2f} s",
+                   host=window.config.service.host, duration_s=round(took, 3))
+    window.crash_point("released")
     return f"released {', '.join(tags)} in {took:.2f} s"
 
 
 # --- free-vram (the pause route's: wait for the room, end nothing) ----------------------------------
 
 
-async def check_room(engine: Engine) -> Skip | None:
-    if engine.state.extraction.begun_at is not None:
+async def check_room(window: Window) -> Skip | None:
+    if window.state.extraction.begun_at is not None:
         return Found("the extraction already started")
-    from console.procedure.steps.extract import extraction_complete
 
-    if await extraction_complete(engine):
+    if await extraction_complete(window):
         return Found("the extraction already finished")
     return None
 
 
-async def run_room(engine: Engine) -> str:
+async def run_room(window: Window) -> str:
     """Waits until the service's GPUs have the room the extraction needs. The server's own processes
     hold the resident weights on purpose: they are never offered for ending."""
-    need = extraction_need_mib(engine)
-    service = engine.config.service
-    stream = engine.hosts.telemetry(service.host)
+    need = extraction_need_mib(window)
+    service = window.config.service
+    stream = window.hosts.telemetry(service.host)
 
     def room(sample: TelemetrySample) -> int | None:
-        gpus = _gpus(engine, sample)
+        gpus = _gpus(window, sample)
         readings = [g for g in sample.gpus if g.index in gpus and g.mem_total_mib and g.mem_used_mib is not None]
         if not readings:
             return None
@@ -514,10 +493,10 @@ async def run_room(engine: Engine) -> str:
         raise StepFailed("free-vram", f"the service's GPUs have {room(latest) if latest else '?'} MiB free after "
                                       f"{service.vram_wait_s:g} s, the extraction needs ~{need} MiB; the server's "
                                       f"memory is given back now") from None
-    svc = engine.state.service
-    svc.used_after_release_mib = _used(engine, sample)
+    svc = window.state.service
+    svc.used_after_release_mib = _used(window, sample)
     svc.vram_free_at = time.time()
-    engine.run.save()
+    window.run.save()
     return (f"{room(sample)} MiB free on the service's GPUs after {time.monotonic() - started:.1f} s"
             + (f" (the extraction needs ~{need} MiB)" if need else ""))
 
@@ -525,28 +504,28 @@ async def run_room(engine: Engine) -> str:
 # --- resume and continue ----------------------------------------------------------------------------
 
 
-def _memory_back(engine: Engine, sample: TelemetrySample | None) -> bool | None:
+def _memory_back(window: Window, sample: TelemetrySample | None) -> bool | None:
     """Whether the released memory is seen used again on the GPUs; None when nothing tells."""
-    svc = engine.state.service
+    svc = window.state.service
     before, after = svc.used_before_release_mib, svc.used_after_release_mib
-    now = _used(engine, sample)
+    now = _used(window, sample)
     freed = {g: before[g] - after.get(g, before[g]) for g in before}
     if not before or not after or not now or sum(freed.values()) <= 0:
         return None
     return all(now.get(g, 0) >= after.get(g, 0) + int(MEMORY_BACK_SHARE * max(0, f)) for g, f in freed.items())
 
 
-async def _settle_resuming(engine: Engine) -> None:
+async def _settle_resuming(window: Window) -> None:
     """A resume whose answer was never seen: whether it landed is read from the GPUs (a tag resumed
     twice ends SGLang's scheduler: KeyError in `offload_tags.remove`)."""
-    svc = engine.state.service
-    stream = engine.hosts.telemetry(engine.config.service.host)
+    svc = window.state.service
+    stream = window.hosts.telemetry(window.config.service.host)
     try:
-        sample = await stream.wait_for(lambda s: _memory_back(engine, s) is not False, 2 * stream_interval(engine),
+        sample = await stream.wait_for(lambda s: _memory_back(window, s) is not False, 2 * stream_interval(window),
                                        eager=True)
     except TimeoutError:
-        sample = _latest(engine)
-    back = _memory_back(engine, sample)
+        sample = _latest(window)
+    back = _memory_back(window, sample)
     if back is None:
         raise StepFailed("resume", f"the resume of {', '.join(svc.resuming)} was sent but its answer never came, "
                                    f"and no GPU readings tell whether the memory came back: look at the server "
@@ -554,63 +533,63 @@ async def _settle_resuming(engine: Engine) -> None:
     if back:
         svc.released = []
         svc.resumed_at = svc.resumed_at or time.time()
-        engine.journal("resume", f"the resume of {', '.join(svc.resuming)} had landed: the memory is back",
+        window.journal("resume", f"the resume of {', '.join(svc.resuming)} had landed: the memory is back",
                        level="warning")
     else:
-        engine.journal("resume", f"the resume of {', '.join(svc.resuming)} had not landed: sent again",
+        window.journal("resume", f"the resume of {', '.join(svc.resuming)} had not landed: sent again",
                        level="warning")
     svc.resuming = []
-    engine.run.save()
+    window.run.save()
 
 
-def stream_interval(engine: Engine) -> float:
-    telemetry = engine.hosts.telemetry(engine.config.service.host).telemetry
+def stream_interval(window: Window) -> float:
+    telemetry = window.hosts.telemetry(window.config.service.host).telemetry
     return float(getattr(telemetry, "interval", 1.0) or 1.0)
 
 
-def begin_give_back(engine: Engine) -> None:
+def begin_give_back(window: Window) -> None:
     """At `gpu_released`: the server's memory goes back and its requests run again now, not after the
     extractor's files are flushed and verified (the pause route's twin of `stop.begin_restart`)."""
-    if engine.route == "pause" and engine.server_held_by_us and engine._restart_task is None:
-        engine._restart_task = asyncio.create_task(
-            _give_back(engine, reason="the extraction released the GPUs", early=True), name="give-back-at-gpu-released")
+    if window.route == "pause" and window.server_held_by_us and window.restart_task is None:
+        window.restart_task = asyncio.create_task(
+            _give_back(window, reason="the extraction released the GPUs", early=True), name="give-back-at-gpu-released")
 
 
-async def join_give_back(engine: Engine, step: str | None = None) -> None:
+async def join_give_back(window: Window, step: str | None = None) -> None:
     """Wait for the give-back begun at `gpu_released`, if any. A failure is journalled, and whatever it
     left undone is done by the steps (each request in doubt settled first). The operator's refusal
     stands: raised by its own step (`step`; None: by whichever caller comes first)."""
-    task, engine._restart_task = engine._restart_task, None
+    task, window.restart_task = window.restart_task, None
     if task is not None:
         try:
-            with engine.answer_waits.joined(task):  # its questions, still open, hold the caller up from now
+            with window.answer_waits.joined(task):  # its questions, still open, hold the caller up from now
                 await task
         except Refused as exc:
-            engine._give_back_refused = exc
+            window.give_back_refused = exc
         except Exception as exc:
-            engine.journal("resume", f"giving the server back at gpu_released failed: {exc}", level="error")
-    refused = engine._give_back_refused
+            window.journal("resume", f"giving the server back at gpu_released failed: {exc}", level="error")
+    refused = window.give_back_refused
     if refused is not None and (step is None or refused.step == step):
-        engine._give_back_refused = None
+        window.give_back_refused = None
         raise refused
 
 
-async def _settle(engine: Engine, step: str) -> None:
+async def _settle(window: Window, step: str) -> None:
     """A release or resume whose answer was never seen, settled from the GPUs: only on the process
     paused (a restarted one's GPUs say nothing of this run's requests)."""
-    svc = engine.state.service
-    if (svc.releasing or svc.resuming) and not await same_server(engine, step):
+    svc = window.state.service
+    if (svc.releasing or svc.resuming) and not await same_server(window, step):
         return
     if svc.releasing:
-        await _settle_releasing(engine)
+        await _settle_releasing(window)
     if svc.resuming:
-        await _settle_resuming(engine)
+        await _settle_resuming(window)
 
 
-async def check_resume(engine: Engine) -> Skip | None:
-    await join_give_back(engine, "resume")
-    svc = engine.state.service
-    await _settle(engine, "resume")
+async def check_resume(window: Window) -> Skip | None:
+    await join_give_back(window, "resume")
+    svc = window.state.service
+    await _settle(window, "resume")
     if svc.restarted_outside:
         return Found(f"nothing resumed: {restart_words(svc.restarted_outside)}")
     if svc.released:
@@ -621,131 +600,131 @@ async def check_resume(engine: Engine) -> Skip | None:
                  f"{time.strftime('%H:%M:%S', time.localtime(svc.resumed_at or time.time()))}")
 
 
-async def run_resume(engine: Engine, reason: str = "the extraction finished") -> str:
-    svc = engine.state.service
+async def run_resume(window: Window, reason: str = "the extraction finished") -> str:
+    svc = window.state.service
     tags = list(svc.released)
-    server = await engine.hosts.server()
+    server = await window.hosts.server()
     body = {"tags": tags}
     failed_before = f"; the last attempt failed: {svc.give_back_error}" if svc.give_back_error else ""
-    if not await engine._ask(Confirmation("resume", "give the server its memory back", engine.config.service.host,
-                                          request_argv(engine, "/resume_memory_occupation", body),
-                                          f"{reason}: {service_name(engine.config)} takes back {', '.join(tags)}"
-                                          f"{failed_before}", False, engine.earlier.get("resume"))):
+    if not await window.ask(Confirmation("resume", "give the server its memory back", window.config.service.host,
+                                          request_argv(window, "/resume_memory_occupation", body),
+                                          f"{reason}: {service_name(window.config)} takes back {', '.join(tags)}"
+                                          f"{failed_before}", False, window.earlier.get("resume"))):
         raise Refused("resume", "give the server its memory back")
-    if not await same_server(engine, "resume"):
+    if not await same_server(window, "resume"):
         return f"nothing resumed: {restart_words(svc.restarted_outside)}"
     svc.resumes += 1
     svc.resuming = list(tags)
-    engine.run.save()  # before the request: a crash during it knows a resume may have landed
+    window.run.save()  # before the request: a crash during it knows a resume may have landed
     started = time.monotonic()
     try:
         await server.resume_memory_occupation(tags)
     except (ServerAnswerError, ValueError) as exc:  # answered, and not a 200: it did not resume
         svc.resuming = []
         svc.give_back_error = str(exc) or type(exc).__name__
-        engine.run.save()
+        window.run.save()
         raise
     except Exception as exc:  # no answer seen: settled from the GPUs before anything is sent again
         svc.give_back_error = str(exc) or type(exc).__name__
-        engine.run.save()
+        window.run.save()
         raise
     svc.released, svc.resuming = [], []
     svc.resumed_at = time.time()
     svc.give_back_error = None
-    engine.run.save()
+    window.run.save()
     took = time.monotonic() - started
-    engine.journal("resume", f"POST /resume_memory_occupation {json.dumps(body)}: resumed in {took:.2f} s",
-                   host=engine.config.service.host, duration_s=round(took, 3))
-    engine._crash("resumed")
+    window.journal("resume", f"POST /resume_memory_occupation {json.dumps(body)}: resumed in {took:.2f} s",
+                   host=window.config.service.host, duration_s=round(took, 3))
+    window.crash_point("resumed")
     return f"resumed {', '.join(tags)} in {took:.2f} s"
 
 
-async def verify_resume(engine: Engine) -> None:
+async def verify_resume(window: Window) -> None:
     """The memory is seen back on the GPUs (telemetry), not assumed from the answer."""
-    if engine.state.service.restarted_outside:
+    if window.state.service.restarted_outside:
         return  # it came back by the restart: nothing was resumed
-    stream = engine.hosts.telemetry(engine.config.service.host)
+    stream = window.hosts.telemetry(window.config.service.host)
     latest = stream.telemetry.latest
-    if _memory_back(engine, latest) is None or _memory_back(engine, latest):
+    if _memory_back(window, latest) is None or _memory_back(window, latest):
         return  # back, or nothing measured to compare with (the continue's checks still run)
     try:
-        await stream.wait_for(lambda sample: _memory_back(engine, sample) is True, MEMORY_BACK_S, eager=True)
+        await stream.wait_for(lambda sample: _memory_back(window, sample) is True, MEMORY_BACK_S, eager=True)
     except TimeoutError:
-        svc = engine.state.service
-        raise StepFailed("resume", f"the server answered the resume, but its GPUs show {_used(engine, _latest(engine))} "
+        svc = window.state.service
+        raise StepFailed("resume", f"the server answered the resume, but its GPUs show {_used(window, _latest(window))} "
                                    f"MiB used after {MEMORY_BACK_S:g} s ({svc.used_before_release_mib} before the "
                                    f"release)") from None
 
 
-async def check_continue(engine: Engine) -> Skip | None:
-    await join_give_back(engine, "continue")
-    svc = engine.state.service
+async def check_continue(window: Window) -> Skip | None:
+    await join_give_back(window, "continue")
+    svc = window.state.service
     if svc.pauses == 0:
         return Skip("the server was not paused by this run")
     if svc.restarted_outside:
         return Found(f"nothing continued: {restart_words(svc.restarted_outside)}")
-    if not svc.paused and not engine._continued_early:  # continued by this console at gpu_released: verified below
+    if not svc.paused and not window.continued_early:  # continued by this console at gpu_released: verified below
         return Found(f"taking requests again since "
                      f"{time.strftime('%H:%M:%S', time.localtime(svc.continued_at or time.time()))}")
     return None
 
 
-async def run_continue(engine: Engine, reason: str = "its memory is back") -> str:
-    svc = engine.state.service
+async def run_continue(window: Window, reason: str = "its memory is back") -> str:
+    svc = window.state.service
     if svc.released:
         raise StepFailed("continue", f"{', '.join(svc.released)} still released: the server is resumed first")
-    if engine._continued_early and not svc.paused:
-        engine._continued_early = False
+    if window.continued_early and not svc.paused:
+        window.continued_early = False
         return (f"taking requests again since {time.strftime('%H:%M:%S', time.localtime(svc.continued_at or 0))} "
                 f"(continued at gpu_released)")
-    server = await engine.hosts.server()
-    if svc.continues > 0 and await _paused_now(engine) is False:  # sent before, its answer lost: it landed
-        engine.journal("continue", "the continue sent earlier had landed (/ready answers 200)", level="warning")
-        return _continued(engine)
-    if not await engine._ask(Confirmation("continue", "let the server take requests again", engine.config.service.host,
-                                          request_argv(engine, "/continue_generation", {}),
+    server = await window.hosts.server()
+    if svc.continues > 0 and await _paused_now(window) is False:  # sent before, its answer lost: it landed
+        window.journal("continue", "the continue sent earlier had landed (/ready answers 200)", level="warning")
+        return _continued(window)
+    if not await window.ask(Confirmation("continue", "let the server take requests again", window.config.service.host,
+                                          request_argv(window, "/continue_generation", {}),
                                           f"{reason}: the held requests run again", False)):
         raise Refused("continue", "let the server take requests again")
-    if not await same_server(engine, "continue"):
+    if not await same_server(window, "continue"):
         return f"nothing continued: {restart_words(svc.restarted_outside)}"
-    if await _paused_now(engine) is False:  # not paused (continued outside the run): nothing is sent
-        engine.journal("continue", "the server answers /ready 200: it is not paused, no continue is sent",
+    if await _paused_now(window) is False:  # not paused (continued outside the run): nothing is sent
+        window.journal("continue", "the server answers /ready 200: it is not paused, no continue is sent",
                        level="warning")
-        return _continued(engine)
+        return _continued(window)
     svc.continues += 1
-    engine.run.save()
+    window.run.save()
     try:
         await server.continue_generation()
     except Exception as exc:
         svc.give_back_error = str(exc) or type(exc).__name__
-        engine.run.save()
+        window.run.save()
         raise
-    return _continued(engine)
+    return _continued(window)
 
 
-def _continued(engine: Engine) -> str:
-    svc = engine.state.service
+def _continued(window: Window) -> str:
+    svc = window.state.service
     svc.paused = False
     svc.continued_at = time.time()
     svc.give_back_error = None
-    engine.run.save()
-    engine._publish_downtime()
-    engine.hosts.poke_service()
+    window.run.save()
+    window.publish_downtime()
+    window.hosts.poke_service()
     held = svc.continued_at - (svc.paused_at or svc.continued_at)
-    engine.journal("continue", f"POST /continue_generation: taking requests again after {duration(held)} paused",
-                   host=engine.config.service.host)
-    engine._crash("continued")
+    window.journal("continue", f"POST /continue_generation: taking requests again after {duration(held)} paused",
+                   host=window.config.service.host)
+    window.crash_point("continued")
     return f"taking requests again: paused {duration(held)}"
 
 
-async def verify_continue(engine: Engine) -> None:
+async def verify_continue(window: Window) -> None:
     """Serving again, verified: /health passes and a greedy /generate answers the same tokens as
     the one sent before the pause (the weights came back whole)."""
-    server = await engine.hosts.server()
+    server = await window.hosts.server()
     status = await server.health()
     if status != 200:
         raise StepFailed("continue", f"GET /health answers {status} after the continue")
-    expected = engine.state.service.probe_tokens
+    expected = window.state.service.probe_tokens
     if expected is None:
         return
     got = list((await server.generate(PROBE_IDS, PROBE_TOKENS, PROBE_WAIT_S))["output_ids"])
@@ -754,31 +733,31 @@ async def verify_continue(engine: Engine) -> None:
                                      f"{expected} before): its weights may not have come back whole")
 
 
-async def give_back(engine: Engine, reason: str) -> None:
+async def give_back(window: Window, reason: str) -> None:
     """The pause route's compensation: resume exactly what this run released, then continue, each
     once. Called after any failure, refusal or cancel after the pause, and by `run --resume` of a
     run that left the server paused. A give-back begun at `gpu_released` is waited for first."""
-    await join_give_back(engine)
-    await _give_back(engine, reason)
+    await join_give_back(window)
+    await _give_back(window, reason)
 
 
-async def _give_back(engine: Engine, reason: str, early: bool = False) -> None:
-    svc = engine.state.service
+async def _give_back(window: Window, reason: str, early: bool = False) -> None:
+    svc = window.state.service
     # The process is proven before anything is asked (the resume and the continue prove it again once
     # their questions are answered); at gpu_released, where each moment is downtime, only then.
-    if not early and svc.held and not await same_server(engine, "resume"):
+    if not early and svc.held and not await same_server(window, "resume"):
         return  # restarted outside the run (named): nothing of this run holds the server
     unconfirmed = svc.paused and not svc.pause_confirmed and not svc.released and not svc.releasing
-    if unconfirmed and await _paused_now(engine) is False:  # the pause never landed: nothing to continue
+    if unconfirmed and await _paused_now(window) is False:  # the pause never landed: nothing to continue
         svc.paused = False
-        engine.run.save()
-        engine.journal("pause", "the pause had not landed (/ready answers 200): nothing to give back",
+        window.run.save()
+        window.journal("pause", "the pause had not landed (/ready answers 200): nothing to give back",
                        level="warning")
         return
-    await _settle(engine, "resume")
+    await _settle(window, "resume")
     if svc.released:
-        await run_resume(engine, reason)
-        await verify_resume(engine)
+        await run_resume(window, reason)
+        await verify_resume(window)
     if svc.paused:
-        await run_continue(engine, reason)
-        engine._continued_early = early  # the continue step still checks /health and the greedy tokens
+        await run_continue(window, reason)
+        window.continued_early = early  # the continue step still checks /health and the greedy tokens

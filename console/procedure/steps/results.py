@@ -8,91 +8,91 @@ from typing import TYPE_CHECKING
 
 from console.messages import ResultsReady
 from console.procedure import run_jobs
+from console.procedure.facts import layer_override
 from console.procedure.outcomes import Found, Skip, StepFailed
 from console.procedure.steps import between_hosts
-from console.procedure.steps.facts import layer_override
 from console.service.control import ServiceError
 from console.ssh.hosts import HostError
 
 if TYPE_CHECKING:
-    from console.procedure.engine import Engine
+    from console.procedure.window import Window
 
 
-async def check_evaluate(engine: Engine) -> Skip | None:
-    ev = engine.config.eval
-    window = await engine._window_dir(ev.host)
-    if await engine.hosts.manifest_complete(ev.host, f"{window}/eval"):
-        return Found(f"already evaluated (manifest complete): {ev.host}:{window}/eval")
-    if not engine.config.drafters:
+async def check_evaluate(window: Window) -> Skip | None:
+    ev = window.config.eval
+    wdir = await window.dir_on(ev.host)
+    if await window.hosts.manifest_complete(ev.host, f"{wdir}/eval"):
+        return Found(f"already evaluated (manifest complete): {ev.host}:{wdir}/eval")
+    if not window.config.drafters:
         return Skip("no drafters configured")
     return None
 
 
-async def run_evaluate(engine: Engine) -> str:
-    ev = engine.config.eval
-    window = await engine._window_dir(ev.host)
-    out = f"{window}/eval"
-    extract_host, extract_model = engine._extract_host()
-    states = f"{await engine._window_dir(extract_host)}/states"
-    target_model = engine.config.target.path_on(ev.host)
+async def run_evaluate(window: Window) -> str:
+    ev = window.config.eval
+    wdir = await window.dir_on(ev.host)
+    out = f"{wdir}/eval"
+    extract_host, extract_model = window.extract_host()
+    states = f"{await window.dir_on(extract_host)}/states"
+    target_model = window.config.target.path_on(ev.host)
     if ev.host != extract_host:
-        states = await between_hosts.relay_tree(engine, extract_host, states, ev.host, "evaluate")
+        states = await between_hosts.relay_tree(window, extract_host, states, ev.host, "evaluate")
     if target_model is None:  # the eval host has no copy: the heads alone, exported where one is
-        target_model = await between_hosts.relay_heads(engine, extract_host, extract_model, ev.host)
+        target_model = await between_hosts.relay_heads(window, extract_host, extract_model, ev.host)
     args = ["--states", states, "--target", target_model, "--out", out, "--device", ev.device,
             "--budgets", ",".join(map(str, ev.budgets)), "--topk", str(ev.topk)]
-    for drafter in engine.config.drafters:
+    for drafter in window.config.drafters:
         path = drafter.path
         if drafter.host != ev.host:
-            path = await between_hosts.relay_tree(engine, drafter.host, path, ev.host, "evaluate")
+            path = await between_hosts.relay_tree(window, drafter.host, path, ev.host, "evaluate")
         args += ["--drafter", f"{drafter.name}={path}"]
         if drafter.layers:
             args += ["--layers-override", layer_override(drafter)]
-    if engine.config.reference:
-        args += ["--reference", engine.config.reference.name]
-    await run_jobs.job(engine, ev.host, "evaluate", "evaluate", args, step="evaluate")
-    engine._crash("evaluated")
-    return f"{len(engine.config.drafters)} drafters evaluated on {ev.host}"
+    if window.config.reference:
+        args += ["--reference", window.config.reference.name]
+    await run_jobs.job(window, ev.host, "evaluate", "evaluate", args, step="evaluate")
+    window.crash_point("evaluated")
+    return f"{len(window.config.drafters)} drafters evaluated on {ev.host}"
 
 
-async def verify_evaluate(engine: Engine) -> None:
-    ev = engine.config.eval
-    window = await engine._window_dir(ev.host)
-    if not await engine.hosts.manifest_complete(ev.host, f"{window}/eval"):
-        raise StepFailed("evaluate", f"the evaluator finished but {ev.host}:{window}/eval has no complete manifest")
+async def verify_evaluate(window: Window) -> None:
+    ev = window.config.eval
+    wdir = await window.dir_on(ev.host)
+    if not await window.hosts.manifest_complete(ev.host, f"{wdir}/eval"):
+        raise StepFailed("evaluate", f"the evaluator finished but {ev.host}:{wdir}/eval has no complete manifest")
 
 
-async def run_report(engine: Engine) -> str:
+async def run_report(window: Window) -> str:
     from console.views.report import write_report
 
-    ev = engine.config.eval
-    window = await engine._window_dir(ev.host)
-    results_dir = engine.run.results_dir
-    await engine.hosts.fetch_tree(ev.host, f"{window}/eval", results_dir, between_hosts.relay_progress(engine, "report"))
-    probes = engine.run.dir / "probes.json"
+    ev = window.config.eval
+    wdir = await window.dir_on(ev.host)
+    results_dir = window.run.results_dir
+    await window.hosts.fetch_tree(ev.host, f"{wdir}/eval", results_dir, between_hosts.relay_progress(window, "report"))
+    probes = window.run.dir / "probes.json"
     if probes.exists():
         (results_dir / "probes.json").write_text(probes.read_text())
-    results, paths = write_report(results_dir, engine.run.dir)
+    results, paths = write_report(results_dir, window.run.dir)
     headline = {name: (d.get("tau", {}).get("vanilla") or {}).get("macro")
                 for name, d in results.get("drafters", {}).items()}
-    engine.state.headline = headline
-    engine.run.save()
-    engine.bus.publish(ResultsReady(engine.run.run_id, str(engine.run.dir)))
-    engine._crash("reported")
+    window.state.headline = headline
+    window.run.save()
+    window.bus.publish(ResultsReady(window.run.run_id, str(window.run.dir)))
+    window.crash_point("reported")
     return "; ".join(f"{k} tau {v:.2f}" for k, v in headline.items() if v is not None) + f"; {paths[0]}"
 
 
-async def check_crosscheck(engine: Engine) -> Skip | None:
+async def check_crosscheck(window: Window) -> Skip | None:
     from console.procedure.crosscheck import load
 
     with contextlib.suppress(Exception):
-        done = load(engine.run.dir)
+        done = load(window.run.dir)
         if done is not None:
             return Found(f"already cross-checked: {done.line()}")
     return None
 
 
-def no_online_check(engine: Engine, exc: Exception) -> str:
+def no_online_check(window: Window, exc: Exception) -> str:
     """Record "no online check: why" (crosscheck.json, which the report and `runs` read) and say it."""
     from console.procedure.crosscheck import NO_CHECK, CrossCheck, CrossCheckError, save
     from console.service.sglang_api import ServerAnswerError, ServerUnreachable
@@ -101,24 +101,24 @@ def no_online_check(engine: Engine, exc: Exception) -> str:
     why = str(exc) if isinstance(exc, known) and str(exc) else f"{type(exc).__name__}: {exc}"
     line = f"{NO_CHECK}: {why}"
     with contextlib.suppress(OSError):  # a full disk: the journal still says it
-        save(engine.run.dir, CrossCheck(status="no-check", message=line))
-    engine.journal("crosscheck", line, level="warning")
+        save(window.run.dir, CrossCheck(status="no-check", message=line))
+    window.journal("crosscheck", line, level="warning")
     return line
 
 
-async def run_crosscheck(engine: Engine) -> str:
+async def run_crosscheck(window: Window) -> str:
     """Bounded (a prompt count and a time budget) and after the service is ready: it never slows
     the restart. A server that does not decode speculatively gives a one-line "no online check";
     a check that cannot be made is said, and the run (its work done) still ends done."""
     from console.views.report import write_report
 
     try:
-        result = await engine.hosts.crosscheck(engine.config, engine.run.dir, engine.run.run_id, engine.state.facts)
+        result = await window.hosts.crosscheck(window.config, window.run.dir, window.run.run_id, window.state.facts)
     except Exception as exc:  # noqa: BLE001 - whatever it is (CrossCheckError, an unreachable server, a bad
         # answer), the run's work is done: it ends done, saying why there is no online figure
-        return no_online_check(engine, exc)
-    engine.state.facts["headline_online"] = result.headline()
-    engine.run.save()
-    if (engine.run.results_dir / "results.json").exists():
-        write_report(engine.run.results_dir, engine.run.dir)  # report.json's `online`, report.md's "Online"
+        return no_online_check(window, exc)
+    window.state.facts["headline_online"] = result.headline()
+    window.run.save()
+    if (window.run.results_dir / "results.json").exists():
+        write_report(window.run.results_dir, window.run.dir)  # report.json's `online`, report.md's "Online"
     return result.line()
