@@ -106,7 +106,7 @@ class Engine:
         if route is not None and run.state.started and run.state.route not in (None, route):
             raise ResumeRefused(f"run {run.run_id} was made for the {run.state.route} route: a resume keeps "
                                 f"its route (asked for {route})")
-        self.route = route or run.state.route or "window"
+        route = route or run.state.route or "window"
         if not plan_only and owned_elsewhere(run.state):  # another live console's run: refused, nothing written or sent
             raise ResumeRefused(f"{what_next(run)}; nothing was written or sent")
         if run.state.service.left_as() is not None:  # stopped (paused, drained) by this run: a full disk must not keep it so
@@ -116,7 +116,7 @@ class Engine:
             if refused is not None:
                 raise ResumeRefused(refused)
         # What the steps see of this run: the only object they receive (`window.py`).
-        self.window = window = Window(hosts, config, run, decider, store, self.route, route_steps(self.route),
+        self.window = window = Window(hosts, config, run, decider, store, route, route_steps,
                                       restart_on_failure=restart_on_failure, plan_only=plan_only,
                                       stage_override=stage, crash_at=crash_at)
         window.earlier = estimates(s.state.to_json() for s in window.earlier_runs())
@@ -135,6 +135,10 @@ class Engine:
     @property
     def state(self):
         return self.run.state
+
+    @property
+    def route(self) -> str:
+        return self.window.route  # "auto" until preflight chooses
 
     @property
     def config(self) -> Config:

@@ -41,7 +41,7 @@ class Window:
     """One run's window, as its steps see it (made by the engine; see the module's docstring)."""
 
     def __init__(self, hosts: WindowHosts, config: Config, run: Run, decider: Decider, store: RunStore | None,
-                 route: str, steps: tuple[Step, ...], restart_on_failure: bool = True, plan_only: bool = False,
+                 route: str, steps_of: Callable[[str], tuple[Step, ...]], restart_on_failure: bool = True, plan_only: bool = False,
                  stage_override: bool | None = None, crash_at: Callable[[str], None] | None = None):
         self.hosts = hosts
         self.bus = hosts.bus
@@ -50,8 +50,8 @@ class Window:
         self.run = run
         self.decider = decider
         self.store = store
-        self.route = route
-        self.steps = steps  # the route's steps, in order (the plan is made from them)
+        self.route = route  # "auto" until preflight chooses (`choose_route`)
+        self._steps_of = steps_of  # the step table's steps of a route (the engine's: no step imports the table)
         self.restart_on_failure = restart_on_failure
         self.plan_only = plan_only
         self.stage_override = stage_override  # None: the plan decides from the target host's RAM
@@ -101,6 +101,15 @@ class Window:
         self.health_said: tuple[Any, ...] | None = None  # its health verdict last journalled
 
     # --- the run's record ---------------------------------------------------------------------
+
+    @property
+    def steps(self) -> tuple[Step, ...]:
+        """The route's steps, in order (the plan is made from them)."""
+        return self._steps_of(self.route)
+
+    def choose_route(self, route: str) -> None:
+        """`--route auto` decided (preflight): the run's route from here, and its steps."""
+        self.route = self.state.route = route
 
     @property
     def state(self):

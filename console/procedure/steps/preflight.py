@@ -331,7 +331,7 @@ async def _choose_route(window: Window) -> None:
         else:
             window.state.facts.pop("plan_release", None)
             route, why = "window", f"no host has room for zero-downtime; pause: {release_why}"
-    window.route = window.state.route = route
+    window.choose_route(route)
     window.state.facts["route_chosen"] = {"route": route, "why": why}
     window.run.save()
     window.journal("preflight", f"route auto: {route}: {why}")
