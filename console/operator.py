@@ -10,7 +10,6 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import tempfile
-import time
 from pathlib import Path
 from typing import Any
 
@@ -18,17 +17,10 @@ from console.config import Config
 from console.messages import PlanReady, RunFinished
 from console.procedure import identity
 from console.procedure.decider import Decider, RefuseAll
-from console.procedure.engine import Engine, ResumeRefused
+from console.procedure.engine import Engine
 from console.procedure.hosts import SessionHosts
-from console.procedure.store import (
-    Run,
-    RunStore,
-    RunSummary,
-    UnfinishedRun,
-    left_line,
-    owned_elsewhere,
-    what_next,
-)
+from console.procedure.store import Run, RunStore, RunSummary, owned_elsewhere, what_next
+from console.request import refuse_new_run, resumable
 from console.session import MessageBus, Session
 
 
@@ -81,33 +73,16 @@ class Operator:
         return hashlib.sha256(Path(source).read_bytes()).hexdigest() if source and Path(source).exists() else None
 
     def open_run(self, resume: str | bool | None) -> Run:
-        """A new run, or the one to resume (`True`: the latest unfinished one)."""
+        """A new run, or the one to resume (`True`: the one a console offers), checked as every
+        request is (`console/request.py`: one answer for the CLI, the console and `serve`)."""
         if resume:  # a damaged newer run is named, never passed over
-            run = self.store.run_to_resume() if resume is True else self.store.open(str(resume))
-            if owned_elsewhere(run.state):  # another live console drives it: refused before anything is sent
-                raise ResumeRefused(f"{what_next(run)}; nothing was written or sent")
-            refused = identity.refusal(run.state, self.config, run.run_id) if run.state.started else None
-            if refused is not None:  # another service or config file: said before connecting (the engine checks too)
-                raise ResumeRefused(refused)
-            return run
-        self.refuse_new_run()
+            return resumable(self.store, self.config, resume)
+        refuse_new_run(self.store)
         return self.store.create(self._config_path(), self._config_sha())
 
     def refuse_new_run(self) -> None:
-        """Raises when a new run must not begin: a run left the service down (it comes first: its
-        resume restarts the service), or a run has not finished (resume or discard it: never a second
-        window over its lock and its jobs)."""
-        left = self.store.left_down()
-        if left is not None and left.state.service.left_as() in ("paused", "drained"):  # the same, paused or drained
-            raise ResumeRefused(f"{left_line(left)}: {what_next(left)}; then start a new run")
-        if left is not None:  # a new run would start from a server that is down: the old one comes first
-            since = left.state.service.stopped_at
-            raise ResumeRefused(f"run {left.run_id} left the service down (since "
-                                f"{time.strftime('%H:%M:%S', time.localtime(since or time.time()))}): "
-                                f"{what_next(left)}; then start a new run")
-        unfinished = self.store.latest_unfinished()
-        if unfinished is not None:  # never a second window over it (its lock, its jobs): resume or discard it
-            raise UnfinishedRun(unfinished)
+        """Raises when a new run must not begin (`request.refuse_new_run`)."""
+        refuse_new_run(self.store)
 
     def _config_path(self) -> str | None:
         """The config's absolute path, recorded in the run: `run --resume`, `status` and `crosscheck`

@@ -7,47 +7,26 @@ The Textual app lives in `screens/`; it is imported only when the command runs, 
 from __future__ import annotations
 
 import argparse
-import asyncio
 import sys
-from typing import Any
 
 from console.cli.usage import UsageError
-from console.config import DEFAULT_CONFIG_NAME, load_config
+from console.config import DEFAULT_CONFIG_NAME
 
 
 def run(args: argparse.Namespace) -> int:
     """Open the console; its exit status is the finished run's (0, or 1 / 3 when one failed)."""
     if not (sys.stdin.isatty() and sys.stdout.isatty()):
         raise UsageError("the console needs a terminal; for scripts use `dflash-ops run --headless`")
-    config = load_config(args.config)
-    if config.fleet is not None and not args.read_only:  # the replica the window runs on, before the screen
-        config = fleet_replica(config, args.runs, UsageError)
     from console.operator import Operator
+    from console.request import Refused, Request, choose
     from screens.app import run_app
 
+    try:  # a fleet's replica: the one a run to resume recorded (a DRAINED one: `r` puts it back), else the least loaded
+        config = choose(Request("console", config=args.config, runs=args.runs, read_only=args.read_only)).config
+    except Refused as exc:
+        raise UsageError(str(exc)) from None
     operator = Operator(config, runs_dir=args.runs, read_only=args.read_only)
     return run_app(operator)
-
-
-def fleet_replica(config: Any, runs: str | None, error: type[Exception]) -> Any:
-    """A fleet config addressed to the replica whose window this console runs: the one a run to resume
-    recorded (a DRAINED replica: `r` puts it back), else the one chosen now (the least loaded; the
-    refusals, with their numbers, raise `error` before anything changes)."""
-    from console.cli.run import known_states
-    from console.procedure.outcomes import StepFailed
-    from console.procedure.steps.fleet import fleet_config
-    from console.procedure.store import RunStore, RunStoreError
-
-    try:
-        recorded = RunStore(runs).to_resume()
-    except RunStoreError:
-        recorded = None  # the console's resume offer says what is wrong with the store
-    try:
-        placed, _why = asyncio.run(fleet_config(config, recorded.state if recorded is not None else None, None,
-                                                known_states(runs)))
-    except StepFailed as exc:
-        raise error(f"{exc.msg} (--read-only watches the fleet)") from None
-    return placed
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:

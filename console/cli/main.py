@@ -52,7 +52,7 @@ def cmd_config_check(args: argparse.Namespace) -> int:
     """Validate the config and print the resolved plan."""
     from rich.console import Console
 
-    from console.cli.config_source import load_pointing_to_drill
+    from console.config_source import load_pointing_to_drill
     from console.views.plan import render_plan
 
     config = load_pointing_to_drill(args.config)

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import contextlib
 import os
 import signal
 import sys
@@ -26,12 +25,12 @@ from rich.console import Console
 from rich.text import Text
 
 from console import messages as m
-from console.cli.config_source import config_for
 from console.cli.terminal_output import terminal_output
-from console.config import Config, ConfigError
+from console.config import Config
 from console.operator import Operator
 from console.procedure.decider import ApproveAll, Decider, RefuseAll, TerminalDecider
-from console.procedure.store import Run, RunStore, RunStoreError, RunSummary, UnfinishedRun, UnreadableRun
+from console.procedure.store import RunStore, RunStoreError, RunSummary, UnfinishedRun, UnreadableRun
+from console.request import Choice, Refused, Request, choose
 from console.views.headless import HeadlessView
 from console.views.plan import plan_view
 from console.views.status import unreadable_run_line
@@ -207,17 +206,14 @@ class CommandLineRun(Operator):
                                  no_restart=no_restart or self.no_restart, stage=stage, one_step=one_step or self.step)
 
 
-def open_console(operator: CommandLineRun, resume: str | bool | None) -> int:
-    """The console on a terminal, running the procedure at once. The run is opened here first, so
-    that a run store that cannot be written, an unreadable run or nothing to resume is one line and
-    exit 2 before the screen changes. A signal ends the console once its run has finished."""
+def open_console(operator: CommandLineRun, resume: str | None) -> int:
+    """The console on a terminal, running the procedure at once: the run (`resume`, or a new one) was
+    chosen before the screen changes (`console/request.py`), so that an unreadable run or nothing to
+    resume is one line and exit 2; None with an unfinished run: the console offers it first. A signal
+    ends the console once its run has finished."""
     from screens.app import ConsoleApp  # the TUI, unless asked for the terminal
 
-    try:
-        run_id: str | None = operator.open_run(resume).run_id
-    except UnfinishedRun:
-        run_id = None  # the console opens on "unfinished run X: resume / discard", before any new window
-    app = ConsoleApp(operator, autostart=True, resume=run_id)
+    app = ConsoleApp(operator, autostart=True, resume=resume)
     guard = SignalGuard(operator, say=lambda line: app.notify(line, severity="warning"),
                         when_idle=lambda name: app.exit(app.return_code or 0))
 
@@ -234,36 +230,18 @@ def open_console(operator: CommandLineRun, resume: str | bool | None) -> int:
     return int(result if result is not None else (app.return_code or 0))
 
 
-def run_named(store: RunStore, resume: str | bool | None) -> Run | None:
-    """The run that `--resume [RUN]` or `--discard [RUN]` names (True: the one a console offers), if
-    it can be read: only to find its recorded config; opening it for real says what is wrong."""
-    try:
-        return store.to_resume() if resume is True else store.open(str(resume)) if resume else None
-    except RunStoreError:
-        return None
+def request_of(args: argparse.Namespace) -> Request:
+    """The one request this command line makes (`console/request.py` answers it)."""
+    action = "discard" if getattr(args, "discard", None) else "plan" if args.plan else "resume" if args.resume else "run"
+    named = args.discard if action == "discard" else args.resume
+    return Request(action, None if named is True else named, args.config, args.runs, getattr(args, "replica", None))
 
 
-def discard(args: argparse.Namespace, err: Console) -> int:
+def discard(chosen: Choice) -> int:
     """`run --discard [RUN]`: mark the unfinished run discarded and say what it leaves on the hosts."""
-    store = RunStore(args.runs)
-    target = args.discard if args.discard is not True else None
-    if target is None:
-        latest = store.latest_unfinished()
-        if latest is None:
-            err.print(f"dflash-ops: error: no unfinished run to discard in {store.root}", style="red", soft_wrap=True)
-            return 2
-        target = latest.run_id
-    workdirs: dict[str, str] = {}
-    service_host = None
-    with contextlib.suppress(ConfigError):  # what it leaves is said all the same, less precisely
-        config = config_for(args.config, run_named(store, target), lambda line: err.print(f"dflash-ops: {line}"))
-        workdirs = {name: host.workdir for name, host in config.hosts.items()}
-        service_host = config.service.host
-    try:
-        discarded, left = store.discard(target, workdirs, service_host)
-    except RunStoreError as exc:
-        err.print(f"dflash-ops: error: {exc}", style="red", soft_wrap=True)
-        return 2
+    config = chosen.config
+    workdirs = {name: host.workdir for name, host in config.hosts.items()} if config is not None else {}
+    discarded, left = chosen.store.discard(chosen.run.run_id, workdirs, config.service.host if config else None)
     out = Console()
     out.print(Text(f"discarded run {discarded.run_id}: it is never resumed nor offered again. Left on the hosts "
                    f"(nothing there was touched):"), soft_wrap=True)
@@ -272,52 +250,33 @@ def discard(args: argparse.Namespace, err: Console) -> int:
     return 0
 
 
-def known_states(runs: str | None) -> list[Any]:
-    """The store's run states (the fleet's choice reads the newest preflight's verdicts from them)."""
-    try:
-        return [run.state for run in RunStore(runs).readable()]
-    except RunStoreError:
-        return []
-
-
 def run(args: argparse.Namespace) -> int:
     """`dflash-ops run [--plan] [--headless] [--yes] [--step] [--resume [RUN]] [--discard [RUN]]`."""
     err = Console(stderr=True)
-    if getattr(args, "discard", None):
-        return discard(args, err)
     say = lambda line: err.print(Text(f"dflash-ops: {line}", style="yellow"), soft_wrap=True)  # noqa: E731
-    named = run_named(RunStore(args.runs), args.resume)
-    config = config_for(args.config, named, say)
-    if config.fleet is not None:  # the fleet window: the replica chosen (or recorded) before anything changes
-        from console.procedure.outcomes import StepFailed
-        from console.procedure.steps.fleet import fleet_config
-
-        try:
-            config, why = asyncio.run(fleet_config(config, named.state if named is not None and args.resume else None,
-                                                   getattr(args, "replica", None), known_states(args.runs)))
-        except StepFailed as exc:
-            err.print(f"dflash-ops: error: {exc.msg}", style="red", soft_wrap=True)
-            return 2
-        say(f"fleet: the window runs on replica {why}")
+    request = request_of(args)
+    on_terminal = request.action in ("run", "resume") and not args.headless and not args.yes and sys.stdin.isatty()
     try:
-        if args.plan:
-            return asyncio.run(print_plan(Operator(config, runs_dir=args.runs), args.route, err))
-        if not args.headless and not args.yes and sys.stdin.isatty():
-            operator = CommandLineRun(config, args.runs, args.route, args.no_restart, args.step)
-            return open_console(operator, args.resume)
+        chosen = choose(request, say)  # the run, its config and replica, checked: before anything connects
+        if chosen.unfinished is not None and not on_terminal:  # (the console offers it: resume / discard)
+            raise UnfinishedRun(chosen.unfinished)
+        if request.action == "discard":
+            return discard(chosen)
+        if request.action == "plan":
+            return asyncio.run(print_plan(Operator(chosen.config, runs_dir=args.runs), args.route, err))
+        resume = chosen.run.run_id if chosen.run is not None else None
+        if on_terminal:
+            operator = CommandLineRun(chosen.config, args.runs, args.route, args.no_restart, args.step)
+            return open_console(operator, resume)
         decider = choose_decider(args)
         if isinstance(decider, TerminalDecider) and not sys.stdin.isatty() and not args.step:
             err.print("dflash-ops: no terminal to ask on: pass --yes to approve every step, or --step", style="red")
             return 2
-        operator = Operator(config, runs_dir=args.runs)
-        if not args.resume:
-            operator.refuse_new_run()  # an unfinished run first: said before connecting to anything
-        else:
-            operator.open_run(args.resume)  # nothing to resume, or a damaged run: said before connecting
+        operator = Operator(chosen.config, runs_dir=args.runs)
         guard = SignalGuard(operator, say=lambda line: err.print(Text(f"dflash-ops: {line}", style="yellow")))
         with terminal_output(), guard:  # a reader gone or stalled never ends nor blocks the window
-            return asyncio.run(run_procedure(operator, decider, args.resume, args.no_restart, args.route, err))
-    except (RunStoreError, LookupError) as exc:
+            return asyncio.run(run_procedure(operator, decider, resume, args.no_restart, args.route, err))
+    except (Refused, RunStoreError, LookupError) as exc:
         err.print(f"dflash-ops: error: {exc}", style="red", soft_wrap=True)
         return 2
     except KeyboardInterrupt:  # a signal before the run began or after it ended

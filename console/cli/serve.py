@@ -26,7 +26,8 @@ from typing import Any
 
 from console.cli.serve_access import WILDCARDS, serve_token, served_names, token_file
 from console.cli.usage import UsageError
-from console.config import DEFAULT_CONFIG_NAME, load_config
+from console.config import DEFAULT_CONFIG_NAME
+from console.request import Request, choose
 
 DEFAULT_PORT = 8765
 
@@ -49,7 +50,8 @@ def app_command(config: Path, runs: str | None) -> str:
 
 
 def run(args: argparse.Namespace) -> int:
-    config = load_config(args.config)  # a bad config is said here, once, not in every browser
+    # a bad config is said here, once, not in every browser; each browser's console is a read-only one
+    config = choose(Request("console", config=args.config, runs=args.runs, read_only=True)).config
     if args.app:
         return serve_app(config, args.runs)
     path = token_file()
@@ -57,7 +59,7 @@ def run(args: argparse.Namespace) -> int:
     names = served_names(args.bind, args.name)
     from screens.serve import make_server  # the browser side is the Textual app's
 
-    server = make_server(app_command(Path(args.config), args.runs), args.bind, args.port, token,
+    server = make_server(app_command(Path(config.source or args.config), args.runs), args.bind, args.port, token,
                          f"dflash-ops (read-only): {', '.join(config.hosts)}", names)
     host = socket.getfqdn() if args.bind in WILDCARDS else f"[{args.bind}]" if ":" in args.bind else args.bind
     print(f"dflash-ops serve: the console, read-only, at http://{host}:{args.port}/?token={token}", flush=True)

@@ -25,8 +25,8 @@ from rich.console import Console, Group, RenderableType
 from rich.live import Live
 from rich.text import Text
 
-from console.cli.config_source import config_for
 from console.config import Config
+from console.config_source import config_for
 from console.procedure.store import RunStore, UnreadableRun, left_line, what_next
 from console.service.fleet_watch import all_serving, with_runs
 from console.session import Session, service_name

@@ -56,7 +56,7 @@ class UnfinishedRun(LookupError):
                 else f"unfinished run {run.run_id}: resume / discard")
         super().__init__(f"{head}. {what_next(run)}; no new run starts while it is unfinished (it may hold the "
                          f"host's lock and jobs)")
-        self.run_id = run.run_id
+        self.run_id, self.run = run.run_id, run
 
 
 class Run:
