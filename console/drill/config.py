@@ -21,8 +21,25 @@ DRAIN_TIMEOUT_S = 60  # a drained rehearsal server's requests end within seconds
 GPU_VRAM_FREE_MIB = 2048  # the GPU drill: an idle H200 reads 0 MiB; below this the GPU counts as free
 SERVICE_KV_CACHE_MIB = 14000  # of SERVICE_GPU_MIB: what a KV-cache release gives back per simulated GPU
 SERVICE_CUDA_GRAPH_MIB = 1200
-GPU_KV_CACHE_MIB = 65536  # the GPU drill: the server's KV pool (torch_memory_saver), most of the GPU as SGLang sizes it
+GPU_KV_CACHE_MIB = 65536  # the GPU drill's KV pool (torch_memory_saver) on an H200 (140 GiB), when the card cannot be read
+# ... and as a share of the card's memory, as SGLang sizes its pool (`--mem-fraction-static`) from the
+# card it finds: 64 GiB of an H200's 140, so that an H100's 80 GiB hold the same window (36 GiB of KV
+# beside the model, the CUDA worker's 16 GiB and the extraction) instead of failing the server's start.
+GPU_KV_CACHE_SHARE = 0.45
 GPU_CUDA_GRAPH_MIB = 1024
+
+
+def gpu_kv_cache_mib(total_mib: int | None = None) -> int:
+    """The GPU drill server's KV pool: GPU_KV_CACHE_SHARE of GPU 0's memory (`total_mib`: read through
+    NVML when not given), or GPU_KV_CACHE_MIB where the card cannot be read."""
+    if total_mib is None:
+        try:
+            from remote.gpu_source import NvmlSource
+
+            total_mib = NvmlSource().read()[0][0]["mem_total_mib"]
+        except Exception:  # noqa: BLE001 - no NVML, no driver, no GPU: the H200's figure
+            return GPU_KV_CACHE_MIB
+    return int(total_mib * GPU_KV_CACHE_SHARE) if total_mib else GPU_KV_CACHE_MIB
 
 
 def service_commands(layout: DrillLayout, python: str, port: int, replica: int = 0) -> dict[str, list[str]]:
@@ -48,7 +65,7 @@ def service_commands(layout: DrillLayout, python: str, port: int, replica: int =
             standin += ["--gpu-indices", ",".join(map(str, layout.replica_gpu_indices(replica)))]
         episode = []
     if layout.memory_saver:
-        kv, graph = (GPU_KV_CACHE_MIB, GPU_CUDA_GRAPH_MIB) if layout.gpu else (SERVICE_KV_CACHE_MIB, SERVICE_CUDA_GRAPH_MIB)
+        kv, graph = (gpu_kv_cache_mib(), GPU_CUDA_GRAPH_MIB) if layout.gpu else (SERVICE_KV_CACHE_MIB, SERVICE_CUDA_GRAPH_MIB)
         standin += ["--enable-memory-saver", "--enable-weights-cpu-backup", "--kv-cache-mib", str(kv),
                     "--cuda-graph-mib", str(graph)]
     return {
