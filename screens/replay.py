@@ -306,6 +306,11 @@ class ReplayApp(ConsoleApp):
         with the service down restarts nothing (`run --resume` does)."""
         return self.state.finished is None and self.player.current_step() is not None
 
+    async def action_quit(self) -> None:
+        """At once: a replay holds nothing down (the service it shows down was the run's, then), and
+        the live console's "leave it down / wait for the restart" has nothing to ask here."""
+        await self._quit_now()
+
     def check_action(self, action: str, parameters: tuple[object, ...]) -> bool | None:
         if action in self.REPLAY_ACTIONS:
             return not isinstance(self.screen, ModalScreen)

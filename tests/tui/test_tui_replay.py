@@ -174,6 +174,21 @@ async def test_at_80x24_the_restart_asked_then_under_way_and_the_question_gone_a
         assert "asked:" not in bar(app) and app.screen.query_one(ReplayBar).size.height == 1
 
 
+async def test_q_quits_a_replay_at_once_while_the_replayed_service_is_down():
+    """The live console's quit asks to leave the service down or wait for its restart; a replay holds
+    nothing down (the replayed run's restart under way is its own, then): no dialog, it quits."""
+    app, _ = replay()
+    async with app.run_test(size=SIZE) as pilot:
+        await until(pilot, lambda: "paused" in bar(app))
+        stop = next(e for e in app.recording.events if isinstance(e.message, m.DecisionMade)
+                    and e.message.confirmation.step == "stop")
+        app.show_events(app.player.seek(stop.t + 1))
+        await until(pilot, lambda: app.state.down_since is not None)
+        await pilot.press("q")
+        await until(pilot, lambda: app.return_code is not None)
+        assert not isinstance(app.screen, ConsoleModal)
+
+
 def test_the_hosts_in_the_order_of_the_runs_config_while_it_is_there(tmp_path: Path):
     """The live console lists the hosts as its config does; a replay takes that order from the run's
     config file when it is still there (here ct200 first), else the service's host first."""
