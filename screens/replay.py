@@ -13,8 +13,10 @@ speed; `o` the results (opened by themselves at the end). A step is also a comma
 from __future__ import annotations
 
 import time
+import tomllib
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from rich.console import Group
@@ -32,6 +34,7 @@ from screens.app import ConsoleApp
 from screens.dashboard import DashboardScreen
 from screens.format import clock, update_static
 from screens.state import ConsoleState
+from screens.widgets.downtime_banner import DowntimeBanner
 
 FRAME_S = 0.1  # how often the playback moves on (real seconds)
 
@@ -53,14 +56,26 @@ class ReplayConfig:
 
 
 def config_of(recording: Recording) -> ReplayConfig:
-    hosts = dict.fromkeys(recording.hosts())
+    hosts = recording.hosts()
     plan = next((e.message for e in recording.events if isinstance(e.message, m.PlanReady)), None)
     stop = next((s.host for s in plan.steps if s.name == "stop" and s.host), None) if plan else None
     asked = next((e.message.confirmation.host for e in recording.events if isinstance(e.message, m.DecisionMade)
                   and e.message.confirmation.step == "stop"), None)
     service_host = stop or asked or next(iter(hosts), "?")
-    hosts.setdefault(service_host)
-    return ReplayConfig(hosts, _Service(service_host))
+    return ReplayConfig(dict.fromkeys(live_order(recording, service_host)), _Service(service_host))
+
+
+def live_order(recording: Recording, service_host: str) -> list[str]:
+    """The hosts in the live console's order, which is its config's: the run's config file's when it
+    is still there, else the service's host first (as the example config and the drill list them),
+    then the others as the run first heard of them (telemetry's order is whichever agent spoke first)."""
+    heard = [service_host, *(h for h in recording.hosts() if h != service_host)]
+    config = recording.state.config if recording.state is not None else None
+    try:
+        listed = list(tomllib.loads(Path(config).read_text(encoding="utf-8")).get("hosts", {})) if config else []
+    except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError, AttributeError):
+        listed = []  # gone, or no longer a config: the convention above
+    return sorted(heard, key=lambda h: listed.index(h) if h in listed else len(listed))  # (stable)
 
 
 class ReplaySession:
@@ -144,7 +159,10 @@ class ReplayBar(Static):
     ReplayBar { height: auto; background: $boost; padding: 0 1; }
     """
 
-    def show(self, player: Player, question: m.DecisionMade | m.Confirmation | None, damage: list[str]) -> None:
+    def show(self, player: Player, question: m.DecisionMade | m.Confirmation | None, damage: list[str],
+             ended: bool = False) -> None:
+        """`ended`: the run has ended at the moment shown, and its last question with it: the bar
+        keeps only where the playback stands (at 80 x 24 the question took half the screen)."""
         rec = player.recording
         head = Text(f"REPLAY {rec.run_id}  ", style="bold")
         head.append("▶ playing" if player.playing else ("■ end" if player.at_end else "❚❚ paused"),
@@ -156,18 +174,49 @@ class ReplayBar(Static):
             head.append(f"  step {step}")
         # (the keys are in the footer) where it stands, the question and its command, the damage: whole,
         # wrapped between words; only the impact is one row, cut (the event log has it whole)
-        lines = [head, *question_lines(question), *(Text(line, style="bold red") for line in damage)]
+        lines = [head, *([] if ended else question_lines(question)), *(Text(line, style="bold red") for line in damage)]
         key = tuple(t.plain for t in lines)
         shown = Group(*lines)
         update_static(self, shown, key, len(lines))
 
 
+def asked_text(state: ConsoleState, now: float, question: m.Confirmation) -> Text:
+    """The DOWN banner while the replayed run's question waits: what it asked ('SERVICE DOWN 3 min 10 s
+    · the restart is asked: waiting for an answer'). The run waited on its operator then, not on
+    whoever watches the replay: never 'your answer', nor the live console's 'no restart under way'."""
+    paused = state.downtime is not None and state.downtime.paused
+    asked = "the restart is asked" if question.step == "restart" else f"asked: {question.action}"
+    text = Text(f"{'SERVER PAUSED' if paused else 'SERVICE DOWN'} {duration(now - (state.down_since or now))}"
+                f" · {asked}: waiting for an answer")
+    ends = state.window_ends()
+    if ends is not None:
+        text.append(f" · window ends {clock(ends)}")
+    return text
+
+
+class ReplayBanner(DowntimeBanner):
+    """The DOWN banner of a replay: while the replayed run's question waits, what it asked."""
+
+    app: ReplayApp
+
+    def show(self, state: ConsoleState, now: float, can_restart: bool) -> None:
+        question = self.app.question
+        if state.down_since is None or not isinstance(question, m.Confirmation):
+            super().show(state, now, can_restart)
+            return
+        self.set_class(True, "down")
+        text = asked_text(state, now, question)
+        width = max(1, self.size.width or self.app.size.width)
+        update_static(self, text, text.markup, max(1, -(-text.cell_len // width)))  # two lines when narrow
+
+
 class ReplayDashboard(DashboardScreen):
-    """The dashboard, with the replay's bar on top."""
+    """The dashboard, with the replay's bar on top and its own DOWN banner."""
 
     def compose(self) -> ComposeResult:
         yield ReplayBar(id="replay-bar")
-        yield from super().compose()
+        for widget in super().compose():
+            yield ReplayBanner() if type(widget) is DowntimeBanner else widget
 
 
 class ReplayApp(ConsoleApp):
@@ -248,7 +297,19 @@ class ReplayApp(ConsoleApp):
     def _show_bar(self) -> None:
         dashboard = self._dashboard()
         if dashboard is not None and dashboard.is_mounted:
-            dashboard.query_one(ReplayBar).show(self.player, self.question, self.damage)
+            dashboard.query_one(ReplayBar).show(self.player, self.question, self.damage,
+                                                ended=self.state.finished is not None)
+
+    def restarting(self) -> bool:
+        """The replayed run brings the service back itself while it goes (the live console's running
+        run): its banner says when it is expected back, never 'no restart under way'. A run that ended
+        with the service down restarts nothing (`run --resume` does)."""
+        return self.state.finished is None and self.player.current_step() is not None
+
+    async def action_quit(self) -> None:
+        """At once: a replay holds nothing down (the service it shows down was the run's, then), and
+        the live console's "leave it down / wait for the restart" has nothing to ask here."""
+        await self._quit_now()
 
     def check_action(self, action: str, parameters: tuple[object, ...]) -> bool | None:
         if action in self.REPLAY_ACTIONS:

@@ -103,10 +103,19 @@ def vram_series(records: list[dict[str, Any]], scale: float = 60.0
     return t0, series
 
 
+def held(state: dict[str, Any]) -> tuple[float | None, float | None, str]:
+    """When this run held the service, and the word for it: stopped to ready ("down"), or on the
+    pause route, where the server is never stopped, paused to continued ("paused")."""
+    service = state.get("service") or {}
+    if state.get("route") == "pause":
+        return service.get("paused_at"), service.get("continued_at"), "paused"
+    return service.get("stopped_at"), service.get("ready_at"), "down"
+
+
 class ServiceStrip:
-    """The service over the run on one line: green while up, red while this run held it down, then
-    how long it was down. The bar takes what the width leaves (at most 60 cells), so that the
-    downtime and its clock times stay whole on the line."""
+    """The service over the run on one line: green while up, red while this run held it (down, or
+    paused on the pause route), then for how long. The bar takes what the width leaves (at most 60
+    cells), so that the time held and its clock times stay whole on the line."""
 
     def __init__(self, state: dict[str, Any], t0: float | None, t1: float | None) -> None:
         self.state, self.t0, self.t1 = state, t0, t1
@@ -117,17 +126,16 @@ class ServiceStrip:
         yield self.strip(max(10, min(60, room)))
 
     def tail(self) -> Text:
-        service = self.state.get("service") or {}
-        stopped, ready = service.get("stopped_at"), service.get("ready_at")
+        stopped, ready, word = held(self.state)
         if self.t0 is None or self.t1 is None or self.t1 <= self.t0 or stopped is None:
             return Text("")
-        took = f"down {duration(ready - stopped)}" if ready is not None else "NOT RESTARTED"
+        not_back = "NOT CONTINUED" if word == "paused" else "NOT RESTARTED"
+        took = f"{word} {duration(ready - stopped)}" if ready is not None else not_back
         return Text(f"  {took} ({clock(stopped)} to {clock(ready) if ready else '-'})",
                     style="red" if ready is None else "")
 
     def strip(self, width: int) -> Text:
-        service = self.state.get("service") or {}
-        stopped, ready = service.get("stopped_at"), service.get("ready_at")
+        stopped, ready, _ = held(self.state)
         t0, t1 = self.t0, self.t1
         text = Text("service ", style="bold")
         if t0 is None or t1 is None or t1 <= t0:
@@ -159,6 +167,7 @@ def steps_table(state: dict[str, Any], t0: float | None) -> Table:
 
 
 TIMELINE_TITLE = "VRAM in use per host, % (red: the stop, green: ready)"
+PAUSE_TIMELINE_TITLE = "VRAM in use per host, % (red: the pause, green: continued)"
 
 
 class TimelinePlot(PlotextPlot):
@@ -176,13 +185,14 @@ class TimelinePlot(PlotextPlot):
         t0, series = vram_series(self.data.telemetry, scale)
         for (host, (xs, ys)), colour in zip(series.items(), COLOURS, strict=False):
             plt.plot(xs, ys, label=host, color=colour, marker="braille")
-        service = self.data.state.get("service") or {}
+        begin, end, word = held(self.data.state)
         if t0 is not None:
-            for key, colour in (("stopped_at", "red"), ("ready_at", "green")):
-                if service.get(key):
-                    plt.vline((service[key] - t0) / scale, colour)
+            for at, colour in ((begin, "red"), (end, "green")):
+                if at:
+                    plt.vline((at - t0) / scale, colour)
         plt.ylim(0, 100)
-        plt.title(TIMELINE_TITLE)  # within 80 columns: plotext leaves out a title wider than the plot
+        # within 80 columns: plotext leaves out a title wider than the plot
+        plt.title(PAUSE_TIMELINE_TITLE if word == "paused" else TIMELINE_TITLE)
         plt.xlabel(f"{unit} since the run began")
 
 
@@ -313,9 +323,9 @@ class ResultsScreen(StaysUp, Screen):
     ResultsScreen .legend { color: $text-muted; height: auto; }
     ResultsScreen .table { width: auto; }
     ResultsScreen .table.fit { max-width: 100%; }
-    ResultsScreen #window-pane PlotextPlot { height: 1fr; min-height: 12; }
+    ResultsScreen #window-pane PlotextPlot { height: 20; }
     ResultsScreen #window-pane .strip { height: auto; }
-    ResultsScreen #window-pane VerticalScroll { height: auto; max-height: 12; }
+    ResultsScreen #window-pane .steps { margin-top: 1; }
     ResultsScreen #exported { height: auto; display: none; background: $boost; padding: 0 1; }
     """
     BINDINGS = [
@@ -359,13 +369,17 @@ class ResultsScreen(StaysUp, Screen):
             with TabPane("6 Window", id="window-pane"):
                 t0, _ = vram_series(data.telemetry)
                 t1 = max((r["t"] for r in data.telemetry if "t" in r), default=None)
-                yield TimelinePlot(data)
-                yield Static(ServiceStrip(data.state, t0, t1), classes="strip")
                 window = window_rows(data.run_dir)  # the forecast against what the window measured
                 error = forecast_error_line(data.run_dir)  # its error in one line, seen and not assumed
-                yield VerticalScroll(Static(Group(*([Text(error, style="bold")] if error else []),
-                                                  *([window_table(window), Text("")] if window else []),
-                                                  steps_table(data.state, t0))), classes="result-scroll steps")
+                # One scroll for the whole tab, the figures first: under the plot, the downtime's rows
+                # were off an 80 x 24 screen, past the end of a scroll of their own.
+                with VerticalScroll(id="window-scroll", classes="result-scroll"):
+                    yield Static(ServiceStrip(data.state, t0, t1), classes="strip")
+                    if error or window:
+                        yield Static(Group(*([Text(error, style="bold")] if error else []),
+                                           *([window_table(window)] if window else [])), classes="forecast")
+                    yield TimelinePlot(data)
+                    yield Static(steps_table(data.state, t0), classes="steps")
             with TabPane("7 Online", id="online"):  # the online cross-check (screens/widgets/online.py)
                 yield OnlinePanel(read_online(data.run_dir))
         yield Static(id="exported")  # what `e` wrote: a line of its own, never a toast over the tables

@@ -543,8 +543,9 @@ class PhaseAgainst:
 
     @property
     def error(self) -> float | None:
-        """(forecast - measured) / measured: positive when the forecast was too long."""
-        if self.forecast_s is None or not self.measured_s:
+        """(forecast - measured) / measured: positive when the forecast was too long. None when it
+        forecast nothing (absent, or 0.0 s as shown): '0.0 s ... -85%' is a figure that says nothing."""
+        if self.forecast_s is None or round(self.forecast_s, 1) == 0 or not self.measured_s:
             return None
         return (self.forecast_s - self.measured_s) / self.measured_s
 

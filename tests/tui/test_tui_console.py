@@ -286,12 +286,30 @@ async def test_read_only_offers_no_key_that_acts():
         await pilot.press("g", "p", "r")
         await pilot.pause()
         assert [w.group for w in app.workers] == ["follow"] and op.decisions == []  # only watching the live run
+        # each key pressed to act says why nothing happened (issue 43: g and p said nothing)
+        titles = [n.title for n in app._notifications if str(n.message).startswith("read-only: ")]
+        assert titles == ["g: read-only", "p: read-only", "r: no restart"], titles
         offered = {key for key, active in app.active_bindings.items() if active.enabled}
         assert "q" in offered and not offered & {"g", "p", "r", "c"}
         titles = [c.title for c in app.get_system_commands(app.screen)]
         assert "Run the procedure" not in titles and "Restart the service" not in titles
         assert "r restarts" not in text_of(app.screen.query_one(DowntimeBanner))
         assert "read-only" in app.sub_title
+
+
+async def test_a_resize_under_another_screen_lays_the_dashboard_out_for_the_new_width(op: StandinOperator):
+    """Issue 43.11: resized to 80 x 24 on the runs list, the dashboard came back in the wide layout,
+    crushed (Textual restyles only the screen on top). Back on it: the narrow layout, side panels above."""
+    app = app_for(op)
+    async with app.run_test(size=SIZE) as pilot:
+        await pilot.press("h")
+        await wait_for(pilot, lambda: isinstance(app.screen, RunsScreen))
+        await pilot.resize_terminal(80, 24)
+        await pilot.press("escape")
+        await wait_for(pilot, lambda: app.screen.id == "dashboard")
+        await pilot.pause()
+        assert app.screen.query_one("#main").styles.layout.name == "vertical"
+        assert app.screen.query_one("#side").region.width == 80
 
 
 async def test_decider_refuses_in_read_only_without_a_modal():

@@ -11,11 +11,11 @@ from pathlib import Path
 from textual.widgets import Static
 
 from console import messages as m
-from console.procedure.replay import read_recording
+from console.procedure.replay import Event, read_recording
 from console.procedure.store import JOURNAL
 from screens.dashboard import DashboardScreen
 from screens.modals.base import ConsoleModal
-from screens.replay import ReplayApp, ReplayBar
+from screens.replay import ReplayApp, ReplayBar, config_of
 from screens.results import ResultsScreen
 from screens.widgets.downtime_banner import DowntimeBanner
 from screens.widgets.host_panel import HostPanel
@@ -144,6 +144,60 @@ async def test_the_results_screen_at_the_end():
         await pilot.press("escape")
         await until(pilot, lambda: isinstance(app.screen, DashboardScreen))
         assert "■ end" in bar(app) and all(s.status == "done" for s in app.state.steps.values())
+
+
+async def test_at_80x24_the_restart_asked_then_under_way_and_the_question_gone_at_the_end():
+    """Issue 43.12: the banner said "no restart under way" while the restart's question waited and
+    after its approval; after the end the last question stayed pinned over half of an 80 x 24 screen;
+    the hosts came in the other order than the live console's (ct129, the service's, first).
+    (The recorded store predates the time a question is asked: it is put in, half a second before
+    its answer, as the engine journals it now.)"""
+    recording = read_recording(RECORDED)
+    answer = next(e for e in recording.events if isinstance(e.message, m.DecisionMade)
+                  and e.message.confirmation.step == "restart")
+    recording.events.append(Event(answer.t - 0.5, answer.message.confirmation, "asked"))
+    recording.events.sort(key=lambda e: e.t)
+    app = ReplayApp(recording, playing=False, clock=Clock(), frame_s=3600)
+    async with app.run_test(size=(80, 24)) as pilot:
+        await until(pilot, lambda: "paused" in bar(app))
+        assert [p.host for p in app.screen.query(HostPanel)] == ["ct129", "ct200"]
+        banner = app.screen.query_one(DowntimeBanner)
+        app.show_events(app.player.seek(answer.t - 0.5))
+        await until(pilot, lambda: "the restart is asked: waiting for an answer" in text_of(banner))
+        app.show_events(app.player.seek(answer.t))  # approved: under way, with when it is expected back
+        await until(pilot, lambda: "· back ~" in text_of(banner))
+        assert "no restart under way" not in text_of(banner)
+        app.show_events(app.player.seek(recording.end))  # the end: the results open by themselves
+        await until(pilot, lambda: isinstance(app.screen, ResultsScreen))
+        await pilot.press("escape")
+        await until(pilot, lambda: isinstance(app.screen, DashboardScreen) and "■ end" in bar(app))
+        assert "asked:" not in bar(app) and app.screen.query_one(ReplayBar).size.height == 1
+
+
+async def test_q_quits_a_replay_at_once_while_the_replayed_service_is_down():
+    """The live console's quit asks to leave the service down or wait for its restart; a replay holds
+    nothing down (the replayed run's restart under way is its own, then): no dialog, it quits."""
+    app, _ = replay()
+    async with app.run_test(size=SIZE) as pilot:
+        await until(pilot, lambda: "paused" in bar(app))
+        stop = next(e for e in app.recording.events if isinstance(e.message, m.DecisionMade)
+                    and e.message.confirmation.step == "stop")
+        app.show_events(app.player.seek(stop.t + 1))
+        await until(pilot, lambda: app.state.down_since is not None)
+        await pilot.press("q")
+        await until(pilot, lambda: app.return_code is not None)
+        assert not isinstance(app.screen, ConsoleModal)
+
+
+def test_the_hosts_in_the_order_of_the_runs_config_while_it_is_there(tmp_path: Path):
+    """The live console lists the hosts as its config does; a replay takes that order from the run's
+    config file when it is still there (here ct200 first), else the service's host first."""
+    recording = read_recording(RECORDED)
+    assert list(config_of(recording).hosts) == ["ct129", "ct200"]
+    config = tmp_path / "dflash-ops.toml"
+    config.write_text('[hosts.ct200]\naddress = "b"\n\n[hosts.ct129]\naddress = "a"\n')
+    recording.state.config = str(config)
+    assert list(config_of(recording).hosts) == ["ct200", "ct129"]
 
 
 async def test_keys_that_act_elsewhere_do_nothing():

@@ -66,11 +66,18 @@ async def test_every_results_tab_and_the_runs_list_keep_their_values_whole(runs_
                         assert "…" not in whole_text(widget), (key, whole_text(widget))
                 if key == "1":  # the summary: every drafter's tau whole on one line
                     lines_with(shown, "16.00 [16.00, 16.00]", "1.02 [1.00, 1.04]  0.06x")
-                elif key == "6":  # the window: the chart's title, the downtime, forecast against measured
-                    lines_with(shown, TIMELINE_TITLE, "down 3 min 14 s (09:36:30 to 09:39:44)",
-                               "Window: forecast against measured")
-                    table = whole_text(pane.query_one(".steps Static", Static))
+                elif key == "6":  # the window: the downtime, forecast against measured, the chart's title
+                    # on screen at once, to the whole downtime's row (issue 43.7: the plot pushed the
+                    # start and downtime rows off an 80 x 24 screen)
+                    lines_with(shown, "down 3 min 14 s (09:36:30 to 09:39:44)", "Window: forecast against measured",
+                               "│ start     │ 1 min 50 s │ 1 min 36 s │", "│ downtime  │ 3 min 14 s │ 3 min 14 s │")
+                    table = whole_text(pane.query_one(".forecast", Static))
                     lines_with(table, "stop", "11 s", "4.0 s", "+175%", "1 min 50 s", "1 min 36 s", "3 min 14 s")
+                    # the tab scrolls to the plot, under the figures
+                    pane.query_one("#window-scroll").scroll_to_widget(pane.query_one("#timeline-plot"), animate=False,
+                                                                      top=True)
+                    await pilot.pause()
+                    lines_with(screen_text(app), TIMELINE_TITLE)
             await pilot.press("escape")
             app.push_screen(RunsScreen())
             await until(pilot, lambda: isinstance(app.screen, RunsScreen))
