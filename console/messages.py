@@ -148,6 +148,9 @@ class ServiceView:
     health: ServiceHealth | None  # None while the service is not running
     checked_at: float  # unix time of this check
     error: str | None = None
+    # Who holds the server paused ("run X"): /health was not asked, since SGLang answers 503 for the
+    # whole pause and each probe waits out its own health check before saying so.
+    not_probed: str | None = None
 
 
 @dataclass(frozen=True)
@@ -509,6 +512,8 @@ class LiveRun:
     service_down: bool  # this run stopped the service and it is not back
     ours: bool  # driven by this console
     question: AskedQuestion | None = None  # what its console waits for the operator to answer
+    paused_since: float | None = None  # the pause route: the run holds the server paused since then
+    released: tuple[str, ...] = ()  # ... and these memory tags of it are released (or being released)
 
 
 # --- the fleet behind SGLang's router (console/service/fleet_watch.py) ----------------------------------

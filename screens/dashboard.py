@@ -88,7 +88,7 @@ class DashboardScreen(StaysUp, Screen):
             panel = self.query_one(ServicePanel)
             panel.name_it(self.app.service_name, self.app.operator.config.service.host)  # a fleet's next replica
             panel.show(state.service, state.downtime, state.startup, now,
-                       f"run {elsewhere.run_id}" if elsewhere else "this run")
+                       f"run {elsewhere.run_id}" if elsewhere else "this run", state.live)
             # The question another console waits on (never a gone console's): its command, whole.
             asked = elsewhere.question if elsewhere is not None and not elsewhere.console_gone else None
             self.query_one(AskedPanel).show(asked, elsewhere.run_id if elsewhere else None)

@@ -27,7 +27,7 @@ from rich.text import Text
 
 from console.config import Config
 from console.config_source import config_for
-from console.procedure.store import RunStore, UnreadableRun, left_line, what_next
+from console.procedure.store import RunStore, UnreadableRun, left_line, paused_by, what_next
 from console.service.fleet_watch import all_serving, with_runs
 from console.session import Session, service_name
 from console.views.fleet import fleet_renderable
@@ -69,9 +69,17 @@ def downtime_line(runs: RunStore) -> Text | None:
     return Text(f"{left_line(run)}; {what_next(run)}", style="bold white on red")
 
 
+def hold_from_store(session: Session, runs: RunStore | None) -> None:
+    """While a run holds this config's server paused, the session does not probe its /health (SGLang
+    answers 503 for the whole pause, after its own check's wait): it names the run instead."""
+    if runs is not None:
+        session.held_paused(paused_by(runs.left_down(service=session.config)))
+
+
 async def snapshot(config: Config, console: Console, runs: RunStore | None = None) -> int:
     """Print one status view; 0 when every host is connected and the service ready, else 1."""
     session = Session(config)
+    hold_from_store(session, runs)
     session.start(watch_service=False)
     try:
         await session.wait_first_states()
@@ -101,11 +109,14 @@ async def watch(config: Config, console: Console, runs: RunStore | None = None) 
     loop = asyncio.get_running_loop()
     loop.add_signal_handler(signal.SIGINT, ctrl_c)
     try:
-        async with Session(config) as session:
+        session = Session(config)
+        hold_from_store(session, runs)  # before its first look at the service
+        async with session:
             with Live(render(session, runs), console=console, refresh_per_second=4) as live:
                 while not ending.is_set():
                     with contextlib.suppress(TimeoutError):
                         await asyncio.wait_for(ending.wait(), REFRESH_S)
+                    hold_from_store(session, runs)
                     live.update(render(session, runs))
     finally:
         loop.remove_signal_handler(signal.SIGINT)

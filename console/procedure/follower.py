@@ -3,6 +3,8 @@
 
 A read-only console and `status --watch` see the run a colleague started: its steps, its jobs' bars,
 the DOWN timer and who drives it (run id, user, host, pid, since), or that its console is gone.
+On the pause route, the server PAUSED since the pause, the memory tags released and by which run;
+meanwhile the session's service watch is told not to probe /health (SGLang answers 503 all along).
 The store is read, never written; a job's events are read from the host, never consumed.
 """
 
@@ -18,7 +20,17 @@ from pathlib import Path
 from typing import Any
 
 from console.messages import AskedQuestion, Confirmation, Downtime, LiveRun, StepUpdate
-from console.procedure.store import JOURNAL, CachedStore, Run, RunStore, for_replay_only, journal_entry
+from console.procedure import identity
+from console.procedure.state import ServiceState
+from console.procedure.store import (
+    JOURNAL,
+    CachedStore,
+    Run,
+    RunStore,
+    for_replay_only,
+    journal_entry,
+    paused_by,
+)
 from console.session.bus import MessageBus
 from console.ssh.jobs import JobHandle, follow_with_reconnect, job_message
 
@@ -40,7 +52,7 @@ class RunFollower:
         self.interval = interval
         self._run_id: str | None = None
         self._steps: dict[str, tuple] = {}
-        self._down: tuple | None = None
+        self._down: Downtime | None = None
         self._live: LiveRun | None = None
         self._journal_at = 0
         self._job: tuple[str, asyncio.Task] | None = None
@@ -53,6 +65,7 @@ class RunFollower:
         """One look at the store: publishes what changed, returns the live run's summary. `live`:
         the run to follow, already read (off the loop, by `run`); False: read it now."""
         run = self.live() if live is False else live
+        self._hold_paused(run)
         if run is None:
             if self._live is not None:
                 self._last_look()
@@ -71,14 +84,24 @@ class RunFollower:
         self._follow_running_job(run)
         return live
 
+    def _hold_paused(self, run: Run | None) -> None:
+        """While the run holds this session's server paused, its service watch does not probe /health."""
+        if self.session is None:
+            return
+        ours = run is not None and identity.same_service(run.state.service_identity, self.session.config)
+        self.session.held_paused(paused_by(run) if ours else None)
+
     def _publish_live(self, run: Run) -> LiveRun:
         state, owner = run.state, run.state.owner
         gone = state.status == "running" and owner is not None and owner.alive() is False
+        said = downtime_of(run.run_id, state.service)
         live = LiveRun(run.run_id, state.status, owner.describe() if owner else None,
                        console_gone=gone, service_down=state.service.down, ours=self.ours(run.run_id),
                        # a question waits while the run goes, or while `r` restarts a finished run that left
                        # the service down (the same console, still alive): never a dead console's
-                       question=None if owner is not None and owner.alive() is False else _question(run))
+                       question=None if owner is not None and owner.alive() is False else _question(run),
+                       paused_since=said.down_since if said.paused else None,
+                       released=tuple(state.service.released or state.service.releasing))
         if live != self._live:
             self._live = live
             self.bus.publish(live)
@@ -104,10 +127,10 @@ class RunFollower:
                 self.bus.publish(StepUpdate(run.run_id, name, rec.status, rec.started_at, rec.ended_at, rec.detail,
                                             work_s=rec.work_s, decision_s=rec.decision_s,
                                             found_on_resume=rec.found_on_resume))
-        down = (state.service.stopped_at if state.service.down else None, state.service.ready_at)
+        down = downtime_of(run.run_id, state.service)
         if down != self._down:
             self._down = down
-            self.bus.publish(Downtime(run.run_id, *down))
+            self.bus.publish(down)
 
     def _read_journal(self, run: Run) -> None:
         path = run.dir / JOURNAL
@@ -169,6 +192,17 @@ class RunFollower:
                 await asyncio.sleep(self.interval)
         finally:
             self._stop_job()
+
+
+def downtime_of(run_id: str, service: ServiceState) -> Downtime:
+    """The downtime as the run's own console publishes it (`Window.publish_downtime`), read from
+    its store: down from the stop until ready; on the pause route paused from the pause until the
+    continue (a paused server read from `stopped_at` alone was shown up)."""
+    if service.down or service.stopped_at is not None:
+        return Downtime(run_id, service.stopped_at if service.down else None, service.ready_at)
+    paused = service.held or (service.paused_at is not None and service.continued_at is None)
+    since = service.paused_at or service.released_at
+    return Downtime(run_id, since if paused else None, service.continued_at, paused=paused)
 
 
 def write_question(run_dir: Path, confirmation: Confirmation, now: float) -> Path | None:

@@ -452,6 +452,14 @@ def left_line(run: Run) -> str:
             f"stopped by run {run.run_id}")
 
 
+def paused_by(run: Run | None) -> str | None:
+    """"run X" while `run` holds the server paused (the pause route: paused or memory released, not
+    given back), else None: what the service watch names instead of probing /health."""
+    if run is None or run.state.service.left_as() != "paused":
+        return None
+    return f"run {run.run_id}"
+
+
 def what_next(run: Run) -> str:
     """What can be done with `run`, one rule said the same way by `run`, `status`, `report`, the
     console and `discard`: a finished run is never resumed (one that left the service down is only

@@ -627,23 +627,26 @@ class ServiceMonitor:
         is logged and skipped, never the end of the monitor."""
         return self._subscribers.subscribe(callback)
 
-    async def check(self) -> ServiceView:
+    async def check(self, paused_by: str | None = None) -> ServiceView:
         """One check, published. Never raises for what the manager or the server does: it becomes
-        the view's `error`."""
+        the view's `error`. `paused_by` ("run X"): a run holds the server paused, so /health is not
+        asked: SGLang answers 503 for the whole pause, and each probe would wait out its own health
+        check first and then read as a stuck server."""
         try:
             status = await self.manager.status()
         except Exception as exc:  # noqa: BLE001 - a lost link or a failing status command: show it
             view = ServiceView(None, None, time.time(), error=str(exc) or type(exc).__name__)
         else:
             health, error = None, None
-            if status.active and self.client:
+            not_probed = paused_by if status.active else None
+            if status.active and self.client and not not_probed:
                 try:
                     health = await probe_health(self.client, self.want_metrics)
                     error = health.error
                 except Exception as exc:  # noqa: BLE001 - whatever the server did, say it and go on
                     log.exception("health check of %s failed", self.manager.name)
                     error = f"health check failed: {type(exc).__name__}: {exc}"
-            view = ServiceView(status, health, time.time(), error=error)
+            view = ServiceView(status, health, time.time(), error=error, not_probed=not_probed)
         self.last = view
         self._publish(view)
         return view

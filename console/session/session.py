@@ -84,17 +84,19 @@ class ServiceWatch:
             raise HostError(self.config.service.host, self._forward_error or "no port forward to the server")
         return self._client
 
-    async def check(self) -> ServiceView:
-        """One look: manager status, and health while it runs. Never raises."""
+    async def check(self, paused_by: str | None = None) -> ServiceView:
+        """One look: manager status, and health while it runs (not while `paused_by`, the run that
+        holds the server paused: `ServiceMonitor.check`). Never raises."""
         host = self.supervisor.host
         if host is None:
             state = self.supervisor.state
             why = state.last_error or state.status
             view = ServiceView(None, None, time.time(), error=f"{self.config.service.host} is not connected ({why})")
         else:
-            view = await (await self._monitor_for(host)).check()
+            view = await (await self._monitor_for(host)).check(paused_by)
             if self._forward_error and view.status is not None:
-                view = ServiceView(view.status, view.health, view.checked_at, error=self._forward_error)
+                view = ServiceView(view.status, view.health, view.checked_at, error=self._forward_error,
+                                   not_probed=view.not_probed)
         self.last = view
         return view
 
@@ -119,6 +121,9 @@ class Session:
         self._service_wake = asyncio.Event()
         self.fleet: FleetView | None = None  # [fleet]: the router and its replicas, last looked at
         self._fleet_poller: asyncio.Task | None = None
+        # The run that holds the server paused, as the run store says ("run X by alice@ct pid 12 ..."):
+        # its /health is not probed meanwhile (`paused_by`). Set by whoever reads the store.
+        self.paused_by: str | None = None
 
     # --- lifecycle ----------------------------------------------------------------------------
 
@@ -187,7 +192,7 @@ class Session:
 
     async def check_service(self) -> ServiceView:
         """Ask the manager and the server now; published, and used to mark the service's GPU processes."""
-        view = await self.service.check()
+        view = await self.service.check(self.paused_by)
         if view.status is not None:
             self.streams[self.config.service.host].set_service(service_identity(view.status))
         self.bus.publish(view)
@@ -201,6 +206,13 @@ class Session:
         self.config = config
         self.service = ServiceWatch(config, self.supervisors[config.service.host])
         self.poke_service()
+
+    def held_paused(self, by: str | None) -> None:
+        """A run holds the server paused (`by` names it) or no longer (None): checked again at once,
+        so the panel stops saying the one or the other without waiting for the next interval."""
+        if by != self.paused_by:
+            self.paused_by = by
+            self.poke_service()
 
     def poke_service(self) -> None:
         """Check the service again now rather than at the next interval (after a stop or a start)."""

@@ -237,6 +237,8 @@ def service_lines(service_name: str, host: str, view: ServiceView | None, now: f
     lines = [title + state]
     if view.error:
         lines.append(Text(f"  {view.error}", style="yellow"))
+    if view.not_probed:  # SGLang answers 503 for the whole pause: not asked, and not taken for a fault
+        lines.append(Text(f"  health: paused by {view.not_probed}: /health not probed", style="yellow"))
     health = view.health
     if health is None:
         return lines

@@ -1,7 +1,8 @@
 """The red banner on every screen, modals included, while the service is down because of a run: for
 how long, who holds it down when another console drives the run, when it is expected back (only while
 something is bringing it back: a run going, a restart under way), and when the window's budget ends.
-While a question waits it says so, rather than counting the operator's thinking as lateness."""
+While a question waits it says so, rather than counting the operator's thinking as lateness. A
+server a run holds paused (the pause route) reads SERVER PAUSED, since when and the memory released."""
 
 from __future__ import annotations
 
@@ -16,10 +17,13 @@ from screens.state import ConsoleState
 def downtime_text(state: ConsoleState, now: float, can_restart: bool, asking: bool = False,
                   restarting: bool = False) -> Text:
     """'SERVICE DOWN 1 min 30 s · back ~09:38:10 (in 1 min 40 s) · window ends 09:45:00', or
-    'SERVICE DOWN 48 s · no restart under way: r restarts it', or '... · waiting for your answer'."""
+    'SERVICE DOWN 48 s · no restart under way: r restarts it', or '... · waiting for your answer', or
+    'SERVER PAUSED 12 s since 09:31:02 · run X by ... · released: kv_cache, weights · back ~...'."""
     down_since = state.down_since
     paused = state.downtime is not None and state.downtime.paused  # the pause route: requests held, never stopped
     text = Text(f"{'SERVER PAUSED' if paused else 'SERVICE DOWN'} {duration(now - (down_since or now))}")
+    if paused and down_since is not None:
+        text.append(f" since {clock(down_since)}")
     elsewhere = state.driven_elsewhere()
     if elsewhere is not None:  # who holds it down: the run and the console that drives it
         text.append(f" · run {elsewhere.run_id}")
@@ -32,6 +36,8 @@ def downtime_text(state: ConsoleState, now: float, can_restart: bool, asking: bo
         elif elsewhere.owner:
             text.append(f" by {elsewhere.owner}")
     live = state.live
+    if paused and live is not None and live.run_id == state.downtime.run_id and live.released:
+        text.append(f" · released: {', '.join(live.released)}")
     driving = live is not None and live.status == "running" and not live.console_gone  # a run is going
     asked = elsewhere is not None and elsewhere.question and not elsewhere.console_gone  # a run's, or `r`'s
     if asking or asked:
@@ -39,7 +45,8 @@ def downtime_text(state: ConsoleState, now: float, can_restart: bool, asking: bo
         # block under it (asked_panel.py).
         text.append(" · waiting for your answer" if asking else f" · waiting for an answer: {elsewhere.question.what}")
     elif not (state.running or restarting or driving):
-        text.append(" · no restart under way" + (": r restarts it" if can_restart else ""))
+        act, does = ("resume", "resumes") if paused else ("restart", "restarts")  # r gives a paused server back
+        text.append(f" · no {act} under way" + (f": r {does} it" if can_restart else ""))
     else:
         _expected(text, state, now)
     ends = state.window_ends()

@@ -1,5 +1,7 @@
 """The service: what its manager says, how it answers (health, model, requests), its uptime, or a red
-DOWN timer while this console holds it down; start-up progress while it comes back."""
+DOWN timer while this console holds it down; start-up progress while it comes back. While a run holds
+the server paused (the pause route): PAUSED, since when, by which run and what memory it released,
+and no alarm about /health (SGLang answers 503 for the whole pause: it is not stuck)."""
 
 from __future__ import annotations
 
@@ -7,7 +9,7 @@ from rich.console import Group
 from rich.text import Text
 from textual.widgets import Static
 
-from console.messages import Downtime, ServiceView, StartupProgress
+from console.messages import Downtime, LiveRun, ServiceView, StartupProgress
 from console.views.tables import bar
 from console.views.units import duration
 from screens.format import clock, update_static
@@ -15,10 +17,19 @@ from screens.widgets.event_log import short_paths
 
 
 def service_renderable(view: ServiceView | None, downtime: Downtime | None, startup: StartupProgress | None,
-                       now: float, by: str = "this run") -> Group:
+                       now: float, by: str = "this run", live: LiveRun | None = None) -> Group:
+    """`by`: the run holding it down or paused ("this run", "run X"); `live`: the live run, whose
+    released memory tags are named while it holds the server paused."""
     lines: list[Text] = []
     down_since = downtime.down_since if downtime is not None else None
-    if down_since is not None:
+    paused = down_since is not None and downtime.paused
+    if paused:
+        lines.append(Text(f" PAUSED {duration(now - down_since)} ", style="bold black on yellow"))
+        lines.append(Text(f"paused by {by} since {clock(down_since)}", style="yellow"))
+        released = live.released if live is not None and live.run_id == downtime.run_id else ()
+        if released:
+            lines.append(Text(f"released: {', '.join(released)}", style="yellow"))
+    elif down_since is not None:
         lines.append(Text(f" DOWN {duration(now - down_since)} ", style="bold white on red"))
         lines.append(Text(f"stopped by {by} at {clock(down_since)}", style="red"))
     if view is None:
@@ -39,7 +50,11 @@ def service_renderable(view: ServiceView | None, downtime: Downtime | None, star
         lines.append(Text(f"NOT RUNNING ({status.state})", style="bold red"))
         if status.detail and status.detail.splitlines()[0].strip() != status.state:
             lines.append(Text(status.detail.splitlines()[0], style="red"))
-    health_error = view.health.error if view.health is not None and view.health.health_status is None else None
+    health = view.health
+    # Paused, SGLang answers /health 503 (or only after its own check's wait) until the continue: a
+    # probe made before this console knew of the pause says so, never the essay on a stuck scheduler.
+    paused_unhealthy = paused and health is not None and health.health_status != 200
+    health_error = health.error if health is not None and (health.health_status is None or paused_unhealthy) else None
     if view.error and view.error != health_error:  # the health line below says that one, once
         lines.append(Text(view.error, style="yellow"))
     if startup is not None:
@@ -49,8 +64,12 @@ def service_renderable(view: ServiceView | None, downtime: Downtime | None, star
             line.append(bar(startup.done / startup.total, 12), style="yellow on grey23")
             line.append(f" {startup.done}/{startup.total}")
         lines.append(line)
-    health = view.health
-    if health is not None:
+    if view.not_probed:
+        lines.append(Text(f"paused by {view.not_probed}: /health not probed", style="yellow"))
+    elif paused_unhealthy:
+        answer = health.health_status or "no answer"
+        lines.append(Text(f"health: {answer} while paused (expected until the continue)", style="yellow"))
+    elif health is not None:
         if health.health_status is None and startup is not None:  # expected while it loads: no alarm, no essay
             lines.append(Text("health: no answer yet (starting)", style="yellow"))
         elif health.health_status is None:
@@ -87,9 +106,11 @@ class ServicePanel(Static):
             self.border_title = title
 
     def show(self, view: ServiceView | None, downtime: Downtime | None, startup: StartupProgress | None,
-             now: float, by: str = "this run") -> None:
-        self.set_class(downtime is not None and downtime.down_since is not None, "down")
-        shown = service_renderable(view, downtime, startup, now, by)
+             now: float, by: str = "this run", live: LiveRun | None = None) -> None:
+        held = downtime is not None and downtime.down_since is not None
+        self.set_class(held and not downtime.paused, "down")
+        self.set_class(held and downtime.paused, "paused")
+        shown = service_renderable(view, downtime, startup, now, by, live)
         width = max(1, self.content_region.width or 40)
         # The rows it takes, wrapped lines counted: a layout pass only when that changes.
         rows = sum(max(1, -(-t.cell_len // width)) if not t.no_wrap else 1 for t in shown.renderables)

@@ -79,3 +79,37 @@ async def test_an_acting_console_still_exports(runs_root: Path) -> None:
         await until(pilot, lambda: isinstance(app.screen, ResultsScreen))
         await pilot.press("e")
         await until(pilot, lambda: (app.screen.data.run_dir / "report.md").is_file())
+
+
+async def test_a_read_only_console_opened_on_a_paused_server_says_paused_by_which_run_and_what_is_released(
+        tmp_path: Path) -> None:
+    """Issue 40 item 6: the pause route's server, paused by a run another console drives, read from
+    the store alone: the banner and the service panel say PAUSED since the pause, by that run, with
+    the memory it released; never DOWN, never stopped."""
+    from console.procedure.state import Owner
+    from console.procedure.store import RunStore
+    from screens.widgets.downtime_banner import DowntimeBanner
+    from screens.widgets.service_panel import ServicePanel
+    from tests.tui.standin import T0
+
+    run = RunStore(tmp_path).create(None, None)
+    run.state.route, run.state.owner = "pause", Owner.this_process()
+    svc = run.state.service
+    svc.paused, svc.paused_at, svc.pauses = True, T0 - 60, 1
+    svc.released, svc.released_tags, svc.released_at, svc.releases = ["kv_cache"], ["kv_cache"], T0 - 55, 1
+    run.save()
+    op = StandinOperator(runs_dir=tmp_path, read_only=True)
+    app = ConsoleApp(op, clock=fixed_clock)
+    async with app.run_test(size=(120, 40)) as pilot:
+        await until(pilot, lambda: app.screen.query_one(DowntimeBanner).has_class("down"))
+        await until(pilot, lambda: "released" in shown_in(app.screen))
+        banner = Console(width=200, file=io.StringIO(), record=True, color_system=None)
+        banner.print(app.screen.query_one(DowntimeBanner).content)
+        said = banner.export_text()
+        assert said.startswith("SERVER PAUSED 1 min 30 s since 09:34:00") and f"run {run.run_id}" in said
+        assert "released: kv_cache" in said
+        panel = Console(width=200, file=io.StringIO(), record=True, color_system=None)
+        panel.print(app.screen.query_one(ServicePanel).content)
+        shown = panel.export_text()
+        assert f"paused by run {run.run_id} since 09:34:00" in shown and "released: kv_cache" in shown
+        assert "DOWN" not in shown and "stopped by" not in shown
