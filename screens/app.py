@@ -386,6 +386,11 @@ class ConsoleApp(StaysUp, App[int]):
                 return
         self.show_screen(ErrorModal(report))
 
+    def stay_up_after(self, error: Exception) -> None:
+        """What a screen's handler let out (screens/errors.py): to the one error modal, as Textual's
+        own way in for it (`_handle_exception`, below) sends it."""
+        self._handle_exception(error)
+
     def _handle_exception(self, error: Exception) -> None:
         """Textual's one way in for an exception nobody caught (a handler, a screen's compose, a
         timer, the drawing): Textual ends the app there, cancelling the run its worker drives. Here it

@@ -1,5 +1,5 @@
 """An exception in the console never ends it: the app and each of its screens hand what one of
-their handlers lets out to the app's one error modal (`ConsoleApp._handle_exception`), and go on.
+their handlers lets out to the app's one error modal (`ConsoleApp.stay_up_after`), and go on.
 
 Textual ends the message loop of whatever raised: a screen would then take no key (its bindings
 are reached through its loop), and the app's own loop ending ends the console, and with it the run
@@ -20,5 +20,5 @@ class StaysUp(MessagePump):
         try:
             await super()._dispatch_message(message)
         except Exception as error:  # noqa: BLE001 - any at all: the loop must go on
-            self.app._handle_exception(error)
+            self.app.stay_up_after(error)
 

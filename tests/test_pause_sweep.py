@@ -24,6 +24,7 @@ import console.procedure.engine as engine_module
 from console.messages import RunFinished
 from console.procedure import forecast as fc
 from console.procedure.engine import EXIT_DOWN, PAUSE_CRASH_POINTS, ResumeRefused
+from console.views.units import duration
 from tests.engine_fakes import INFERENCE, TRAINING, FakeWorld, Fault, Producers, ScriptedDecider
 from tests.engine_sweep import (  # its fixtures (producers, window) come through tests/conftest.py
     Crasher,
@@ -293,6 +294,11 @@ async def test_a_run_that_left_the_server_paused_is_named_by_every_view(paused: 
     again = await paused.console()
     assert again.service_up and paused.store.left_down() is None and downtime_line(paused.store) is None
     assert_pause_promises(paused, again)
+    # `runs` shows the pause window's forecast beside its downtime, as a stop window's (issue 43 item 14)
+    summary = paused.store.summaries()[0]
+    assert summary.forecast_s == paused.state().facts["pause_forecast"]["downtime_s"] is not None
+    _, rows, _ = runs_rows([summary])
+    assert f"({duration(summary.forecast_s, tenths=True)})" in rows[0][4], rows[0][4]
 
 
 # --- a prompt set over one window's budget, on the pause route -----------------------------------

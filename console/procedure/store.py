@@ -409,9 +409,11 @@ def summary_of(run: Run) -> RunSummary:
     online = s.facts.get("headline_online") if isinstance(s.facts.get("headline_online"), dict) else {}
     online = online_headline(run.dir) or online  # a later `dflash-ops crosscheck` keeps its result there
     error, answers = forecast_error(s)
+    # the pause route's forecast (pause -> continue) is its own, kept beside the facts it was made from
+    made = s.facts.get("pause_forecast") if s.route == "pause" else s.forecast
     return RunSummary(s.run_id, s.created_at, s.status, s.route, sum(downtimes) if downtimes else None,
                       dict(s.headline), s.config, run.dir, service_down=s.service.down, console_gone=gone,
-                      online=dict(online), forecast_s=(s.forecast or {}).get("downtime_s"),
+                      online=dict(online), forecast_s=(made if isinstance(made, dict) else {}).get("downtime_s"),
                       windows=len(s.windows) + (1 if s.service.began() else 0) or 1,
                       server_paused=s.service.left_as() == "paused",
                       drained=(s.service.drained or {}).get("replica", "?") if s.service.drained else None,

@@ -23,13 +23,13 @@ from pathlib import Path
 from typing import Any
 
 from console.config import Config
-from console.messages import Confirmation, DecisionMade, Downtime, HostFit, PlanReady
+from console.messages import Confirmation, DecisionMade, HostFit, PlanReady
 from console.procedure import forecast as fc
 from console.procedure.answer_waits import AnswerWaits
 from console.procedure.decider import Decider
 from console.procedure.facts import Preflight
 from console.procedure.fit import longest_tokens
-from console.procedure.follower import QUESTION, write_question
+from console.procedure.follower import QUESTION, downtime_of, write_question
 from console.procedure.hosts import WindowHosts, reconnect_wait
 from console.procedure.outcomes import StepFailed
 from console.procedure.step import Step, done_earlier
@@ -223,15 +223,8 @@ class Window:
     def publish_downtime(self) -> None:
         """The service's state (down since the stop until ready; on the pause route paused since the
         pause until the continue): published for every view and the notifier, journalled on a change."""
-        service = self.state.service
-        if service.down or service.stopped_at is not None:
-            said = Downtime(self.run.run_id, service.stopped_at if service.down else None, service.ready_at)
-            now = "down" if service.down else "up"
-        else:
-            paused = service.held or (service.paused_at is not None and service.continued_at is None)
-            since = service.paused_at or service.released_at
-            said = Downtime(self.run.run_id, since if paused else None, service.continued_at, paused=paused)
-            now = "paused" if paused else "up"
+        said = downtime_of(self.run.run_id, self.state.service)  # one rule for every console, live or following
+        now = "down" if self.state.service.down else "paused" if said.paused else "up"
         self.bus.publish(said)
         if now != self.service_said:
             self.service_said = now

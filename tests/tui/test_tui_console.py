@@ -138,7 +138,8 @@ async def test_simulated_badge_stale_age_and_reconnecting_host(op: StandinOperat
         op.publish(ct129)
         op.publish(m.TelemetryUpdate("ct200", ct200.sample, 14.0, True, False, error="agent stream closed"))
         op.publish(m.HostState("ct200", "reconnecting", T0 + 18, last_error="ct200: connection lost"))
-        await pilot.pause()
+        # the note is mounted on the message's turn of the panel's loop: waited for, on a loaded machine too
+        await wait_for(pilot, lambda: bool(app.screen.query("#host-ct200 .host-note")))
         panels = {p.host: p for p in app.screen.query(HostPanel)}
         assert "SIMULATED" in str(panels["ct129"].border_title)
         assert panels["ct200"].has_class("stale")
