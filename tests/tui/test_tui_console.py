@@ -138,9 +138,10 @@ async def test_simulated_badge_stale_age_and_reconnecting_host(op: StandinOperat
         op.publish(ct129)
         op.publish(m.TelemetryUpdate("ct200", ct200.sample, 14.0, True, False, error="agent stream closed"))
         op.publish(m.HostState("ct200", "reconnecting", T0 + 18, last_error="ct200: connection lost"))
-        # the note is mounted on the message's turn of the panel's loop: waited for, on a loaded machine too
-        await wait_for(pilot, lambda: bool(app.screen.query("#host-ct200 .host-note")))
         panels = {p.host: p for p in app.screen.query(HostPanel)}
+        # each panel takes its messages on its own loop's turn: waited for, on a loaded machine too
+        await wait_for(pilot, lambda: "SIMULATED" in str(panels["ct129"].border_title)
+                       and bool(panels["ct200"].query(".host-note")))
         assert "SIMULATED" in str(panels["ct129"].border_title)
         assert panels["ct200"].has_class("stale")
         assert "STALE: last sample 14 s ago" in str(panels["ct200"].border_subtitle)
