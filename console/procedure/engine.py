@@ -42,6 +42,7 @@ from console.procedure import ending, identity, run_jobs
 from console.procedure.decider import Decider
 from console.procedure.ending import (  # noqa: F401  (re-exported: the CLI, the views and the tests import them here)
     AS_IT_WAS,
+    EXIT_DEGRADED,
     EXIT_DONE,
     EXIT_DOWN,
     EXIT_FAILED,
