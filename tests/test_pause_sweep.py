@@ -537,10 +537,12 @@ async def test_a_yes_to_the_remedy_restarts_the_server_and_its_drafter_comes_bac
     assert "restarted: acceptance length 4.00 now" in finished.message, finished.message
     service = w.world.service
     assert service.stop_commands == 1 and service.start_commands == 1 and w.world.server.serving()
-    svc = w.state().service
+    state = w.state()
+    svc, (restart,) = state.service, [w["service"] for w in state.windows]
+    assert svc.paused_at < svc.continued_at < restart["stopped_at"] < restart["ready_at"]  # the window's own record kept
     (summary,) = w.store.summaries()  # the pause, then the restart: both down periods counted
-    assert summary.downtime_s == (svc.continued_at - svc.paused_at) + (svc.ready_at - svc.stopped_at)
-    assert not summary.service_down
+    assert summary.downtime_s == (svc.continued_at - svc.paused_at) + (restart["ready_at"] - restart["stopped_at"])
+    assert summary.windows == 2 and not summary.service_down
 
 
 async def test_a_drafter_that_survives_the_weights_release_ends_done(weights_released: Window) -> None:
@@ -552,3 +554,12 @@ async def test_a_drafter_that_survives_the_weights_release_ends_done(weights_rel
     assert state.service.released_tags == ["kv_cache", "cuda_graph", "weights"]
     assert "intact: acceptance length 4.00 before the window, 4.00 after" in state.steps["drafter"].detail
     assert_pause_promises(w, finished)
+
+
+async def test_the_stop_route_checks_the_drafter_too(window: Window) -> None:
+    """A restarted server loads its drafter again: the stop route's check finds it intact."""
+    window.world.server.acceptance = 4.0
+    finished = await window.console()
+    assert finished.status == "done" and finished.exit_code == 0, finished
+    detail = window.state().steps["drafter"].detail
+    assert "intact: acceptance length 4.00 before the window, 4.00 after" in detail, detail

@@ -39,8 +39,7 @@ PROMPTS = 4  # cached prompts replayed each time: a few seconds of the server's 
 MAX_TOKENS = 64  # new tokens per replayed prompt (enough verify steps for a stable figure)
 NOT_SPECULATIVE = "the server does not decode speculatively: no drafter to check"
 REMEDY = "a restart of the server loads the drafter again"
-CHECK_ERRORS = (ServerAnswerError, ServerUnreachable, HostError, OSError, ValueError, KeyError, TypeError,
-                TimeoutError)
+RESTART_ERRORS = (ServiceError, ReadyTimeout, HostError, TimeoutError, ServerAnswerError, ServerUnreachable)
 
 
 async def measure(window: Window) -> float | None:
@@ -62,6 +61,15 @@ async def measure(window: Window) -> float | None:
     return sum(figures) / len(figures)
 
 
+async def measured(window: Window) -> tuple[float | None, str | None]:
+    """(the acceptance length, None) or (None, why it could not be measured): the check is a courtesy
+    to the operator, so whatever stops it (an unreachable server, an odd answer) is said, never fatal."""
+    try:
+        return await measure(window), None
+    except Exception as exc:  # noqa: BLE001 - said by the caller; the run goes on
+        return None, str(exc) or type(exc).__name__
+
+
 def fallen(before: float, after: float) -> bool:
     return after < before * (1 - DRAFTER_MARGIN)
 
@@ -79,10 +87,9 @@ async def check_acceptance(window: Window) -> Skip | None:
 
 async def run_acceptance(window: Window) -> str:
     record = _record(window)
-    try:
-        before = await measure(window)
-    except CHECK_ERRORS as exc:  # the check is a courtesy: the window goes on without it, saying so
-        record.update(before=None, before_line=f"not measured ({exc}): the drafter is not checked after the window")
+    before, why = await measured(window)
+    if why is not None:  # the window goes on without the check, saying so
+        record.update(before=None, before_line=f"not measured ({why}): the drafter is not checked after the window")
         window.run.save()
         return record["before_line"]
     record.update(before=before, speculative=before is not None,
@@ -95,6 +102,8 @@ async def run_acceptance(window: Window) -> str:
 
 async def check_drafter(window: Window) -> Skip | None:
     said = _record(window).get("line")
+    if said and window.service_down_by_us:  # a console died during the restart offered: it is finished first
+        await stop.restart_service(window, reason="the served drafter came back degraded")
     return Found(said) if said else None
 
 
@@ -105,17 +114,21 @@ async def run_drafter(window: Window) -> str:
         record["line"] = NOT_SPECULATIVE if record.get("speculative") is False else record.get("before_line", "")
         window.run.save()
         return record["line"] or NOT_SPECULATIVE
-    try:
-        after = await measure(window)
-    except CHECK_ERRORS as exc:
-        record["line"] = f"the drafter could not be measured after the window ({exc}); before: {before:.2f}"
+    after, why = await measured(window)
+    if why is not None:
+        record["line"] = f"the drafter could not be measured after the window ({why}); before: {before:.2f}"
         window.journal("drafter", record["line"], level="warning")
         window.run.save()
         return record["line"]
     record["after"] = after
-    if after is None or not fallen(before, after):
+    if after is None:  # nothing to compare: said, and passed
+        record["line"] = f"the server no longer decodes speculatively after the window (before: {before:.2f})"
+        window.journal("drafter", record["line"], level="warning")
+        window.run.save()
+        return record["line"]
+    if not fallen(before, after):
         record["line"] = f"the served drafter is intact: acceptance length {before:.2f} before the window, " \
-                         f"{after or 0:.2f} after"
+                         f"{after:.2f} after"
         window.run.save()
         return record["line"]
     record["degraded"] = True
@@ -146,38 +159,50 @@ async def offer_restart(window: Window, before: float, after: float) -> None:
                                          window.earlier.get("restart"), "earlier restarts")):
         record["remedy"] = "refused: the server serves on with the degraded drafter until its next restart"
         return
-    _begin_down_period(window)
+    windows_own = _begin_down_period(window)
     try:
         await manager.stop()
         window.journal("drafter", "stop command ran (to reload the drafter)", host=service.host,
                        argv=list(manager.stop_argv()))
         await stop.restart_service(window, reason="the served drafter came back degraded")
-        again = await measure(window)
-    except CHECK_ERRORS + (ServiceError, ReadyTimeout) as exc:
+    except RESTART_ERRORS as exc:
         record["remedy"] = f"the restart failed: {exc}"
         window.journal("drafter", record["remedy"], level="error")
         return
     except Refused:  # the start refused after the stop: the run ends with the service down (exit 3)
         record["remedy"] = "the start was refused: the server is down, the drafter not reloaded"
         return
+    _end_down_period(window, windows_own)
+    again, why = await measured(window)
     record["restarted"] = again
-    record["remedy"] = f"restarted: acceptance length {again or 0:.2f} now"
+    record["remedy"] = f"restarted: acceptance length {again:.2f} now" if again is not None else \
+        f"restarted; the acceptance length could not be measured again ({why or NOT_SPECULATIVE})"
     window.journal("drafter", record["remedy"], host=service.host)
 
 
-def _begin_down_period(window: Window) -> None:
-    """The restart is a down period of its own: the window route's (already over) is kept in
-    `windows` first, as a window cut short at its budget keeps its own, so that both are counted."""
+def _begin_down_period(window: Window) -> ServiceState:
+    """The restart is a down period of its own, with its own service record (the compensation and
+    `left_down` read it while the server is down); the window's record is kept in `windows` meanwhile
+    (a crash then still finds both). Returns the window's record."""
     state = window.state
-    if state.service.stopped_at is not None:
-        state.windows.append({"service": asdict(state.service), "steps": {}, "forecast": state.forecast})
-        state.service = ServiceState()
-    svc = state.service
-    svc.stopped_at, svc.down = time.time(), True
-    svc.stops += 1
+    own = state.service
+    state.windows.append({"service": asdict(own), "extraction": {}, "steps": {}, "forecast": state.forecast})
+    state.service = ServiceState(stopped_at=time.time(), down=True, stops=1)
     window.run.keep_going_on_write_errors = True
     window.run.save()
     window.publish_downtime()
+    return own
+
+
+def _end_down_period(window: Window, windows_own: ServiceState) -> None:
+    """The server back: the window's record is the service's again (its phases are what the next
+    runs' forecasts learn from), and the restart's down period is the one kept in `windows`, so that
+    `runs` counts both."""
+    state = window.state
+    state.windows[-1] = {"service": asdict(state.service), "extraction": {}, "steps": {}, "forecast": None,
+                         "drafter_restart": True}
+    state.service = windows_own
+    window.run.save()
 
 
 def degraded_end(facts: dict[str, Any]) -> str | None:
