@@ -225,9 +225,9 @@ async def test_step_mode_runs_each_next_step_to_the_end(window: Window) -> None:
                     ("paused", 3, "free-vram"), ("paused", 4, "free-vram,extract,restart"), ("paused", 4, "drafter"),
                     ("paused", 4, "evaluate"), ("paused", 4, "report"), ("done", 0, "report,crosscheck")], ends
     said = [f.message for f in window.finished]
-    assert said[2].startswith(f"paused after free-vram (one step at a time): the next step, extract, runs on "
-                              f"`dflash-ops run --resume {window.run_id}`"), said[2]
-    assert "THE SERVICE IS STILL DOWN" in said[2]
+    assert said[3].startswith(f"paused after free-vram (one step at a time): the next step, extract, runs on "
+                              f"`dflash-ops run --resume {window.run_id}`"), said[3]
+    assert "THE SERVICE IS STILL DOWN" in said[3]
     assert_promises(window, window.finished[-1])
     assert window.world.service.stop_commands == window.world.service.start_commands == 1
 
