@@ -110,34 +110,33 @@ async def check_drafter(window: Window) -> Skip | None:
 async def run_drafter(window: Window) -> str:
     record = _record(window)
     before = record.get("before")
-    if not record.get("speculative") or before is None:
-        record["line"] = NOT_SPECULATIVE if record.get("speculative") is False else record.get("before_line", "")
-        window.run.save()
-        return record["line"] or NOT_SPECULATIVE
+    if before is None:  # not speculative, or not measured before the window: its line says which
+        return _said(window, record.get("before_line") or NOT_SPECULATIVE)
     after, why = await measured(window)
     if why is not None:
-        record["line"] = f"the drafter could not be measured after the window ({why}); before: {before:.2f}"
-        window.journal("drafter", record["line"], level="warning")
-        window.run.save()
-        return record["line"]
+        return _said(window, f"the drafter could not be measured after the window ({why}); before: {before:.2f}",
+                      "warning")
+    if after is None:
+        return _said(window, f"the server no longer decodes speculatively after the window (before: {before:.2f})",
+                      "warning")
     record["after"] = after
-    if after is None:  # nothing to compare: said, and passed
-        record["line"] = f"the server no longer decodes speculatively after the window (before: {before:.2f})"
-        window.journal("drafter", record["line"], level="warning")
-        window.run.save()
-        return record["line"]
     if not fallen(before, after):
-        record["line"] = f"the served drafter is intact: acceptance length {before:.2f} before the window, " \
-                         f"{after:.2f} after"
-        window.run.save()
-        return record["line"]
+        return _said(window, f"the served drafter is intact: acceptance length {before:.2f} before the window, "
+                             f"{after:.2f} after")
     record["degraded"] = True
-    record["line"] = degraded_line(before, after)
-    window.journal("drafter", record["line"], level="error", data={"before": before, "after": after})
-    window.run.save()
+    line = _said(window, degraded_line(before, after), "error")
     await offer_restart(window, before, after)
     window.run.save()
-    return record["line"]
+    return line
+
+
+def _said(window: Window, line: str, level: str | None = None) -> str:
+    """The check's outcome: kept (the report, `runs`, a resume's check), journalled when it warns."""
+    _record(window)["line"] = line
+    if level is not None:
+        window.journal("drafter", line, level=level)
+    window.run.save()
+    return line
 
 
 def degraded_line(before: float, after: float) -> str:
