@@ -23,7 +23,7 @@ from hypothesis import strategies as st
 import console.procedure.engine as engine_module
 from console.messages import RunFinished
 from console.procedure import forecast as fc
-from console.procedure.engine import EXIT_DOWN, PAUSE_CRASH_POINTS, ResumeRefused
+from console.procedure.engine import DRAFTER_CRASH_POINTS, EXIT_DOWN, PAUSE_CRASH_POINTS, ResumeRefused
 from tests.engine_fakes import INFERENCE, TRAINING, FakeWorld, Fault, Producers, ScriptedDecider
 from tests.engine_sweep import (  # its fixtures (producers, window) come through tests/conftest.py
     Crasher,
@@ -538,7 +538,7 @@ async def test_a_yes_to_the_remedy_restarts_the_server_and_its_drafter_comes_bac
     service = w.world.service
     assert service.stop_commands == 1 and service.start_commands == 1 and w.world.server.serving()
     state = w.state()
-    svc, (restart,) = state.service, [w["service"] for w in state.windows]
+    svc, (restart,) = state.service, [w["service"] for w in state.windows if w.get("drafter_restart")]
     assert svc.paused_at < svc.continued_at < restart["stopped_at"] < restart["ready_at"]  # the window's own record kept
     (summary,) = w.store.summaries()  # the pause, then the restart: both down periods counted
     assert summary.downtime_s == (svc.continued_at - svc.paused_at) + (restart["ready_at"] - restart["stopped_at"])
@@ -563,3 +563,20 @@ async def test_the_stop_route_checks_the_drafter_too(window: Window) -> None:
     assert finished.status == "done" and finished.exit_code == 0, finished
     detail = window.state().steps["drafter"].detail
     assert "intact: acceptance length 4.00 before the window, 4.00 after" in detail, detail
+
+
+@pytest.mark.parametrize("point", DRAFTER_CRASH_POINTS)
+async def test_a_console_killed_in_the_drafters_restart_leaves_it_to_the_next(weights_released: Window,
+                                                                              point: str) -> None:
+    """The remedy's stop ran, then the console died: the next one starts the server (once), finds the
+    drafter checked, and ends degraded with the window's record intact and the restart's kept apart."""
+    w = weights_released
+    assert await w.console(Crasher(point)) is None, f"the run never reached {point}"
+    assert w.store.left_down() is not None  # the server down meanwhile: named
+    finished = await w.console()
+    assert finished.exit_code == engine_module.EXIT_DEGRADED and finished.service_up, finished
+    assert "the next finished it" in finished.message, finished.message
+    service = w.world.service
+    assert service.stop_commands == 1 and service.start_commands == 1 and w.world.server.serving()
+    state = w.state()
+    assert state.service.continued_at is not None and state.windows[-1].get("drafter_restart")

@@ -89,6 +89,7 @@ CRASH_POINTS = ("staged", "cached", "stop-asked", "stop-ran", "holders", "go", "
                 "ready", "evaluated", "reported")
 PAUSE_CRASH_POINTS = ("staged", "cached", "paused", "released", "go", "gpu-released", "resumed", "continued",
                       "evaluated", "reported")  # the pause route's
+DRAFTER_CRASH_POINTS = ("drafter-stopped",)  # a drafter that came back degraded: its restart, stopped (either route)
 
 
 class Engine:

@@ -102,8 +102,11 @@ async def run_acceptance(window: Window) -> str:
 
 async def check_drafter(window: Window) -> Skip | None:
     said = _record(window).get("line")
-    if said and window.service_down_by_us:  # a console died during the restart offered: it is finished first
-        await stop.restart_service(window, reason="the served drafter came back degraded")
+    if said and "window_service" in _record(window):  # a console died during the restart offered: finished now
+        await stop.restart_service(window, reason="the served drafter came back degraded")  # (none if started)
+        _end_down_period(window)
+        _record(window)["remedy"] = "restarted (the console that began the restart died; the next finished it)"
+        window.run.save()
     return Found(said) if said else None
 
 
@@ -158,11 +161,12 @@ async def offer_restart(window: Window, before: float, after: float) -> None:
                                          window.earlier.get("restart"), "earlier restarts")):
         record["remedy"] = "refused: the server serves on with the degraded drafter until its next restart"
         return
-    windows_own = _begin_down_period(window)
+    _begin_down_period(window)
     try:
         await manager.stop()
         window.journal("drafter", "stop command ran (to reload the drafter)", host=service.host,
                        argv=list(manager.stop_argv()))
+        window.crash_point("drafter-stopped")
         await stop.restart_service(window, reason="the served drafter came back degraded")
     except RESTART_ERRORS as exc:
         record["remedy"] = f"the restart failed: {exc}"
@@ -171,7 +175,7 @@ async def offer_restart(window: Window, before: float, after: float) -> None:
     except Refused:  # the start refused after the stop: the run ends with the service down (exit 3)
         record["remedy"] = "the start was refused: the server is down, the drafter not reloaded"
         return
-    _end_down_period(window, windows_own)
+    _end_down_period(window)
     again, why = await measured(window)
     record["restarted"] = again
     record["remedy"] = f"restarted: acceptance length {again:.2f} now" if again is not None else \
@@ -179,28 +183,31 @@ async def offer_restart(window: Window, before: float, after: float) -> None:
     window.journal("drafter", record["remedy"], host=service.host)
 
 
-def _begin_down_period(window: Window) -> ServiceState:
-    """The restart is a down period of its own, with its own service record (the compensation and
-    `left_down` read it while the server is down); the window's record is kept in `windows` meanwhile
-    (a crash then still finds both). Returns the window's record."""
-    state = window.state
-    own = state.service
-    state.windows.append({"service": asdict(own), "extraction": {}, "steps": {}, "forecast": state.forecast})
-    state.service = ServiceState(stopped_at=time.time(), down=True, stops=1)
+def _begin_down_period(window: Window) -> None:
+    """The restart is a down period of its own. The service's record says the server is down because
+    of this run (the compensation, `left_down` and a resumed run's checks read it: the stop route's
+    restart step, or this step's check, then starts it); the window's own record is kept in the
+    drafter's facts meanwhile and put back once the server is up (`_end_down_period`)."""
+    svc = window.state.service
+    _record(window)["window_service"] = asdict(svc)
+    svc.stopped_at, svc.ready_at, svc.down = time.time(), None, True
+    svc.stops += 1
     window.run.keep_going_on_write_errors = True
     window.run.save()
     window.publish_downtime()
-    return own
 
 
-def _end_down_period(window: Window, windows_own: ServiceState) -> None:
+def _end_down_period(window: Window) -> None:
     """The server back: the window's record is the service's again (its phases are what the next
-    runs' forecasts learn from), and the restart's down period is the one kept in `windows`, so that
-    `runs` counts both."""
-    state = window.state
-    state.windows[-1] = {"service": asdict(state.service), "extraction": {}, "steps": {}, "forecast": None,
-                         "drafter_restart": True}
-    state.service = windows_own
+    runs' forecasts learn from), and the restart's down period is kept in `windows`, as a window's,
+    so that `runs` counts both."""
+    state, record = window.state, _record(window)
+    restart = state.service
+    state.windows.append({"service": {"stopped_at": restart.stopped_at, "ready_at": restart.ready_at,
+                                      "stops": 1, "starts": 1},
+                          "extraction": {}, "steps": {}, "forecast": None, "drafter_restart": True})
+    state.service = ServiceState(**record.pop("window_service"))
+    state.service.stops, state.service.starts = restart.stops, restart.starts
     window.run.save()
 
 
