@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any
 
 from console.messages import Confirmation
 from console.procedure.crosscheck import speculative_settings
-from console.procedure.outcomes import Found, Refused, Skip
+from console.procedure.outcomes import Found, Refused, Skip, StepFailed
 from console.procedure.state import ServiceState
 from console.procedure.steps import stop
 from console.service.control import ReadyTimeout, ServiceError
@@ -39,7 +39,7 @@ PROMPTS = 4  # cached prompts replayed each time: a few seconds of the server's 
 MAX_TOKENS = 64  # new tokens per replayed prompt (enough verify steps for a stable figure)
 NOT_SPECULATIVE = "the server does not decode speculatively: no drafter to check"
 REMEDY = "a restart of the server loads the drafter again"
-RESTART_ERRORS = (ServiceError, ReadyTimeout, HostError, TimeoutError, ServerAnswerError, ServerUnreachable)
+RESTART_ERRORS = (ServiceError, ReadyTimeout, HostError, TimeoutError, StepFailed, ServerAnswerError, ServerUnreachable)
 
 
 async def measure(window: Window) -> float | None:
