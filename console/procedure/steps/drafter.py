@@ -130,7 +130,7 @@ async def run_drafter(window: Window) -> str:
     line = _said(window, degraded_line(before, after), "error")
     await offer_restart(window, before, after)
     window.run.save()
-    return line
+    return f"{line}; {_record(window).get('remedy') or 'not restarted'}"
 
 
 def _said(window: Window, line: str, level: str | None = None) -> str:
