@@ -11,7 +11,10 @@ fake world (`tests/engine_fakes.py`), answering as SGLang 0.5.23's source does
   KeyError in the scheduler (it dies: recorded as a violation);
 - `/continue_generation`: 200, paused or not (one over released memory is recorded as a violation:
   the requests it lets run would meet memory that is not there);
-- `/server_info`'s `version` (`version`): 0.5.23 unless a test sets an older one.
+- `/server_info`'s `version` (`version`): 0.5.23 unless a test sets an older one;
+- speculative decoding (`acceptance`: the acceptance length its answers report; None, the default:
+  it does not speculate): a `weights` release and resume leaves its drafter wrong (acceptance 1.0),
+  as SGLang 0.5.23 does (PR #31674), unless `drafter_survives` (a fixed SGLang); a new process loads it again.
 
 A restart outside the run (`restarted`, from `FakeService.restart_outside`) is a new process: nothing
 paused or released, the requests the old one held gone with it; `lives` keeps the control requests
@@ -55,6 +58,9 @@ class FakeServer:
         self.lives: list[list[tuple[str, Any]]] = [[]]  # (route, body) sent to each process of the server
         self.violations: list[str] = []
         self.version = "0.5.23"
+        self.acceptance: float | None = None  # its drafter's acceptance length; None: not speculative
+        self.drafter_survives = False  # a fixed SGLang: the drafter comes back from a weights release
+        self.drafter_intact = True
 
     def _log(self, route: str, body: Any) -> None:
         self.calls.append((self.world.clock.time(), route, body))
@@ -103,6 +109,8 @@ class FakeServer:
         if missing:
             self._die(f"KeyError: resume of {missing}, never released")
         self.released -= set(tags)
+        if "weights" in tags and not self.drafter_survives:
+            self.drafter_intact = False  # PR #31674: the target's weights come back, the drafter's do not
         if self.memory_saver:
             self._move(tags, +1)
             self.world.sample(self.world.service_host)
@@ -110,6 +118,7 @@ class FakeServer:
     def resume_all(self) -> None:
         """The unit started again: a new process holds all its memory, nothing paused or released."""
         self.paused, self.released, self.dead = False, set(), None
+        self.drafter_intact = True  # a new process loads its drafter again
 
     def restarted(self) -> None:
         """Restarted outside the run: a new process (`resume_all`); the requests held die with the old."""
@@ -139,7 +148,13 @@ class FakeServer:
             self.violations.append("a /generate sent while the server was paused or released would wait forever")
             raise ServerAnswerError("POST /generate: no answer (the server is paused)")
         seed = 0 if self.weights_intact else 5
-        return {"output_ids": [(sum(input_ids) + 7 * i + seed) % 31 for i in range(max_new_tokens)]}
+        answer: dict[str, Any] = {"output_ids": [(sum(input_ids) + 7 * i + seed) % 31 for i in range(max_new_tokens)]}
+        if self.acceptance is not None:  # outputs stay correct whatever the drafter: only its acceptance falls
+            answer["meta_info"] = {"spec_accept_length": self.acceptance if self.drafter_intact else 1.0}
+        return answer
+
+    def server_info(self) -> dict:
+        return {"version": self.version, "speculative_algorithm": "DFLASH" if self.acceptance is not None else None}
 
 
 class FakeServerClient:
@@ -180,6 +195,9 @@ class FakeServerClient:
 
     async def memory_saver(self) -> MemorySaver:
         return await self._call("server_info", {}, self._server.saver)
+
+    async def server_info(self) -> dict:
+        return await self._call("server_info", {}, self._server.server_info)
 
     async def ready(self) -> int:
         return await self._call("ready", {}, lambda: 200 if self._server.serving() else 503)

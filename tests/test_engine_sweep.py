@@ -214,20 +214,20 @@ async def test_step_mode_runs_each_next_step_to_the_end(window: Window) -> None:
     of the hosts again on the way and is no step of its own (a resume paused after it again, forever,
     and never reached the extraction); the restart begun at gpu_released is joined before the pause."""
     ends: list[tuple[str, int, str]] = []
-    for _ in range(8):
+    for _ in range(10):
         seen: list = []
         finished = await window.console(seen=seen, one_step=True)
         ran = [u.step for u in seen if isinstance(u, m.StepUpdate) and u.status == "running" and u.step != "preflight"]
         ends.append((finished.status, finished.exit_code, ",".join(ran)))
         if finished.status != "paused":
             break
-    assert ends == [("paused", 4, "stage,cache"), ("paused", 3, "stop"), ("paused", 3, "free-vram"),
-                    ("paused", 4, "free-vram,extract,restart"), ("paused", 4, "evaluate"), ("paused", 4, "report"),
-                    ("done", 0, "report,crosscheck")], ends
+    assert ends == [("paused", 4, "stage,cache"), ("paused", 4, "acceptance"), ("paused", 3, "stop"),
+                    ("paused", 3, "free-vram"), ("paused", 4, "free-vram,extract,restart"), ("paused", 4, "drafter"),
+                    ("paused", 4, "evaluate"), ("paused", 4, "report"), ("done", 0, "report,crosscheck")], ends
     said = [f.message for f in window.finished]
-    assert said[2].startswith(f"paused after free-vram (one step at a time): the next step, extract, runs on "
-                              f"`dflash-ops run --resume {window.run_id}`"), said[2]
-    assert "THE SERVICE IS STILL DOWN" in said[2]
+    assert said[3].startswith(f"paused after free-vram (one step at a time): the next step, extract, runs on "
+                              f"`dflash-ops run --resume {window.run_id}`"), said[3]
+    assert "THE SERVICE IS STILL DOWN" in said[3]
     assert_promises(window, window.finished[-1])
     assert window.world.service.stop_commands == window.world.service.start_commands == 1
 

@@ -276,3 +276,19 @@ def test_the_stop_notification_says_an_unknown_phase_never_a_dash(tmp_path: Path
                               "goes down", True, None, "forecast")
     said = watcher.on(m.DecisionMade(question, True, "--yes", run_id=run.run_id))
     assert "forecast downtime unknown (at least 12 s) (stop 12 s, start unknown)" in said[0].body
+
+
+def test_a_degraded_run_is_told_with_both_figures_and_the_remedy(tmp_path: Path) -> None:
+    """Issue 40 item 4: the run-ended notification of a run whose window left the served drafter degraded."""
+    from console.notify.events import Watcher
+    from console.procedure.steps.drafter import degraded_end
+
+    store = RunStore(tmp_path / "runs")
+    run = store.create(None, None)
+    run.state.facts["drafter"] = {"before": 4.0, "after": 1.02, "degraded": True}
+    run.save()
+    watcher = Watcher(config_with(f'urls = ["json://127.0.0.1:{closed_port()}/hook"]'), store.open, "sglang.service on ct129")
+    message = f"the procedure finished; {degraded_end(run.state.facts)}"
+    (said,) = watcher.on(m.RunFinished(run.run_id, "degraded", 5, True, message, str(run.dir)))
+    assert said.level == "warning" and "ended degraded (exit 5)" in said.body
+    assert "acceptance length 4.00 before the window, 1.02 after" in said.body and "restart" in said.body

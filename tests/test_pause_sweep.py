@@ -23,7 +23,7 @@ from hypothesis import strategies as st
 import console.procedure.engine as engine_module
 from console.messages import RunFinished
 from console.procedure import forecast as fc
-from console.procedure.engine import EXIT_DOWN, PAUSE_CRASH_POINTS, ResumeRefused
+from console.procedure.engine import DRAFTER_CRASH_POINTS, EXIT_DOWN, PAUSE_CRASH_POINTS, ResumeRefused
 from console.views.units import duration
 from tests.engine_fakes import INFERENCE, TRAINING, FakeWorld, Fault, Producers, ScriptedDecider
 from tests.engine_sweep import (  # its fixtures (producers, window) come through tests/conftest.py
@@ -500,3 +500,89 @@ async def test_an_sglang_whose_pause_aborts_has_no_pause_route(window: Window, t
     state = window.store.open(auto.run_id).state
     assert state.route == "window" and "SGLang 0.5.5-standin" in state.facts["route_chosen"]["why"], state.facts
     assert window.world.service.stop_commands == 1 and window.world.server.calls == []  # the stop route, whole
+
+
+@pytest.fixture
+def weights_released(paused: Window, monkeypatch: pytest.MonkeyPatch) -> Window:
+    """A speculating server whose extraction needs its weights released too (they have a CPU backup)."""
+    from console.procedure.steps import pause as pause_steps
+
+    paused.world.server.acceptance = 4.0
+    monkeypatch.setattr(pause_steps, "release_plan", lambda saver, free, gpus, need: (
+        ["kv_cache", "cuda_graph", "weights"], "the extraction does not fit beside the weights"))
+    return paused
+
+
+async def test_a_drafter_lost_to_the_weights_release_ends_the_run_degraded(weights_released: Window) -> None:
+    """SGLang 0.5.23 (PR #31674): the target comes back from the weights release, the drafter does not.
+    The outputs are the same, so only the acceptance length tells: measured before the window and after
+    the continue, its fall ends the run degraded with both figures; the release's question warned of
+    it; the restart that reloads the drafter is offered (refused here: the server serves on)."""
+    w = weights_released
+    decider = ScriptedDecider(w.world.clock, refuse={"drafter"})
+    finished = await w.console(decider=decider)
+    assert finished.status == "degraded" and finished.exit_code == engine_module.EXIT_DEGRADED, finished
+    assert "acceptance length 4.00 before the window, 1.00 after" in finished.message, finished.message
+    assert "restart" in finished.message  # the remedy named, its refusal said
+    asked = {c.step: c for c in decider.asked}
+    assert "DRAFTER MAY COME BACK WRONG" in asked["release"].impact and "4.00" in asked["release"].impact
+    assert "from 4.00 to 1.00" in asked["drafter"].impact
+    state = w.state()
+    assert state.status == "degraded" and state.steps["drafter"].status == "done"
+    assert [state.steps[s].status for s in ("evaluate", "report")] == ["done", "done"]  # the work is kept
+    assert "1.00 after" in (w.store.root / w.run_id / "report.md").read_text()
+    (summary,) = w.store.summaries()
+    assert summary.status == "degraded" and summary.drafter_fell == (4.0, 1.0)
+    assert_pause_promises(w, finished)  # the server never stopped: the remedy was refused
+
+
+async def test_a_yes_to_the_remedy_restarts_the_server_and_its_drafter_comes_back(weights_released: Window) -> None:
+    w = weights_released
+    finished = await w.console()
+    assert finished.exit_code == engine_module.EXIT_DEGRADED, finished
+    assert "restarted: acceptance length 4.00 now" in finished.message, finished.message
+    service = w.world.service
+    assert service.stop_commands == 1 and service.start_commands == 1 and w.world.server.serving()
+    state = w.state()
+    svc, (restart,) = state.service, [w["service"] for w in state.windows if w.get("drafter_restart")]
+    assert svc.paused_at < svc.continued_at < restart["stopped_at"] < restart["ready_at"]  # the window's own record kept
+    (summary,) = w.store.summaries()  # the pause, then the restart: both down periods counted
+    assert summary.downtime_s == (svc.continued_at - svc.paused_at) + (restart["ready_at"] - restart["stopped_at"])
+    assert summary.windows == 2 and not summary.service_down
+
+
+async def test_a_drafter_that_survives_the_weights_release_ends_done(weights_released: Window) -> None:
+    w = weights_released
+    w.world.server.drafter_survives = True  # a fixed SGLang
+    finished = await w.console()
+    assert finished.status == "done" and finished.exit_code == 0, finished
+    state = w.state()
+    assert state.service.released_tags == ["kv_cache", "cuda_graph", "weights"]
+    assert "intact: acceptance length 4.00 before the window, 4.00 after" in state.steps["drafter"].detail
+    assert_pause_promises(w, finished)
+
+
+async def test_the_stop_route_checks_the_drafter_too(window: Window) -> None:
+    """A restarted server loads its drafter again: the stop route's check finds it intact."""
+    window.world.server.acceptance = 4.0
+    finished = await window.console()
+    assert finished.status == "done" and finished.exit_code == 0, finished
+    detail = window.state().steps["drafter"].detail
+    assert "intact: acceptance length 4.00 before the window, 4.00 after" in detail, detail
+
+
+@pytest.mark.parametrize("point", DRAFTER_CRASH_POINTS)
+async def test_a_console_killed_in_the_drafters_restart_leaves_it_to_the_next(weights_released: Window,
+                                                                              point: str) -> None:
+    """The remedy's stop ran, then the console died: the next one starts the server (once), finds the
+    drafter checked, and ends degraded with the window's record intact and the restart's kept apart."""
+    w = weights_released
+    assert await w.console(Crasher(point)) is None, f"the run never reached {point}"
+    assert w.store.left_down() is not None  # the server down meanwhile: named
+    finished = await w.console()
+    assert finished.exit_code == engine_module.EXIT_DEGRADED and finished.service_up, finished
+    assert "the next finished it" in finished.message, finished.message
+    service = w.world.service
+    assert service.stop_commands == 1 and service.start_commands == 1 and w.world.server.serving()
+    state = w.state()
+    assert state.service.continued_at is not None and state.windows[-1].get("drafter_restart")

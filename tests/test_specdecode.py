@@ -153,3 +153,42 @@ def test_a_drafter_that_cannot_draft_for_the_target_is_refused(fp32_target, tiny
         load_speculator(fp32_target, tiny_target, beyond)
     with pytest.raises(DrafterError, match="not a directory"):
         load_speculator(fp32_target, tiny_target, tmp_path / "absent")
+
+
+@pytest.mark.parametrize("survives", [False, True])
+def test_a_weights_release_leaves_the_drafter_wrong_unless_the_switch_says_sglang_is_fixed(drill, survives):
+    """SGLang 0.5.23 (PR #31674): after a `weights` release and resume the target is back, its drafter
+    is not. The rehearsal server's memory saver does the same: the same greedy tokens, but acceptance ~1;
+    `--draft-weights-survive-release` (a fixed SGLang) brings the drafter back too."""
+    import threading
+    from types import SimpleNamespace
+
+    from remote.drill.memory_saver import MemorySaver
+    from remote.drill.standin.arguments import parse_args
+
+    tok = AutoTokenizer.from_pretrained(drill.target)
+    model = AutoModelForCausalLM.from_pretrained(drill.target, dtype=getattr(torch, SERVING_DTYPE)).eval()
+    speculator = load_speculator(model, drill.target, drill.reference)
+    server = SimpleNamespace(model=SimpleNamespace(model=model, torch=torch, speculator=speculator),
+                             counter_lock=threading.Lock(), running=[], waiting=[], flush_cache=lambda: None)
+    switch = ["--draft-weights-survive-release"] if survives else []
+    args = parse_args(["--model", str(drill.target), "--port", "1", "--enable-memory-saver",
+                       "--enable-weights-cpu-backup", *switch])
+    server.args = args
+    saver = MemorySaver(server, args)
+    ids = prompt_token_ids(tok, load_prompts(drill.prompts).prompts[0])
+
+    def acceptance() -> tuple[list[int], float]:
+        out = speculator.generate(ids, 48, {tok.eos_token_id})
+        return out.output_ids, out.meta_info()["spec_accept_length"]
+
+    tokens, before = acceptance()
+    saver.release(["weights"])
+    saver.resume(["weights"])
+    tokens_after, after = acceptance()
+    assert tokens_after == tokens  # the target verifies every token: outputs stay correct
+    assert before > 2.0
+    if survives:
+        assert after == before
+    else:
+        assert after < 1.2, after

@@ -299,6 +299,8 @@ async def test_one_step_at_a_time_then_the_rest(drill: Drill) -> None:
     run_id, state = drill.only_run()
     assert state["steps"]["stage"]["status"] == "done" and state["steps"]["cache"]["status"] == "done"
     assert "stop" not in state["steps"] and drill.service_pid() == pid  # nothing past the unit asked for
+    measured, _ = await run_in_process(drill, Scripted(), resume=run_id, one_step=True)
+    assert measured.message.startswith("paused after acceptance") and measured.service_up, measured.message
     second, seen = await run_in_process(drill, Scripted(), resume=run_id, one_step=True)
     assert second.status == "paused" and not second.service_up, second.message  # paused after the stop: said so
     assert second.exit_code == EXIT_DOWN  # exit 3 whenever the service is down at the end, paused included

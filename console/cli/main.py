@@ -171,7 +171,8 @@ def _add_run(sub: argparse._SubParsersAction) -> None:
         "run", help="run the downtime window: preflight, stage, cache, stop, free VRAM, extract, restart, evaluate, report",
         description="Run the procedure against the configured hosts, asking before every step that changes a "
                     "host. Exit status 0 done; 1 failed with the service up; 2 usage or config; 3 failed with "
-                    "the service still down; 4 paused with the service up (run --resume continues it).")
+                    "the service still down; 4 paused with the service up (run --resume continues it); 5 degraded: "
+                    "done, but the window left the served drafter degraded (a restart reloads it).")
     _add_config_option(parser)
     parser.add_argument("--plan", action="store_true", help="print every step with its exact command and whether "
                                                             "it would act; change nothing")

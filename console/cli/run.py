@@ -1,7 +1,9 @@
 """`dflash-ops run` (the procedure, headless or with terminal prompts) and `dflash-ops runs`.
 
 Exit codes: 0 done; 1 failed (or refused), the service up; 2 usage or config; 3 failed (or paused)
-with the service down; 4 paused with the service up (`run --resume` continues it). Ctrl-C cancels the procedure; after the stop the restart is then performed (unless
+with the service down; 4 paused with the service up (`run --resume` continues it); 5 degraded: the
+work done, but the window left the served drafter degraded (its acceptance length before and after
+said; a restart of the server reloads it: `console/procedure/steps/drafter.py`). Ctrl-C cancels the procedure; after the stop the restart is then performed (unless
 `--no-restart`), and the exit code says whether the service is still down. SIGTERM (`kill`) and
 SIGHUP (the terminal closed) are handled as Ctrl-C is, journalled; a second signal while the run
 compensates is journalled too and changes nothing, so a restart is never abandoned half-way. A
@@ -149,7 +151,7 @@ async def run_procedure(operator: Operator, decider: Decider, resume: str | bool
     finally:
         view.close()
         await operator.stop()
-    if finished.status == "done":
+    if finished.status in ("done", "degraded"):
         show_results(operator, finished.run_id, Console())
     return exit_status(finished)
 
@@ -302,6 +304,9 @@ def runs_rows(summaries: list[RunSummary | UnreadableRun]) -> tuple[list[str], l
             status += ", SERVER PAUSED"
         if summary.drained:
             status += f", DRAINED ({summary.drained} out of the router)"
+        if summary.drafter_fell is not None:  # both figures: the served drafter's acceptance length
+            before, after = summary.drafter_fell
+            status += f"\ndrafter acceptance {before:.2f} -> {after:.2f}"
         taus = "\n".join(f"{name} {tau:.2f}" for name, tau in summary.headline.items() if tau is not None) or "-"
         online = "\n".join(f"{name} {tau:.2f}" for name, tau in summary.online.items() if tau is not None) or "-"
         downtime = duration(summary.downtime_s, tenths=True)
@@ -312,7 +317,8 @@ def runs_rows(summaries: list[RunSummary | UnreadableRun]) -> tuple[list[str], l
             downtime += f"\n{summary.windows} windows"
         rows.append([summary.run_id, time.strftime("%Y-%m-%d %H:%M", time.localtime(summary.created_at)), status,
                      summary.route or "-", downtime, taus, online])
-        styles.append("bold red" if summary.service_down or summary.server_paused or summary.drained else "")
+        styles.append("bold red" if summary.service_down or summary.server_paused or summary.drained
+                      else "yellow" if summary.drafter_fell else "")
     return headers, rows, styles
 
 

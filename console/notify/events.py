@@ -27,6 +27,8 @@ from console.procedure.store import Run, left_line, what_next
 from console.views.units import duration
 
 # The steps whose approval takes the server away from its users: (title's verb, what it is).
+# A degraded run did its work but left the served drafter degraded (its figures and remedy in the message).
+ENDED_LEVEL = {"done": "success", "degraded": "warning"}
 STOPPING_STEPS = {"stop": ("stopping", "stop"), "pause": ("pausing", "pause")}
 
 
@@ -144,7 +146,7 @@ class Watcher:
             notes.append(Notification(
                 "run-ended", finished.run_id, f"dflash-ops: run {finished.run_id} {finished.status}",
                 f"Run {finished.run_id} ended {finished.status} (exit {finished.exit_code}): {finished.message}"
-                f"{results}", "success" if finished.status == "done" else "failure"))
+                f"{results}", ENDED_LEVEL.get(finished.status, "failure")))
         # How the run left the server is the store's answer ("down", or "paused" on the pause route),
         # said in the words every view uses.
         left = state.service.left_as() if state else (None if finished.service_up else "down")

@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any
 from console.messages import RunFinished
 from console.procedure import kept, run_jobs
 from console.procedure.outcomes import Refused, ResumeRefused, StepFailed
-from console.procedure.steps import fleet, pause, preflight, stop
+from console.procedure.steps import drafter, fleet, pause, preflight, stop
 from console.procedure.store import what_next
 from console.service.control import ReadyTimeout, ServiceError
 from console.service.sglang_api import ServerAnswerError, ServerUnreachable
@@ -30,6 +30,9 @@ if TYPE_CHECKING:
 
 EXIT_DONE, EXIT_FAILED, EXIT_USAGE, EXIT_DOWN = 0, 1, 2, 3
 EXIT_PAUSED = 4  # paused with the service up (cut short at its budget, or one step done): `run --resume` goes on
+# Its work done, but the window left the served drafter degraded (steps/drafter.py): an outcome of its own,
+# so that a script and `runs` tell it from a clean run.
+EXIT_DEGRADED = 5
 AS_IT_WAS = "as-it-was"  # a resume's preflight failed: the run is left as it was (`kept.left_as_it_was`)
 GIVE_BACK_ERRORS = (Refused, StepFailed, HostError, ServiceError, ReadyTimeout, TimeoutError, ServerAnswerError,
                     ServerUnreachable, ValueError)
@@ -51,7 +54,10 @@ async def end(window: Window, status: str, message: str) -> RunFinished:
         return kept.left_as_it_was(window, message)
     if window.lock_refused:  # another live console's run holds the host: nothing there is ours to undo
         return finish(window, status, message)
-    if status not in ("done", "paused"):
+    degraded = drafter.degraded_end(window.state.facts) if status == "done" else None
+    if degraded is not None:
+        status, message = "degraded", f"{message}; {degraded}"
+    if status not in ("done", "degraded", "paused"):
         if status not in ("failed",):  # a failed step journalled its own error
             window.journal(None, message, level="warning")
         await compensate_to_the_end(window, status, declined_while_down(window, message) if status == "refused" else None)
@@ -122,7 +128,7 @@ def finish(window: Window, status: str, message: str) -> RunFinished:
     held = window.server_held_by_us and not down
     drained = window.state.service.left_as() == "drained"  # the fleet window: a replica out of the router
     code = EXIT_DOWN if down or held or drained else EXIT_DONE if status == "done" else \
-        EXIT_PAUSED if status == "paused" else EXIT_FAILED
+        EXIT_DEGRADED if status == "degraded" else EXIT_PAUSED if status == "paused" else EXIT_FAILED
     if not window.plan_only:
         window.state.status = status
         window.state.exit_code = code
@@ -172,7 +178,7 @@ async def restart_only(window: Window) -> RunFinished:
         return await rejoin_only(window)
     if not down:  # held until the run's service is back (its console gone): released now
         await release_lock(window)
-    code = EXIT_DOWN if down else EXIT_FAILED if state.status != "done" else EXIT_DONE
+    code = EXIT_DOWN if down else ended_code(state.status)
     return closed(window, code, message)
 
 async def rejoin_only(window: Window) -> RunFinished:
@@ -189,7 +195,7 @@ async def rejoin_only(window: Window) -> RunFinished:
     if state.service.drained:
         return closed(window, EXIT_DOWN, message + "; " + fleet.drained_line(window.run.run_id, state.service))
     await preflight.release_host_lock(window)
-    return closed(window, EXIT_FAILED if state.status != "done" else EXIT_DONE, message)
+    return closed(window, ended_code(state.status), message)
 
 async def give_back_only(window: Window) -> RunFinished:
     """A finished run that left the server paused or released: only its resume + continue."""
@@ -213,7 +219,12 @@ async def give_back_only(window: Window) -> RunFinished:
     if state.service.drained:  # the fleet window: given back, then back in the router
         return await rejoin_only(window)
     await preflight.release_host_lock(window)
-    return closed(window, EXIT_FAILED if state.status != "done" else EXIT_DONE, message)
+    return closed(window, ended_code(state.status), message)
+
+def ended_code(status: str) -> int:
+    """A finished run's exit status once its service is back (its recovery after the run ended)."""
+    return EXIT_DONE if status == "done" else EXIT_DEGRADED if status == "degraded" else EXIT_FAILED
+
 
 def cancelled(window: Window, step: str) -> str:
     """Ctrl-C (or a signal) while a finished run only recovers its service: taken, never ignored;

@@ -42,6 +42,7 @@ from console.procedure import ending, identity, run_jobs
 from console.procedure.decider import Decider
 from console.procedure.ending import (  # noqa: F401  (re-exported: the CLI, the views and the tests import them here)
     AS_IT_WAS,
+    EXIT_DEGRADED,
     EXIT_DONE,
     EXIT_DOWN,
     EXIT_FAILED,
@@ -88,6 +89,7 @@ CRASH_POINTS = ("staged", "cached", "stop-asked", "stop-ran", "holders", "go", "
                 "ready", "evaluated", "reported")
 PAUSE_CRASH_POINTS = ("staged", "cached", "paused", "released", "go", "gpu-released", "resumed", "continued",
                       "evaluated", "reported")  # the pause route's
+DRAFTER_CRASH_POINTS = ("drafter-stopped",)  # a drafter that came back degraded: its restart, stopped (either route)
 
 
 class Engine:

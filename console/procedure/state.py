@@ -22,7 +22,7 @@ from typing import Any
 SCHEMA = "dflash-ops.run/2"
 READABLE = ("dflash-ops.run/1", SCHEMA)
 STEP_ENDED = ("done", "skipped", "left-out", "failed", "refused", "cancelled")
-RUN_FINISHED = ("done", "failed", "refused", "cancelled", "discarded")
+RUN_FINISHED = ("done", "degraded", "failed", "refused", "cancelled", "discarded")
 
 
 class StateError(Exception):
@@ -206,7 +206,7 @@ class RunState:
 
     run_id: str
     created_at: float
-    status: str = "running"  # running | paused | done | failed | refused | cancelled | discarded
+    status: str = "running"  # running | paused | done | degraded | failed | refused | cancelled | discarded
     route: str | None = None
     config: str | None = None
     config_sha256: str | None = None

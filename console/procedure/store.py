@@ -213,6 +213,8 @@ class RunSummary:
     # the forecast is: seen, not assumed.
     forecast_error: float | None = None
     answers_s: float = 0.0
+    # The served drafter's acceptance length (before, after) when the window left it degraded (steps/drafter.py).
+    drafter_fell: tuple[float, float] | None = None
 
 
 @dataclass(frozen=True)
@@ -417,7 +419,14 @@ def summary_of(run: Run) -> RunSummary:
                       windows=len(s.windows) + (1 if s.service.began() else 0) or 1,
                       server_paused=s.service.left_as() == "paused",
                       drained=(s.service.drained or {}).get("replica", "?") if s.service.drained else None,
-                      forecast_error=error, answers_s=answers)
+                      forecast_error=error, answers_s=answers, drafter_fell=drafter_fell(s.facts))
+
+
+def drafter_fell(facts: dict[str, Any]) -> tuple[float, float] | None:
+    record = facts.get("drafter")
+    if not isinstance(record, dict) or not record.get("degraded"):
+        return None
+    return float(record["before"]), float(record["after"])
 
 
 def forecast_error(state: RunState) -> tuple[float | None, float]:

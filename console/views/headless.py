@@ -159,7 +159,7 @@ class HeadlessView:
         elif type(message).__name__ == "JobProgress":
             self._job_progress(message)
         elif isinstance(message, m.RunFinished):
-            style = "bold green" if message.status == "done" else "bold red"
+            style = {"done": "bold green", "degraded": "bold yellow"}.get(message.status, "bold red")
             self._print(Text(f"run {message.run_id} {message.status} (exit {message.exit_code}): {message.message}",
                              style=style))
 

@@ -126,6 +126,27 @@ def window_rows(out_dir: Path) -> list[list[str]] | None:
 WINDOW_TITLE = "Window: forecast against measured"
 
 
+def served_drafter(out_dir: Path) -> dict[str, Any] | None:
+    """The served drafter's check (steps/drafter.py): its acceptance length before the window and
+    after, and what was done about a fall; None for a directory without a run that checked it."""
+    from console.procedure.store import STATE, RunStore, RunStoreError
+
+    if not (out_dir / STATE).is_file():
+        return None
+    try:
+        record = RunStore(out_dir.parent).open(str(out_dir)).state.facts.get("drafter")
+    except RunStoreError:
+        return None
+    return record if isinstance(record, dict) and record.get("line") else None
+
+
+def drafter_markdown(record: dict[str, Any]) -> str:
+    lines = ["", "## Served drafter", "", record["line"] + "."]
+    if record.get("remedy"):
+        lines += ["", f"Remedy: {record['remedy']}."]
+    return "\n".join([*lines, ""])
+
+
 def forecast_error_line(out_dir: Path) -> str | None:
     """The forecast's error on the window's downtime in one line, so that it is seen, not assumed:
     'the forecast was off by +55%: 10.2 s forecast, 6.6 s measured (30 s of your answers left out of
@@ -188,6 +209,10 @@ def write_report(results_dir: Path, out_dir: Path | None = None, threshold: floa
     if window is not None:
         report["window"] = {"headers": WINDOW_HEADERS, "rows": window}
         extra += window_markdown(window)
+    checked = served_drafter(out_dir)  # the served drafter before and after the window (issue 40)
+    if checked is not None:
+        report["drafter"] = checked
+        extra += drafter_markdown(checked)
     online = read_online(out_dir, results_dir)  # the online cross-check (issue 20), when the run has one
     if online is not None:
         report["online"] = online

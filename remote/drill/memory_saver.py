@@ -21,6 +21,11 @@ What it follows (facts and their sources: docs/sglang.md, "Pause and release"):
   it from a set: KeyError), memory saver or not. The weights come back bit for bit with
   `--enable-weights-cpu-backup`; without it they come back as fresh memory, their values lost (the
   buffers SGLang stashes come back).
+- With speculative decoding, the draft model's weights do not come back from a `weights` release
+  (SGLang 0.5.23; PR #31674, open): the target's return, the drafter's stay wrong. Outputs stay
+  correct (the target verifies every token) but nearly no draft is accepted (acceptance length ~1),
+  and nothing errors. Here the drafter's weights are zeroed at the resume (it then proposes tokens
+  the target rejects); `--draft-weights-survive-release` answers as a fixed SGLang.
 - The four routes are ADMIN_OPTIONAL (utils/auth.py): the API key, or the admin key when one is set.
 - `--sglang-version` before 0.5.6 answers as SGLang 0.5.5 does (http_server.py, pause_generation takes
   only the Request; tokenizer_manager.py, pause_generation: `abort_request(abort_all=True)`): the pause
@@ -102,6 +107,7 @@ class MemorySaver:
         self.server = server
         self.enabled = bool(args.enable_memory_saver)
         self.weights_cpu_backup = bool(args.enable_weights_cpu_backup)
+        self.draft_weights_survive = bool(getattr(args, "draft_weights_survive_release", False))
         self.device = getattr(args, "device", "cpu")
         # SGLang 0.5.5 and earlier: /pause_generation reads no body and aborts every request in flight
         release = release_of(getattr(args, "sglang_version", SGLANG_VERSION))
@@ -325,6 +331,10 @@ class MemorySaver:
             if self.enabled and not self.weights_cpu_backup and self.torch_saver is None:
                 for parameter in model.model.parameters():
                     parameter.zero_()
+            speculator = getattr(model, "speculator", None)
+            if speculator is not None and self.enabled and not self.draft_weights_survive:  # PR #31674 (above)
+                for weight in speculator.drafter.w.values():
+                    weight.zero_()
         self.stashed_buffers = []
 
     def _show(self, before: set[str]) -> None:
@@ -350,6 +360,10 @@ def add_arguments(parser: Any) -> None:
                              "torch_memory_saver on --device cuda)")
     parser.add_argument("--enable-weights-cpu-backup", action="store_true",
                         help="SGLang's: released weights are kept in CPU memory and come back as they were")
+    parser.add_argument("--draft-weights-survive-release", action="store_true",
+                        help="answer as a fixed SGLang (PR #31674): the draft model's weights come back from a "
+                             "`weights` release too (default: they come back wrong, as in SGLang 0.5.23: "
+                             "acceptance length ~1, outputs still correct)")
     parser.add_argument("--kv-cache-mib", type=int, metavar="MIB",
                         help="the KV cache's MiB per GPU (default: 35 %% of --gpu-mib simulated, none on cuda)")
     parser.add_argument("--cuda-graph-mib", type=int, metavar="MIB",

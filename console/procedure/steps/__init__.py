@@ -1,14 +1,16 @@
 """The procedure as data: the steps of each route, and what preflight learned that chooses the plan.
 
-    window:        preflight → stage ‖ cache → [drain] → stop → free-vram → extract → restart → [rejoin] → evaluate
-                   → report → crosscheck
-    pause:         preflight → stage ‖ cache → [drain] → pause → release → free-vram → extract → resume → continue
-                   → [rejoin] → evaluate → report → crosscheck  (the server gives its GPU memory back and takes it
+    window:        preflight → stage ‖ cache → acceptance → [drain] → stop → free-vram → extract → restart → drafter
+                   → [rejoin] → evaluate → report → crosscheck
+    pause:         preflight → stage ‖ cache → acceptance → [drain] → pause → release → free-vram → extract → resume
+                   → continue → drafter → [rejoin] → evaluate → report → crosscheck  (the server gives its GPU memory back and takes it
                    again, never stopped)
     [drain], [rejoin]: a fleet behind SGLang's router only (`fleet`): the window runs on one replica, out of
                    the router; a one-server config leaves them out
     zero-downtime: preflight → cache → extract → evaluate → report → crosscheck  (the server is never touched)
 
+acceptance and drafter: the served drafter's acceptance length before the window and once the server
+is back (`drafter`): a drafter the window left wrong ends the run degraded (`steps/drafter.py`).
 The cross-check comes last: it needs the service ready and the offline tau to stand beside.
 
 `STEPS` below is the only list of steps: every view reads it. Each step family's check, run, verify
@@ -28,7 +30,7 @@ from __future__ import annotations
 from console.procedure.facts import STAGE_RAM_MARGIN, Preflight, size_text, stage_decision
 from console.procedure.forecast import estimates
 from console.procedure.step import Step, by_route
-from console.procedure.steps import extract, fleet, pause, preflight, results, serving, stop
+from console.procedure.steps import drafter, extract, fleet, pause, preflight, results, serving, stop
 
 __all__ = ["BY_NAME", "ROUTES", "STAGE_RAM_MARGIN", "STEPS", "STEP_NAMES", "STEP_TITLES", "PAUSE", "WINDOW", "ZERO_DOWNTIME",
            "Preflight", "Step", "by_route", "estimates", "route_steps", "size_text", "stage_decision", "units"]
@@ -44,6 +46,9 @@ STEPS: tuple[Step, ...] = (
     Step("cache", "cache greedy completions from the live server", "service", _ALL,
          check=serving.check_cache, run=serving.run_cache, verify=serving.verify_cache, compensate="end our job",
          group="serving"),
+    Step("acceptance", "measure the served drafter's acceptance length (a few cached prompts replayed)", "service",
+         _SERVED, check=drafter.check_acceptance, run=drafter.run_acceptance,
+         left_out_when="the server is never touched (zero-downtime)"),
     Step("drain", "take the replica out of the router and let its requests finish", "service", _SERVED,
          check=fleet.check_drain, run=fleet.run_drain, verify=fleet.verify_drain, compensate="rejoin the replica",
          asks="take the replica out of the router", left_out_when="one server (no [fleet] router)"),
@@ -69,6 +74,10 @@ STEPS: tuple[Step, ...] = (
     Step("continue", "let the server take requests again; /health and a greedy /generate as before the pause",
          "service", ("pause",), check=pause.check_continue, run=pause.run_continue, verify=pause.verify_continue,
          asks="let the server take requests again", while_down=True),
+    Step("drafter", "measure the served drafter again: a fall beyond the margin ends the run degraded, its "
+                    "restart offered", "service", _SERVED, check=drafter.check_drafter, run=drafter.run_drafter,
+         asks="restart the server to reload its drafter (only when it came back degraded)",
+         left_out_when="the server is never touched (zero-downtime)"),
     Step("rejoin", "put the replica back in the router once it generates; requests reach it again", "service",
          _SERVED, check=fleet.check_rejoin, run=fleet.run_rejoin, verify=fleet.verify_rejoin,
          asks="put the replica back in the router", left_out_when="one server (no [fleet] router)"),

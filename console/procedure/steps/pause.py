@@ -429,7 +429,7 @@ async def run_release(window: Window) -> str:
     body = {"tags": tags}
     impact = (f"{service_name(window.config)} on {window.config.service.host} gives back {why}; it stays paused, "
               f"its process and " + ("its weights (copied to CPU memory)" if WEIGHTS in tags else "its weights")
-              + " stay; /resume_memory_occupation takes exactly these back")
+              + " stay; /resume_memory_occupation takes exactly these back" + _drafter_warning(window, tags))
     if not await window.ask(Confirmation("release", f"release the server's {' and '.join(tags)}",
                                           window.config.service.host,
                                           request_argv(window, "/release_memory_occupation", body), impact,
@@ -452,6 +452,16 @@ async def run_release(window: Window) -> str:
                    host=window.config.service.host, duration_s=round(took, 3))
     window.crash_point("released")
     return f"released {', '.join(tags)} in {took:.2f} s"
+
+
+def _drafter_warning(window: Window, tags: list[str]) -> str:
+    """A `weights` release on a speculating server: SGLang 0.5.23 brings the drafter back wrong (PR #31674)."""
+    if WEIGHTS not in tags or not (window.state.facts.get("drafter") or {}).get("speculative"):
+        return ""
+    before = window.state.facts["drafter"]["before"]
+    return (f"; the server decodes speculatively: its DRAFTER MAY COME BACK WRONG after a weights release (SGLang "
+            f"PR #31674: outputs stay correct, acceptance falls to ~1); the drafter check after the continue "
+            f"measures it against {before:.2f} now and tells")
 
 
 # --- free-vram (the pause route's: wait for the room, end nothing) ----------------------------------

@@ -1,0 +1,55 @@
+"""Issue 40, item 4, through the real commands on the drill: the rehearsal server loses its drafter to
+a `weights` release as SGLang 0.5.23 does (PR #31674). The run measures the served acceptance length
+before the window and after the continue; the fall ends it degraded (exit 5), both figures said in
+its output, its journal, `runs` and the report, and `--yes` takes the offered restart, which loads
+the drafter again. (A fixed SGLang, `--draft-weights-survive-release`: tests/test_specdecode.py and
+the pause sweep's drafter cases.)"""
+
+from __future__ import annotations
+
+import re
+import subprocess
+
+import pytest
+
+from console.procedure.engine import EXIT_DEGRADED
+from tests.standin_helpers import wait_status
+from tests.window_fixtures import ENTRY_POINT, Drill, cli_env
+
+pytestmark = pytest.mark.timeout(600)
+
+# The server fills its simulated GPUs with weights (49000 of 49140 MiB, a sliver of KV cache and graphs):
+# the extraction then fits only once the weights are released too (to their CPU backup).
+SQUEEZED = {'"--gpu-mib", "40000"': '"--gpu-mib", "49000"', '"--kv-cache-mib", "14000"': '"--kv-cache-mib", "100"',
+            '"--cuda-graph-mib", "1200"': '"--cuda-graph-mib", "50"'}
+
+
+def test_a_drafter_lost_to_the_weights_release_ends_the_pause_route_degraded(drill: Drill) -> None:
+    service = drill.config.service
+    text = drill.config_path.read_text()
+    for old, new in SQUEEZED.items():
+        assert old in text, old
+        text = text.replace(old, new)
+    drill.config_path.write_text(text)  # the drill's next test gets its own config back (rearm)
+    subprocess.run(list(service.stop), check=True, capture_output=True, timeout=60)
+    subprocess.run(list(drill.config.service.start), check=True, capture_output=True, timeout=60)
+    wait_status(service.url + "/health", 200, timeout=60)
+    done = drill.run_cli("run", "--headless", "--yes", "--route", "pause")
+    out = " ".join((done.stdout + done.stderr).split())
+    assert done.returncode == EXIT_DEGRADED, out
+    run_id, state = drill.only_run()
+    assert state["status"] == "degraded" and "weights" in state["service"]["released_tags"]
+    record = state["facts"]["drafter"]
+    before, after = record["before"], record["after"]
+    assert before > 2.0 and after < 1.2, record  # the reference drafter, then nearly nothing accepted
+    figures = f"acceptance length {before:.2f} before the window, {after:.2f} after"
+    assert figures in out, out
+    assert re.search(r"restarted: acceptance length \d\.\d\d now", out) and record["restarted"] > 2.0, out
+    journal = drill.journal()
+    release = next(e for e in journal if e.get("kind") == "question" and e.get("step") == "release")
+    assert "DRAFTER MAY COME BACK WRONG" in release["data"]["impact"]
+    assert any(e.get("kind") == "question" and e.get("step") == "drafter" for e in journal)
+    runs = subprocess.run([ENTRY_POINT, "runs", "--runs", str(drill.runs)], capture_output=True, text=True,
+                          timeout=60, env=cli_env())
+    assert "degraded" in runs.stdout and f"{before:.2f} -> {after:.2f}" in " ".join(runs.stdout.split()), runs.stdout
+    assert figures in (drill.runs / run_id / "report.md").read_text()
