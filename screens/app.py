@@ -112,9 +112,6 @@ class ConsoleApp(StaysUp, App[int]):
     ]
     question_guard_s = QUESTION_GUARD_S  # a question ignores keys and clicks this long when it comes on top
     ACTING = {"run_procedure", "plan", "cancel_run", "restart_service", "next_step", "zero_downtime"}
-    # What a key that acts would have done, said when a read-only console presses it (`r` says its own).
-    READ_ONLY_KEYS = {"g": "runs no window", "n": "runs no step", "p": "plans nothing (a plan asks the hosts)",
-                      "c": "cancels no run"}
 
     def __init__(self, operator: Any, *, autostart: bool = False, resume: str | bool | None = None,
                  clock: Callable[[], float] = time.time, tick_s: float = 1.0, start_operator: bool = True) -> None:
@@ -590,16 +587,9 @@ class ConsoleApp(StaysUp, App[int]):
 
     def on_key(self, event: events.Key) -> None:
         """A key whose binding cannot act here reaches the app: `r` says why rather than nothing."""
-        if isinstance(self.screen, ModalScreen):
-            return
-        if event.key == "r":
+        if event.key == "r" and not isinstance(self.screen, ModalScreen):
             event.stop()
             self.notify(self.why_no_restart(), title="r: no restart", severity="warning", timeout=6)
-        elif self.read_only and event.key in self.READ_ONLY_KEYS and isinstance(self.screen, DashboardScreen):
-            event.stop()  # the key was pressed to act: say why nothing happened, rather than nothing
-            self.notify(f"read-only: this console {self.READ_ONLY_KEYS[event.key]}; it only watches "
-                        "(a console without --read-only acts)", title=f"{event.key}: read-only",
-                        severity="warning", timeout=6)
 
     def action_events(self) -> None:
         """The events whole, filtered as a word is typed; the dashboard's log keeps the filter."""

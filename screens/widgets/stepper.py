@@ -48,14 +48,14 @@ def stepper_renderable(steps: Mapping[str, StepView], planned: bool, now: float,
         why = step.detail or (step.why if step.status in ("skipped", "left-out") else None)
         if why and step.status in ("skipped", "left-out", "refused", "failed", "cancelled"):
             notes.append(Text(f"{step.name}: {why}", style="red" if step.status == "failed" else "dim"))
-    parts: list = [table]
+    # the run's end first, where the steps are (a toast covered the last rows; under a long route's
+    # steps it fell below the panel's bottom on a 40-row screen)
+    parts: list = [table] if ended is None else [ended, table]
     followed = any(s.status != "pending" for s in steps.values())  # a run another console drives, seen here
     if not planned and not (read_only and followed):
         idle = "no run going: this console watches" if read_only else "no plan yet: p plans, g runs"
         parts.append(Text("planning: preflight is running" if running else idle, style="dim"))
     parts.extend(notes[-3:])
-    if ended is not None:  # the run's end, where the steps are (a toast covered the last rows)
-        parts.append(ended)
     return Group(*parts)
 
 
