@@ -5,9 +5,10 @@ own meet at one lock, and the second is refused naming the first, before anythin
 Over real SSH: two embedded SSH servers on loopback, one per operator, each with its own login and
 home, both on this machine (one inference host), configured with the same `lock_dir`. The lock's
 file operations run as the host runs them (`python -I -c remote/lockfile.py ...` over the link).
-The embedded server runs every login as this machine's user, so the sticky bit's "only its owner
-removes it" is the kernel's to keep; what is checked here is everything the console does itself:
-what it creates, reads, refuses and says.
+The embedded server runs every login as this machine's user, so what only two real accounts show
+(the sticky bit: only a lock's account removes it; a directory another account made is not
+trusted) is checked with the system's own accounts nobody and daemon (`setpriv`, as root only).
+Then what a hostile local user can put at the lock's path, in-process: each refused, never followed.
 """
 
 from __future__ import annotations
@@ -33,7 +34,7 @@ from console.procedure import host_lock, remote_files
 from console.procedure.outcomes import StepFailed
 from console.procedure.state import Owner, current_user
 from console.ssh.embedded_server import EmbeddedSSHServer
-from console.ssh.hosts import Host
+from console.ssh.hosts import CommandFailed, Host
 from remote import lockfile
 from tests.cli_hosts import write_config
 
@@ -53,8 +54,8 @@ class OverSSH:
 class OperatorsRun:
     """What the host lock reads of a `Window`: one operator's run, its console, the config."""
 
-    def __init__(self, config: Any, link: Host, owner: Owner, run_id: str):
-        self.config, self.hosts, self.store = config, OverSSH(link), None
+    def __init__(self, config: Any, hosts: Any, owner: Owner, run_id: str):
+        self.config, self.hosts, self.store = config, hosts, None
         self.run = SimpleNamespace(run_id=run_id)
         self.state = SimpleNamespace(owner=owner, finished=False)
         self.holds_lock = self.lock_refused = False
@@ -103,8 +104,10 @@ async def test_two_operators_meet_at_one_lock_and_the_second_is_told_who_holds_i
         tmp_path: Path, logins: dict[str, Host], alices_console: Owner) -> None:
     shared = tmp_path / "var-tmp" / "dflash-ops-locks"  # not there yet: the first take makes it, like /tmp
     shared.parent.mkdir()
-    alice = OperatorsRun(config_with_lock_dir(tmp_path, shared, "alice"), logins["alice"], alices_console, "run-alice")
-    bob = OperatorsRun(config_with_lock_dir(tmp_path, shared, "bob"), logins["bob"], Owner.this_process(), "run-bob")
+    alice = OperatorsRun(config_with_lock_dir(tmp_path, shared, "alice"), OverSSH(logins["alice"]), alices_console,
+                         "run-alice")
+    bob = OperatorsRun(config_with_lock_dir(tmp_path, shared, "bob"), OverSSH(logins["bob"]), Owner.this_process(),
+                       "run-bob")
 
     await host_lock.take(alice)
     assert alice.holds_lock
@@ -138,7 +141,8 @@ async def test_a_symlink_put_at_the_lock_is_refused_never_followed(tmp_path: Pat
     victim = tmp_path / "victim"
     victim.write_text("not a lock")
     (shared / host_lock.LOCK_FILE).symlink_to(victim)  # a hostile local user's, before anyone took the lock
-    bob = OperatorsRun(config_with_lock_dir(tmp_path, shared, "bob"), logins["bob"], Owner.this_process(), "run-bob")
+    bob = OperatorsRun(config_with_lock_dir(tmp_path, shared, "bob"), OverSSH(logins["bob"]), Owner.this_process(),
+                       "run-bob")
 
     with pytest.raises(StepFailed) as refused:
         await host_lock.take(bob)
@@ -245,5 +249,42 @@ def test_two_real_accounts_share_the_lock_and_only_its_account_removes_it() -> N
         assert as_account(nobody, "take", str(own), "{}").returncode == 0
         taken = as_account(daemon, "take", str(own), "{}")
         assert taken.returncode == 2 and f"the lock directory {own} belongs to {nobody}" in taken.stderr, taken.stderr
+    finally:
+        shutil.rmtree(base)
+
+
+class AsAccount:
+    """The host lock's one `WindowHosts` call, run on this machine as another real account."""
+
+    def __init__(self, account: str):
+        self.account = account
+
+    async def lock_file(self, host: str, op: str, args: list[str]) -> dict:
+        done = as_account(self.account, op, *args)
+        if done.returncode != 0:
+            raise CommandFailed(host, ["lockfile", op], done.returncode, done.stderr)
+        return json.loads(done.stdout)
+
+
+@pytest.mark.skipif(os.geteuid() != 0 or not shutil.which("setpriv") or not os.path.exists(SYSTEM_PYTHON),
+                    reason="needs root (to act as two other accounts), setpriv and the system's Python")
+async def test_a_gone_console_of_another_account_is_not_taken_over_but_named(tmp_path: Path) -> None:
+    base = Path(tempfile.mkdtemp(prefix="dflash-ops-accounts-"))
+    try:
+        base.chmod(0o1777)
+        gone = subprocess.Popen(["true"])
+        gone.wait()  # the first operator's console, ended without releasing its lock
+        nobody, daemon = ACCOUNTS
+        gone_console = Owner(nobody, os.uname().nodename, gone.pid, time.time() - 60, 1)
+        first = OperatorsRun(config_with_lock_dir(tmp_path, base, nobody), AsAccount(nobody), gone_console, "run-gone")
+        await host_lock.take(first)
+        second = OperatorsRun(config_with_lock_dir(tmp_path, base, daemon), AsAccount(daemon), Owner.this_process(),
+                              "run-next")
+        with pytest.raises(StepFailed) as refused:
+            await host_lock.take(second)
+        lock = base / host_lock.LOCK_FILE
+        assert f"the host lock {HOST}:{lock} belongs to the account {nobody} and names a run whose console is gone; " \
+               f"only {nobody} (or root) can remove it" in str(refused.value), refused.value
+        assert json.loads(lock.read_text())["run_id"] == "run-gone" and not second.holds_lock
     finally:
         shutil.rmtree(base)
