@@ -54,7 +54,8 @@ class ThreadedHosts:
         server = self.servers[name]
         table = {"address": "127.0.0.1", "port": server.port, "user": server.user,
                  "identity_file": str(server.client_key_path), "known_hosts": str(server.known_hosts_path),
-                 "python": sys.executable, "workdir": str(self.workdir(name)), "connect_timeout": 5}
+                 "python": sys.executable, "workdir": str(self.workdir(name)), "connect_timeout": 5,
+                 "lock_dir": str(self.root / name / "locks")}  # this machine's /var/tmp is every test's
         table.update(overrides)
         return table
 

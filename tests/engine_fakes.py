@@ -143,6 +143,7 @@ def build_producers(root: Path) -> Producers:
 def write_config(root: Path, producers: Producers, **service: Any) -> Config:
     """A real config file for the fake world (loaded by `load_config`, as an operator's is)."""
     hosts = {name: {"address": f"{name}.example", "user": "ops", "workdir": str(root / name / "work"),
+                    "lock_dir": str(root / name / "locks"),
                     "simulated_gpus": True} for name in (INFERENCE, TRAINING)}
     data = {
         "hosts": hosts,

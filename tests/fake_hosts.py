@@ -8,7 +8,6 @@ import asyncio
 import contextlib
 import hashlib
 import json
-import os
 import shlex
 import shutil
 from collections.abc import AsyncIterator, Callable, Sequence
@@ -23,6 +22,7 @@ from console.service.vram import endpids_argv
 from console.session.bus import MessageBus
 from console.ssh.hosts import CommandFailed, HostDisconnected
 from console.ssh.jobs import JobDead, JobHandle, JobStalledError, JobStatus
+from remote import lockfile
 from tests.engine_fakes import INFERENCE, UNIT, FakeJob, FakeManager, FakeWorld, Fault, _Watch, raise_fault
 from tests.fake_sglang import FakeServerClient
 
@@ -86,8 +86,7 @@ class FakeHosts:
         return str(self.world.workdir(host) / "code")
 
     async def run(self, host: str, argv: list[str], timeout: float | None = None) -> None:
-        """The few commands the engine runs itself: its directories, the go file, the host lock (made
-        whole by `ln`, which fails when one is there; moved aside by `mv`; removed)."""
+        """The few commands the engine runs itself: its directories, the go file, removals."""
         self._call("run", host, argv0=argv[0])
         await self.answer("run")
         if argv[:3] == ["mkdir", "-p", "-m"]:
@@ -102,12 +101,6 @@ class FakeHosts:
                 Path(path).unlink(missing_ok=True)
         elif argv[:2] == ["touch", "--"]:  # the staged worker's lease (the fake workers do not read it)
             Path(argv[2]).touch()
-        elif argv[:2] in (["ln", "--"], ["mv", "--"]) and len(argv) == 4:
-            try:
-                (os.link if argv[0] == "ln" else os.rename)(argv[2], argv[3])
-            except OSError as exc:  # as the command says it on the host: exit 1, the reason on stderr
-                raise CommandFailed(host, argv, 1, f"{argv[0]}: {exc.strerror}") from None
-            self.world.changed()
         else:
             raise AssertionError(f"the fake host {host} does not know the command {shlex.join(argv)}")
 
@@ -127,6 +120,19 @@ class FakeHosts:
         tmp.write_text(text)
         tmp.replace(path)
         self.world.changed()
+
+    async def lock_file(self, host: str, op: str, args: list[str]) -> dict:
+        """The host lock's file operations, done as the host does them (remote/lockfile.py); a path
+        not safe to use fails as the command does (exit 2, the reason on stderr)."""
+        self._call("lock_file", host, op=op)
+        await self.answer("lock_file")
+        try:
+            found = lockfile.answer(op, *args)
+        except (lockfile.Unsafe, OSError) as exc:
+            raise CommandFailed(host, ["lockfile", op, *args], 2, str(exc)) from None
+        if op != "read":
+            self.world.changed()
+        return found
 
     async def manifest_complete(self, host: str, path: str) -> bool:
         from remote.artifacts import read_manifest

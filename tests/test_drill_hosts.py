@@ -234,6 +234,8 @@ def test_rearm_undoes_a_rehearsal_without_starting_the_hosts_again(drill: DrillL
     console = subprocess.Popen([str(ENTRY_POINT), "status", "--watch", "--config", str(drill.config)],
                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
     (drill.workdir("ct129") / "runs" / "left-by-a-run").mkdir(parents=True)
+    drill.lock_dir("ct129").mkdir(exist_ok=True)
+    (drill.lock_dir("ct129") / "dflash-ops.lock").write_text('{"run_id": "left-by-a-run"}')  # its host lock
     drill.config.write_text(pristine + "\n# edited by a rehearsal\n")
     try:
         assert rearm(drill.dir, say=lambda msg: None) == drill.config
@@ -241,6 +243,7 @@ def test_rearm_undoes_a_rehearsal_without_starting_the_hosts_again(drill: DrillL
         _wait(lambda: not pid_alive(holder), 10, "the holder the stop left is ended")
         assert json.loads(drill.state_file.read_text())["pid"] == state["pid"] and pid_alive(state["pid"])
         assert drill.config.read_text() == pristine and not (drill.workdir("ct129") / "runs").exists()
+        assert not drill.lock_dir("ct129").exists()  # no run holds the host of a fresh rehearsal
         assert status(drill.dir).service_health == 200  # started again: one new server holds the VRAM
         assert len({p["pid"] for p in _holders(drill)}) == 1 and holder not in {p["pid"] for p in _holders(drill)}
         server = drill_service.running_pid(drill.service_state)

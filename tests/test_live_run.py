@@ -22,7 +22,7 @@ EXIT_USAGE = 2
 
 
 def lock_path(d: Drill) -> Path:
-    return Path(d.config.hosts["ct129"].workdir) / LOCK_FILE
+    return Path(d.config.hosts["ct129"].lock_dir) / LOCK_FILE
 
 
 async def test_a_second_console_follows_the_run_and_a_second_run_is_refused(drill: Drill) -> None:  # noqa: F811

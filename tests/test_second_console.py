@@ -42,7 +42,7 @@ def other_console() -> Iterator[Owner]:
 
 
 def lock_of(w: Window) -> Path:
-    return w.world.workdir(INFERENCE) / LOCK_FILE
+    return Path(w.world.config.hosts[INFERENCE].lock_dir) / LOCK_FILE
 
 
 def jobs_seen(w: Window) -> list[tuple[str, str]]:
@@ -93,6 +93,7 @@ async def test_a_host_lock_another_live_console_holds_is_never_touched(window: W
                                                                        other_console: Owner) -> None:
     assert await window.console(Crasher(point)) is None
     theirs = json.dumps({"run_id": "20261201-000000-0ther", **other_console.__dict__})
+    lock_of(window).parent.mkdir(exist_ok=True)
     lock_of(window).write_text(theirs)
     commands, jobs = list(window.world.service.commands), jobs_seen(window)
     ended = list(window.world.ended)
@@ -131,6 +132,10 @@ class Interleaving(FakeHosts):
     async def run(self, host: str, argv: list[str], timeout: float | None = None) -> None:
         await asyncio.sleep(0)
         await super().run(host, argv, timeout)
+
+    async def lock_file(self, host: str, op: str, args: list[str]) -> dict:
+        await asyncio.sleep(0)
+        return await super().lock_file(host, op, args)
 
 
 async def test_two_consoles_starting_together_cannot_both_take_the_lock(tmp_path: Path, producers: Producers,
@@ -191,6 +196,7 @@ async def test_the_lock_is_held_until_the_run_ends(window: Window) -> None:
 
 @pytest.mark.parametrize("text", ["[]", "null", '"ct129"', "7", "{}", '{"run_id": 7}', "{not json", ""])
 async def test_a_damaged_lock_is_named_never_taken_for_a_crash(window: Window, text: str) -> None:
+    lock_of(window).parent.mkdir(exist_ok=True)
     lock_of(window).write_text(text)
     finished = await window.console()
     assert finished.status == "failed" and window.state().steps["preflight"].status == "failed"
@@ -206,12 +212,12 @@ async def test_a_signal_during_the_locks_release_does_not_escape_the_runs_end(wi
     box: list[Engine] = []
 
     class Releasing(FakeHosts):
-        async def run(self, host: str, argv: list[str], timeout: float | None = None) -> None:
-            if argv[0] == "mv" and argv[2].endswith(LOCK_FILE) and window.state().steps.get("report") is not None \
+        async def lock_file(self, host: str, op: str, args: list[str]) -> dict:
+            if op == "remove" and window.state().steps.get("report") is not None \
                     and window.state().steps["report"].status == "done":
                 box[0].cancel()  # the signal comes now; the release's answer is still on its way
                 await asyncio.sleep(0)
-            await super().run(host, argv, timeout)
+            return await super().lock_file(host, op, args)
 
     engine = Engine(Releasing(window.world), window.world.config, window.store.open(window.run_id),
                     ScriptedDecider(window.world.clock), window.store)

@@ -23,6 +23,13 @@ class HostConfig:
     port: int | None = None
     python: str = "python3"
     workdir: str = "~/dflash-ops"
+    # Where the host lock (`dflash-ops.lock`: one window per inference host) lives: a directory every
+    # operator's account reaches, so that two operators' consoles meet at the same lock. /var/tmp is
+    # root's, sticky and 1777 on every distribution, and kept across a reboot (a host rebooted in the
+    # middle of a window still says who left it down); /tmp and /run/lock are emptied then, and
+    # /var/lock is root's alone on RHEL. A directory of our own making would belong to its first
+    # operator, who could remove anyone's lock in it. console/procedure/host_lock.py.
+    lock_dir: str = "/var/tmp"
     identity_file: str | None = None
     known_hosts: str | None = None
     ssh_config: str | None = None  # an ssh_config file to read instead of ~/.ssh/config (drill hosts: an empty one)
@@ -57,6 +64,8 @@ def parse_hosts(c: Checker, data: Mapping[str, Any]) -> dict[str, HostConfig]:
             port=c.get(raw, "port", path, lambda v: is_int(v) and 1 <= v <= 65535, "a port number (1-65535)"),
             python=c.get(raw, "python", path, is_text, "a Python interpreter (name or path)", "python3"),
             workdir=c.get(raw, "workdir", path, is_text, "a directory path", "~/dflash-ops"),
+            lock_dir=c.get(raw, "lock_dir", path, lambda v: is_text(v) and v.startswith("/"),
+                           "an absolute directory path every operator's account reaches (e.g. /var/tmp)", "/var/tmp"),
             identity_file=c.get(raw, "identity_file", path, is_text, "a key file path"),
             known_hosts=c.get(raw, "known_hosts", path, is_text, "a known_hosts file path"),
             ssh_config=c.get(raw, "ssh_config", path, is_text, "an ssh_config file path"),

@@ -81,6 +81,7 @@ def host_table(layout: DrillLayout, name: str, port: int, user: str, python: str
     and whether its GPUs are simulated (the GPU drill's hosts read the real one through NVML)."""
     ssh = layout.ssh_dir(name)
     table = {"address": "127.0.0.1", "port": port, "user": user, "python": python, "workdir": str(layout.workdir(name)),
+             "lock_dir": str(layout.lock_dir(name)),
              "identity_file": str(ssh / "client_key"), "known_hosts": str(ssh / "known_hosts"),
              "connect_timeout": 5, "keepalive_interval": 5, "simulated_gpus": not layout.gpu}
     # The server's own empty ssh_config keeps the user's ~/.ssh/config (a `Host *` ProxyJump, say) out.

@@ -86,6 +86,11 @@ class DrillLayout:
     def workdir(self, host: str) -> Path:
         return self.home(host) / "dflash-ops"
 
+    def lock_dir(self, host: str) -> Path:
+        """The host lock's directory: each rehearsal host its own, as two machines would have (the
+        default /var/tmp is this one machine's, shared by every drill and test on it)."""
+        return self.dir / host / "locks"
+
     def simulated_gpus(self, host: str) -> Path:
         return self.workdir(host) / SIMULATED_GPU_FILE
 

@@ -66,6 +66,7 @@ def _rearm_locked(layout: DrillLayout, state: dict[str, Any], assets: Any, say: 
         keep |= {server, info.get("gpu_worker_pid")}
     _end(layout, keep, say)
     for name in HOSTS:
+        shutil.rmtree(layout.lock_dir(name), ignore_errors=True)  # a fresh rehearsal: no run holds the host
         workdir = layout.workdir(name)
         for entry in (workdir.iterdir() if workdir.is_dir() else ()):
             if entry.name not in KEPT_IN_WORKDIR:

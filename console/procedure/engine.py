@@ -14,8 +14,8 @@ restart begins at `gpu_released`. One start per down period: before any start th
 and a service already active or activating is waited for, never started again. Any failure, cancel
 or signal after the stop ends our own jobs and offers the restart (`restart_on_failure`), in a
 compensation that a second interruption does not abandon; the exit code says whether the service
-is still down. One run per inference host at a time: a lock in the service host's workdir names
-its owner.
+is still down. One run per inference host at a time, whoever logs in: a lock in the service host's
+shared lock directory (`host_lock.py`) names its owner.
 
 All host access goes through `WindowHosts` (`console/procedure/hosts.py`), so the whole engine
 runs over small fakes in the crash-point sweep (`tests/test_engine_sweep.py`).

@@ -1,13 +1,18 @@
-"""One run per inference host: the lock `dflash-ops.lock` in the service host's workdir names the run
-and the console driving it (`Owner`).
+"""One window per inference host, whoever logs in: the lock `dflash-ops.lock` names the run and the
+console driving it (`Owner`), in a directory every operator's account reaches (`[hosts.<name>]
+lock_dir`, /var/tmp by default), so that two operators with accounts of their own meet at one lock.
 
 Taken exclusively on the host, so that two consoles starting together cannot both take it: the
-lock's text is written whole to a private temporary name, then hard-linked to the lock's name
-(`ln`, which fails when a lock is there: one console wins, and a reader never sees it half-written).
-A lock whose console is gone is taken over by moving it aside (`mv`, a rename: only one console
-moves a given file) and checking that the file moved is the one judged gone; another console's
-fresh lock moved by mistake is linked back. A live (or unknowable) console's lock refuses the run;
-a lock that is not a JSON object naming a run is damaged, and said so with its path.
+lock's text is written whole to a fresh private name, then hard-linked to the lock's name (which
+fails when anything is there: one console wins, and a reader never sees it half-written). The
+directory is shared with every local account, so the file operations (remote/lockfile.py) never
+follow a symlink nor take over a file or directory another account put there, and a lock is read
+with the account that owns its file: who holds the host is said from that.
+A lock whose console is gone is taken over by moving it aside (a rename: only one console moves a
+given file, and the directory's sticky bit lets only its account do it) and checking that the file
+moved is the one judged gone; another console's fresh lock moved by mistake is linked back. A live
+(or unknowable) console's lock refuses the run before anything is done on the host, naming it; a
+lock that is not a JSON object naming a run is damaged, and said so with its path.
 
 Held until the run ends (not released at the ready moment: a second run must not stop the service
 during this run's evaluation, nor offer to end its evaluator), and released only by the console
@@ -18,17 +23,17 @@ the same way: moved aside, checked, removed.
 from __future__ import annotations
 
 import json
-import uuid
 from typing import TYPE_CHECKING, Any
 
 from console.procedure.outcomes import StepFailed
 from console.procedure.state import Owner
 from console.ssh.hosts import CommandFailed
+from remote.lockfile import LOCK_FILE as LOCK_NAME
 
 if TYPE_CHECKING:
     from console.procedure.window import Window
 
-LOCK_FILE = "dflash-ops.lock"  # in the service host's workdir: the run driving that host
+LOCK_FILE = LOCK_NAME  # in the service host's lock directory (`[hosts.<name>] lock_dir`): the run driving it
 OWNER_FIELDS = ("user", "host", "pid", "since", "start_ticks")
 
 
@@ -37,8 +42,12 @@ class LockHeld(StepFailed):
     no restart, the lock kept)."""
 
 
-async def lock_path(window: Window) -> str:
-    return f"{await window.hosts.workdir(window.config.service.host)}/{LOCK_FILE}"
+def lock_dir(window: Window) -> str:
+    return window.config.hosts[window.config.service.host].lock_dir
+
+
+def lock_path(window: Window) -> str:
+    return f"{lock_dir(window)}/{LOCK_FILE}"
 
 
 def _owner_of(held: dict[str, Any]) -> Owner | None:
@@ -68,46 +77,34 @@ def _is_this_console(held: dict[str, Any], me: Owner | None) -> bool:
         and held.get("start_ticks") in (None, me.start_ticks)
 
 
-async def _read(window: Window, host: str, path: str) -> str | None:
+async def _lock_file(window: Window, host: str, op: str, *args: str) -> dict[str, Any]:
+    """One of the lock file's operations on the host (remote/lockfile.py); a path that is not safe
+    to use (a symlink, another account's file or directory) fails the preflight, saying why."""
     try:
-        return await window.hosts.read_text(host, path)
-    except FileNotFoundError:
-        return None
+        return await window.hosts.lock_file(host, op, [lock_dir(window), *args])
+    except CommandFailed as exc:
+        why = exc.stderr_tail or f"exit status {exc.exit_status}"  # not the command: it holds the whole script
+        raise StepFailed("preflight", f"the host lock on {host}: {why}") from None
 
 
-async def _create(window: Window, host: str, path: str, text: str) -> bool:
-    """The lock made whole under a private name, then linked to its name: True when this console
-    made it, False when a lock was there already (another console won)."""
-    tmp = f"{path}.{uuid.uuid4().hex[:8]}.new"
-    await window.hosts.write_text(host, tmp, text)
-    try:
-        await window.hosts.run(host, ["ln", "--", tmp, path])
-        return True
-    except CommandFailed:
-        return False
-    finally:
-        await window.hosts.run(host, ["rm", "-f", "--", tmp])
+async def _read(window: Window, host: str) -> tuple[str, str] | None:
+    """The lock's text and the account on the host that owns its file, or None when there is none."""
+    found = await _lock_file(window, host, "read")
+    return None if found.get("absent") else (found["text"], found["account"])
 
 
 async def _remove_if_unchanged(window: Window, host: str, path: str, seen: str) -> bool:
     """Move the lock aside (one console can), and remove it if it is the one `seen`; a lock put
     there meanwhile by another console is linked back. True when `seen` was removed."""
-    aside = f"{path}.{uuid.uuid4().hex[:8]}.gone"
-    try:
-        await window.hosts.run(host, ["mv", "--", path, aside])
-    except CommandFailed:
-        return False  # not there any more: another console moved it first
-    try:
-        if await _read(window, host, aside) == seen:
-            return True
-        try:  # someone else's lock: back where it was (unless yet another lock is there now)
-            await window.hosts.run(host, ["ln", "--", aside, path])
-        except CommandFailed:
-            window.journal("preflight", f"the host lock {host}:{path} changed hands twice while it was looked at",
-                           host=host, level="warning")
-        return False
-    finally:
-        await window.hosts.run(host, ["rm", "-f", "--", aside])
+    answer = await _lock_file(window, host, "remove", seen)
+    if answer.get("why") == "changed twice":
+        window.journal("preflight", f"the host lock {host}:{path} changed hands twice while it was looked at",
+                       host=host, level="warning")
+    elif answer.get("why") == "forbidden":  # the sticky bit: only its account (or root) removes it
+        raise StepFailed("preflight", f"the host lock {host}:{path} belongs to the account {answer['account']} and "
+                                      f"names a run whose console is gone; only {answer['account']} (or root) can "
+                                      f"remove it: ask them to (`rm {path}`), then run again")
+    return bool(answer.get("removed"))
 
 
 def _finished_here(window: Window, run_id: str) -> bool:
@@ -124,19 +121,20 @@ async def take(window: Window) -> None:
     """Take the host's lock for this run and console, or refuse (`LockHeld`) while another live (or
     unknowable) console holds it; a gone console's lock is taken over, saying so."""
     host = window.config.service.host
-    path = await lock_path(window)
+    path = lock_path(window)
     me = window.state.owner
     mine = json.dumps({"run_id": window.run.run_id, **(me.__dict__ if me else {})})
     for _ in range(4):
-        if await _create(window, host, path, mine):
+        found = await _lock_file(window, host, "take", mine)
+        if found.get("taken"):
             window.holds_lock = True
             return
-        text = await _read(window, host, path)
-        if text is None:
+        if found.get("absent"):
             continue  # removed meanwhile: try again
+        text, account = found["text"], found["account"]
         held = _parse(host, path, text)
         if _is_this_console(held, me):  # this console's (an attempt whose answer was lost, an earlier run)
-            await window.hosts.write_text(host, path, mine)
+            await _lock_file(window, host, "rewrite", mine)
             window.holds_lock = True
             return
         owner = _owner_of(held)
@@ -146,11 +144,13 @@ async def take(window: Window) -> None:
         if alive is not False:
             window.lock_refused = True
             where = "" if alive else " (on another machine: cannot tell from here whether it still runs)"
-            raise LockHeld("preflight", f"{host} is driven by {who}{where} ({path}): one run per inference host "
-                                        f"at a time; wait for it, or watch it with dflash-ops console --read-only")
+            raise LockHeld("preflight", f"{host} is driven by {who}{where}, logged in to {host} as {account} "
+                                        f"({path}): one run per inference host at a time, and nothing of it was "
+                                        f"touched. Wait for it (`dflash-ops status` shows the host and its service "
+                                        f"meanwhile; its console's `dflash-ops console --read-only` follows the run)")
         if await _remove_if_unchanged(window, host, path, text):
-            window.journal("preflight", f"taking over the lock of {who} on {host}: its console is gone", host=host,
-                           level="warning")
+            window.journal("preflight", f"taking over the lock of {who} on {host} (logged in as {account}): its "
+                                        f"console is gone", host=host, level="warning")
     raise StepFailed("preflight", f"the host lock {host}:{path} kept changing hands: another console is starting "
                                   f"a run on {host}; try again")
 
@@ -159,10 +159,14 @@ async def release(window: Window) -> None:
     """Remove the lock when it names this run and its console is this one or gone; never another
     live console's."""
     host = window.config.service.host
-    path = await lock_path(window)
-    text = await _read(window, host, path)
-    if text is None:
+    path = lock_path(window)
+    try:
+        found = await _read(window, host)
+    except StepFailed:
+        return  # not a lock of ours (a symlink, another account's file): not ours to remove
+    if found is None:
         return
+    text = found[0]
     try:
         held = _parse(host, path, text)
     except StepFailed:
@@ -173,6 +177,11 @@ async def release(window: Window) -> None:
     nobody_drives = window.state.finished or owner is None or owner.alive() is False
     if not _is_this_console(held, window.state.owner) and not nobody_drives:
         return
-    if await _remove_if_unchanged(window, host, path, text):
+    try:
+        removed = await _remove_if_unchanged(window, host, path, text)
+    except StepFailed as exc:  # another account's lock (the sticky bit): said, left for that account
+        window.journal(None, exc.msg, host=host, level="warning")
+        return
+    if removed:
         window.holds_lock = False
         window.journal(None, f"released the host lock {host}:{path}", host=host)

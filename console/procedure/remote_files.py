@@ -17,6 +17,7 @@ from pathlib import Path
 
 import asyncssh
 
+import remote.lockfile
 from console.ssh.hosts import Host, HostError
 
 Progress = Callable[[int, int], None]
@@ -60,6 +61,18 @@ if not os.path.exists(os.path.join(out, "config.json")):
 async def python(host: Host) -> str:
     """The host's interpreter, `~` expanded (`Host.resolve_python`)."""
     return await host.resolve_python()
+
+
+# The host lock's file operations (remote/lockfile.py), sent whole in the command: the lock is taken
+# before anything is shipped to the host.
+_LOCKFILE = Path(remote.lockfile.__file__).read_text(encoding="utf-8")
+
+
+async def lock_file(host: Host, op: str, args: list[str]) -> dict:
+    """One operation of the host lock (`remote.lockfile`: take, read, rewrite, remove) and its answer;
+    CommandFailed (exit 2, the reason on stderr) when the lock's path is not safe to use."""
+    result = await host.run([await python(host), "-I", "-c", _LOCKFILE, op, *args])
+    return json.loads(result.stdout)
 
 
 async def read_text(host: Host, path: str) -> str:

@@ -536,10 +536,9 @@ def left_on_hosts(state: RunState, workdirs: dict[str, str], service_host: str |
         workdir = workdirs.get(host)
         if workdir is not None:
             left.append(f"its window files on {host}: {workdir}/windows/{state.run_id} (if any)")
-    where = (f"{service_host}:{workdirs[service_host]}" if service_host in workdirs
-             else "the service host's workdir")
-    left.append(f"the host lock {where}/dflash-ops.lock if it still names this run (the next run takes it "
-                f"over, its console being gone)")
+    # The lock is in the host's lock directory, shared by every account (`[hosts.<name>] lock_dir`).
+    left.append(f"the host lock dflash-ops.lock in {service_host or 'the service host'}'s lock_dir (/var/tmp "
+                f"unless set) if it still names this run (the next run takes it over, its console being gone)")
     return left
 
 
