@@ -680,7 +680,8 @@ class ConsoleApp(StaysUp, App[int]):
             self.show_screen(QuitWhileDownModal(self.state.down_since, self.now(),
                                                 self.can_restart() and not restarting, restarting=restarting,
                                                 why_not=self.why_no_restart(),
-                                                by=f"run {elsewhere.run_id}" if elsewhere else "this run"),
+                                                by=f"run {elsewhere.run_id}" if elsewhere else "this run",
+                                                paused=bool(self.state.downtime and self.state.downtime.paused)),
                              callback=answered)
             return
         if self.state.running and not self.read_only:

@@ -1,4 +1,6 @@
 """Quitting while this console holds the service down asks first: restart it, leave it down, or stay.
+On the pause route the server is paused, not down: the same question says so (give it back, leave it
+paused), never "stopped".
 
 A second `q` never leaves the service down (it is the htop / k9s reflex, and here it means "stay"):
 leaving it down has its own key, `l`. While a restart is under way the modal says so and offers to
@@ -36,9 +38,9 @@ class QuitWhileDownModal(ConsoleModal[str]):
                 Binding("escape,n,q", "answer('stay')", "Stay", key_display="esc")]
 
     def __init__(self, down_since: float, now: float, can_restart: bool = True, restarting: bool = False,
-                 why_not: str = "", by: str = "this run") -> None:
+                 why_not: str = "", by: str = "this run", paused: bool = False) -> None:
         super().__init__(id="quit-while-down")
-        self.down_since, self.now = down_since, now
+        self.down_since, self.now, self.paused = down_since, now, paused
         self.why_not, self.by = why_not, by  # why r cannot be offered here; which run stopped it
         self.restarting = restarting  # a restart is under way: wait for it, never start another
         self.can_restart = can_restart and not restarting
@@ -46,26 +48,32 @@ class QuitWhileDownModal(ConsoleModal[str]):
 
     def title_text(self) -> Text:
         now = self.app.now() if hasattr(self.app, "now") else self.now  # counts on while the question waits
-        return Text(f"The service is down: stopped by {self.by} {duration(now - self.down_since)} "
-                    f"ago ({clock(self.down_since)}).")
+        what = "The server is paused: its requests held" if self.paused else "The service is down: stopped"
+        return Text(f"{what} by {self.by} {duration(now - self.down_since)} ago ({clock(self.down_since)}).")
 
     def dialog(self) -> ComposeResult:
         with Vertical():
             yield Static(self.title_text(), classes="title")
+            # what a quit leaves, who brings it back, and what `run --resume` does of it
+            left, back, resume = (("paused", "gives it back", "gives it back") if self.paused
+                                  else ("down", "starts it", "restarts it"))
             if self.restarting:
-                yield Static(Text("A restart is under way. Quit once the service is ready, or stay?"))
+                yield Static(Text(f"{'Giving it back' if self.paused else 'A restart'} is under way. Quit once the "
+                                  "service is ready, or stay?"))
             elif self.can_restart:
-                yield Static(Text("Quitting leaves it down until someone starts it. Restart it first?"))
+                yield Static(Text(f"Quitting leaves it {left} until someone {back}. "
+                                  f"{'Give it back' if self.paused else 'Restart it'} first?"))
             else:  # say why the restart is not offered, and what leaving does
                 why = self.why_not or "this console cannot restart it"
-                yield Static(Text(f"{why[0].upper()}{why[1:]}. Quitting leaves it down until someone starts it "
-                                  "(run --resume restarts it)."))
+                yield Static(Text(f"{why[0].upper()}{why[1:]}. Quitting leaves it {left} until someone {back} "
+                                  f"(run --resume {resume})."))
             with Horizontal(classes="buttons"):
                 if self.restarting:
                     yield Button("Wait until ready, then quit (w)", id="wait", variant="primary")
                 elif self.can_restart:
-                    yield Button("Restart, then quit (r)", id="restart", variant="primary")
-                yield Button("Leave it down (l)", id="leave", variant="error")
+                    yield Button(f"{'Give it back' if self.paused else 'Restart'}, then quit (r)", id="restart",
+                                 variant="primary")
+                yield Button(f"Leave it {left} (l)", id="leave", variant="error")
                 yield Button("Stay (esc)", id="stay")
 
     def on_mount(self) -> None:

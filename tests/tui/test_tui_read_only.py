@@ -113,3 +113,11 @@ async def test_a_read_only_console_opened_on_a_paused_server_says_paused_by_whic
         shown = panel.export_text()
         assert f"paused by run {run.run_id} since 09:34:00" in shown and "released: kv_cache" in shown
         assert "DOWN" not in shown and "stopped by" not in shown
+        await pilot.press("q")  # the quit question says paused too: never "down", never "stopped"
+        await until(pilot, lambda: app.screen.id == "quit-while-down")
+        asked = shown_in(app.screen)
+        assert f"The server is paused: its requests held by run {run.run_id}" in asked, asked
+        assert "leaves it paused until someone gives it back" in asked and "stopped" not in asked
+        from textual.widgets import Button
+
+        assert str(app.screen.query_one("#leave", Button).label) == "Leave it paused (l)"
