@@ -26,6 +26,7 @@ from textual.screen import ModalScreen, Screen
 from textual.worker import Worker, WorkerState
 
 from console import messages as m
+from console.procedure.follower import downtime_of
 from console.session.bus import replace_key
 from screens.dashboard import DashboardScreen
 from screens.decider import ModalDecider
@@ -177,13 +178,14 @@ class ConsoleApp(StaysUp, App[int]):
                 self.screen.refresh_part("steps")
 
     def _banner_from_store(self) -> None:
-        """A run left the service down (this console resumes it now, or not): the banner says so
-        from the first second, before any engine speaks."""
+        """A run left the service down or paused (this console resumes it now, or not): the banner says
+        so from the first second, before any engine speaks, as the driving console said it."""
         with contextlib.suppress(Exception):  # an unreadable store is said by _offer_resume
             run = self.operator.left_down()
-            if run is not None and run.state.service.stopped_at is not None:
+            said = downtime_of(run.run_id, run.state.service) if run is not None else None
+            if said is not None and said.down_since is not None:
                 self._down_from_store = run.run_id
-                self.post_message(CoreMessage(m.Downtime(run.run_id, run.state.service.stopped_at), local=True))
+                self.post_message(CoreMessage(said, local=True))
 
     def _offer_resume(self) -> None:
         try:
@@ -201,12 +203,14 @@ class ConsoleApp(StaysUp, App[int]):
         question = (f"Unfinished run {run_id}: resume / discard. Resume it from its first unsatisfied step? "
                     f"(Not now: no new window starts while it is unfinished; `dflash-ops run --discard {run_id}` "
                     "discards it and says what it leaves on the hosts.)")
-        down_since = self._left_down(run_id)
-        if down_since is not None:  # the banner says so from now on, and r restarts it
+        said = self._left_down(run_id)
+        if said is not None:  # the banner says so from now on, and r restarts it (or gives it back)
             self._down_from_store = run_id
-            self.post_message(CoreMessage(m.Downtime(run_id, down_since), local=True))
-            question = (f"Run {run_id} did not finish and left the service DOWN since {clock(down_since)}. "
-                        "Resume it from its first unsatisfied step? (Not now: r restarts the service.)")
+            self.post_message(CoreMessage(said, local=True))
+            left, back = (("the server PAUSED (its requests held)", "r gives the server its memory back")
+                          if said.paused else ("the service DOWN", "r restarts the service"))
+            question = (f"Run {run_id} did not finish and left {left} since {clock(said.down_since)}. "
+                        f"Resume it from its first unsatisfied step? (Not now: {back}.)")
 
         def answered(resume: bool | None) -> None:
             if resume:
@@ -216,11 +220,12 @@ class ConsoleApp(StaysUp, App[int]):
                                        refusal="nothing runs; the run stays resumable (run --resume, or later here)"),
                          callback=answered)
 
-    def _left_down(self, run_id: str) -> float | None:
-        """When the run stopped the service and never saw it ready again: its stop time (the store's
-        one question, whatever the run's status)."""
+    def _left_down(self, run_id: str) -> m.Downtime | None:
+        """The run left the service down (stopped, never ready again) or paused (never continued): as
+        its own console said it (the store's one question, whatever the run's status)."""
         run = self.operator.left_down()
-        return run.state.service.stopped_at if run is not None and run.run_id == run_id else None
+        said = downtime_of(run_id, run.state.service) if run is not None and run.run_id == run_id else None
+        return said if said is not None and said.down_since is not None else None
 
     async def _stop_console(self) -> None:
         if self._stopped:

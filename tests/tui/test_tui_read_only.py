@@ -121,3 +121,41 @@ async def test_a_read_only_console_opened_on_a_paused_server_says_paused_by_whic
         from textual.widgets import Button
 
         assert str(app.screen.query_one("#leave", Button).label) == "Leave it paused (l)"
+
+
+async def test_a_console_opened_on_a_run_that_left_the_server_paused_offers_it_as_paused(tmp_path: Path) -> None:
+    """Issue 40 item 6: a run whose console is gone left the server paused. A new console's offer to
+    resume it says the server is PAUSED (its requests held) and that r gives it back, and its banner
+    says paused from the first second: never "DOWN", never "Unfinished run ...: resume / discard"."""
+    import os
+    import subprocess
+    import time
+
+    from console.procedure.state import Owner, current_user
+    from console.procedure.store import RunStore
+    from screens.widgets.downtime_banner import DowntimeBanner
+    from tests.tui.standin import T0
+
+    console = subprocess.Popen(["sleep", "30"])  # the console that paused it, killed since
+    with open(f"/proc/{console.pid}/stat", encoding="ascii") as f:
+        ticks = int(f.read().rsplit(")", 1)[1].split()[19])
+    console.kill()
+    console.wait()
+    run = RunStore(tmp_path).create(None, None)
+    run.state.route, run.state.started, run.state.status = "pause", True, "running"
+    run.state.owner = Owner(current_user(), os.uname().nodename, console.pid, time.time() - 60, ticks)
+    svc = run.state.service
+    svc.paused, svc.paused_at, svc.pauses = True, T0 - 60, 1
+    svc.released, svc.released_tags, svc.released_at, svc.releases = ["kv_cache"], ["kv_cache"], T0 - 55, 1
+    run.save()
+    op = StandinOperator(runs_dir=tmp_path)
+    op.unfinished = run.run_id  # the store's answer (the stand-in's, as `Operator.unfinished_run`)
+    app = ConsoleApp(op, clock=fixed_clock)
+    async with app.run_test(size=(120, 40)) as pilot:
+        await until(pilot, lambda: app.screen.id == "resume")
+        asked = shown_in(app.screen)
+        assert f"Run {run.run_id} did not finish and left the server PAUSED (its requests held) since 09:34:00" \
+            in asked, asked
+        assert "r gives the server its memory back" in asked and "DOWN" not in asked
+        banner = next(s for s in app.screen_stack if s.query(DowntimeBanner)).query_one(DowntimeBanner)
+        assert banner.has_class("down") and str(banner.content).startswith("SERVER PAUSED"), banner.content
