@@ -18,6 +18,10 @@ from console.cli.serve_access import ServedNames, served_names
 
 COOKIE_PREFIX = "dflash-ops-token"
 TOKEN_IN_ADDRESS = re.compile(r"([?&]token=)[^&\s\"]*")
+# textual-serve's page links a web font from Google's servers: each viewer's browser would tell another
+# site when and from where the window is watched (and wait on it where the network is closed). The
+# terminal's own monospace font serves instead: every file of the page comes from this console.
+OTHER_SITES = re.compile(r"<link[^>]*href=\"https?://[^\"]*\"[^>]*/?>\s*", re.IGNORECASE | re.DOTALL)
 
 
 class MaskToken(logging.Filter):
@@ -54,12 +58,13 @@ def make_server(command: str, bind: str, port: int, token: str, title: str,
             app.middlewares.append(guard)
             return app
 
-        @aiohttp_jinja2.template("app_index.html")
-        async def handle_index(self, request: web.Request) -> dict[str, Any]:
+        async def handle_index(self, request: web.Request) -> web.Response:
             here = f"{request.scheme}://{request.host}"
             socket = ("wss" if request.scheme == "https" else "ws") + f"://{request.host}/ws"
-            return {"font_size": to_int(request.query.get("fontsize", "16"), 16), "app_websocket_url": socket,
-                    "config": {"static": {"url": f"{here}/static/"}}, "application": {"name": self.title}}
+            page = aiohttp_jinja2.render_string("app_index.html", request, {
+                "font_size": to_int(request.query.get("fontsize", "16"), 16), "app_websocket_url": socket,
+                "config": {"static": {"url": f"{here}/static/"}}, "application": {"name": self.title}})
+            return web.Response(text=OTHER_SITES.sub("", page), content_type="text/html")
 
         async def on_startup(self, app: web.Application) -> None:
             pass  # the command says where it serves, with the token (textual-serve's banner would not)

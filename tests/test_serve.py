@@ -5,6 +5,7 @@ the page's websocket address taken from the request."""
 
 from __future__ import annotations
 
+import re
 import shlex
 import stat
 from pathlib import Path
@@ -37,7 +38,11 @@ async def test_without_its_token_the_page_its_files_and_its_websocket_are_refuse
         cookie = page.cookies[COOKIE]
         assert cookie.value == "s3cret" and cookie["httponly"] and cookie["samesite"] == "Strict"
         # The page's own websocket address is the one it was reached at (an ssh forward of any port).
-        assert f'data-session-websocket-url="ws://{client.host}:{client.port}/ws"' in await page.text()
+        html = await page.text()
+        assert f'data-session-websocket-url="ws://{client.host}:{client.port}/ws"' in html
+        # every file the page loads comes from this console: no web font from another site (issue 43)
+        loaded = re.findall(r'(?:href|src)="([^"]+)"', html)
+        assert loaded and all(url.startswith(f"http://{client.host}:{client.port}/") for url in loaded), loaded
         script = await client.get("/static/js/textual.js")  # the cookie carries the token from here on
         assert script.status == 200
     finally:
