@@ -16,6 +16,7 @@ from pathlib import Path
 
 import pytest
 
+from console.config import load_config
 from console.procedure.state import JobRecord, Owner, current_user
 from console.procedure.store import Run, RunStore
 from tests.cli_hosts import ThreadedHosts, write_config
@@ -90,7 +91,8 @@ def test_a_new_run_is_refused_while_an_unfinished_one_waits_and_discard_says_wha
     assert "/w/runs/x-evaluate" in out
     for name in ("ct129", "ct200"):
         assert f"its window files on {name}: {hosts.workdir(name)}/windows/{old.run_id}" in out
-    assert "the host lock dflash-ops.lock in ct129's lock_dir (/var/tmp unless set) if it still names this run" in out
+    lock_dir = load_config(config).hosts["ct129"].lock_dir  # the config's own: named whole
+    assert f"the host lock ct129:{lock_dir}/dflash-ops.lock if it still names this run" in out
     state = store.open(old.run_id).state
     assert state.status == "discarded" and "left on the hosts" in (state.message or "")
     assert any("discarded by" in e["message"] for e in store.open(old.run_id).read_journal())

@@ -243,7 +243,9 @@ def discard(chosen: Choice) -> int:
     """`run --discard [RUN]`: mark the unfinished run discarded and say what it leaves on the hosts."""
     config = chosen.config
     workdirs = {name: host.workdir for name, host in config.hosts.items()} if config is not None else {}
-    discarded, left = chosen.store.discard(chosen.run.run_id, workdirs, config.service.host if config else None)
+    service = config.hosts.get(config.service.host) if config is not None else None
+    discarded, left = chosen.store.discard(chosen.run.run_id, workdirs, config.service.host if config else None,
+                                           service.lock_dir if service is not None else None)
     out = Console()
     out.print(Text(f"discarded run {discarded.run_id}: it is never resumed nor offered again. Left on the hosts "
                    f"(nothing there was touched):"), soft_wrap=True)

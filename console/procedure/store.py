@@ -306,7 +306,7 @@ class RunStore:
         return None
 
     def discard(self, run_id: str, workdirs: dict[str, str] | None = None,
-                service_host: str | None = None) -> tuple[Run, list[str]]:
+                service_host: str | None = None, lock_dir: str | None = None) -> tuple[Run, list[str]]:
         """Mark an unfinished run `discarded` (finished: never resumed, no longer offered) and say
         what it leaves on the hosts (`left_on_hosts`): nothing there is touched. Refused for a run
         that left the service down (its resume restarts it) or that a live console drives."""
@@ -319,7 +319,7 @@ class RunStore:
                                 f"`dflash-ops run --resume {run.run_id}` restarts the service")
         if driven_elsewhere(state) is not False:
             raise RunStoreError(f"{what_next(run)}: it is not discarded")
-        left = left_on_hosts(state, workdirs or {}, service_host)
+        left = left_on_hosts(state, workdirs or {}, service_host, lock_dir)
         was = state.status
         state.status, state.exit_code = "discarded", None
         state.message = f"discarded by {current_user()} (it was {was}); left on the hosts: " + "; ".join(left)
@@ -518,7 +518,8 @@ def owned_elsewhere(state: RunState) -> bool:
     return not (owner.pid == me.pid and owner.host == me.host and owner.start_ticks in (None, me.start_ticks))
 
 
-def left_on_hosts(state: RunState, workdirs: dict[str, str], service_host: str | None = None) -> list[str]:
+def left_on_hosts(state: RunState, workdirs: dict[str, str], service_host: str | None = None,
+                  lock_dir: str | None = None) -> list[str]:
     """What a run leaves on the hosts when it is discarded: its jobs (pid, where their files are),
     its window directories and the host lock that may still name it. Said, never touched."""
     left = []
@@ -536,9 +537,12 @@ def left_on_hosts(state: RunState, workdirs: dict[str, str], service_host: str |
         workdir = workdirs.get(host)
         if workdir is not None:
             left.append(f"its window files on {host}: {workdir}/windows/{state.run_id} (if any)")
-    # The lock is in the host's lock directory, shared by every account (`[hosts.<name>] lock_dir`).
-    left.append(f"the host lock dflash-ops.lock in {service_host or 'the service host'}'s lock_dir (/var/tmp "
-                f"unless set) if it still names this run (the next run takes it over, its console being gone)")
+    # The lock is in the host's lock directory, shared by every account (`[hosts.<name>] lock_dir`):
+    # named whole when the config says it, else as the setting to look up.
+    where = (f"{service_host or 'the service host'}:{lock_dir}/dflash-ops.lock" if lock_dir is not None else
+             f"dflash-ops.lock in {service_host or 'the service host'}'s lock_dir (/var/tmp unless set)")
+    left.append(f"the host lock {where} if it still names this run (the next run takes it over, its console "
+                f"being gone)")
     return left
 
 
