@@ -36,6 +36,16 @@ def start_piped(drill: Drill, log: Path) -> tuple[subprocess.Popen, subprocess.P
     return reader, console
 
 
+def tee_read(log: Path, line: str, console: subprocess.Popen, timeout: float = 60.0) -> None:
+    """Until `tee` has written `line` to `log` (the console still running), or fail saying so."""
+    import time
+
+    deadline = time.monotonic() + timeout
+    while line not in (log.read_text() if log.exists() else ""):
+        assert console.poll() is None and time.monotonic() < deadline, f"{line!r} never reached {log}"
+        time.sleep(0.05)  # a file written by another process: polled, with a deadline, on its content
+
+
 def alive(pid: int) -> bool:
     try:
         stat = Path(f"/proc/{pid}/stat").read_text()
@@ -68,6 +78,9 @@ def test_ctrl_c_after_the_stop_kills_tee_too_and_the_service_is_restarted_all_th
     reader, console = start_piped(drill, tmp_path / "log")
     try:
         drill.wait_journal(lambda e: e["message"].startswith("stop: done"), proc=console)  # the service is down
+        # ... and tee has the console's line of it: the journal is written first, the terminal's line
+        # may still be on its way through the pipe (on a loaded machine, for a while)
+        tee_read(tmp_path / "log", "[stop] done", console)
     finally:
         os.killpg(reader.pid, signal.SIGINT)  # Ctrl-C: the shell's whole job, tee included
     code = finish(console, reader)
