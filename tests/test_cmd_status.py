@@ -81,13 +81,18 @@ def test_snapshot_shows_links_simulated_gpus_holders_and_health(hosts: ThreadedH
         stop(server)
 
 
-def test_down_host_and_stopped_service_exit_1(hosts: ThreadedHosts, tmp_path: Path,
-                                              capsys: pytest.CaptureFixture[str]):
-    closed = _closed_port()
-    config = write_config(tmp_path / "ops.toml", {
+def down_host_config(hosts: ThreadedHosts, tmp_path: Path, closed: int) -> Path:
+    """ct129 up, ct200 at the `closed` port, the service stopped (its pid file missing)."""
+    return write_config(tmp_path / "ops.toml", {
         "ct129": hosts.host_table("ct129"),
         "ct200": hosts.host_table("ct200", port=closed),
     }, service=command_service(tmp_path, tmp_path / "no-such.pid", free_port()))
+
+
+def test_down_host_and_stopped_service_exit_1(hosts: ThreadedHosts, tmp_path: Path,
+                                              capsys: pytest.CaptureFixture[str]):
+    closed = _closed_port()
+    config = down_host_config(hosts, tmp_path, closed)
     assert main(["status", "--config", str(config)]) == 1
     captured = capsys.readouterr()
     assert "Traceback" not in captured.out + captured.err
@@ -181,10 +186,7 @@ def test_piped_at_80_columns_keeps_host_names_and_the_reason_whole(hosts: Thread
     """Issue 43.9: piped (80 columns) `status` cut host names to `c…` and the rest of the row away."""
     monkeypatch.setenv("COLUMNS", "80")
     closed = _closed_port()
-    config = write_config(tmp_path / "ops.toml", {
-        "ct129": hosts.host_table("ct129"),
-        "ct200": hosts.host_table("ct200", port=closed),
-    }, service=command_service(tmp_path, tmp_path / "no-such.pid", free_port()))
+    config = down_host_config(hosts, tmp_path, closed)
     assert main(["status", "--config", str(config)]) == 1
     out = capsys.readouterr().out
     assert "…" not in out

@@ -54,21 +54,13 @@ def test_status_at_120_columns_is_one_row_per_gpu_and_ends_on_the_verdict():
     from rich.text import Text
 
     from console.cli.status import screen
-    from console.messages import GpuProcess, HostState
     from console.views.status import status_view
-    from tests.tui.standin import serving_telemetry
 
-    ct129, ct200 = serving_telemetry()
-    crowded = tuple(GpuProcess(5000 + i, g, 900 + i, "root", f"/opt/venv/bin/python worker_{i}.py --tp-rank {g}")
-                    for g in (0, 1) for i in range(3))
-    ct129 = ct129.__class__(ct129.host, ct129.sample.__class__(**{**ct129.sample.__dict__,
-                                                                  "processes": ct129.sample.processes + crowded}),
-                            ct129.age_s, ct129.stale, ct129.streaming, service_pids=ct129.service_pids)
-    states = {h: HostState(h, "connected", NOW - 60, latency_s=0.001) for h in ("ct129", "ct200")}
+    states, telemetry = _crowded_hosts()
     stopped = ServiceView(ServiceStatus("command", "server", False, "stopped", None, detail="stopped"), None, NOW)
     verdict = Text("SERVICE DOWN since 02:52:04 (run 20261202-025000-0660); `run --resume` restarts it")
     console = Console(record=True, width=120)
-    console.print(screen(status_view(states, {"ct129": ct129, "ct200": ct200}, "server", "ct129", stopped, NOW),
+    console.print(screen(status_view(states, telemetry, "server", "ct129", stopped, NOW),
                          verdict, []))
     text = console.export_text()
     lines = text.rstrip("\n").splitlines()
@@ -81,9 +73,9 @@ def test_status_at_120_columns_is_one_row_per_gpu_and_ends_on_the_verdict():
     assert "+3 more" in next(line for line in lines if line.lstrip().startswith("0 L40S"))
 
 
-def _crowded_view():
+def _crowded_hosts():
+    """Both hosts connected, ct129's two GPUs crowded with three holders each: (states, telemetry)."""
     from console.messages import GpuProcess, HostState
-    from console.views.status import status_view
     from tests.tui.standin import serving_telemetry
 
     ct129, ct200 = serving_telemetry()
@@ -93,7 +85,14 @@ def _crowded_view():
                                                                   "processes": ct129.sample.processes + crowded}),
                             ct129.age_s, ct129.stale, ct129.streaming, service_pids=ct129.service_pids)
     states = {h: HostState(h, "connected", NOW - 60, latency_s=0.001) for h in ("ct129", "ct200")}
-    return status_view(states, {"ct129": ct129, "ct200": ct200}, "server", "ct129", None, NOW)
+    return states, {"ct129": ct129, "ct200": ct200}
+
+
+def _crowded_view():
+    from console.views.status import status_view
+
+    states, telemetry = _crowded_hosts()
+    return status_view(states, telemetry, "server", "ct129", None, NOW)
 
 
 @pytest.mark.parametrize("width", [None, 80, 120, 60, 40])

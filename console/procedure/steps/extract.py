@@ -109,17 +109,6 @@ def _project(window: Window, event: dict[str, Any]) -> None:
         window.budget_task = asyncio.create_task(_offer_budget_stop(window, projection), name="budget-stop")
 
 
-def window_began(window: Window) -> float | None:
-    """When the window's downtime began, while it lasts: the stop (the server down), or the pause
-    (its requests held) on the pause route; None outside a window."""
-    svc = window.state.service
-    if svc.stopped_at is not None and svc.down:
-        return svc.stopped_at
-    if window.route == "pause" and svc.paused_at is not None and svc.paused:
-        return svc.paused_at
-    return None
-
-
 async def _offer_budget_stop(window: Window, projection: Any) -> None:
     await asyncio.sleep(0)  # the rest of a burst of replayed events first: the offer rests on the newest
     latest = _latest_projection(window)
