@@ -8,6 +8,8 @@
 # The window stage runs the console and the drill there: asyncssh, textual and their dependencies,
 # fetched as wheels into .whl/ on a machine with a registry (the device README's pip download
 # recipe) and carried, are installed into /tmp/site first.
+# WINDOW_TESTS="<pytest -k expression>" runs a part of window-tests (on a slower card the five may
+# not fit one 10-minute call: split them over two).
 # --noconftest: tests/conftest.py loads every fixture module, which the GPU tests do not need.
 set -uo pipefail
 out="${OUT:-gpu-out}"; mkdir -p "$out"
@@ -35,7 +37,7 @@ fi
 # The drill's hosts run `python -m console...` / `remote...` from their homes: the repo is on the path.
 export PYTHONPATH="$PYTHONPATH:$PWD" DFLASH_OPS_DRILL_CACHE="${DFLASH_OPS_DRILL_CACHE:-/tmp/dflash-drill-assets}"
 if [[ "$what" == window || "$what" == window-tests || "$what" == all ]]; then
-  python3 -m pytest --noconftest -p no:cacheprovider -q -rs --timeout 400 tests/gpu/test_window_gpu.py 2>&1 \
+  python3 -m pytest --noconftest -p no:cacheprovider -q -rs --timeout 400 ${WINDOW_TESTS:+-k "$WINDOW_TESTS"} tests/gpu/test_window_gpu.py 2>&1 \
     | tee "$out/window-gpu-tests.log"
 fi
 if [[ "$what" == window || "$what" == window-bench || "$what" == all ]]; then
