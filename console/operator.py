@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import tempfile
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -24,6 +25,17 @@ from console.request import refuse_new_run, resumable
 from console.session import MessageBus, Session
 
 
+@dataclass(frozen=True)
+class Asked:
+    """What the command line asked of every run this console starts (`run --route --no-restart
+    --step` on a terminal opens the console, whose keys cannot say it): its route, no restart after
+    a failure, one step at a time (the console's `n` runs the next)."""
+
+    route: str | None = None
+    no_restart: bool = False
+    one_step: bool = False
+
+
 class ReadOnly(Exception):
     """The console was opened read-only: nothing that acts is offered."""
 
@@ -32,8 +44,9 @@ class Operator:
     """The config's hosts, watched; the procedure, run on request."""
 
     def __init__(self, config: Config, runs_dir: Path | str | None = None, read_only: bool = False,
-                 session: Session | None = None):
+                 session: Session | None = None, asked: Asked = Asked()):
         self.read_only = read_only
+        self.asked = asked
         self.session = session or Session(config)
         self.session.config = config
         self.bus: MessageBus = self.session.bus
@@ -92,7 +105,10 @@ class Operator:
     async def run(self, decider: Decider, resume: str | bool | None = None, route: str | None = None,
                   no_restart: bool = False, stage: bool | None = None, one_step: bool = False) -> RunFinished:
         """Run the whole procedure (or resume one); publishes its messages on `bus`. `one_step`: run
-        the next unsatisfied step (of the resumed run, or of a new one) and pause, resumable."""
+        the next unsatisfied step (of the resumed run, or of a new one) and pause, resumable. What
+        the command line asked (`asked`) holds for every run."""
+        route, no_restart = route or self.asked.route, no_restart or self.asked.no_restart
+        one_step = one_step or self.asked.one_step
         if self.read_only:
             raise ReadOnly("read-only console: the procedure cannot be run")
         run = self.open_run(resume)

@@ -119,7 +119,7 @@ def test_a_write_to_a_pipe_nobody_reads_or_whose_reader_is_gone_returns_at_once_
     only the writer thread, and the drain gives up; a reader gone is let go of, quietly."""
     import time
 
-    from console.cli.terminal_output import PENDING_MAX, TerminalOutput, _Writer
+    from console.terminal_output import PENDING_MAX, TerminalOutput, _Writer
 
     read_end, write_end = os.pipe()
     writer = _Writer()

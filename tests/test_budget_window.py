@@ -7,9 +7,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from console.cli.run import EXIT_PAUSED
 from console.procedure.engine import EXIT_DONE, EXIT_FAILED
 from console.procedure.store import RunStore
+from console.runner import EXIT_PAUSED
 from tests.window_fixtures import Drill, drill, read_json  # noqa: F401 - the fixture
 
 

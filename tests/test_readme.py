@@ -89,8 +89,8 @@ def test_readme_error_examples_are_real(
 def test_the_exit_status_table_names_every_status_run_returns() -> None:
     """The README's table of `run`'s exit statuses has a row for each (a paused run is not done: 4; a
     run that left the served drafter degraded is not done either: 5)."""
-    from console.cli.run import EXIT_PAUSED
     from console.procedure.engine import EXIT_DEGRADED, EXIT_DONE, EXIT_DOWN, EXIT_FAILED, EXIT_USAGE
+    from console.runner import EXIT_PAUSED
 
     text = (Path(__file__).parent.parent / "README.md").read_text()
     rows = dict(re.findall(r"^\| (\d) \| (.+) \|$", text, flags=re.MULTILINE))

@@ -146,10 +146,10 @@ async def test_the_console_run_takes_no_restart_and_step(drill: Drill) -> None:
     service down after a failure (no restart offered) and runs one step, then pauses."""
     import asyncio
 
-    from console.cli.run import CommandLineRun
+    from console.operator import Asked, Operator
     from console.procedure.decider import ApproveAll
 
-    operator = CommandLineRun(drill.config, str(drill.runs), route=None, no_restart=True, step=True)
+    operator = Operator(drill.config, runs_dir=str(drill.runs), asked=Asked(no_restart=True, one_step=True))
     operator.start()
     try:
         finished = await operator.run(ApproveAll())  # as the console's autostart and `g` call it

@@ -124,15 +124,16 @@ def test_the_console_opens_on_the_unfinished_run_never_on_a_new_one(config: Path
                                                                     monkeypatch: pytest.MonkeyPatch) -> None:
     """`run` and `drill` on a terminal open the console: with an unfinished run in the store it must
     open on the offer (resume / discard), never on a new run made before the screen opened."""
-    from console.cli import run as cmd_run
+    from console import runner as cmd_run
     from console.config import load_config
+    from console.operator import Operator
     from screens.app import ConsoleApp
 
     store = RunStore(tmp_path / "runs")
     old = quit_mid_run(store, config)
     opened: list[ConsoleApp] = []
     monkeypatch.setattr(ConsoleApp, "run", lambda app, *a, **k: opened.append(app) or 0)
-    operator = cmd_run.CommandLineRun(load_config(config), str(store.root), None, False, False)
+    operator = Operator(load_config(config), runs_dir=str(store.root))
     assert cmd_run.open_console(operator, None) == 0
     (app,) = opened
     assert app.resume is None and operator.unfinished_run() == old.run_id  # the app offers it first
