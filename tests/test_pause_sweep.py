@@ -586,3 +586,36 @@ async def test_a_console_killed_in_the_drafters_restart_leaves_it_to_the_next(we
     assert service.stop_commands == 1 and service.start_commands == 1 and w.world.server.serving()
     state = w.state()
     assert state.service.continued_at is not None and state.windows[-1].get("drafter_restart")
+
+
+async def test_a_weights_release_is_forecast_from_weights_releases_never_from_kv_only_ones(
+        paused: Window, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Issue 40, item 8: the release and the resume take their time from earlier windows that
+    released the same tags. After a KV-only window, a window that must release the weights too is
+    forecast from the H200's weights figures (20 s out, 7 s back for 48 GiB, scaled to this model's
+    size), not from the KV-only window's 0 s; after one such window, from it."""
+    from console.procedure.steps import pause as pause_steps
+
+    async def next_window() -> dict[str, Any]:
+        paused.run_id = paused.store.create(str(paused.world.config.source), None).run_id
+        finished = await paused.console()
+        assert finished.exit_code == 0, finished
+        return paused.state().facts["pause_forecast"]["phases"]
+
+    kv_only = await paused.console()
+    assert kv_only.exit_code == 0 and paused.state().service.released_tags == ["kv_cache", "cuda_graph"]
+    assert "median of 1 earlier pause runs that released kv_cache, cuda_graph" in (await next_window())["release"]["basis"]
+
+    monkeypatch.setattr(pause_steps, "release_plan", lambda saver, free, gpus, need: (
+        ["kv_cache", "cuda_graph", "weights"], "the extraction does not fit beside the weights"))
+    first = await next_window()
+    model_bytes = paused.state().facts["preflight"]["model_bytes"]
+    assert model_bytes, "the fake's preflight measures the model"
+    for step, kv_s, weights_s in (("release", 0.12, 20.0), ("resume", 0.34, 7.0)):
+        basis, seconds = first[step]["basis"], first[step]["seconds"]
+        assert "issue 26" in basis and "for 48.0 GiB" in basis and "this model's" in basis, basis
+        assert "earlier" not in basis, basis  # never the KV-only window's time
+        assert seconds == pytest.approx(kv_s + weights_s * model_bytes / 48 / 2**30, rel=1e-6), (step, seconds)
+    again = await next_window()
+    assert "median of 1 earlier pause runs that released kv_cache, cuda_graph, weights" in again["release"]["basis"]
+    assert "median of 3 earlier pause runs" in again["pause"]["basis"]  # the pause itself: every earlier pause run

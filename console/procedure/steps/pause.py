@@ -44,7 +44,7 @@ from console.procedure.steps.extraction import extraction_complete
 from console.service.memory_saver import CUDA_GRAPH, KV_CACHE, WEIGHTS, MemorySaver
 from console.service.sglang_api import ServerAnswerError
 from console.session import service_name
-from console.views.units import duration
+from console.views.units import duration, size
 
 if TYPE_CHECKING:
     from console.procedure.window import Window
@@ -60,6 +60,7 @@ MEMORY_BACK_SHARE = 0.8  # of what the release freed, seen used again after the 
 # Issue 26's measurements on an H200 (torch_memory_saver 0.0.10): the basis until this host has its own.
 MEASURED_H200 = {"release": {KV_CACHE: 0.06, CUDA_GRAPH: 0.06, WEIGHTS: 20.0},
                  "resume": {KV_CACHE: 0.17, CUDA_GRAPH: 0.17, WEIGHTS: 7.0}}
+MEASURED_H200_WEIGHTS_BYTES = 48 * 2**30  # the weights those figures released and resumed
 CONTROL_S = 0.1  # a pause or continue request's round trip (an estimate)
 SAVER_HINT = ("add --enable-memory-saver (and --enable-weights-cpu-backup) to the server's start command: one "
               "restart, at a time you choose, and later windows need no restart at all")
@@ -155,32 +156,47 @@ async def plan_release(window: Window) -> tuple[list[str] | None, str]:
 
 
 async def pause_forecast(window: Window, tags: list[str], inputs: fc.ForecastInputs | None = None) -> Forecast:
-    """The pause route's downtime (pause → continue) by phase, each with its basis: earlier pause
-    runs' own step times, else issue 26's measurements on an H200 (said so); the extraction as the
+    """The pause route's downtime (pause → continue) by phase, each with its basis. The release, the
+    free-VRAM wait and the resume come from earlier pause runs that released the same tags (a
+    weights release is never projected from KV-only windows: 20 s out against 0.06 s on the H200),
+    else from issue 26's measurements on an H200, the weights' share scaled to this model's size
+    (said so); the pause and the continue from every earlier pause run; the extraction as the
     window's forecast has it. Over budget above `[window] max_downtime_s`."""
     from console.procedure.steps import estimates
 
-    earlier = estimates(r.state.to_json() for r in window.earlier_runs() if r.state.route == "pause")
-    runs = sum(1 for r in window.earlier_runs() if r.state.route == "pause")
+    pause_runs = [r.state.to_json() for r in window.earlier_runs() if r.state.route == "pause"]
+    same = [s for s in pause_runs if sorted(s.get("service", {}).get("released_tags") or []) == sorted(tags)]
+    inputs = inputs or await window.forecast_inputs()
+    whole = fc.forecast(inputs)
+    model_bytes = inputs.model_bytes if WEIGHTS in tags else None
 
-    def phase(step: str, fallback: float, basis: str) -> ForecastPhase:
+    def phase(step: str, fallback: tuple[float, str], runs: list[dict[str, Any]], which: str) -> ForecastPhase:
+        earlier = estimates(runs)
         if step in earlier:
-            return ForecastPhase(step, earlier[step], f"median of {runs} earlier pause runs")
-        return ForecastPhase(step, fallback, basis, estimated=True)
+            return ForecastPhase(step, earlier[step], f"median of {len(runs)} earlier pause runs{which}")
+        return ForecastPhase(step, fallback[0], fallback[1], estimated=True)
 
     def h200(kind: str) -> tuple[float, str]:
-        seconds = sum(MEASURED_H200[kind][t] for t in tags)
-        return seconds, ("measured on an H200 (issue 26, torch_memory_saver 0.0.10): "
-                         + ", ".join(f"{t} {MEASURED_H200[kind][t]:g} s" for t in tags))
+        said, seconds = [], 0.0
+        for tag in tags:
+            measured = MEASURED_H200[kind][tag]
+            if tag == WEIGHTS and model_bytes:  # the weights' time grows with their size
+                measured *= model_bytes / MEASURED_H200_WEIGHTS_BYTES
+                said.append(f"{tag} {MEASURED_H200[kind][tag]:g} s for {size(MEASURED_H200_WEIGHTS_BYTES)}, "
+                            f"{measured:.2f} s for this model's {size(model_bytes)}")
+            else:
+                said.append(f"{tag} {measured:g} s")
+            seconds += measured
+        return seconds, "measured on an H200 (issue 26, torch_memory_saver 0.0.10): " + ", ".join(said)
 
-    whole = fc.forecast(inputs or await window.forecast_inputs())
+    which = f" that released {', '.join(tags)}"
     extract = fc.phase(whole, "extract")
-    phases = (phase("pause", CONTROL_S, "estimate: one control request"),
-              phase("release", *h200("release")),
-              phase("free-vram", 1.0, "estimate: one telemetry sample sees the memory free"),
+    phases = (phase("pause", (CONTROL_S, "estimate: one control request"), pause_runs, ""),
+              phase("release", h200("release"), same, which),
+              phase("free-vram", (1.0, "estimate: one telemetry sample sees the memory free"), same, which),
               ForecastPhase("extract", extract.seconds, extract.basis, extract.spread_s, extract.estimated),
-              phase("resume", *h200("resume")),
-              phase("continue", CONTROL_S, "estimate: one control request"))
+              phase("resume", h200("resume"), same, which),
+              phase("continue", (CONTROL_S, "estimate: one control request"), pause_runs, ""))
     total = sum(p.seconds for p in phases if p.seconds is not None)  # a floor while the extraction is unknown
     budget = window.config.window.max_downtime_s
     return Forecast(window.run.run_id, total, phases, budget, budget is not None and total > budget)
