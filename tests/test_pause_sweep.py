@@ -34,6 +34,7 @@ from tests.engine_sweep import (  # its fixtures (producers, window) come throug
     cancel_at,
     make_window,
 )
+from tests.fake_hosts import FakeHosts
 
 
 @pytest.fixture
@@ -619,3 +620,32 @@ async def test_a_weights_release_is_forecast_from_weights_releases_never_from_kv
     again = await next_window()
     assert "median of 1 earlier pause runs that released kv_cache, cuda_graph, weights" in again["release"]["basis"]
     assert "median of 3 earlier pause runs" in again["pause"]["basis"]  # the pause itself: every earlier pause run
+
+
+@pytest.mark.parametrize("point", ["paused", "released", "gpu-released"])
+async def test_r_gives_a_paused_server_back_without_a_preflight_while_the_eval_host_is_down(
+        paused: Window, point: str) -> None:
+    """Issue 40, item 6: the console's `r` (`Operator.restart_service`) on a run that left the server
+    paused gives its memory back, resume then continue, asking only the service's host: an eval host
+    that cannot be reached (a full preflight would fail on it) never leaves production paused."""
+    from console.operator import Operator
+
+    assert await paused.console(Crasher(point)) is None  # the console dies with the server paused
+    held = paused.state().service
+    assert held.paused, held
+    paused.world.faults.append(Fault("connect", "link", match={"host": TRAINING}, times=99))
+    operator = Operator(paused.world.config, runs_dir=paused.store.root)
+    assert operator.left_down() is not None and operator.left_down().run_id == paused.run_id
+    hosts = FakeHosts(paused.world)
+    run = paused.store.open(paused.run_id)
+    engine = engine_module.Engine(hosts, paused.world.config, run, ScriptedDecider(paused.world.clock), paused.store)
+    await engine.restart_service("the operator asked for it (r)")
+    server = paused.world.server
+    assert server.serving() and server.held == 0
+    assert server.count("pause_generation") == server.count("continue_generation") == 1
+    released = [sorted(b["tags"]) for _, r, b in server.calls if r == "release_memory_occupation"]
+    assert [sorted(b["tags"]) for _, r, b in server.calls if r == "resume_memory_occupation"] == released
+    assert hosts.calls and {host for _, host in hosts.calls} == {INFERENCE}, hosts.calls  # the eval host never asked
+    assert paused.world.service.stop_commands == 0 and paused.world.service.start_commands == 0
+    assert not paused.store.open(paused.run_id).state.service.held
+    assert operator.left_down() is None  # no longer named as the run that left the server paused
