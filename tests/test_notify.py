@@ -292,3 +292,54 @@ def test_a_degraded_run_is_told_with_both_figures_and_the_remedy(tmp_path: Path)
     (said,) = watcher.on(m.RunFinished(run.run_id, "degraded", 5, True, message, str(run.dir)))
     assert said.level == "warning" and "ended degraded (exit 5)" in said.body
     assert "acceptance length 4.00 before the window, 1.02 after" in said.body and "restart" in said.body
+
+
+async def test_a_run_whose_console_is_gone_while_it_holds_the_server_paused_is_told_once(tmp_path: Path) -> None:
+    """Issue 40, item 6: two watching consoles follow a pause-route run whose console was killed with
+    the server paused (memory released). Exactly one of them tells it (`console-gone`): who held it,
+    the store's words, how to give it back. A console that resumes the run and dies too is told again."""
+    import dataclasses
+
+    from console.config import example_config_text
+    from console.procedure.follower import RunFollower
+    from console.session import Session
+
+    recorder = Recorder()
+    config = config_with(f'urls = ["{recorder.url}"]')
+    store, run_id = _run(tmp_path, forecast_s=3)
+    run = store.open(run_id)
+    run.state.route, run.state.status = "pause", "running"
+    run.state.owner = dataclasses.replace(Owner.this_process(), pid=4_000_001, start_ticks=1)  # killed
+    svc = run.state.service
+    svc.paused, svc.paused_at, svc.pause_confirmed = True, time.time() - 30, True
+    svc.released, svc.released_tags = ["kv_cache", "cuda_graph"], ["kv_cache", "cuda_graph"]
+    run.save()
+    watching = []
+    for _ in range(2):  # two consoles open on the same store, each with its notifier and its follower
+        bus = MessageBus()
+        notifier = Notifier(config, store, bus)
+        notifier.start()
+        watching.append((notifier, RunFollower(store, bus, Session(parse_config(example_config_text()), bus))))
+    try:
+        for _, follower in watching * 2:  # each looks twice: told once in all
+            follower.look()
+        posts = await asyncio.to_thread(recorder.wait_for, lambda posts: len(posts) == 1)
+        run = store.open(run_id)  # a second console resumes it, and is killed too
+        run.state.owner = dataclasses.replace(run.state.owner, pid=4_000_002)
+        run.save()
+        for _, follower in watching:
+            follower.look()
+        posts = await asyncio.to_thread(recorder.wait_for, lambda posts: len(posts) == 2)
+        for notifier, _ in watching:
+            assert notifier.wait_sent(5)
+    finally:
+        for notifier, _ in watching:
+            await notifier.close()
+        recorder.close()
+    assert len(recorder.posts) == 2
+    told = posts[0]["json"]
+    assert told["title"] == f"dflash-ops: sglang.service on ct129 LEFT PAUSED: the console of run {run_id} is gone"
+    assert "pid 4000001" in told["message"] and f"PAUSED: memory released by run {run_id} (kv_cache, cuda_graph)" \
+        in told["message"]
+    assert f"run --resume {run_id}" in told["message"], told["message"]
+    assert "pid 4000002" in posts[1]["json"]["message"]

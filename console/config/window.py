@@ -21,7 +21,7 @@ class WindowConfig:
 WINDOW_ROUTES = ("window", "pause", "zero-downtime", "auto")
 
 # What a notification can be sent for (`[notify] events`); console/notify/ says what each one carries.
-NOTIFY_EVENTS: tuple[str, ...] = ("stop-approved", "overrun", "service-back", "run-ended", "left-down")
+NOTIFY_EVENTS: tuple[str, ...] = ("stop-approved", "overrun", "service-back", "run-ended", "left-down", "console-gone")
 
 
 @dataclass(frozen=True)

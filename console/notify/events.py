@@ -10,6 +10,8 @@ behind is the store's to say, never a guess from the messages):
     run-ended      the run's status, and the headline tau per drafter with the online one beside it (a
                    paused run has not ended: `run --resume` goes on with it)
     left-down      the run ended or paused with the server down (the store's answer), and how to end it
+    console-gone   a watching console saw a run whose console is gone (killed) leave the server down,
+                   paused or drained: who held it, since when, and how to give it back (`gone`)
 """
 
 from __future__ import annotations
@@ -86,6 +88,21 @@ class Watcher:
         elif isinstance(message, m.RunFinished):
             return self._finished(message)
         return []
+
+    def gone(self, live: m.LiveRun) -> list[Notification]:
+        """Another console's run whose console is gone while the run holds the server (down, paused or
+        drained): nobody will give it back unless told. The store's words, as `left-down` says them."""
+        if live.ours or not live.console_gone:
+            return []
+        run = self.run_of(live.run_id)
+        left = run.state.service.left_as() if run is not None else None
+        if run is None or left is None:
+            return []
+        return [Notification(
+            "console-gone", live.run_id, f"dflash-ops: {self.service} LEFT {left.upper()}: the console of run "
+            f"{live.run_id} is gone",
+            f"The console driving run {live.run_id} ({live.owner or 'owner unknown'}) is gone, and the run holds "
+            f"{self.service}: {left_line(run)}.\nNext: {what_next(run)}.", "failure")]
 
     def _decided(self, made: m.DecisionMade) -> list[Notification]:
         asked = made.confirmation

@@ -4,7 +4,9 @@ The operator that drives runs (the headless run, the console, the drill; never a
 starts one when `[notify] urls` names a target. It feeds the bus's messages of its own runs (the
 store names the process that drives a run: a watching console's follower repeats other runs, never
 notified twice) to the `Watcher`, sends what it answers through the `Target` threads, arms the
-overrun timer, and journals every outcome in the run's journal. Nothing here waits on a target: the
+overrun timer, and journals every outcome in the run's journal. Of the runs it follows (other
+consoles'), one thing is told: a run whose console is gone while it holds the server (`console-gone`),
+once per gone console across every watching console (a marker made with O_EXCL in the run's folder). Nothing here waits on a target: the
 window never waits on a notification, and one that fails is a journal line, not a failed step.
 """
 
@@ -54,7 +56,7 @@ class Notifier:
         """Subscribe (on the running loop: the overrun timer lives there)."""
         self._loop = asyncio.get_running_loop()
         self._unsubscribe = self.bus.subscribe(self._on, m.StepUpdate, m.PlanReady, m.DecisionMade, m.Downtime,
-                                               m.RunFinished)
+                                               m.RunFinished, m.LiveRun)
 
     async def close(self, wait_s: float = CLOSE_WAIT_S) -> None:
         """Stop listening; give what still waits up to `wait_s` to go out (a target still stuck then
@@ -93,12 +95,33 @@ class Notifier:
         return False
 
     def _on(self, message: Any) -> None:
+        if isinstance(message, m.LiveRun):  # another console's run, followed here
+            for notification in self.watcher.gone(message):
+                if self._first_to_tell(message.run_id):
+                    self.send(notification)
+            return
         run_id = getattr(message, "run_id", None) or self.watcher.run_id  # (a question of no run: the last step's)
         if run_id is None or not self._ours(run_id):
             return
         for notification in self.watcher.on(message):
             self.send(notification)
         self._arm()
+
+    def _first_to_tell(self, run_id: str) -> bool:
+        """This console is the first watcher to tell that the run's console (its owner now) is gone:
+        the marker names that owner, so a console that resumes the run and dies too is told again."""
+        run = self._run_of(run_id)
+        owner = run.state.owner if run is not None else None
+        if run is None or owner is None or "console-gone" not in self.events:
+            return False
+        marker = run.dir / f"console-gone-told.{owner.host}.{owner.pid}"
+        try:
+            os.close(os.open(marker, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644))
+        except FileExistsError:
+            return False  # another watching console told it
+        except OSError:
+            return True  # a store this console cannot write: better told twice than never
+        return True
 
     def _arm(self) -> None:
         if self._timer is not None:
