@@ -524,3 +524,20 @@ async def test_a_resume_under_another_config_is_refused_before_anything(window: 
     assert_promises(window, finished)
     journal = window.store.open(window.run_id).read_journal()
     assert any("changed since the run was made" in e["message"] for e in journal)
+
+
+async def test_a_fresh_run_never_says_it_found_its_own_job_again_a_resumed_one_does(window: Window) -> None:
+    """Issue 43 (low): the staged extractor started before the stop goes on at the extraction; the
+    journal says so, not "found extract job ... again; following it from byte 1927", which is what a
+    resumed run (another console) says of a job it finds by its id."""
+    assert await window.console(Crasher("staged")) is None  # the first console dies once staged
+    finished = await window.console()
+    assert finished is not None and finished.exit_code == 0, finished
+    starts = [e["message"] for e in window.store.open(window.run_id).read_journal() if e.get("kind") == "job-start"]
+    assert any("again (pid" in line for line in starts), starts  # the second console found the first's job
+    window.run_id = window.store.create(str(window.world.config.source), None).run_id
+    fresh = await window.console()
+    assert fresh is not None and fresh.exit_code == 0, fresh
+    starts = [e["message"] for e in window.store.open(window.run_id).read_journal() if e.get("kind") == "job-start"]
+    assert not any("again" in line for line in starts), starts
+    assert any("started by this console) goes on" in line for line in starts), starts

@@ -76,9 +76,13 @@ async def job(window: Window, host_name: str, worker: str, key: str, args: list[
             record = jobs[key] = JobRecord(job_id, host_name, worker, list(args))
             window.run.save()  # before the start: found again by id after a crash
         handle = await start_once(window, host_name, worker, args, env, record.job_id)
+        window.jobs_started_here.add(record.job_id)
         window.journal(step, f"started {worker} on {host_name} (pid {handle.pid})", host=host_name,
                      argv=["python", "-m", f"remote.{worker}", *args], kind="job-start", job_id=record.job_id)
-    else:
+    elif record.job_id in window.jobs_started_here:  # started by an earlier step of this console: it goes on
+        window.journal(step, f"{worker} on {host_name} (pid {handle.pid}, started by this console) goes on",
+                       host=host_name, kind="job-start", job_id=record.job_id)
+    else:  # started before this console (a resume): found by its id, never started twice
         window.journal(step, f"found {worker} job {handle.job_id} on {host_name} again (pid {handle.pid}); "
                            f"following it from byte {record.offset}", host=host_name, kind="job-start",
                        job_id=record.job_id)

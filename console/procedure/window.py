@@ -74,6 +74,7 @@ class Window:
         self.windows_here = 0  # windows this console began after a budget cut (the engine's next replica)
         self._asking: list[Confirmation] = []  # the questions waiting for an answer, oldest first (question.json)
         self._dirs: set[tuple[str, str]] = set()  # (host, path) made by this console (`dir_on`)
+        self.jobs_started_here: set[str] = set()  # job ids this console started (a later step follows one on)
         self.budget_task: asyncio.Task | None = None
         self.fresh()
 
