@@ -262,6 +262,38 @@ def test_the_drill_asset_build_reports_its_stages_as_it_goes(tmp_path: Path) -> 
     assert "building the tiny target" in shown and "fitting the reference and candidate drafters" in shown
 
 
+def test_the_drill_asset_build_shows_a_bar_and_the_time_left_once_it_counts(tmp_path: Path) -> None:
+    """Issue 43 item 15: the drafters' fit (most of the build's two minutes) writes `[done/total]
+    what` lines; the build line turns them into a bar, the count and the time left at the pace so far
+    (10 s per 20 Adam steps here: 300 of 800 done after 150 s, so 250 s left)."""
+    import io
+
+    from rich.console import Console
+
+    from console.views.headless import build_progress
+    from remote.drill.assets import _progress_line
+
+    now = [0.0]
+    screen = io.StringIO()
+    console = Console(file=screen, force_terminal=True, width=140)
+    with build_progress("building the drill's assets", console, clock=lambda: now[0]) as tell:
+        tell("building the tiny target")
+        for done in range(20, 320, 20):
+            now[0] += 10.0
+            tell(f"[{done}/800] fitting the reference drafter")
+    shown = screen.getvalue()
+    assert "fitting the reference drafter (300/800)" in shown, shown[-600:]
+    assert "about 4 min 10 s left" in shown, shown[-600:]
+    assert "━" in shown  # the bar
+
+    import contextlib
+
+    err = io.StringIO()
+    with contextlib.redirect_stderr(err):
+        _progress_line(40, 800, "fitting the reference drafter")
+    assert err.getvalue() == "[40/800] fitting the reference drafter\n"  # the line the bar reads
+
+
 def test_the_jobs_summary_keeps_every_size_rate_and_label_whole_at_any_width() -> None:
     """Piped (80 columns), the jobs' summary read `559.2 KiB / …` and `3500.3…`: rich's columns cut
     the values. Each value stays whole at any width: the bar shrinks, then values go to the next line."""

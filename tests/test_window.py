@@ -66,6 +66,12 @@ def test_headless_drill_end_to_end(drill: Drill) -> None:
     assert done.returncode == EXIT_DONE, done.stdout + done.stderr
     run_id, state = drill.only_run()
     assert state["status"] == "done" and state["exit_code"] == 0
+    # Then where a new operator goes next: the run's report, and the hosts still up (issue 43 item 15).
+    told = done.stderr.strip().splitlines()[-2:]
+    assert told[0].startswith(f"run {run_id} done: its report is {drill.runs / run_id / 'report.md'}"), told
+    assert f"`dflash-ops report {run_id} --runs {drill.runs}`" in told[0], told
+    assert told[1].startswith("the drill's hosts are still up") and f"`dflash-ops drill down --dir {drill.dir}`" \
+        in told[1], told
     assert [state["steps"][s]["status"] for s in ("preflight", "stage", "cache", "stop", "free-vram", "extract",
                                                   "restart", "evaluate", "report")] == ["done"] * 9
     # The engine's own state.json is read as an earlier window (schema drift between the engine and the

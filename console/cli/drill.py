@@ -59,7 +59,30 @@ def cmd_drill(args: argparse.Namespace) -> int:
           f"(`dflash-ops drill down` ends them)", file=sys.stderr)
     args.config = str(config)
     args.plan, args.step, args.no_restart = False, False, False
-    return cmd_run.run(args)
+    status = cmd_run.run(args)
+    for line in after_the_drill(args.runs, args.dir, config):
+        print(line, file=sys.stderr)
+    return status
+
+
+def after_the_drill(runs: str | None, drill_dir: str | None, config: object) -> list[str]:
+    """What a new operator does next once the drill's run (or console) ends: the run's results, and
+    the rehearsal hosts, still up, ended by `drill down`."""
+    from console.procedure.store import RunStore, RunSummary
+
+    lines = []
+    summaries = [s for s in RunStore(runs).summaries() if isinstance(s, RunSummary)]
+    if summaries:
+        latest = summaries[-1]
+        report = latest.dir / "report.md"
+        store = f" --runs {runs}" if runs else ""
+        lines.append(f"run {latest.run_id} {latest.status}: "
+                     + (f"its report is {report} (`dflash-ops report {latest.run_id}{store}` shows its tables; "
+                        f"`dflash-ops runs{store}` lists every run)" if report.is_file()
+                        else f"no report yet (`dflash-ops runs{store}` lists every run)"))
+    where = f" --dir {drill_dir}" if drill_dir else ""
+    lines.append(f"the drill's hosts are still up (config {config}): `dflash-ops drill down{where}` ends them")
+    return lines
 
 
 def cmd_down(args: argparse.Namespace) -> int:

@@ -8,6 +8,7 @@ anchors); a chosen plan is `console.views.plan.plan_view`.
 from __future__ import annotations
 
 import contextlib
+import re
 import time
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -15,6 +16,7 @@ from typing import Any
 from rich.cells import cell_len
 from rich.console import Console, ConsoleOptions, RenderResult
 from rich.progress import (
+    BarColumn,
     Progress,
     SpinnerColumn,
     TaskID,
@@ -34,21 +36,35 @@ STATUS_STYLE = {"done": "green", "skipped": "cyan", "left-out": "dim", "running"
 
 
 @contextlib.contextmanager
-def build_progress(title: str, console: Console | None = None) -> Iterator[Callable[[str], None]]:
-    """A progress line on the terminal for a long build with no counter of its own (the drill's
-    assets): the title, the time so far and the build's last line; each line it writes is kept
-    above. Yields the callback that takes those lines."""
-    progress = Progress(SpinnerColumn(), TextColumn("{task.description}"), TimeElapsedColumn(),
+def build_progress(title: str, console: Console | None = None,
+                   clock: Callable[[], float] | None = None) -> Iterator[Callable[[str], None]]:
+    """A progress line on the terminal for a long build (the drill's assets): the title, a bar and
+    the time left once the build counts its work (a `[done/total] what` line), the time so far and
+    the build's last line; each other line it writes is kept above. Yields the callback that takes
+    those lines."""
+    progress = Progress(SpinnerColumn(), TextColumn("{task.description}"), BarColumn(bar_width=24),
+                        TimeElapsedColumn(), TextColumn("{task.fields[left]}"),
                         TextColumn("{task.fields[stage]}", style="dim"),
-                        console=console or Console(stderr=True), transient=True)
-    task = progress.add_task(title, stage="")
+                        console=console or Console(stderr=True), transient=True, get_time=clock)
+    task = progress.add_task(title, total=None, stage="", left="")
 
     def tell(line: str) -> None:
-        progress.console.print(Text(f"  {line}", style="dim"))
-        progress.update(task, stage=line[:60])
+        counted = COUNTED.match(line)
+        if counted is None:
+            progress.console.print(Text(f"  {line}", style="dim"))
+            progress.update(task, stage=line[:60])
+            return
+        done, total = int(counted["done"]), int(counted["total"])
+        progress.update(task, total=total, completed=done, stage=f"{counted['what']} ({done}/{total})")
+        left = progress.tasks[0].time_remaining
+        progress.update(task, left=f"about {duration(left)} left" if left is not None else "")
+        progress.refresh()
 
     with progress:
         yield tell
+
+
+COUNTED = re.compile(r"^\[(?P<done>\d+)/(?P<total>\d+)\] (?P<what>.*)$")  # a build's counted line
 
 
 BAR_MIN, BAR_MAX = 10, 40

@@ -63,6 +63,11 @@ def random_drafters(target: Path, out: Path) -> dict[str, Any]:
     return {"block_size": 16, "target_layer_ids": layer_ids, "drafters": drafters}
 
 
+def _progress_line(done: int, total: int, what: str) -> None:
+    """`[done/total] what`: the console's build line reads it as a bar with the time left."""
+    print(f"[{done}/{total}] {what}", file=sys.stderr, flush=True)
+
+
 def build(out: str | os.PathLike, steps: int | None = None, gpu: bool = False) -> dict[str, Any]:
     """Build every asset under `out` (which should be empty); return the content of assets.json.
     `gpu`: the GPU drill's assets (the few-GB target built on the GPU, random drafters)."""
@@ -81,7 +86,7 @@ def build(out: str | os.PathLike, steps: int | None = None, gpu: bool = False) -
     else:
         print("fitting the reference and candidate drafters", file=sys.stderr, flush=True)
         fit = drafters.fit_drafters(target, out / "drafters", list(PROMPT_IDS), MAX_NEW_TOKENS,
-                                    steps or drafters.STEPS)
+                                    steps or drafters.STEPS, progress=_progress_line)
         taus = {name: d["fit_check_tau"] for name, d in fit["drafters"].items()}
         if taus["reference"] - taus["candidate"] < MIN_TAU_GAP:
             raise SystemExit(f"drill assets: the drafters' taus do not differ visibly ({taus}); not keeping them")

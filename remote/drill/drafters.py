@@ -25,6 +25,7 @@ import json
 import os
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -33,6 +34,7 @@ CANDIDATE_TRAINED_ON = [0, 1, 2]  # hidden_states[k] for k in LAYER_IDS: the off
 BLOCK_SIZE = 8
 COMPLETION_TOKENS = 32  # trained on; the drill asks for fewer (a prefix of the same greedy text)
 STEPS = 400
+PROGRESS_EVERY = 20  # Adam steps between two progress lines of the build
 LEARNING_RATE = 3e-3
 SEEDS = {"reference": 0, "candidate": 1}
 SERVING_DTYPE = "bfloat16"  # the drill's rehearsal server generates with it (`standin --dtype`)
@@ -115,8 +117,10 @@ class _Fit:
         pos = anchors[:, None] + torch.arange(BLOCK_SIZE - 1)[None]  # slot j's truth: g[a+j-1]
         return logits, seq["g"][pos.clamp(max=n - 1)], pos <= n - 2
 
-    def train(self, trained_on: list[int], seed: int, steps: int) -> tuple[dict[str, Any], dict[str, Any], list[float]]:
-        """Adam on the cross-entropy of every slot at every anchor past the first few tokens."""
+    def train(self, trained_on: list[int], seed: int, steps: int,
+              on_step: Callable[[int], None] = lambda done: None) -> tuple[dict[str, Any], dict[str, Any], list[float]]:
+        """Adam on the cross-entropy of every slot at every anchor past the first few tokens;
+        `on_step(done)` after every PROGRESS_EVERY steps (the build's progress bar)."""
         torch = self.torch
         import torch.nn.functional as F
 
@@ -148,6 +152,8 @@ class _Fit:
             schedule.step()
             if step % 50 == 0 or step == steps - 1:
                 losses.append(round(float(loss.detach()), 4))
+            if (step + 1) % PROGRESS_EVERY == 0 or step == steps - 1:
+                on_step(step + 1)
         return config, {name: t.detach() for name, t in weights.items()}, losses
 
     def vanilla_tau(self, config: dict[str, Any], weights: dict[str, Any], prompt_ids: list[str],
@@ -184,8 +190,10 @@ class _Fit:
 
 
 def fit_drafters(target: str | os.PathLike, out: str | os.PathLike, check_prompts: list[str],
-                 check_tokens: int, steps: int = STEPS) -> dict[str, Any]:
-    """Fit and save `out/reference` and `out/candidate`; return what was done and the fit check."""
+                 check_tokens: int, steps: int = STEPS,
+                 progress: Callable[[int, int, str], None] = lambda done, total, what: None) -> dict[str, Any]:
+    """Fit and save `out/reference` and `out/candidate`; return what was done and the fit check.
+    `progress(done, total, what)`: the Adam steps of both drafters, done of all of them."""
     import torch
 
     from remote.drafter import save_drafter
@@ -196,9 +204,12 @@ def fit_drafters(target: str | os.PathLike, out: str | os.PathLike, check_prompt
     target, out = Path(target), Path(out)
     fit = _Fit(target, training_sequences(target))
     facts: dict[str, Any] = {"block_size": BLOCK_SIZE, "target_layer_ids": LAYER_IDS, "steps": steps, "drafters": {}}
-    for name, trained_on in (("reference", LAYER_IDS), ("candidate", CANDIDATE_TRAINED_ON)):
+    fitted = (("reference", LAYER_IDS), ("candidate", CANDIDATE_TRAINED_ON))
+    for i, (name, trained_on) in enumerate(fitted):
         t0 = time.perf_counter()
-        config, weights, losses = fit.train(trained_on, SEEDS[name], steps)
+        config, weights, losses = fit.train(
+            trained_on, SEEDS[name], steps,
+            lambda done, i=i, name=name: progress(i * steps + done, len(fitted) * steps, f"fitting the {name} drafter"))
         path = save_drafter(out / name, config, {k: v.to(torch.bfloat16) for k, v in weights.items()})
         stored = {k: v.to(torch.bfloat16).float() for k, v in weights.items()}  # as the evaluator will read them
         facts["drafters"][name] = {
