@@ -67,9 +67,11 @@ class Operator:
 
     def start(self) -> None:
         """Connect every host, start telemetry and the service watch (on the running loop); with
-        `[notify] urls`, the notifier of the runs this console drives (a read-only one drives none)."""
+        `[notify] urls`, the notifier: of the runs this console drives, and of another console's run
+        whose console is gone while it holds the server (a read-only console tells only that: it
+        drives none; `console-gone` is told once among every watching console)."""
         self.session.start()
-        if self.config.notify.urls and not self.read_only and self.notifier is None:
+        if self.config.notify.urls and self.notifier is None:
             from console.notify import Notifier
 
             self.notifier = Notifier(self.config, self.store, self.bus)

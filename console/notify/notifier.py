@@ -1,7 +1,7 @@
 """The notifier: one subscriber on the core's bus, for the runs this process drives.
 
-The operator that drives runs (the headless run, the console, the drill; never a read-only view)
-starts one when `[notify] urls` names a target. It feeds the bus's messages of its own runs (the
+Every operator starts one when `[notify] urls` names a target (a read-only view drives no run: it
+tells only `console-gone`). It feeds the bus's messages of its own runs (the
 store names the process that drives a run: a watching console's follower repeats other runs, never
 notified twice) to the `Watcher`, sends what it answers through the `Target` threads, arms the
 overrun timer, and journals every outcome in the run's journal. Of the runs it follows (other
