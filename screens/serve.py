@@ -4,7 +4,10 @@ its guard. It lives with the Textual app, so the core (console/) never imports T
 Every request (the page, its files, its websocket) passes three checks, in this order: the `Host`
 is a name the console answers to (console/cli/serve_access.py: no DNS rebinding), a page that says
 where it comes from (`Origin`) is this console's own, and the token, from the address (`?token=`) or
-from the cookie the page got with it, compared in constant time."""
+from the cookie the page got with it, compared in constant time. Then the viewers are counted: past
+`max_viewers` consoles open at once (each browser's is a console of its own), the page says the cap is
+reached and its websocket is refused; a viewer that closes its page frees its place (its console ends
+with its websocket)."""
 
 from __future__ import annotations
 
@@ -17,6 +20,7 @@ from urllib.parse import urlsplit
 from console.cli.serve_access import ServedNames, served_names
 
 COOKIE_PREFIX = "dflash-ops-token"
+MAX_VIEWERS = 8  # consoles open at once through one `serve` (--max-viewers)
 TOKEN_IN_ADDRESS = re.compile(r"([?&]token=)[^&\s\"]*")
 # textual-serve's page links a web font from Google's servers: each viewer's browser would tell another
 # site when and from where the window is watched (and wait on it where the network is closed). The
@@ -40,25 +44,45 @@ def cookie_name(port: int) -> str:
 
 
 def make_server(command: str, bind: str, port: int, token: str, title: str,
-                names: ServedNames | None = None) -> Any:
+                names: ServedNames | None = None, max_viewers: int = MAX_VIEWERS) -> Any:
     """textual-serve's server for `command`, refusing requests without `token`, under a name it does
-    not answer to (`names`, by default the bind's own), or from another site's page."""
+    not answer to (`names`, by default the bind's own), or from another site's page; at most
+    `max_viewers` browsers at once."""
     import aiohttp_jinja2
     from aiohttp import web
     from textual_serve.server import Server, to_int
 
     if not token:
         raise ValueError("dflash-ops serve needs a token")
+    if max_viewers < 1:
+        raise ValueError(f"--max-viewers must be at least 1, not {max_viewers}")
     served = names if names is not None else served_names(bind)
     cookie = cookie_name(port)
 
+    def full() -> str:
+        return (f"dflash-ops serve: {max_viewers} viewer{'s' if max_viewers != 1 else ''} already watch this "
+                f"console, its cap (`dflash-ops serve --max-viewers`): try again when one closes its page\n")
+
     class ConsoleServer(Server):
+        viewers = 0  # websockets open now: each is a console of its own
+
+        async def handle_websocket(self, request: web.Request) -> web.WebSocketResponse:
+            if self.viewers >= max_viewers:
+                raise web.HTTPServiceUnavailable(text=full())
+            self.viewers += 1
+            try:
+                return await super().handle_websocket(request)
+            finally:  # textual-serve has stopped its console by now: nothing of the viewer is left
+                self.viewers -= 1
+
         async def _make_app(self) -> web.Application:
             app = await super()._make_app()
             app.middlewares.append(guard)
             return app
 
         async def handle_index(self, request: web.Request) -> web.Response:
+            if self.viewers >= max_viewers:
+                return web.Response(status=503, text=full())
             here = f"{request.scheme}://{request.host}"
             socket = ("wss" if request.scheme == "https" else "ws") + f"://{request.host}/ws"
             page = aiohttp_jinja2.render_string("app_index.html", request, {

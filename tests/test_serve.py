@@ -5,6 +5,7 @@ the page's websocket address taken from the request."""
 
 from __future__ import annotations
 
+import asyncio
 import re
 import shlex
 import stat
@@ -82,8 +83,8 @@ class NotServing:
     """`make_server`'s stand-in: what `dflash-ops serve` asked for, and nothing served."""
 
     def __init__(self, calls: list[dict], command: str, bind: str, port: int, token: str | None, title: str,
-                 names: object = None) -> None:
-        calls.append({"bind": bind, "port": port, "token": token, "names": names})
+                 names: object = None, max_viewers: int = 8) -> None:
+        calls.append({"bind": bind, "port": port, "token": token, "names": names, "max_viewers": max_viewers})
 
     def serve(self) -> None:
         pass
@@ -113,7 +114,7 @@ def test_a_loopback_bind_needs_its_token_too_kept_in_a_file_of_the_users_only(
     assert code == 0 and path.is_file(), out
     token = path.read_text().strip()
     assert len(token) >= 32 and calls == [{"bind": "127.0.0.1", "port": 8765, "token": token,
-                                           "names": served_names("127.0.0.1")}]
+                                           "names": served_names("127.0.0.1"), "max_viewers": 8}]
     assert stat.S_IMODE(path.stat().st_mode) == 0o600 and stat.S_IMODE(path.parent.stat().st_mode) == 0o700
     first = out.splitlines()[0]  # the address to open, the token in it
     assert first.endswith(f"at http://127.0.0.1:8765/?token={token}"), out
@@ -190,3 +191,40 @@ def test_the_access_log_keeps_no_token() -> None:
     record = logging.LogRecord("aiohttp.access", logging.INFO, __file__, 1, line, (), None)
     assert MaskToken().filter(record) and "s3cret" not in record.getMessage()
     assert '"GET /?fontsize=3&token=… HTTP/1.1"' in record.getMessage()
+
+
+async def test_past_the_viewers_cap_the_page_says_so_and_a_closed_page_frees_its_place() -> None:
+    """Issue 42: each browser's websocket is a console of its own; past `max_viewers` at once the page
+    says the cap is reached (503) and a websocket is refused; a viewer that closes its page leaves
+    nothing behind and frees its place."""
+    server = make_server("sleep 60", "127.0.0.1", 0, "s3cret", "dflash-ops (read-only): ct129", max_viewers=1)
+    client = TestClient(TestServer(await server._make_app()))
+    await client.start_server()
+    try:
+        assert (await client.get("/?token=s3cret")).status == 200  # the cookie from here on
+        first = await client.ws_connect("/ws?width=80&height=24")
+        try:
+            page = await client.get("/")
+            said = await page.text()
+            assert page.status == 503 and "1 viewer already watch" in said and "--max-viewers" in said, said
+            second = await client.get("/ws", headers={"Connection": "Upgrade", "Upgrade": "websocket",
+                                                       "Sec-WebSocket-Version": "13",
+                                                       "Sec-WebSocket-Key": "dGhlIHNhbXBsZSBub25jZQ=="})
+            assert second.status == 503 and "its cap" in await second.text()
+        finally:
+            await first.close()
+        for _ in range(200):  # the closed viewer's place comes back once its console has ended
+            if (await client.get("/")).status == 200:
+                break
+            await asyncio.sleep(0.05)
+        assert (await client.get("/")).status == 200 and server.viewers == 0
+    finally:
+        await client.close()
+
+
+def test_a_cap_below_one_viewer_is_refused(monkeypatch: pytest.MonkeyPatch, tmp_path: Path,
+                                           capsys: pytest.CaptureFixture) -> None:
+    code, _, err, calls = serve_cli(monkeypatch, tmp_path, capsys, "--max-viewers", "0")
+    assert code == 2 and "--max-viewers must be at least 1, not 0" in err and calls == []
+    code, _, _, calls = serve_cli(monkeypatch, tmp_path, capsys, "--max-viewers", "3")
+    assert code == 0 and calls[0]["max_viewers"] == 3

@@ -59,8 +59,10 @@ def run(args: argparse.Namespace) -> int:
     names = served_names(args.bind, args.name)
     from screens.serve import make_server  # the browser side is the Textual app's
 
+    if args.max_viewers < 1:
+        raise UsageError(f"--max-viewers must be at least 1, not {args.max_viewers}")
     server = make_server(app_command(Path(config.source or args.config), args.runs), args.bind, args.port, token,
-                         f"dflash-ops (read-only): {', '.join(config.hosts)}", names)
+                         f"dflash-ops (read-only): {', '.join(config.hosts)}", names, max_viewers=args.max_viewers)
     host = socket.getfqdn() if args.bind in WILDCARDS else f"[{args.bind}]" if ":" in args.bind else args.bind
     print(f"dflash-ops serve: the console, read-only, at http://{host}:{args.port}/?token={token}", flush=True)
     print(f"dflash-ops serve: without its token (kept in {path}, yours only; --new-token replaces it) the page, "
@@ -111,6 +113,9 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                         help="replace the token (addresses printed before stop working)")
     parser.add_argument("--runs", metavar="DIR", default=None,
                         help="the run store (default: the user data dir's runs/, or $DFLASH_OPS_RUNS)")
+    parser.add_argument("--max-viewers", type=int, default=8, metavar="N",
+                        help="browsers watching at once (default 8; each is a read-only console of its own): "
+                             "past it the page says the cap is reached")
     parser.add_argument("--app", action="store_true", help=argparse.SUPPRESS)  # one browser's console
     parser.set_defaults(run=run)
 
