@@ -210,6 +210,15 @@ class HostTelemetry:
         since = ring[-1][0] - seconds
         return [row[column] for row in ring if row[0] > since]
 
+    def rings(self) -> dict[int, list[tuple[float, int | None, float | None]]]:
+        """Each GPU's history rows (t, used MiB, util %), oldest first: what `seed` takes (a viewer of
+        `serve` starts its sparklines from the hub's, console/sharing.py)."""
+        return {gpu: list(ring) for gpu, ring in self._history.items()}
+
+    def seed(self, rings: dict[int, list[tuple[float, int | None, float | None]]]) -> None:
+        """Start the history from `rings` (another console's `rings()`), kept to this ring's length."""
+        self._history = {gpu: deque(rows, maxlen=self._maxlen) for gpu, rows in rings.items()}
+
     def history_len(self, gpu: int) -> int:
         return len(self._history.get(gpu, ()))
 

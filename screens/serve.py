@@ -44,10 +44,11 @@ def cookie_name(port: int) -> str:
 
 
 def make_server(command: str, bind: str, port: int, token: str, title: str,
-                names: ServedNames | None = None, max_viewers: int = MAX_VIEWERS) -> Any:
+                names: ServedNames | None = None, max_viewers: int = MAX_VIEWERS, hub: Any = None) -> Any:
     """textual-serve's server for `command`, refusing requests without `token`, under a name it does
     not answer to (`names`, by default the bind's own), or from another site's page; at most
-    `max_viewers` browsers at once."""
+    `max_viewers` browsers at once. `hub` (console/sharing.py's), the one watcher every browser's
+    console views, runs as long as the server does."""
     import aiohttp_jinja2
     from aiohttp import web
     from textual_serve.server import Server, to_int
@@ -91,7 +92,14 @@ def make_server(command: str, bind: str, port: int, token: str, title: str,
             return web.Response(text=OTHER_SITES.sub("", page), content_type="text/html")
 
         async def on_startup(self, app: web.Application) -> None:
-            pass  # the command says where it serves, with the token (textual-serve's banner would not)
+            # (no banner: the command says where it serves, with the token; textual-serve's would not)
+            if hub is not None:
+                await hub.start()
+
+        async def on_shutdown(self, app: web.Application) -> None:
+            await super().on_shutdown(app)
+            if hub is not None:
+                await hub.stop()
 
         def initialize_logging(self) -> None:
             super().initialize_logging()

@@ -83,7 +83,7 @@ class NotServing:
     """`make_server`'s stand-in: what `dflash-ops serve` asked for, and nothing served."""
 
     def __init__(self, calls: list[dict], command: str, bind: str, port: int, token: str | None, title: str,
-                 names: object = None, max_viewers: int = 8) -> None:
+                 names: object = None, max_viewers: int = 8, hub: object = None) -> None:
         calls.append({"bind": bind, "port": port, "token": token, "names": names, "max_viewers": max_viewers})
 
     def serve(self) -> None:

@@ -2,7 +2,9 @@
 
 Each browser that opens the page gets its own read-only console (a process of
 `python -m console.cli serve --app`): the dashboard following the run that drives the hosts, with
-the read-only console's keys only (none stops, starts, ends or writes anything). It binds 127.0.0.1
+the read-only console's keys only (none stops, starts, ends or writes anything). Every one of them is
+a view of one watcher of the hosts that `serve` holds (console/sharing.py: one connection, agent and
+service watch, however many watch), at most `--max-viewers` at once. It binds 127.0.0.1
 unless told otherwise (reach it with an ssh port forward). Whatever the bind, the page, its files and
 its websocket are refused without the token printed at start (one per user, kept in a file only
 they can read: console/cli/serve_access.py; a cookie carries it once the page opened with
@@ -21,6 +23,7 @@ import ipaddress
 import shlex
 import socket
 import sys
+import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -28,6 +31,7 @@ from console.cli.serve_access import WILDCARDS, serve_token, served_names, token
 from console.cli.usage import UsageError
 from console.config import DEFAULT_CONFIG_NAME
 from console.request import Request, choose
+from console.sharing import Hub, SharedSession
 
 DEFAULT_PORT = 8765
 
@@ -41,9 +45,12 @@ def is_loopback(bind: str) -> bool:
         return False
 
 
-def app_command(config: Path, runs: str | None) -> str:
-    """The command each browser's console runs (a shell line: textual-serve starts it so)."""
+def app_command(config: Path, runs: str | None, hub: Path | None = None) -> str:
+    """The command each browser's console runs (a shell line: textual-serve starts it so): a view of
+    `hub`, the one watcher of the hosts (console/sharing.py)."""
     argv = [sys.executable, "-m", "console.cli", "serve", "--app", "--config", str(config.resolve())]
+    if hub is not None:
+        argv += ["--hub", str(hub)]
     if runs:
         argv += ["--runs", str(Path(runs).expanduser().resolve())]
     return shlex.join(argv)
@@ -53,7 +60,7 @@ def run(args: argparse.Namespace) -> int:
     # a bad config is said here, once, not in every browser; each browser's console is a read-only one
     config = choose(Request("console", config=args.config, runs=args.runs, read_only=True)).config
     if args.app:
-        return serve_app(config, args.runs)
+        return serve_app(config, args.runs, Path(args.hub) if args.hub else None)
     path = token_file()
     token = serve_token(path, renew=args.new_token)
     names = served_names(args.bind, args.name)
@@ -61,8 +68,11 @@ def run(args: argparse.Namespace) -> int:
 
     if args.max_viewers < 1:
         raise UsageError(f"--max-viewers must be at least 1, not {args.max_viewers}")
-    server = make_server(app_command(Path(config.source or args.config), args.runs), args.bind, args.port, token,
-                         f"dflash-ops (read-only): {', '.join(config.hosts)}", names, max_viewers=args.max_viewers)
+    # One watcher of the hosts for every viewer: its socket in a directory of this user's only.
+    hub = Hub(config, args.runs, Path(tempfile.mkdtemp(prefix="dflash-ops-serve-")) / "hub.sock")
+    server = make_server(app_command(Path(config.source or args.config), args.runs, hub.path), args.bind, args.port,
+                         token, f"dflash-ops (read-only): {', '.join(config.hosts)}", names,
+                         max_viewers=args.max_viewers, hub=hub)
     host = socket.getfqdn() if args.bind in WILDCARDS else f"[{args.bind}]" if ":" in args.bind else args.bind
     print(f"dflash-ops serve: the console, read-only, at http://{host}:{args.port}/?token={token}", flush=True)
     print(f"dflash-ops serve: without its token (kept in {path}, yours only; --new-token replaces it) the page, "
@@ -78,12 +88,14 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-def serve_app(config: Any, runs: str | None) -> int:
-    """One browser's console: read-only, following the live run (textual-serve's web driver)."""
+def serve_app(config: Any, runs: str | None, hub: Path | None) -> int:
+    """One browser's console: read-only, following the live run (textual-serve's web driver), a view
+    of `hub` (no connection of its own to any host); without one, a console of its own."""
     from console.operator import Operator
     from screens.app import run_app
 
-    return run_app(Operator(config, runs_dir=runs, read_only=True))
+    session = SharedSession(config, hub) if hub is not None else None
+    return run_app(Operator(config, runs_dir=runs, read_only=True, session=session))
 
 
 def _this_host() -> str:
@@ -116,6 +128,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     parser.add_argument("--max-viewers", type=int, default=8, metavar="N",
                         help="browsers watching at once (default 8; each is a read-only console of its own): "
                              "past it the page says the cap is reached")
-    parser.add_argument("--app", action="store_true", help=argparse.SUPPRESS)  # one browser's console
+    parser.add_argument("--app", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--hub", default=None, help=argparse.SUPPRESS)  # the watcher's socket (--app)  # one browser's console
     parser.set_defaults(run=run)
 
