@@ -474,7 +474,7 @@ class ConsoleApp(StaysUp, App[int]):
         if action == "next_step" and parameters == ("waits",):
             return self.next_step_waits()  # named in the footer only then
         if action in ("run_procedure", "next_step", "zero_downtime"):
-            return not busy
+            return not busy and self._live_elsewhere() is None  # another console drives: this one follows
         if action == "cancel_run":
             return busy
         if action == "restart_service":
@@ -509,8 +509,18 @@ class ConsoleApp(StaysUp, App[int]):
             self.refresh_bindings()
             self.post_message(ProcedureEnded(finished))
 
+    def another_drives(self) -> bool:
+        """Another live console drives the hosts now: a key that would start a run says who, and does
+        nothing (never the error modal, never this console's step table wiped)."""
+        elsewhere = self._live_elsewhere()
+        if elsewhere is None:
+            return False
+        self.notify(f"run {elsewhere.run_id} is driven by {elsewhere.owner or 'another console'}: this console "
+                    f"follows it (its steps, its jobs); a new run waits until it ends", severity="warning")
+        return True
+
     def action_run_procedure(self) -> None:
-        if self.read_only or self.state.running:
+        if self.read_only or self.state.running or self.another_drives():
             return
         self.run_procedure()
 
@@ -524,12 +534,12 @@ class ConsoleApp(StaysUp, App[int]):
     def action_next_step(self, waits: str = "") -> None:
         """The next step only (of the unfinished run, or of a new one), then pause: resumable. The
         run's state says which steps are done: the next is the first it has not settled."""
-        if self.read_only or self.state.running:
+        if self.read_only or self.state.running or self.another_drives():
             return
         self.run_procedure(resume=self.operator.unfinished_run(), one_step=True)
 
     def action_zero_downtime(self) -> None:
-        if self.read_only or self.state.running:
+        if self.read_only or self.state.running or self.another_drives():
             return
         self.run_procedure(route="zero-downtime")
 

@@ -590,3 +590,39 @@ async def test_the_watching_console_shows_the_question_whole_at_both_sizes(tmp_p
             # Wrapped (and folded inside a path longer than the panel), in order, nothing left out.
             assert "".join(command.split()) in "".join("".join(panel).split()), (size, "\n".join(panel))
             assert any(f"{run.run_id}'s console asks: start the service on ct129" in row for row in panel), panel
+
+
+async def test_a_second_console_never_starts_a_run_over_the_live_one_nor_wipes_its_steps(tmp_path: Path):
+    """Issue 43 item 8: in a second read-write console, `g` during another console's window showed a
+    modal titled "the procedure failed" and wiped this console's step table. While another live
+    console drives, `g`, `n` and `z` are not offered; pressed, they say who drives and do nothing."""
+    store = RunStore(tmp_path / "runs")
+    run = store.create(None, None)
+    state = run.state
+    state.status, state.owner, state.route = "running", Owner.this_process(), "window"
+    state.service.stopped_at, state.service.down = T0, True
+    for name in ("preflight", "stage", "cache", "stop"):
+        state.step(name).status, state.step(name).started_at, state.step(name).ended_at = "done", T0 - 60, T0 - 50
+    state.step("extract").status, state.step("extract").started_at = "running", T0 + 5
+    run.save()
+    op = serving(runs_dir=store.root)
+    started: list[dict] = []
+    op.run = lambda decider, **kw: started.append(kw) or asyncio.Event().wait()
+    async with console(op, WIDE, clock=Clock()) as (app, pilot):
+        await until(pilot, lambda: app.state.live is not None and app.state.steps["extract"].status == "running")
+        assert not {"g", "n", "z"} & set(footer_keys(app))
+        for key in ("g", "n", "z"):
+            await pilot.press(key)
+            await pilot.pause()
+        assert started == [] and not app.state.running
+        assert not isinstance(app.screen, ConfirmModal) and type(app.screen).__name__ == "DashboardScreen"
+        assert statuses(app, "stop", "extract") == ["done", "running"]  # the live run's steps, kept
+        assert f"run {run.run_id} by {state.owner.describe()}" in banner_text(app)  # who drives, said
+        # Reached some other way (the command palette runs an action by name): it says who drives.
+        for action in (app.action_run_procedure, app.action_next_step, app.action_zero_downtime):
+            action()
+        await pilot.pause()
+        assert started == [] and statuses(app, "stop", "extract") == ["done", "running"]
+        said = [n.message for n in app._notifications]
+        assert len(said) == 3 and all(f"run {run.run_id} is driven by {state.owner.describe()}: this console "
+                                      f"follows it" in line for line in said), said
