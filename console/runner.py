@@ -17,6 +17,7 @@ reading never ends nor blocks the run (`console.terminal_output`).
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import os
 import signal
 import sys
@@ -262,7 +263,10 @@ def answer(request: Request, options: RunOptions) -> int:
         if isinstance(decider, TerminalDecider) and not sys.stdin.isatty() and not options.asked.one_step:
             err.print("dflash-ops: no terminal to ask on: pass --yes to approve every step, or --step", style="red")
             return 2
-        operator = Operator(chosen.config, runs_dir=request.runs, asked=options.asked)
+        # Headless, --step asks before each step (y / n / c, the decider's); only the console runs one
+        # step and pauses (its `n` runs the next), so the run itself is not one step here.
+        operator = Operator(chosen.config, runs_dir=request.runs,
+                            asked=dataclasses.replace(options.asked, one_step=False))
         guard = SignalGuard(operator, say=lambda line: err.print(Text(f"dflash-ops: {line}", style="yellow")))
         with terminal_output(), guard:  # a reader gone or stalled never ends nor blocks the window
             return asyncio.run(run_procedure(operator, decider, resume, err))

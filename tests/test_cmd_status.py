@@ -194,3 +194,35 @@ def test_piped_at_80_columns_keeps_host_names_and_the_reason_whole(hosts: Thread
     assert " ms" in ct129 and "ago" in ct129
     assert _line(out, "ct200  down")
     assert "no GPU readings" in out
+
+
+def test_status_names_who_holds_the_service_host(hosts: ThreadedHosts, tmp_path: Path,
+                                                 capsys: pytest.CaptureFixture[str]) -> None:
+    """Issue 41 part 3: a second operator refused at the preflight is sent to `status` to learn who
+    holds the host: the host lock's run and console (its file's account), or free; one whose console
+    is gone says so."""
+    import json
+
+    from console.procedure.state import Owner
+    from remote import lockfile
+
+    config = down_host_config(hosts, tmp_path, free_port())
+    locks = Path(hosts.host_table("ct129")["lock_dir"])
+    locks.mkdir(parents=True, exist_ok=True)
+    locks.chmod(0o1777)
+    main(["status", "--config", str(config)])
+    assert f"host lock ct129:{locks}/dflash-ops.lock: free (no run holds ct129)" in capsys.readouterr().out
+
+    owner = Owner("alice", socket.gethostname(), os.getpid(), time.time(), None)
+    lockfile.take(str(locks), json.dumps({"run_id": "20261205-090000-ab12", **owner.__dict__}))
+    main(["status", "--config", str(config)])
+    said = _line(capsys.readouterr().out, "host lock")
+    assert f"held by run 20261205-090000-ab12 of {owner.describe()} (file of account" in said, said
+    assert "console is gone" not in said
+
+    (locks / "dflash-ops.lock").unlink()
+    gone = Owner("alice", socket.gethostname(), 4_000_001, time.time(), 1)  # no such process
+    lockfile.take(str(locks), json.dumps({"run_id": "20261205-090000-ab12", **gone.__dict__}))
+    main(["status", "--config", str(config)])
+    said = _line(capsys.readouterr().out, "host lock")
+    assert "its console is gone" in said, said

@@ -9,6 +9,10 @@ With `[fleet]`: the router's health and which gateway it is (smg or sglang-route
 (its state: serving, draining, in window, rejoining, DRAINED by run X; its requests, host and GPUs)
 under the service.
 
+Who holds the service host (the host lock, `[hosts.<name>] lock_dir`): the run and the console that
+hold it, its file's account, or that it is free (the snapshot; a second operator refused at a
+preflight is sent here to find who holds the host).
+
 A drill host whose workdir holds `simulated-gpu.json` (`remote.drill.simgpu`) is read through that
 file and shown SIMULATED. One snapshot by default (exit 0 when every host is connected and the
 service is ready, and with `[fleet]` the router lists every replica healthy; else 1); `--watch` redraws every second until Ctrl-C.
@@ -19,6 +23,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import json
 import signal
 
 from rich.console import Console, Group, RenderableType
@@ -27,6 +32,9 @@ from rich.text import Text
 
 from console.config import Config
 from console.config_source import config_for
+from console.procedure.host_lock import LOCK_FILE, OWNER_FIELDS
+from console.procedure.remote_files import lock_file
+from console.procedure.state import Owner
 from console.procedure.store import RunStore, UnreadableRun, left_line, paused_by, what_next
 from console.service.fleet_watch import all_serving, with_runs
 from console.session import Session, service_name
@@ -37,12 +45,14 @@ FIRST_SAMPLE_WAIT_S = 15.0  # the first agent start may ship the worker code fir
 REFRESH_S = 1.0
 
 
-def render(session: Session, runs: RunStore | None = None) -> RenderableType:
+def render(session: Session, runs: RunStore | None = None, held: Text | None = None) -> RenderableType:
     config = session.config
     view = status_view(session.states(), session.telemetry(), service_name(config), config.service.host,
                        session.service.last)
     if config.fleet is not None:  # the router and each replica, with what the runs do with them
         view = Group(view, fleet_renderable(with_runs(session.fleet, fleet_states(runs)) if session.fleet else None))
+    if held is not None:  # who holds the host, under it
+        view = Group(view, held)
     if runs is None:
         return view
     unreadable = [unreadable_run_line(u.run_id, u.dir, u.why) for u in runs.summaries() if isinstance(u, UnreadableRun)]
@@ -76,6 +86,33 @@ def hold_from_store(session: Session, runs: RunStore | None) -> None:
         session.held_paused(paused_by(runs.left_down(service=session.config)))
 
 
+async def lock_line(session: Session) -> Text | None:
+    """Who holds the service host: the host lock's run and console, or free; None while the host is
+    not connected (its line says why)."""
+    host = session.config.service.host
+    directory = session.config.hosts[host].lock_dir
+    where = f"host lock {host}:{directory}/{LOCK_FILE}"
+    if session.states()[host].status != "connected":
+        return None
+    try:
+        found = await lock_file(await session.host(host, timeout=5), "read", [directory])
+    except Exception as exc:  # noqa: BLE001 - an unsafe path, a lost link: said, never raised from status
+        why = getattr(exc, "stderr_tail", None) or str(exc) or type(exc).__name__
+        return Text(f"{where}: cannot be read ({why.strip()})", style="yellow")
+    if found.get("absent"):
+        return Text(f"{where}: free (no run holds {host})")
+    try:
+        held = json.loads(found["text"])
+        owner = Owner(**{k: held[k] for k in OWNER_FIELDS if k in held})
+        run_id = held["run_id"]
+    except (ValueError, TypeError, KeyError):
+        return Text(f"{where}: damaged (not a lock naming a run and its console; file of account "
+                    f"{found.get('account', '?')})", style="bold red")
+    gone = "; its console is gone (its run's resume takes the lock over)" if owner.alive() is False else ""
+    return Text(f"{where}: held by run {run_id} of {owner.describe()} (file of account {found['account']}){gone}",
+                style="yellow" if gone else "")
+
+
 async def snapshot(config: Config, console: Console, runs: RunStore | None = None) -> int:
     """Print one status view; 0 when every host is connected and the service ready, else 1."""
     session = Session(config)
@@ -83,9 +120,9 @@ async def snapshot(config: Config, console: Console, runs: RunStore | None = Non
     session.start(watch_service=False)
     try:
         await session.wait_first_states()
-        await asyncio.gather(session.check_service(), session.check_fleet(),
-                             session.wait_first_samples(FIRST_SAMPLE_WAIT_S))
-        console.print(render(session, runs), soft_wrap=True)  # an error line stays one line
+        *_, held = await asyncio.gather(session.check_service(), session.check_fleet(),
+                                        session.wait_first_samples(FIRST_SAMPLE_WAIT_S), lock_line(session))
+        console.print(render(session, runs, held), soft_wrap=True)  # an error line stays one line
         fleet_well = session.config.fleet is None or all_serving(session.fleet)
         return 0 if session.all_well() and fleet_well else 1
     finally:
