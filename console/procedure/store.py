@@ -5,6 +5,7 @@
     <runs>/<run_id>/telemetry.jsonl  the telemetry samples seen during the run (window chart, replay)
     <runs>/<run_id>/results/         the evaluation's results fetched from the eval host
     <runs>/<run_id>/report.md|json   the report
+    <runs>/<run_id>/claim.json       the console acting on the run now (claim.py), while it does
 
 `<runs>` is the user data dir's `runs/` (platformdirs) unless `--runs DIR` (or DFLASH_OPS_RUNS)
 names another. A run id sorts by time: `20261201-091500-ab12`.
@@ -511,7 +512,9 @@ def driven_elsewhere(state: RunState) -> bool | None:
 def owned_elsewhere(state: RunState) -> bool:
     """A live console other than this process drives the run, or one that cannot be told (on
     another machine): a resume, `r` or a discard from here is refused before anything is written
-    or sent. This process's own earlier engine (a console reopening its run) is not another."""
+    or sent. This process's own earlier engine (a console reopening its run) is not another. Two
+    consoles that check at the same moment both pass: the engine's claim (claim.py) decides between
+    them before anything is sent."""
     if driven_elsewhere(state) is False:
         return False
     owner, me = state.owner, Owner.this_process()

@@ -747,7 +747,10 @@ async def verify_continue(window: Window) -> None:
 async def give_back(window: Window, reason: str) -> None:
     """The pause route's compensation: resume exactly what this run released, then continue, each
     once. Called after any failure, refusal or cancel after the pause, and by `run --resume` of a
-    run that left the server paused. A give-back begun at `gpu_released` is waited for first."""
+    run that left the server paused. A give-back begun at `gpu_released` is waited for first. The
+    process paused found serving again (/ready 200) while the run says its memory is out: nothing is
+    sent (`_found_serving`). Two consoles never both give one run back: the engine's claim
+    (console/procedure/claim.py) lets one in, the other names it."""
     await join_give_back(window)
     await _give_back(window, reason)
 
