@@ -494,7 +494,10 @@ def what_next(run: Run) -> str:
         if s.service.down:
             return (f"run {rid} ended {s.status} with the service down: `dflash-ops run --resume {rid}` restarts "
                     f"the service (a finished run is never run again)")
-        return f"run {rid} ended {s.status}: a finished run is never resumed; `dflash-ops run` starts a new one"
+        back = s.service.given_back_by if s.service.pauses and s.service.continued_at else None
+        return (f"run {rid} ended {s.status}: a finished run is never resumed; `dflash-ops run` starts a new one"
+                + (f" (its server's memory was given back by {back} at "
+                   f"{time.strftime('%H:%M:%S', time.localtime(s.service.continued_at))})" if back else ""))
     gone = ", its console is gone" if s.status == "running" and owner is not None else ""
     restarts = " and restarts the service" if s.service.down else ""
     return (f"run {rid} has not finished ({s.status}{gone}): `dflash-ops run --resume {rid}` continues it{restarts}"
