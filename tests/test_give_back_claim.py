@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from console.procedure import claim
-from console.procedure.engine import EXIT_DOWN, Engine
+from console.procedure.engine import EXIT_DOWN, Engine, ResumeRefused
 from console.procedure.state import Owner, _proc_start_ticks
 from tests.engine_fakes import ScriptedDecider
 from tests.engine_sweep import Window
@@ -149,3 +149,29 @@ async def test_a_give_back_that_finds_the_paused_process_serving_sends_nothing(w
     assert not state.service.held and state.service.resumes == 0 and state.service.continues == 0
     journal = (window.store.root / window.run_id / "journal.jsonl").read_text()
     assert "answers /ready 200 (it takes requests)" in journal and "nothing is resumed or continued" in journal
+
+
+async def test_a_claim_held_by_a_console_driving_the_run_refuses_at_once_and_a_wait_can_be_cancelled(
+        window: Window) -> None:
+    window.route = "pause"
+    await left_paused(window)
+    other = claimed_elsewhere(window)
+    path = window.store.root / window.run_id / claim.CLAIM
+    path.write_text(json.dumps({**other.__dict__, "doing": claim.DRIVING}))
+    engine = Engine(FakeHosts(window.world), window.world.config, window.store.open(window.run_id),
+                    ScriptedDecider(window.world.clock), window.store, route="pause")
+    with pytest.raises(ResumeRefused, match=f"claimed by {other.who()} .*driving the run.*nothing was written or sent"):
+        await engine.execute()
+    path.write_text(json.dumps({**other.__dict__, "doing": claim.GIVING_BACK}))
+    hosts = FakeHosts(window.world)
+    waiting = asyncio.Event()
+    hosts.bus.subscribe(lambda m: waiting.set() if "is claimed by bob@" in str(getattr(m, "message", "")) else None)
+    engine = Engine(hosts, window.world.config, window.store.open(window.run_id), ScriptedDecider(window.world.clock),
+                    window.store, route="pause")
+    task = asyncio.ensure_future(engine.execute())
+    await asyncio.wait_for(waiting.wait(), 30)
+    engine.cancel()  # Ctrl-C while it waits
+    with pytest.raises(ResumeRefused, match="cancelled while .* nothing was written or sent"):
+        await task
+    assert window.world.server.count("resume_memory_occupation") == 0 and window.state().service.held
+    assert claim.holder(path.parent)[0].pid == other.pid, "the other console's claim stands"

@@ -302,7 +302,14 @@ class Engine:
                     self.window.bus.publish(JournalEntry(time.time(), self.run.run_id, None, f"run "
                                                          f"{self.run.run_id} is claimed by {who}: waiting for it "
                                                          f"(nothing is sent meanwhile)", level="warning"))
-                await asyncio.sleep(CLAIM_POLL_S)
+                try:
+                    await asyncio.sleep(CLAIM_POLL_S)
+                except asyncio.CancelledError:  # Ctrl-C (or a signal) while waiting: nothing was sent
+                    task = asyncio.current_task()
+                    while task is not None and task.cancelling():
+                        task.uncancel()
+                    raise ResumeRefused(f"cancelled while run {self.run.run_id} is claimed by {who}: nothing was "
+                                        f"written or sent here") from None
             except OSError as exc:  # the store cannot be written (a full disk): the give-back must not wait on it
                 log.warning("run %s: cannot claim it (%s): going on unclaimed", self.run.run_id, exc)
                 return None
