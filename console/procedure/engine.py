@@ -34,11 +34,12 @@ from typing import Any
 
 from console.config import Config
 from console.messages import (
+    JournalEntry,
     PlanReady,
     RunFinished,
     StepUpdate,
 )
-from console.procedure import ending, identity, run_jobs
+from console.procedure import claim, ending, identity, run_jobs
 from console.procedure.decider import Decider
 from console.procedure.ending import (  # noqa: F401  (re-exported: the CLI, the views and the tests import them here)
     AS_IT_WAS,
@@ -75,7 +76,7 @@ from console.procedure.steps import (
     units,
 )
 from console.procedure.steps.preflight import LOCK_FILE  # noqa: F401  (re-exported)
-from console.procedure.store import Run, RunStore, owned_elsewhere, what_next
+from console.procedure.store import Run, RunStore, RunStoreError, owned_elsewhere, what_next
 from console.procedure.window import Window
 from console.service.control import ReadyTimeout, ServiceError
 from console.service.vram import VramError
@@ -84,6 +85,8 @@ from console.ssh.hosts import HostDisconnected, HostError
 LINK_RETRIES = 3  # a step whose link drops is run again this many times
 SETTLED = ("done", "skipped", "left-out")
 log = logging.getLogger(__name__)
+CLAIM_WAIT_S = 120.0  # a console that finds the run claimed for its give-back waits this long for it (claim.py)
+CLAIM_POLL_S = 0.1
 CANCEL_AGAIN_S = 0.5  # a cancel the run has not taken yet is asked again this often (Engine.cancel)
 CRASH_POINTS = ("staged", "cached", "stop-asked", "stop-ran", "holders", "go", "gpu-released", "start-issued",
                 "ready", "evaluated", "reported")
@@ -131,6 +134,7 @@ class Engine:
         self._cancel_asked = False  # while driving: a cancel came, taken or not yet
         self._cancel_taken = False
         self._cancel_again: asyncio.TimerHandle | None = None
+        self._claimed = False  # this engine took the run's claim (claim.py): it releases it
 
     # --- what the console and the CLI read of the run (the window's) ----------------------------
 
@@ -219,10 +223,15 @@ class Engine:
         `SimulatedCrash` from the sweep's hook passes through untouched)."""
         self._task = asyncio.current_task()
         try:
+            if not self.plan_only:
+                lost = await self.claim_run()
+                if lost is not None:  # another console gave the server back meanwhile: nothing to do
+                    return lost
             return await self._execute()
         finally:
             self._task = None
             self._cancel_no_more()
+            self._release_claim()
             if self.window.lease is not None:  # the console's lease is not renewed past its run
                 self.window.lease.cancel()
 
@@ -260,6 +269,71 @@ class Engine:
         self._settled_at_start = {name for name, rec in state.steps.items() if rec.status in SETTLED}
         status, message = await self._drive()
         return await self._end(status, message)
+
+    def _doing(self, recovering: bool = False) -> str:
+        """What this engine claims the run for, as another console is told: the whole run, or only
+        bringing the server back (a finished run's resume, `r`: `recovering`)."""
+        left = self.state.service.left_as()
+        if recovering or self.state.finished:
+            return {"paused": claim.GIVING_BACK, "down": "restarting the service",
+                    "drained": "putting the replica back in the router"}.get(left or "", "ending the run")
+        return claim.DRIVING
+
+    async def claim_run(self, recovering: bool = False) -> RunFinished | None:
+        """Claim the run before anything is sent (claim.py), then read it again under the claim: another
+        console may have given the server back while this one opened it. A claim held for a give-back
+        is waited for (`CLAIM_WAIT_S`); one held by a console driving the run refuses this one
+        (`ResumeRefused`), as `owned_elsewhere` does. The run given back meanwhile: a RunFinished
+        (exit 0) naming who and when, nothing written or sent; None: this engine goes on, claimed."""
+        held_before = self.state.service.left_as()
+        me, doing, said = Owner.this_process(), self._doing(recovering), False
+        deadline = time.monotonic() + CLAIM_WAIT_S
+        while True:
+            try:
+                took = claim.take(self.run.dir, me, doing)
+                break
+            except claim.ClaimHeld as exc:
+                who = f"{exc.holder.describe()}, {exc.doing}"
+                if exc.doing == claim.DRIVING or time.monotonic() > deadline:
+                    raise ResumeRefused(f"run {self.run.run_id} is claimed by {who} (its {claim.CLAIM}): nothing "
+                                        f"was written or sent; `dflash-ops console --read-only` follows it") from None
+                if not said:  # said here only: the run is the other console's until it lets go
+                    said = True
+                    self.window.bus.publish(JournalEntry(time.time(), self.run.run_id, None, f"run "
+                                                         f"{self.run.run_id} is claimed by {who}: waiting for it "
+                                                         f"(nothing is sent meanwhile)", level="warning"))
+                try:
+                    await asyncio.sleep(CLAIM_POLL_S)
+                except asyncio.CancelledError:  # Ctrl-C (or a signal) while waiting: nothing was sent
+                    task = asyncio.current_task()
+                    while task is not None and task.cancelling():
+                        task.uncancel()
+                    raise ResumeRefused(f"cancelled while run {self.run.run_id} is claimed by {who}: nothing was "
+                                        f"written or sent here") from None
+            except OSError as exc:  # the store cannot be written (a full disk): the give-back must not wait on it
+                log.warning("run %s: cannot claim it (%s): going on unclaimed", self.run.run_id, exc)
+                return None
+        if not took:  # this console's already (`r` while its run goes on): its state is the live one
+            return None
+        self._claimed = True
+        with contextlib.suppress(RunStoreError):  # read at open, unreadable now: the state read then stands
+            self.run.state = RunStore(self.run.dir.parent).open(self.run.dir.name).state
+        if owned_elsewhere(self.state):
+            self._release_claim()
+            raise ResumeRefused(f"{what_next(self.run)}; nothing was written or sent")
+        if held_before is not None and self.state.service.left_as() is None:
+            self._release_claim()
+            finished = RunFinished(self.run.run_id, self.state.status, EXIT_DONE, True,
+                                   claim.given_back_line(self.run.run_id, self.state.service), str(self.run.dir))
+            self.window.bus.publish(finished)
+            return finished
+        return None
+
+    def _release_claim(self) -> None:
+        if self._claimed:
+            self._claimed = False
+            with contextlib.suppress(OSError):
+                claim.release(self.run.dir, Owner.this_process())
 
     def cancel(self, leave_down: bool = False) -> None:
         """Cancel the run (Ctrl-C, a signal, the console's quit): it then compensates (`leave_down`:
@@ -574,9 +648,19 @@ class Engine:
     async def restart_service(self, reason: str, decider: Decider | None = None) -> None:
         """Bring the server back (asking first, `decider`: the one asking now, the console's `r`): start
         it and wait until it is ready (`steps/stop.py`), or, paused by this run, resume and continue it
-        (`steps/pause.py`)."""
+        (`steps/pause.py`). Under the run's claim (`claim_run`): a console that finds the run given
+        back meanwhile sends nothing and raises `GivenBack`, naming who gave it back and when."""
         if decider is not None:
             self.window.decider = decider
+        lost = await self.claim_run(recovering=True)
+        if lost is not None:
+            raise claim.GivenBack(lost.message)
+        try:
+            await self._restart_service(reason)
+        finally:
+            self._release_claim()
+
+    async def _restart_service(self, reason: str) -> None:
         if self.server_held_by_us and not self.service_down_by_us:
             await pause.give_back(self.window, reason)
         else:

@@ -69,7 +69,11 @@ class Owner:
         return self.start_ticks is None or ticks == self.start_ticks
 
     def describe(self) -> str:
-        return f"{self.user}@{self.host} pid {self.pid} since {time.strftime('%H:%M:%S', time.localtime(self.since))}"
+        return f"{self.who()} since {time.strftime('%H:%M:%S', time.localtime(self.since))}"
+
+    def who(self) -> str:
+        """"alice@ct129 pid 4242"."""
+        return f"{self.user}@{self.host} pid {self.pid}"
 
 
 @dataclass
@@ -148,6 +152,9 @@ class ServiceState:
     pause_confirmed: bool = False  # its answer (or /ready's 503 after a lost one) was seen
     continues: int = 0  # /continue_generation requests this run sent (counted before each)
     continued_at: float | None = None  # the server took requests again: the route's downtime ends here
+    # The console that gave the server back ("alice@ct129 pid 4242"): a console that opened the run
+    # at the same moment and lost the claim to it (console/procedure/claim.py) names it.
+    given_back_by: str | None = None
     releasing: list[str] = field(default_factory=list)  # tags asked for, the answer not yet seen
     released: list[str] = field(default_factory=list)  # tags this run released and has not resumed
     released_tags: list[str] = field(default_factory=list)  # what this window released (kept after the resume)

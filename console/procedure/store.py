@@ -5,6 +5,7 @@
     <runs>/<run_id>/telemetry.jsonl  the telemetry samples seen during the run (window chart, replay)
     <runs>/<run_id>/results/         the evaluation's results fetched from the eval host
     <runs>/<run_id>/report.md|json   the report
+    <runs>/<run_id>/claim.json       the console acting on the run now (claim.py), while it does
 
 `<runs>` is the user data dir's `runs/` (platformdirs) unless `--runs DIR` (or DFLASH_OPS_RUNS)
 names another. A run id sorts by time: `20261201-091500-ab12`.
@@ -493,7 +494,10 @@ def what_next(run: Run) -> str:
         if s.service.down:
             return (f"run {rid} ended {s.status} with the service down: `dflash-ops run --resume {rid}` restarts "
                     f"the service (a finished run is never run again)")
-        return f"run {rid} ended {s.status}: a finished run is never resumed; `dflash-ops run` starts a new one"
+        back = s.service.given_back_by if s.service.pauses and s.service.continued_at else None
+        return (f"run {rid} ended {s.status}: a finished run is never resumed; `dflash-ops run` starts a new one"
+                + (f" (its server's memory was given back by {back} at "
+                   f"{time.strftime('%H:%M:%S', time.localtime(s.service.continued_at))})" if back else ""))
     gone = ", its console is gone" if s.status == "running" and owner is not None else ""
     restarts = " and restarts the service" if s.service.down else ""
     return (f"run {rid} has not finished ({s.status}{gone}): `dflash-ops run --resume {rid}` continues it{restarts}"
@@ -511,7 +515,9 @@ def driven_elsewhere(state: RunState) -> bool | None:
 def owned_elsewhere(state: RunState) -> bool:
     """A live console other than this process drives the run, or one that cannot be told (on
     another machine): a resume, `r` or a discard from here is refused before anything is written
-    or sent. This process's own earlier engine (a console reopening its run) is not another."""
+    or sent. This process's own earlier engine (a console reopening its run) is not another. Two
+    consoles that check at the same moment both pass: the engine's claim (claim.py) decides between
+    them before anything is sent."""
     if driven_elsewhere(state) is False:
         return False
     owner, me = state.owner, Owner.this_process()

@@ -39,7 +39,7 @@ from console.messages import Confirmation, Forecast, ForecastPhase, ServiceStatu
 from console.procedure import forecast as fc
 from console.procedure.fit import SPLIT_FILL, need_mib
 from console.procedure.outcomes import Found, Refused, Skip, StepFailed
-from console.procedure.state import ServiceState
+from console.procedure.state import Owner, ServiceState
 from console.procedure.steps.extraction import extraction_complete
 from console.service.memory_saver import CUDA_GRAPH, KV_CACHE, WEIGHTS, MemorySaver
 from console.service.sglang_api import ServerAnswerError
@@ -732,6 +732,7 @@ def _continued(window: Window) -> str:
     svc = window.state.service
     svc.paused = False
     svc.continued_at = time.time()
+    svc.given_back_by = Owner.this_process().who()  # named to a console that lost the run's claim to this one
     svc.give_back_error = None
     window.run.save()
     window.publish_downtime()
@@ -762,9 +763,29 @@ async def verify_continue(window: Window) -> None:
 async def give_back(window: Window, reason: str) -> None:
     """The pause route's compensation: resume exactly what this run released, then continue, each
     once. Called after any failure, refusal or cancel after the pause, and by `run --resume` of a
-    run that left the server paused. A give-back begun at `gpu_released` is waited for first."""
+    run that left the server paused. A give-back begun at `gpu_released` is waited for first. The
+    process paused found serving again (/ready 200) while the run says its memory is out: nothing is
+    sent (`_found_serving`). Two consoles never both give one run back: the engine's claim
+    (console/procedure/claim.py) lets one in, the other names it."""
     await join_give_back(window)
     await _give_back(window, reason)
+
+
+def _found_serving(window: Window) -> None:
+    """The process this run paused answers /ready 200 while the run says its memory is out: it was
+    given back outside this run (another console, by hand). Nothing is sent: a resume of a tag no
+    longer released ends SGLang's scheduler (KeyError in `offload_tags.remove`)."""
+    svc = window.state.service
+    out = svc.released or svc.resuming or svc.releasing
+    window.journal("resume", f"the server this run paused answers /ready 200 (it takes requests): its memory "
+                             f"({', '.join(out)}) was given back outside this run; nothing is resumed or continued",
+                   host=window.config.service.host, level="warning")
+    svc.released, svc.resuming, svc.releasing = [], [], []
+    svc.paused = False
+    svc.continued_at = svc.continued_at or time.time()
+    window.run.save()
+    window.publish_downtime()
+    window.hosts.poke_service()
 
 
 async def _give_back(window: Window, reason: str, early: bool = False) -> None:
@@ -779,6 +800,10 @@ async def _give_back(window: Window, reason: str, early: bool = False) -> None:
         window.run.save()
         window.journal("pause", "the pause had not landed (/ready answers 200): nothing to give back",
                        level="warning")
+        return
+    memory_out = svc.released or svc.resuming or svc.releasing
+    if not early and memory_out and await _paused_now(window) is False:
+        _found_serving(window)  # the process paused serves again: nothing is sent to it
         return
     await _settle(window, "resume")
     if svc.released:

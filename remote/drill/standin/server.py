@@ -385,7 +385,10 @@ class Server:
 
     def control(self, path: str, body: dict) -> tuple[int, Any]:
         """One of the memory saver's four routes (`remote.drill.memory_saver.CONTROL_ROUTES`): its
-        status and JSON body; memory_saver.Refused for what SGLang refuses."""
+        status and JSON body; memory_saver.Refused for what SGLang refuses. Each is logged as it comes
+        (an access log's line, before the answer: a request that ends the server is logged too), so
+        a test counts what reached the server (`tests/test_give_back_race.py`)."""
+        log(f"POST {path} {json.dumps(body, sort_keys=True)}")
         return memory_saver.answer(self.saver, path, body)
 
     # --- the server's own, and the memory saver's ---

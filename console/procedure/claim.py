@@ -1,0 +1,158 @@
+"""Who acts on a run now: one console at a time, claimed atomically in the run's directory.
+
+    <runs>/<run_id>/claim.json   {"user", "host", "pid", "since", "start_ticks", "doing"}
+
+Two consoles can open the same run at the same moment: two operators answering the same "left
+paused" alert with `dflash-ops run --resume RUN`, or a resume and another console's `r`. Both read
+the run while it still held the server, and both would send `/resume_memory_occupation` and
+`/continue_generation`; the second resume of a tag no longer released ends SGLang's scheduler
+(weight_updater.py, `offload_tags.remove`: KeyError), so the server dies. `RunState.owner`, written
+after `owned_elsewhere` was checked, cannot tell them apart: both checked before either wrote, and a
+finished run left paused never records an owner at all.
+
+So before anything is sent, the engine claims the run here (`take`): the claim is written whole to a
+fresh private name (O_CREAT | O_EXCL | O_NOFOLLOW), then hard-linked to `claim.json`, which fails
+when anything is there: one console wins. A claim whose console is gone (`Owner.alive()` False) is
+taken over by moving it aside (a rename: only one console moves a given file) and checking that
+the file moved is the one judged gone; another console's fresh claim moved by mistake is linked
+back (the host lock's way, remote/lockfile.py). The winner reads the run again under its claim (the
+other may have just given the server back) and keeps the claim until it is done with the run
+(`release`); the loser waits for a give-back to end (`ClaimHeld.doing`), then reads the run and says
+who gave the server back and when, sending nothing (`engine.py`, `Engine.claim_run`).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import secrets
+import time
+from pathlib import Path
+from typing import Any
+
+from console.procedure.state import Owner
+
+CLAIM = "claim.json"
+OWNER_FIELDS = ("user", "host", "pid", "since", "start_ticks")
+MAX_CLAIM_BYTES = 1 << 16
+DRIVING = "driving the run"  # a claim another console never waits for (it may hold the run for an hour)
+GIVING_BACK = "giving the server back"  # waited for: the loser then says who gave it back and when
+
+
+class GivenBack(LookupError):
+    """`r` found the run given back by another console meanwhile (the message says who and when):
+    nothing was sent."""
+
+
+class ClaimHeld(Exception):
+    """Another live console (or one that cannot be told: another machine) has claimed the run."""
+
+    def __init__(self, holder: Owner, doing: str):
+        super().__init__(f"claimed by {holder.describe()} ({doing})")
+        self.holder, self.doing = holder, doing
+
+
+def _same_process(a: Owner, b: Owner) -> bool:
+    return a.pid == b.pid and a.host == b.host and a.start_ticks in (None, b.start_ticks)
+
+
+def _read(path: Path) -> str | None:
+    """The claim's text, None when there is none (never following a symlink)."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+    except FileNotFoundError:
+        return None
+    with os.fdopen(fd, "rb") as f:
+        return f.read(MAX_CLAIM_BYTES).decode("utf-8", "replace")
+
+
+def _parse(text: str) -> tuple[Owner | None, str]:
+    """The claim's owner and what it does; (None, ...) for a damaged claim (taken over as a gone one)."""
+    try:
+        data: Any = json.loads(text)
+        return Owner(**{k: data[k] for k in OWNER_FIELDS if k in data}), str(data.get("doing") or "the run")
+    except (ValueError, TypeError, AttributeError):
+        return None, "?"
+
+
+def holder(run_dir: Path) -> tuple[Owner, str] | None:
+    """Who claims the run now and what for, None when nobody (or a damaged claim)."""
+    text = _read(run_dir / CLAIM)
+    owner, doing = _parse(text) if text is not None else (None, "")
+    return (owner, doing) if owner is not None else None
+
+
+def take(run_dir: Path, me: Owner, doing: str) -> bool:
+    """Claim the run for `me` (`doing`: what for, said to a console that finds it claimed). True when
+    claimed now, False when `me` had claimed it already (this console's engine, `r` while it runs);
+    ClaimHeld while another live (or unknowable) console holds it; a gone one's is taken over."""
+    path = run_dir / CLAIM
+    mine = json.dumps({**me.__dict__, "doing": doing}, sort_keys=True)
+    for _ in range(8):
+        tmp = run_dir / f".{CLAIM}.{secrets.token_hex(8)}.new"
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
+        with os.fdopen(fd, "wb") as f:
+            f.write(mine.encode())
+            f.flush()
+            os.fsync(f.fileno())
+        try:
+            os.link(tmp, path)
+            return True
+        except FileExistsError:
+            pass
+        finally:
+            os.unlink(tmp)
+        text = _read(path)
+        if text is None:
+            continue  # released meanwhile: try again
+        owner, held_doing = _parse(text)
+        if owner is not None and _same_process(owner, me):
+            return False
+        if owner is not None and owner.alive() is not False:
+            raise ClaimHeld(owner, held_doing)
+        _remove_if_unchanged(path, text)  # its console is gone (or the claim is damaged): taken over
+    raise ClaimHeld(Owner("?", "?", 0, 0.0), "a claim that kept changing hands")
+
+
+def _remove_if_unchanged(path: Path, seen: str) -> None:
+    """Move the claim aside (one console can) and remove it if it is the one `seen`; a claim put there
+    meanwhile by another console is linked back."""
+    aside = path.with_name(f".{CLAIM}.{secrets.token_hex(8)}.gone")
+    try:
+        os.rename(path, aside)
+    except FileNotFoundError:
+        return  # another console moved it first
+    try:
+        if _read(aside) != seen:
+            with contextlib.suppress(FileExistsError):  # yet another claim there now: it stands
+                os.link(aside, path)
+    finally:
+        os.unlink(aside)
+
+
+def release(run_dir: Path, me: Owner) -> None:
+    """Remove the claim if it is `me`'s (never another console's)."""
+    path = run_dir / CLAIM
+    text = _read(path)
+    if text is None:
+        return
+    owner, _ = _parse(text)
+    if owner is not None and _same_process(owner, me):
+        _remove_if_unchanged(path, text)
+
+
+def given_back_line(run_id: str, service: Any) -> str:
+    """What a console that lost the claim says once the run no longer holds the server: "run X's
+    memory was given back by alice@ct129 pid 4242 at 09:31:02: nothing to do"."""
+    def at(t: float | None) -> str:
+        return time.strftime("%H:%M:%S", time.localtime(t)) if t is not None else "?"
+
+    if service.restarted_outside:
+        return f"run {run_id}: the server it paused was restarted outside it ({service.restarted_outside}): nothing to do"
+    if service.pauses:
+        who = service.given_back_by or "a console outside this run (it answers /ready 200)"
+        return f"run {run_id}'s memory was given back by {who} at {at(service.continued_at)}: nothing to do"
+    if service.stops:
+        return f"run {run_id}'s service was started again (ready at {at(service.ready_at)}): nothing to do"
+    return f"run {run_id} no longer holds the service: nothing to do"
