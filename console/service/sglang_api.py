@@ -4,7 +4,7 @@ Endpoints (KERNELS.md, SGLang 0.5.23): `/health` (503 while starting), `/model_i
 `/get_model_info`, `/server_info` then `/get_server_info`, optional `/metrics` (Prometheus text),
 `/generate`; the memory saver's `/pause_generation`, `/continue_generation`, `/release_memory_occupation`,
 `/resume_memory_occupation` (`console.service.memory_saver`: the tags, modes and `/server_info`'s
-report, re-exported here). Every answer is checked: a malformed one raises `ServerAnswerError` naming the
+report, re-exported here); `/weights_checker`'s checksum of the target's weights (`weights_checksum`). Every answer is checked: a malformed one raises `ServerAnswerError` naming the
 endpoint, what was expected and what came back. Blocking http.client calls run in a thread.
 
 Requests carry `Authorization: Bearer KEY` when the client has the server's `--api-key` (SGLang
