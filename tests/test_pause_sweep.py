@@ -675,3 +675,28 @@ async def test_a_probe_that_differs_twice_fails_the_window(paused: Window, monke
     assert svc.released_tags == ["kv_cache", "cuda_graph"] and svc.weights_check == "probe"
     assert paused.world.server.count("weights_checker") == 0
     assert_pause_promises(paused, finished)
+
+
+@pytest.mark.parametrize("point", PAUSE_CRASH_POINTS[:PAUSE_CRASH_POINTS.index("continued") + 1])
+async def test_the_checksum_taken_before_a_crash_is_the_one_checked_after(weights_released: Window, point: str) -> None:
+    """The checksum before the release is kept in the run's state: a console killed at any point of the
+    pause route, then resumed, compares the checksum after the resume with that one (never one taken
+    again over the resumed weights), once the continue has landed, even where the first console died
+    between the continue and its check."""
+    w = weights_released
+    w.world.server.drafter_survives = True
+    w.world.server.weights_come_back_wrong = True
+    assert await w.console(Crasher(point)) is None, f"the run never reached {point}"
+    finished = await w.console()
+    svc = w.state().service
+    if finished.status == "paused":  # the extractor was still writing its files: a resume verifies them
+        finished = await w.console()  # and meets the weights check again, never evaluating past it
+    assert finished.status in ("failed", "paused"), finished.message
+    assert "sha-changed after the resume, sha-intact before the release" in finished.message, finished.message
+    assert svc.weights_check == "checksum" and not svc.weights_verified
+    assert w.state().steps["continue"].status == "failed" and w.state().status_of("evaluate") != "done"
+    routes = [r for _, r, _ in w.world.server.calls]
+    released = routes.index("release_memory_occupation")
+    assert routes[:released].count("weights_checker") == 1, routes  # taken once: never again after the crash
+    assert routes[released:].count("weights_checker") >= 1
+    assert_pause_promises(w, finished)

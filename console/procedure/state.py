@@ -165,6 +165,7 @@ class ServiceState:
     weights_check: str | None = None
     weights_checksum_before: str | None = None
     weights_checksum_after: str | None = None
+    weights_verified: bool = False  # that check passed after the continue (a console killed before it checks on resume)
     probe_tokens: list[int] | None = None  # a greedy /generate's answer before the pause (checked after)
     give_back_error: str | None = None  # why the last resume / continue failed, shown when offered again
     # The fleet window (console/procedure/steps/fleet.py): `drained` is {replica, router, since} from

@@ -681,6 +681,8 @@ async def check_continue(window: Window) -> Skip | None:
     if svc.restarted_outside:
         return Found(f"nothing continued: {restart_words(svc.restarted_outside)}")
     if not svc.paused and not window.continued_early:  # continued by this console at gpu_released: verified below
+        if svc.weights_check is not None and not svc.weights_verified:  # a console killed before the check
+            await verify_continue(window)
         return Found(f"taking requests again since "
                      f"{time.strftime('%H:%M:%S', time.localtime(svc.continued_at or time.time()))}")
     return None
@@ -747,9 +749,11 @@ async def verify_continue(window: Window) -> None:
     svc = window.state.service
     if svc.weights_check == "checksum":
         await _compare_checksums(window, server)
-        return
-    if svc.probe_tokens is not None:
+    elif svc.probe_tokens is not None:
         await _probe_again(window, server, svc.probe_tokens)
+    if svc.weights_check is not None:
+        svc.weights_verified = True
+        window.run.save()
 
 
 async def take_weights_reference(window: Window, server: Any, tags: list[str]) -> None:
