@@ -104,6 +104,9 @@ def make_server(command: str, bind: str, port: int, token: str, title: str,
         def initialize_logging(self) -> None:
             super().initialize_logging()
             logging.getLogger("aiohttp.access").addFilter(MaskToken())  # said once at start, never logged
+            # The hub's connections (console/sharing.py) live in this process: asyncssh's line for each
+            # connect and reconnect would fill the output (and a reader that stops reading, its pipe).
+            logging.getLogger("asyncssh").setLevel(logging.WARNING)
 
     @web.middleware
     async def guard(request: web.Request, handler: Any) -> web.StreamResponse:

@@ -12,6 +12,12 @@ fake world (`tests/engine_fakes.py`), answering as SGLang 0.5.23's source does
 - `/continue_generation`: 200, paused or not (one over released memory is recorded as a violation:
   the requests it lets run would meet memory that is not there);
 - `/server_info`'s `version` (`version`): 0.5.23 unless a test sets an older one;
+- `/weights_checker` (`checker`: "0.5.23", the default, answers the target's checksum; "0.5.6" has no
+  checksum, "Unsupported action"; None has no route, 404): its checksum changes when the weights come
+  back wrong (`weights_come_back_wrong`: the greedy tokens stay the same) or lost (no CPU backup); read
+  while the weights are released it is a violation (SGLang would hash unmapped memory);
+- `near_ties`: the next N greedy probes after a continue answer one other token (greedy decoding
+  is not batch-invariant under load);
 - speculative decoding (`acceptance`: the acceptance length its answers report; None, the default:
   it does not speculate): a `weights` release and resume leaves its drafter wrong (acceptance 1.0),
   as SGLang 0.5.23 does (PR #31674), unless `drafter_survives` (a fixed SGLang); a new process loads it again.
@@ -31,7 +37,7 @@ import json
 from typing import TYPE_CHECKING, Any
 
 from console.service.memory_saver import MemorySaver
-from console.service.sglang_api import ServerAnswerError
+from console.service.sglang_api import WEIGHTS_CHECKSUM_BODY, NoWeightsChecksum, ServerAnswerError
 
 if TYPE_CHECKING:
     from tests.engine_fakes import FakeWorld
@@ -61,6 +67,10 @@ class FakeServer:
         self.acceptance: float | None = None  # its drafter's acceptance length; None: not speculative
         self.drafter_survives = False  # a fixed SGLang: the drafter comes back from a weights release
         self.drafter_intact = True
+        self.checker: str | None = "0.5.23"  # /weights_checker as that release has it (None: no route)
+        self.weights_come_back_wrong = False  # a fault: the weights come back changed, the same greedy tokens
+        self.weights_changed = False
+        self.near_ties = 0  # the next N greedy probes after a continue answer one other token
 
     def _log(self, route: str, body: Any) -> None:
         self.calls.append((self.world.clock.time(), route, body))
@@ -109,6 +119,8 @@ class FakeServer:
         if missing:
             self._die(f"KeyError: resume of {missing}, never released")
         self.released -= set(tags)
+        if "weights" in tags and self.weights_come_back_wrong:
+            self.weights_changed = True
         if "weights" in tags and not self.drafter_survives:
             self.drafter_intact = False  # PR #31674: the target's weights come back, the drafter's do not
         if self.memory_saver:
@@ -119,6 +131,7 @@ class FakeServer:
         """The unit started again: a new process holds all its memory, nothing paused or released."""
         self.paused, self.released, self.dead = False, set(), None
         self.drafter_intact = True  # a new process loads its drafter again
+        self.weights_intact, self.weights_changed = True, False  # and its weights
 
     def restarted(self) -> None:
         """Restarted outside the run: a new process (`resume_all`); the requests held die with the old."""
@@ -149,9 +162,22 @@ class FakeServer:
             raise ServerAnswerError("POST /generate: no answer (the server is paused)")
         seed = 0 if self.weights_intact else 5
         answer: dict[str, Any] = {"output_ids": [(sum(input_ids) + 7 * i + seed) % 31 for i in range(max_new_tokens)]}
+        if self.near_ties and self.count("continue_generation") and input_ids == list(range(1, 9)):
+            self.near_ties -= 1  # the probe's last token turned by a near-tie
+            answer["output_ids"][-1] = (answer["output_ids"][-1] + 1) % 31
         if self.acceptance is not None:  # outputs stay correct whatever the drafter: only its acceptance falls
             answer["meta_info"] = {"spec_accept_length": self.acceptance if self.drafter_intact else 1.0}
         return answer
+
+    def weights_checksum(self) -> str:
+        self._log("weights_checker", WEIGHTS_CHECKSUM_BODY)
+        if self.checker is None:
+            raise NoWeightsChecksum("POST /weights_checker: HTTP 404: the server has no weights checker")
+        if self.checker == "0.5.6":
+            raise NoWeightsChecksum("POST /weights_checker: HTTP 400 \"Unsupported action='checksum'\"")
+        if self.memory_saver and "weights" in self.released:
+            self._die("a checksum of released weights (unmapped memory)")
+        return "sha-" + ("lost" if not self.weights_intact else "changed" if self.weights_changed else "intact")
 
     def server_info(self) -> dict:
         return {"version": self.version, "speculative_algorithm": "DFLASH" if self.acceptance is not None else None}
@@ -198,6 +224,9 @@ class FakeServerClient:
 
     async def server_info(self) -> dict:
         return await self._call("server_info", {}, self._server.server_info)
+
+    async def weights_checksum(self) -> str:
+        return await self._call("weights_checker", WEIGHTS_CHECKSUM_BODY, self._server.weights_checksum)
 
     async def ready(self) -> int:
         return await self._call("ready", {}, lambda: 200 if self._server.serving() else 503)

@@ -649,3 +649,116 @@ async def test_r_gives_a_paused_server_back_without_a_preflight_while_the_eval_h
     assert paused.world.service.stop_commands == 0 and paused.world.service.start_commands == 0
     assert not paused.store.open(paused.run_id).state.service.held
     assert operator.left_down() is None  # no longer named as the run that left the server paused
+
+# --- issue 40, item 5: the weights are checked, not guessed -----------------------------------------
+
+
+def _journal(w: Window) -> str:
+    return " ".join(e.get("message", "") for e in w.store.open(w.run_id).read_journal())
+
+
+async def test_a_weights_release_is_verified_by_the_checksum_and_no_probe_is_sent(weights_released: Window) -> None:
+    """SGLang 0.5.23's /weights_checker: the target's checksum before the release, the same after the
+    resume: the window is verified by it, and the greedy probe, not batch-invariant under load, is
+    never sent (a near-tie it would have met fails nothing)."""
+    w = weights_released
+    w.world.server.drafter_survives = True
+    w.world.server.near_ties = 2
+    finished = await w.console()
+    assert finished.status == "done" and finished.exit_code == 0, finished
+    svc = w.state().service
+    assert svc.weights_check == "checksum" and svc.weights_checksum_before == svc.weights_checksum_after == "sha-intact"
+    assert svc.probe_tokens is None
+    bodies = [b for _, r, b in w.world.server.calls if r == "weights_checker"]
+    assert bodies == [{"action": "checksum", "selector": "target"}] * 2  # before the release, after the resume
+    assert "checksum after the resume is the one before the release (sha-intact)" in _journal(w)
+    assert_pause_promises(w, finished)
+
+
+async def test_weights_that_come_back_wrong_fail_the_window_naming_both_checksums(weights_released: Window) -> None:
+    """The greedy tokens are the same (every logit moved alike): only the checksum tells."""
+    w = weights_released
+    w.world.server.drafter_survives = True
+    w.world.server.weights_come_back_wrong = True
+    finished = await w.console()
+    assert finished.status == "failed" and finished.exit_code != 0, finished
+    assert "sha-changed after the resume, sha-intact before the release" in finished.message, finished.message
+    state = w.state()
+    assert state.steps["continue"].status == "failed" and state.status == "failed"
+    assert state.service.weights_checksum_after == "sha-changed"
+    assert w.world.server.serving()  # the server was given back all the same
+    assert_pause_promises(w, finished)
+
+
+@pytest.mark.parametrize("checker", [None, "0.5.6"])
+async def test_a_server_without_the_checksum_falls_back_to_the_probe_asked_again_alone(
+        weights_released: Window, checker: str | None, monkeypatch: pytest.MonkeyPatch) -> None:
+    """No /weights_checker (404), or 0.5.6's without a checksum: the greedy probe, journalled as such; a
+    near-tie after the continue is asked once more, alone, and passes."""
+    from console.procedure.steps import pause as pause_steps
+
+    monkeypatch.setattr(pause_steps, "PROBE_SETTLE_S", 0.0)
+    w = weights_released
+    w.world.server.drafter_survives = True
+    w.world.server.checker = checker
+    w.world.server.near_ties = 1
+    server, probes = w.world.server, []
+    generate = server.generate
+
+    def recorded(input_ids: list[int], max_new_tokens: int) -> dict:
+        probes.append(len(server.calls))  # how many control requests were sent before it
+        return generate(input_ids, max_new_tokens)
+    server.generate = recorded  # type: ignore[method-assign]
+    finished = await w.console()
+    assert finished.status == "done" and finished.exit_code == 0, finished
+    svc = w.state().service
+    assert svc.weights_check == "probe" and svc.probe_tokens is not None and svc.weights_checksum_before is None
+    journal = _journal(w)
+    assert "the weights are checked after the resume by the greedy probe instead" in journal
+    assert ("HTTP 404" if checker is None else "Unsupported action='checksum'") in journal
+    assert "asked once more, alone" in journal and "asked again alone, the same 8 tokens" in journal
+    continued = [r for _, r, _ in server.calls].index("continue_generation")
+    after = [p for p in probes if p > continued]
+    assert len(after) >= 2 and after[0] == after[1], probes  # the probe, then again: nothing sent between them
+    assert_pause_promises(w, finished)
+
+
+async def test_a_probe_that_differs_twice_fails_the_window(paused: Window, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A KV-only release needs no weights check: the probe as before, asked once more; twice other
+    tokens fail the window with both answers."""
+    from console.procedure.steps import pause as pause_steps
+
+    monkeypatch.setattr(pause_steps, "PROBE_SETTLE_S", 0.0)
+    paused.world.server.near_ties = 2
+    finished = await paused.console()
+    assert finished.status == "failed", finished
+    assert "other greedy tokens than before the pause, twice" in finished.message, finished.message
+    svc = paused.state().service
+    assert svc.released_tags == ["kv_cache", "cuda_graph"] and svc.weights_check == "probe"
+    assert paused.world.server.count("weights_checker") == 0
+    assert_pause_promises(paused, finished)
+
+
+@pytest.mark.parametrize("point", PAUSE_CRASH_POINTS[:PAUSE_CRASH_POINTS.index("continued") + 1])
+async def test_the_checksum_taken_before_a_crash_is_the_one_checked_after(weights_released: Window, point: str) -> None:
+    """The checksum before the release is kept in the run's state: a console killed at any point of the
+    pause route, then resumed, compares the checksum after the resume with that one (never one taken
+    again over the resumed weights), once the continue has landed, even where the first console died
+    between the continue and its check."""
+    w = weights_released
+    w.world.server.drafter_survives = True
+    w.world.server.weights_come_back_wrong = True
+    assert await w.console(Crasher(point)) is None, f"the run never reached {point}"
+    finished = await w.console()
+    svc = w.state().service
+    if finished.status == "paused":  # the extractor was still writing its files: a resume verifies them
+        finished = await w.console()  # and meets the weights check again, never evaluating past it
+    assert finished.status in ("failed", "paused"), finished.message
+    assert "sha-changed after the resume, sha-intact before the release" in finished.message, finished.message
+    assert svc.weights_check == "checksum" and not svc.weights_verified
+    assert w.state().steps["continue"].status == "failed" and w.state().status_of("evaluate") != "done"
+    routes = [r for _, r, _ in w.world.server.calls]
+    released = routes.index("release_memory_occupation")
+    assert routes[:released].count("weights_checker") == 1, routes  # taken once: never again after the crash
+    assert routes[released:].count("weights_checker") >= 1
+    assert_pause_promises(w, finished)

@@ -6,6 +6,7 @@ against it; and the load generator (bench/loadgen.py) on a paused server and on 
 
 from __future__ import annotations
 
+import hashlib
 import json
 import threading
 import time
@@ -17,7 +18,13 @@ from pathlib import Path
 import pytest
 
 from bench.loadgen import Load, loopback_url
-from console.service.sglang_api import ServerAnswerError, ServerUnreachable, SglangClient, memory_saver_of
+from console.service.sglang_api import (
+    NoWeightsChecksum,
+    ServerAnswerError,
+    ServerUnreachable,
+    SglangClient,
+    memory_saver_of,
+)
 from remote.drill import simgpu
 from tests.standin_helpers import GREEDY_PARAMS, running_standin
 
@@ -236,6 +243,131 @@ def test_loadgen_refuses_a_url_off_this_machine() -> None:
     for url in ("http://10.0.0.5:30000", "https://127.0.0.1:1", "http://example.com"):
         with pytest.raises(ValueError, match="loopback"):
             loopback_url(url)
+
+
+def checksum_of(answer: dict) -> str:
+    """SGLang's per_engine_checksum recomputed from its ranks (tokenizer_control_mixin.check_weights,
+    weight_checker.overall_checksum), so the answer's figures are checked, not only compared."""
+    engine = hashlib.sha256()
+    for rank in answer["ranks"]:
+        overall = hashlib.sha256()
+        for name in sorted(rank["checksums"]):
+            overall.update(name.encode())
+            overall.update(rank["checksums"][name].encode())
+        assert rank["per_gpu_checksum"] == overall.hexdigest()
+        engine.update(rank["per_gpu_checksum"].encode())
+    return engine.hexdigest()
+
+
+async def test_the_weights_checker_answers_as_sglang_0_5_23(saver) -> None:
+    """/weights_checker (http_server.py, check_weights): GET or POST, the body optional (a checksum of
+    every runner), ADMIN_OPTIONAL; the target's checksum the same after a `weights` release and resume
+    with a CPU backup; 400 with success false for what the checker refuses."""
+    url = saver["url"]
+    assert call(url, "/weights_checker", {}) == (401, {"error": "Unauthorized"})
+    assert call(url, "/weights_checker", {}, KEY)[0] == 401  # the admin key is set: only it
+    status, whole = call(url, "/weights_checker", None, ADMIN, method="GET")
+    assert status == 200 and isinstance(whole, dict), whole
+    assert whole["success"] is True and whole["message"] == "Success."
+    (rank,) = whole["ranks"]
+    assert rank["parallelism_info"] == [{"role": "target", "tp_rank": 0, "tp_size": 1, "dp_rank": 0, "dp_size": 1,
+                                         "pp_rank": 0, "pp_size": 1, "rank": 0, "size": 1}]
+    names = set(rank["checksums"])
+    assert "lm_head.weight" in names and not any("inv_freq" in n for n in names)  # non-persistent buffers left out
+    assert all(len(c) == 16 and int(c, 16) >= 0 for c in rank["checksums"].values())
+    assert whole["per_engine_checksum"] == checksum_of(whole)
+    client = SglangClient(url, api_key=ADMIN)
+    before = await client.weights_checksum()  # what the console asks: the target's
+    assert before == whole["per_engine_checksum"]  # no drafter here: "all" is the target alone
+    skipped = admin(url, "/weights_checker", {"skip_tensor_list": ["lm_head"]})[1]
+    assert isinstance(skipped, dict) and "lm_head.weight" not in skipped["ranks"][0]["checksums"]
+    assert admin(url, "/weights_checker", {"action": "sideways"}) == (
+        400, {"success": False, "message": "Unsupported action='sideways'"})
+    assert admin(url, "/weights_checker", {"action": "compare"}) == (400, {"success": False, "message": ""})
+    assert admin(url, "/weights_checker", {"action": "snapshot"}) == (200, {"success": True, "message": "Success."})
+    assert admin(url, "/weights_checker", {"action": "compare"}) == (200, {"success": True, "message": "Success."})
+
+    await client.pause_generation("retract")
+    await client.release_memory_occupation(["kv_cache", "weights"])
+    await client.resume_memory_occupation(["kv_cache", "weights"])
+    await client.continue_generation()
+    assert await client.weights_checksum() == before  # the CPU backup brought them back bit for bit
+    assert generate(url)["output_ids"] == saver["reference"]
+
+
+@pytest.fixture()
+def wrong(tiny_target: Path, tmp_path: Path) -> Iterator[dict]:
+    """A server whose weights come back from a `weights` release changed (the fault)."""
+    gpu_file = tmp_path / "gpus.json"
+    with running_standin(tiny_target, tmp_path / "log", *server_args(
+            gpu_file, "--enable-memory-saver", "--enable-weights-cpu-backup", "--weights-come-back-wrong", "0.001")) as url:
+        until(lambda: gpu_file.exists() and used_mib(gpu_file) == GPU_MIB)
+        yield {"url": url, "log": tmp_path / "log"}
+
+
+async def test_weights_that_come_back_wrong_change_the_checksum_not_the_greedy_tokens(wrong) -> None:
+    """`--weights-come-back-wrong`: the greedy probe cannot tell, the checksum does. A checksum read while
+    the weights are released ends the server (SGLang would hash unmapped memory)."""
+    url = wrong["url"]
+    client = SglangClient(url, api_key=KEY)
+    before, tokens = await client.weights_checksum(), generate(url, 8)["output_ids"]
+    await client.pause_generation("retract")
+    await client.release_memory_occupation(["kv_cache"])
+    await client.resume_memory_occupation(["kv_cache"])
+    assert await client.weights_checksum() == before  # the weights stayed resident
+    await client.release_memory_occupation(["weights"])
+    await client.resume_memory_occupation(["weights"])
+    await client.continue_generation()
+    after = await client.weights_checksum()
+    assert after != before and len(after) == 64
+    assert generate(url, 8)["output_ids"] == tokens  # every logit moved alike: the same greedy tokens
+    await client.pause_generation("retract")
+    await client.release_memory_occupation(["weights"])
+    with pytest.raises(ServerUnreachable, match="closed the connection without answering"):
+        await client.weights_checksum()
+    assert "illegal memory access" in wrong["log"].read_text()
+
+
+@pytest.mark.parametrize("version", ["0.5.6", "0.5.5"])
+async def test_an_older_sglang_has_no_checksum_and_the_client_says_so(tiny_target: Path, version: str) -> None:
+    """0.5.6's /weights_checker: POST only, an action required, snapshot and compare but no checksum (400
+    "Unsupported action='checksum'"), the API key; 0.5.5 has none (404). The console's client raises
+    NoWeightsChecksum for both: the pause route falls back to the probe. (The front and model worker in
+    this process.)"""
+    from remote.drill.standin.arguments import parse_args
+    from remote.drill.standin.http_front import HttpFront
+    from remote.drill.standin.model import Model
+    from remote.drill.standin.server import Server
+
+    args = parse_args(["--model", str(tiny_target), "--port", "0", "--api-key", KEY, "--sglang-version", version])
+    server = Server(args)
+    server.model = Model(tiny_target)
+    front = HttpFront(server, args)
+    args.port = front.bind()
+    front.listen()
+    serving = threading.Thread(target=front.serve, daemon=True)
+    serving.start()
+    url = f"http://127.0.0.1:{args.port}"
+    try:
+        client = SglangClient(url, api_key=KEY)
+        if version == "0.5.5":
+            assert call(url, "/weights_checker", {"action": "checksum"}, KEY) == (404, {"detail": "Not Found"})
+            with pytest.raises(NoWeightsChecksum, match="HTTP 404"):
+                await client.weights_checksum()
+            return
+        assert call(url, "/weights_checker", {"action": "checksum"}) == (401, {"error": "Unauthorized"})
+        assert call(url, "/weights_checker", None, KEY, method="GET") == (405, {"detail": "Method Not Allowed"})
+        assert call(url, "/weights_checker", {}, KEY)[0] == 400  # the action is required
+        assert call(url, "/weights_checker", {"action": "checksum"}, KEY) == (
+            400, {"success": False, "message": "Unsupported action='checksum'"})
+        assert call(url, "/weights_checker", {"action": "snapshot"}, KEY) == (200, {"success": True, "message": "Success."})
+        assert call(url, "/weights_checker", {"action": "compare"}, KEY) == (200, {"success": True, "message": "Success."})
+        with pytest.raises(NoWeightsChecksum, match="Unsupported action='checksum'"):
+            await client.weights_checksum()
+    finally:
+        assert front._httpd is not None
+        front._httpd.shutdown()
+        front.close()
 
 
 def test_release_while_a_request_runs_ends_the_server_as_sglangs_assertion_does(saver) -> None:

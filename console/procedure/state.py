@@ -165,6 +165,14 @@ class ServiceState:
     resumed_at: float | None = None
     used_before_release_mib: dict[str, int] = field(default_factory=dict)  # per GPU, before the release
     used_after_release_mib: dict[str, int] = field(default_factory=dict)  # per GPU, once it was seen
+    # How the server's weights are checked after the resume (steps/pause.py, `take_weights_reference`):
+    # "checksum" (a `weights` release on a server with /weights_checker's checksum: the one before the
+    # release against the one after) or "probe" (the greedy probe: no such checker, or the weights stay
+    # resident); None until chosen, just before the pause.
+    weights_check: str | None = None
+    weights_checksum_before: str | None = None
+    weights_checksum_after: str | None = None
+    weights_verified: bool = False  # that check passed after the continue (a console killed before it checks on resume)
     probe_tokens: list[int] | None = None  # a greedy /generate's answer before the pause (checked after)
     give_back_error: str | None = None  # why the last resume / continue failed, shown when offered again
     # The fleet window (console/procedure/steps/fleet.py): `drained` is {replica, router, since} from

@@ -4,7 +4,7 @@ Endpoints (KERNELS.md, SGLang 0.5.23): `/health` (503 while starting), `/model_i
 `/get_model_info`, `/server_info` then `/get_server_info`, optional `/metrics` (Prometheus text),
 `/generate`; the memory saver's `/pause_generation`, `/continue_generation`, `/release_memory_occupation`,
 `/resume_memory_occupation` (`console.service.memory_saver`: the tags, modes and `/server_info`'s
-report, re-exported here). Every answer is checked: a malformed one raises `ServerAnswerError` naming the
+report, re-exported here); `/weights_checker`'s checksum of the target's weights (`weights_checksum`). Every answer is checked: a malformed one raises `ServerAnswerError` naming the
 endpoint, what was expected and what came back. Blocking http.client calls run in a thread.
 
 Requests carry `Authorization: Bearer KEY` when the client has the server's `--api-key` (SGLang
@@ -36,8 +36,8 @@ from console.service.memory_saver import MEMORY_TAGS, PAUSE_MODES, MemorySaver, 
 from remote import http_deadline
 from remote.sglang_sampling import greedy_sampling_params
 
-__all__ = ["MEMORY_TAGS", "PAUSE_MODES", "MemorySaver", "ServerAnswerError", "ServerUnreachable", "SglangClient",
-           "memory_saver_of"]
+__all__ = ["MEMORY_TAGS", "PAUSE_MODES", "MemorySaver", "NoWeightsChecksum", "ServerAnswerError", "ServerUnreachable",
+           "SglangClient", "memory_saver_of"]
 
 DEFAULT_TIMEOUT_S = 10.0
 MAX_BODY_BYTES = 64 << 20  # no SGLang answer the console asks for comes near this
@@ -47,6 +47,12 @@ HEALTH_CHECK_DEFAULT_S = 20.0  # SGLang's SGLANG_HEALTH_CHECK_TIMEOUT default (h
 HEALTH_MARGIN_S = 5.0  # its one-second polls past the timeout, and the way back to us
 CONTROL_TIMEOUT_S = 60.0  # pause in "abort" mode waits (1 s polls) until every request has ended
 MEMORY_TIMEOUT_S = 180.0  # releasing 48 GiB of weights to a CPU backup took 19-20 s on an H200 (issue 26)
+WEIGHTS_CHECK_TIMEOUT_S = 180.0  # a checksum reads every weight (SGLang hashes each tensor on its GPU)
+WEIGHTS_CHECKER = "/weights_checker"
+# What the console asks of it: the checksum of the target's weights alone. A speculating SGLang 0.5.23 brings
+# its drafter's weights back wrong from a `weights` release (PR #31674), which the drafter check measures
+# (a "degraded" run): the drafter's checksum would fail a window whose target came back whole.
+WEIGHTS_CHECKSUM_BODY = {"action": "checksum", "selector": "target"}
 
 
 def sglang_health_check_s() -> float:
@@ -65,6 +71,12 @@ class ServerAnswerError(Exception):
 
 class ServerUnreachable(Exception):
     """No HTTP answer at all (connection refused, reset, timed out)."""
+
+
+class NoWeightsChecksum(Exception):
+    """The server cannot give its weights' checksum: it has no `/weights_checker` (404 or 405: SGLang 0.5.5
+    and earlier), or its checker knows no "checksum" action (0.5.6's: snapshot, reset_tensors, compare);
+    the message says which."""
 
 
 @dataclass(frozen=True)
@@ -276,6 +288,32 @@ class SglangClient:
         fails (and its server dies) on a tag that is not released."""
         tags = check_tags(tags, "POST /resume_memory_occupation")
         await self._control("/resume_memory_occupation", {"tags": tags}, timeout)
+
+    async def weights_checksum(self, timeout: float | None = WEIGHTS_CHECK_TIMEOUT_S) -> str:
+        """The target's weights checksum: `POST /weights_checker {"action": "checksum", "selector": "target"}`,
+        its `per_engine_checksum` (SGLang 0.5.23, http_server.py `check_weights`: sha256 over each TP rank's
+        checksum of its tensors; ADMIN_OPTIONAL as the memory saver's routes). NoWeightsChecksum where the
+        server has none (a 404 or 405, or 0.5.6's 400 "Unsupported action='checksum'"); any other answer
+        that is not a 200 with a checksum is a ServerAnswerError naming it. Never sent while the weights are
+        released: SGLang would hash memory torch_memory_saver has unmapped."""
+        request = f"POST {WEIGHTS_CHECKER} {json.dumps(WEIGHTS_CHECKSUM_BODY)}"
+        answer = await self.post(WEIGHTS_CHECKER, WEIGHTS_CHECKSUM_BODY, timeout)
+        if answer.status in (404, 405):
+            raise NoWeightsChecksum(f"{request}: HTTP {answer.status}: the server has no weights checker "
+                                    f"(SGLang 0.5.5 and earlier)")
+        try:
+            data = json.loads(answer.body)
+        except json.JSONDecodeError:
+            data = None
+        message = data.get("message") if isinstance(data, dict) else None
+        if answer.status == 400 and isinstance(message, str) and message.startswith("Unsupported action="):
+            raise NoWeightsChecksum(f"{request}: HTTP 400 {message!r}: its weights checker takes no checksum "
+                                    f"(SGLang 0.5.6's has snapshot and compare only)")
+        data = self._json_object(request, answer)
+        checksum = data.get("per_engine_checksum")
+        if data.get("success") is not True or not isinstance(checksum, str) or not checksum:
+            raise ServerAnswerError(f"{request}: expected success and a per_engine_checksum, got {_excerpt(answer.body)}")
+        return checksum
 
     async def memory_saver(self) -> MemorySaver:
         """The memory saver as /server_info reports it (`memory_saver_of`)."""

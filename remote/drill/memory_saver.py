@@ -108,6 +108,7 @@ class MemorySaver:
         self.enabled = bool(args.enable_memory_saver)
         self.weights_cpu_backup = bool(args.enable_weights_cpu_backup)
         self.draft_weights_survive = bool(getattr(args, "draft_weights_survive_release", False))
+        self.weights_come_back_wrong = getattr(args, "weights_come_back_wrong", None)  # a fault (weights_checker.py)
         self.device = getattr(args, "device", "cpu")
         # SGLang 0.5.5 and earlier: /pause_generation reads no body and aborts every request in flight
         release = release_of(getattr(args, "sglang_version", SGLANG_VERSION))
@@ -302,6 +303,10 @@ class MemorySaver:
             if "weights" in tags:
                 self._resume("weights")
                 self._restore_weights()
+                if self.enabled:
+                    from remote.drill.weights_checker import come_back_wrong
+
+                    come_back_wrong(self.server.model, self.weights_come_back_wrong)
             if "kv_cache" in tags:
                 self._resume("kv_cache")
             self._show(already)

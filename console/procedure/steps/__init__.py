@@ -71,7 +71,8 @@ STEPS: tuple[Step, ...] = (
     Step("resume", "give the server its memory back and see it on the GPUs", "service", ("pause",),
          check=pause.check_resume, run=pause.run_resume, verify=pause.verify_resume,
          asks="give the server its memory back", while_down=True),
-    Step("continue", "let the server take requests again; /health and a greedy /generate as before the pause",
+    Step("continue", "let the server take requests again; /health, and the weights checked (/weights_checker's "
+                     "checksum, else a greedy /generate as before the pause)",
          "service", ("pause",), check=pause.check_continue, run=pause.run_continue, verify=pause.verify_continue,
          asks="let the server take requests again", while_down=True),
     Step("drafter", "measure the served drafter again: a fall beyond the margin ends the run degraded, its "

@@ -8,8 +8,16 @@ wait; none fails), `release` gives back only the GPU memory the extraction needs
 and only when the server keeps a CPU backup of them), free-vram waits for that room (the server's
 own processes are never offered for ending), the extraction runs, `resume` takes back exactly the
 tags released and sees the memory back on the GPUs, and `continue` lets the held requests run, then
-checks that `/health` passes and that a greedy `/generate` answers the same tokens as before the
-pause. Each change asks the Decider with the literal request.
+checks that `/health` passes and that the weights came back whole. Each change asks the Decider with
+the literal request.
+
+The weights are checked, not guessed (issue 40): before a release of the `weights`, SGLang's
+`/weights_checker` checksum of the target's weights is taken (and kept in the run's state), and
+after the resume it must be the same: a mismatch fails the window naming both checksums; equal, the
+window is verified. Only where the server has no such checksum (SGLang before 0.5.23), and for a
+release that leaves the weights resident, a greedy `/generate` sent before the pause must answer
+the same tokens after the continue; it is not batch-invariant under load, so a mismatch is asked
+once more, alone, before it fails anything. The journal says which check was used.
 
 The give-back begins the moment the extractor says `gpu_released`, as the stop route's restart does
 (`begin_give_back`): resume, the memory seen back, continue; the extractor's flush to disk and the
@@ -42,7 +50,7 @@ from console.procedure.outcomes import Found, Refused, Skip, StepFailed
 from console.procedure.state import Owner, ServiceState
 from console.procedure.steps.extraction import extraction_complete
 from console.service.memory_saver import CUDA_GRAPH, KV_CACHE, WEIGHTS, MemorySaver
-from console.service.sglang_api import ServerAnswerError
+from console.service.sglang_api import WEIGHTS_CHECKER, NoWeightsChecksum, ServerAnswerError
 from console.session import service_name
 from console.views.units import duration, size
 
@@ -55,6 +63,7 @@ PROBE_TOKENS = 8
 # held), so it gets a deadline of its own, longer than a control request's: it is a check, never
 # downtime (before the pause the server serves; after the continue it serves again).
 PROBE_WAIT_S = 60.0
+PROBE_SETTLE_S = 1.0  # before the probe is asked once more, alone, after a mismatch
 MEMORY_BACK_S = 60.0  # the resumed memory is seen on the GPUs within this (the KV cache takes < 1 s)
 MEMORY_BACK_SHARE = 0.8  # of what the release freed, seen used again after the resume
 # Issue 26's measurements on an H200 (torch_memory_saver 0.0.10): the basis until this host has its own.
@@ -356,9 +365,7 @@ async def run_pause(window: Window) -> str:
                                   f"{fc.summary(made)} has {', '.join(fc.unknown(made))} unknown")
     server = await window.hosts.server()
     svc = window.state.service
-    if svc.probe_tokens is None:  # the greedy answer the resumed server must give again
-        svc.probe_tokens = list((await server.generate(PROBE_IDS, PROBE_TOKENS, PROBE_WAIT_S))["output_ids"])
-        window.run.save()
+    await take_weights_reference(window, server, tags)
     body = {"mode": "retract"}
     impact = (f"{service_name(window.config)} on {window.config.service.host} holds its requests (running ones go "
               f"back to its queue, new ones wait; none fails) until /continue_generation; the process is never "
@@ -690,6 +697,8 @@ async def check_continue(window: Window) -> Skip | None:
     if svc.restarted_outside:
         return Found(f"nothing continued: {restart_words(svc.restarted_outside)}")
     if not svc.paused and not window.continued_early:  # continued by this console at gpu_released: verified below
+        if svc.weights_check is not None and not svc.weights_verified:  # a console killed before the check
+            await verify_continue(window)
         return Found(f"taking requests again since "
                      f"{time.strftime('%H:%M:%S', time.localtime(svc.continued_at or time.time()))}")
     return None
@@ -745,19 +754,95 @@ def _continued(window: Window) -> str:
 
 
 async def verify_continue(window: Window) -> None:
-    """Serving again, verified: /health passes and a greedy /generate answers the same tokens as
-    the one sent before the pause (the weights came back whole)."""
+    """Serving again, verified: /health passes, and the weights came back whole: with a `weights`
+    release, /weights_checker's checksum after the resume equals the one before the release (a
+    mismatch fails the window naming both; equal, the window is verified and no probe is sent);
+    else (no such checker, or the weights stayed resident) the greedy probe answers the tokens it
+    answered before the pause, asked once more alone before a mismatch fails anything."""
     server = await window.hosts.server()
     status = await server.health()
     if status != 200:
         raise StepFailed("continue", f"GET /health answers {status} after the continue")
-    expected = window.state.service.probe_tokens
-    if expected is None:
-        return
+    svc = window.state.service
+    if svc.weights_check == "checksum":
+        await _compare_checksums(window, server)
+    elif svc.probe_tokens is not None:
+        await _probe_again(window, server, svc.probe_tokens)
+    if svc.weights_check is not None:
+        svc.weights_verified = True
+        window.run.save()
+
+
+async def take_weights_reference(window: Window, server: Any, tags: list[str]) -> None:
+    """Before the pause, what the resumed server must answer again, chosen once per window (kept in
+    the run's state: a resumed run or a console killed meanwhile still has it). A release of the
+    `weights`: SGLang's /weights_checker checksum of the target's weights (0.5.23:
+    `SglangClient.weights_checksum`); a server without one (404, 405, or 0.5.6's checker, which has
+    no checksum) falls back to the greedy probe, said in the journal. A release that leaves the
+    weights resident (the KV cache and CUDA graphs) needs no weights check: the greedy probe, as a
+    check that the server answers as before."""
+    svc = window.state.service
+    if svc.weights_check is None:
+        if WEIGHTS in tags:
+            try:
+                svc.weights_checksum_before = await server.weights_checksum()
+            except NoWeightsChecksum as exc:
+                svc.weights_check = "probe"
+                window.journal("pause", f"{exc}: the weights are checked after the resume by the greedy probe "
+                                        f"instead", level="warning", host=window.config.service.host)
+            else:
+                svc.weights_check = "checksum"
+                window.journal("pause", f"{WEIGHTS_CHECKER} checksum of the target's weights before the release: "
+                                        f"{svc.weights_checksum_before}", host=window.config.service.host)
+        else:
+            svc.weights_check = "probe"
+        window.run.save()
+    if svc.weights_check == "probe" and svc.probe_tokens is None:  # the greedy answer to give again
+        svc.probe_tokens = list((await server.generate(PROBE_IDS, PROBE_TOKENS, PROBE_WAIT_S))["output_ids"])
+        window.run.save()
+
+
+async def _compare_checksums(window: Window, server: Any) -> None:
+    svc = window.state.service
+    before = svc.weights_checksum_before
+    try:
+        after = await server.weights_checksum()
+    except NoWeightsChecksum as exc:
+        raise StepFailed("continue", f"the weights cannot be checked: {exc}, though the server gave their checksum "
+                                     f"before the release ({before}); look at it before trusting its answers") from None
+    svc.weights_checksum_after = after
+    window.run.save()
+    if after != before:
+        window.journal("continue", f"weights checksum {after} after the resume, {before} before the release: "
+                                   f"the weights did not come back whole", level="error",
+                       host=window.config.service.host)
+        raise StepFailed("continue", f"the server's weights did not come back whole: {WEIGHTS_CHECKER} checksum "
+                                     f"{after} after the resume, {before} before the release (the target's "
+                                     f"weights); its answers cannot be trusted: restart it to load them again")
+    window.journal("continue", f"weights checked: the {WEIGHTS_CHECKER} checksum after the resume is the one "
+                               f"before the release ({after})", host=window.config.service.host)
+
+
+async def _probe_again(window: Window, server: Any, expected: list[int]) -> None:
+    """The greedy probe after the continue. Greedy decoding is not batch-invariant under load (the
+    held requests run again beside it): a near-tie can turn one token, so a mismatch is asked once
+    more, alone (nothing else sent meanwhile), after `PROBE_SETTLE_S`, before it fails the window."""
     got = list((await server.generate(PROBE_IDS, PROBE_TOKENS, PROBE_WAIT_S))["output_ids"])
-    if got != expected:
-        raise StepFailed("continue", f"the server answers other greedy tokens than before the pause ({got} after, "
-                                     f"{expected} before): its weights may not have come back whole")
+    if got == expected:
+        window.journal("continue", f"weights checked by the greedy probe: the same {len(got)} tokens as before "
+                                   f"the pause", host=window.config.service.host)
+        return
+    window.journal("continue", f"the greedy probe answered {got} after the continue, {expected} before the pause: "
+                               f"asked once more, alone, in {PROBE_SETTLE_S:g} s (a near-tie under load can turn "
+                               f"a greedy token)", level="warning", host=window.config.service.host)
+    await asyncio.sleep(PROBE_SETTLE_S)
+    again = list((await server.generate(PROBE_IDS, PROBE_TOKENS, PROBE_WAIT_S))["output_ids"])
+    if again == expected:
+        window.journal("continue", f"weights checked by the greedy probe: asked again alone, the same "
+                                   f"{len(again)} tokens as before the pause", host=window.config.service.host)
+        return
+    raise StepFailed("continue", f"the server answers other greedy tokens than before the pause, twice ({got}, "
+                                 f"then alone {again}; {expected} before): its weights may not have come back whole")
 
 
 async def give_back(window: Window, reason: str) -> None:
@@ -811,4 +896,4 @@ async def _give_back(window: Window, reason: str, early: bool = False) -> None:
         await verify_resume(window)
     if svc.paused:
         await run_continue(window, reason)
-        window.continued_early = early  # the continue step still checks /health and the greedy tokens
+        window.continued_early = early  # the continue step still checks /health and the weights

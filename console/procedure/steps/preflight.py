@@ -290,7 +290,10 @@ async def _pause_acts(window: Window) -> dict[str, tuple[bool, str]]:
             "release": (True, f"releases {why}"),
             "free-vram": (True, "waits for the room the extraction needs; the server's own processes stay"),
             "resume": (True, f"takes back exactly {', '.join(tags)}; the memory is seen back on the GPUs"),
-            "continue": (True, "the held requests run; /health and a greedy /generate answer as before the pause")}
+            "continue": (True, "the held requests run; /health passes and the weights are checked: "
+                               + ("/weights_checker's checksum as before the release (a greedy /generate where "
+                                  "the server has none)" if "weights" in tags else
+                                  "a greedy /generate answers as before the pause (the weights stay resident)"))}
 
 
 async def _say_pause_route(window: Window) -> None:

@@ -6,7 +6,7 @@
         [--gpu-file F --gpu-mib M [--release-after S | --hold-until-killed] [--stubborn-holder]]
         [--flap-health] [--speculative-drafter DRAFTER_DIR] [--step-delay S]
         [--enable-memory-saver [--enable-weights-cpu-backup] [--kv-cache-mib M] [--cuda-graph-mib M]]
-        [--admin-api-key KEY] [--sglang-version X.Y.Z]
+        [--admin-api-key KEY] [--sglang-version X.Y.Z] [--weights-come-back-wrong DELTA]
 
 It serves the tiny target (`remote.drill.tinymodel`) with transformers, and behaves as SGLang 0.5.23
 does where the console and the workers meet it (each fact and its SGLang source: docs/sglang.md):
@@ -35,6 +35,10 @@ does where the console and the workers meet it (each fact and its SGLang source:
                                    mode's effect on requests in flight, the idle assertion and the
                                    repeated calls that end SGLang's server, the memory leaving the
                                    simulated GPU (torch_memory_saver's real release on --device cuda)
+  GET  /weights_checker            (POST too) {"action": checksum (default) | snapshot | compare |
+                                   reset_tensors, "selector", "skip_tensor_list"}: SGLang 0.5.23's checker
+                                   over the model's real weights (`remote.drill.weights_checker`); 0.5.6's
+                                   (no checksum) or none (404) as `--sglang-version` says
   GET  /metrics                    with --metrics: SGLang's gauges and counters, its label set
   GET  /v1/loads                   the scheduler's load snapshot (running, waiting, queues), taken now
 - `--api-key KEY`: every route but /health*, /ready* and /metrics* answers 401 without
@@ -63,7 +67,8 @@ a fault, not SGLang: the port opens before the weights load, /health alternates 
 answers 503 until loaded, then it is up without a warm-up (a server whose health endpoint answers
 before it can generate). `--nan-after N` is another fault: from the N+1-th generated token on the
 logits are NaN (a broken kernel), which ends the request as SGLang ends it, EOS in place of the bad
-token and finish `stop` "NaN happened".
+token and finish `stop` "NaN happened". `--weights-come-back-wrong DELTA` is a third: a `weights`
+release brings the target's lm_head back with DELTA added (the same greedy tokens, another checksum).
 
 Its parts, one module each:
 - `__main__`    start-up and shutdown: parse the flags, bind, load, listen, warm up, serve until SIGTERM;

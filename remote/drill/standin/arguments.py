@@ -11,7 +11,7 @@ import argparse
 import json
 
 import remote.drill.standin as package  # its docstring's first line is --help's description
-from remote.drill import memory_saver, simgpu
+from remote.drill import memory_saver, simgpu, weights_checker
 from remote.drill.sglang_contract import decode_sampling_params
 
 
@@ -48,12 +48,14 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--skip-server-warmup", action="store_true", help="SGLang's: up once loaded, no warm-up request")
     parser.add_argument("--api-key", help="SGLang's --api-key: required as a Bearer token on all but /health, /ready, /metrics")
     memory_saver.add_arguments(parser)
+    weights_checker.add_arguments(parser)
     parser.add_argument("--preferred-sampling-params", help="SGLang's: a JSON object laid under each request's")
     parser.add_argument("--max-queued-requests", type=int, help="SGLang's: past this many waiting, a 503 abort")
     parser.add_argument("--sglang-version", default=memory_saver.SGLANG_VERSION, metavar="X.Y.Z",
                         help="the SGLang release it answers as (/server_info's version, with -standin): from "
                              f"{'.'.join(map(str, memory_saver.PAUSE_MODES_SINCE))} /pause_generation takes a mode; "
-                             "before it, it reads no body and aborts every request in flight (default %(default)s)")
+                             "before it, it reads no body and aborts every request in flight; /weights_checker as that "
+                             "release has it (none before 0.5.6, no checksum before 0.5.23) (default %(default)s)")
     parser.add_argument("--speculative-drafter", metavar="PATH",
                         help="DFLASH speculative decoding with this DFlash drafter checkpoint (remote.drill.specdecode)")
     parser.add_argument("--gpu-worker", action="store_true", help=argparse.SUPPRESS)

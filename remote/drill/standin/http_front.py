@@ -22,7 +22,7 @@ import uuid
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
-from remote.drill import chat, memory_saver
+from remote.drill import chat, memory_saver, weights_checker
 from remote.drill.memory_saver import Refused
 from remote.drill.sglang_contract import ContractError, allowed, decode_sampling_params, error_response
 from remote.drill.standin.server import QueueFull, Server
@@ -121,7 +121,9 @@ def make_handler(server: Server, args: argparse.Namespace) -> type[BaseHTTPReque
             self.wfile.flush()
 
         def _authorized(self, path: str) -> bool:
-            level = "admin_optional" if path in memory_saver.CONTROL_ROUTES else "normal"
+            admin = path in memory_saver.CONTROL_ROUTES or (
+                path == weights_checker.ROUTE and server.weights_checker.admin_optional())
+            level = "admin_optional" if admin else "normal"
             if allowed(path, self.command, self.headers.get("Authorization"), args.api_key,
                        args.admin_api_key, level):
                 return True
@@ -136,7 +138,8 @@ def make_handler(server: Server, args: argparse.Namespace) -> type[BaseHTTPReque
                 self._send(server.health())
             elif path == "/ready":
                 self._send(200 if server.ready() else 503)
-            elif path in memory_saver.GET_TOO:
+            elif path in memory_saver.GET_TOO or (path == weights_checker.ROUTE
+                                                  and "GET" in server.weights_checker.methods()):
                 self.do_POST()
             elif path in ("/model_info", "/get_model_info"):
                 self._send(200, server.model_info())
@@ -153,7 +156,8 @@ def make_handler(server: Server, args: argparse.Namespace) -> type[BaseHTTPReque
                     self._send(400, {"detail": str(exc)})
             elif path == "/metrics" and args.metrics:
                 self._send(200, server.metrics_text(), "text/plain; version=0.0.4; charset=utf-8")
-            elif path in POST_ROUTES or path in memory_saver.CONTROL_ROUTES:
+            elif path in POST_ROUTES or path in memory_saver.CONTROL_ROUTES or (
+                    path == weights_checker.ROUTE and server.weights_checker.methods()):
                 self._send(405, {"detail": "Method Not Allowed"})
             else:
                 self._send(404, {"detail": "Not Found"})
@@ -164,7 +168,8 @@ def make_handler(server: Server, args: argparse.Namespace) -> type[BaseHTTPReque
             raw = self.rfile.read(length) if length else b""
             if not self._authorized(path):
                 return
-            if path not in POST_ROUTES and path not in memory_saver.CONTROL_ROUTES:
+            checker = path == weights_checker.ROUTE and bool(server.weights_checker.methods())
+            if path not in POST_ROUTES and path not in memory_saver.CONTROL_ROUTES and not checker:
                 self._send(405 if path in GET_ROUTES else 404,
                            {"detail": "Method Not Allowed" if path in GET_ROUTES else "Not Found"})
                 return
@@ -173,14 +178,16 @@ def make_handler(server: Server, args: argparse.Namespace) -> type[BaseHTTPReque
                     body = json.loads(raw or b"null")
                 except json.JSONDecodeError as exc:
                     raise validation_error(f"JSON decode error: {exc.msg}") from None
+                if body is None and checker and server.weights_checker.admin_optional():
+                    body = {}  # 0.5.23: Optional[CheckWeightsReqInput] = None, then CheckWeightsReqInput()
                 if not isinstance(body, dict):
                     raise validation_error(f"Input should be a valid dictionary, got {type(body).__name__}")
                 not_serving = server.serving_error()
                 if not_serving is not None:  # only with --flap-health: the port opened before the weights
                     raise BadRequest(503, error_response(503, not_serving))
-                if path in memory_saver.CONTROL_ROUTES:
+                if path in memory_saver.CONTROL_ROUTES or checker:
                     try:
-                        self._send(*server.control(path, body))
+                        self._send(*(server.check_weights(body) if checker else server.control(path, body)))
                     except Refused as exc:
                         raise (validation_error(str(exc)) if exc.status == 400 else
                                BadRequest(exc.status, error_response(exc.status, str(exc)))) from None

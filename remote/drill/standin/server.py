@@ -35,6 +35,7 @@ from remote.drill.memory_saver import MemorySaver
 from remote.drill.sglang_contract import resolve_sampling_params, verify_sampling_params
 from remote.drill.standin.gpu_worker import start_gpu_worker
 from remote.drill.standin.model import Generation, Model, Request, generate, generate_tokens, import_ahead
+from remote.drill.weights_checker import WeightsChecker
 
 VERSION = f"{memory_saver.SGLANG_VERSION}-standin"  # /server_info's version (--sglang-version, with -standin)
 HEALTH_CHECK_TIMEOUT_S = float(os.environ.get("SGLANG_HEALTH_CHECK_TIMEOUT", 20))  # http_server.py
@@ -88,6 +89,8 @@ class Server:
         self.counter_lock = threading.Lock()
         self.gpu_worker: subprocess.Popen | None = None
         self.saver = MemorySaver(self, args)  # pause, continue, release, resume (remote.drill.memory_saver)
+        # /weights_checker as the release answered as has it (remote.drill.weights_checker)
+        self.weights_checker = WeightsChecker(self, getattr(args, "sglang_version", memory_saver.SGLANG_VERSION))
 
     @property
     def url(self) -> str:
@@ -390,6 +393,11 @@ class Server:
         a test counts what reached the server (`tests/test_give_back_race.py`)."""
         log(f"POST {path} {json.dumps(body, sort_keys=True)}")
         return memory_saver.answer(self.saver, path, body)
+
+    def check_weights(self, body: dict) -> tuple[int, Any]:
+        """/weights_checker: its status and JSON body (`remote.drill.weights_checker`); memory_saver.Refused
+        for what FastAPI's validation refuses."""
+        return self.weights_checker.answer(body)  # read beside a parked request (one paused holds the model lock)
 
     # --- the server's own, and the memory saver's ---
 
