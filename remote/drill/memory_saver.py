@@ -108,7 +108,7 @@ class MemorySaver:
         self.enabled = bool(args.enable_memory_saver)
         self.weights_cpu_backup = bool(args.enable_weights_cpu_backup)
         self.draft_weights_survive = bool(getattr(args, "draft_weights_survive_release", False))
-        self.weights_come_back_wrong = getattr(args, "weights_come_back_wrong", None)  # a fault (weights_checker.py)
+        self.weights_come_back_wrong = getattr(args, "weights_come_back_wrong", None)  # a fault (`come_back_wrong`)
         self.device = getattr(args, "device", "cpu")
         # SGLang 0.5.5 and earlier: /pause_generation reads no body and aborts every request in flight
         release = release_of(getattr(args, "sglang_version", SGLANG_VERSION))
@@ -304,8 +304,6 @@ class MemorySaver:
                 self._resume("weights")
                 self._restore_weights()
                 if self.enabled:
-                    from remote.drill.weights_checker import come_back_wrong
-
                     come_back_wrong(self.server.model, self.weights_come_back_wrong)
             if "kv_cache" in tags:
                 self._resume("kv_cache")
@@ -392,3 +390,16 @@ def answer(saver: MemorySaver, path: str, body: dict) -> tuple[int, Any]:
         raise Refused(400, f"tags: Input should be a valid list of strings or null, got {tags!r}")
     (saver.release if path == "/release_memory_occupation" else saver.resume)(tags)
     return 200, None  # the endpoint returns None: JSON null
+
+
+WRONG_TENSOR = "lm_head.weight"  # the tensor --weights-come-back-wrong changes
+
+
+def come_back_wrong(model: Any, delta: float | None) -> None:
+    """The `--weights-come-back-wrong` fault, at a `weights` resume."""
+    if not delta or model is None:
+        return
+    import torch
+
+    with torch.inference_mode():
+        dict(model.model.named_parameters())[WRONG_TENSOR].add_(delta)

@@ -33,7 +33,7 @@ What it follows (docs/sglang.md, "The weights checker"):
 `--weights-come-back-wrong DELTA` is a fault, not SGLang: a `weights` release brings the target's
 `lm_head` back with DELTA added to every element. Every logit moves by the same amount, so the greedy
 tokens stay the same while the checksum does not: a server whose weights came back wrong and whose
-outputs do not show it.
+outputs do not show it (`memory_saver.come_back_wrong`, at the resume).
 """
 
 from __future__ import annotations
@@ -49,7 +49,6 @@ NON_PERSISTENT = ("cos_sin_cache", "cos_cache", "sin_cache", "inv_freq", "freqs_
 CHECKER_SINCE = (0, 5, 6)  # the first release read with /weights_checker (0.5.5 has none)
 CHECKSUM_SINCE = (0, 5, 23)  # the first release read whose checker takes "checksum" (0.5.6's does not)
 ROUTE = "/weights_checker"
-WRONG_TENSOR = "lm_head.weight"  # the tensor --weights-come-back-wrong changes
 
 
 def add_arguments(parser: Any) -> None:
@@ -192,13 +191,3 @@ class WeightsChecker:
         self.snapshots.pop(role, None)
         if errors:
             raise ValueError("check tensor equality failed:\n" + "\n".join(errors))
-
-
-def come_back_wrong(model: Any, delta: float | None) -> None:
-    """The `--weights-come-back-wrong` fault, at a `weights` resume."""
-    if not delta or model is None:
-        return
-    import torch
-
-    with torch.inference_mode():
-        dict(model.model.named_parameters())[WRONG_TENSOR].add_(delta)
