@@ -762,3 +762,27 @@ async def test_the_checksum_taken_before_a_crash_is_the_one_checked_after(weight
     assert routes[:released].count("weights_checker") == 1, routes  # taken once: never again after the crash
     assert routes[released:].count("weights_checker") >= 1
     assert_pause_promises(w, finished)
+
+
+@pytest.mark.parametrize("journal", [True, False])
+async def test_the_replay_shows_the_pause_as_paused_never_as_down_or_up(paused: Window, journal: bool) -> None:
+    """Issue 42: `replay` of a pause-route run shows the server PAUSED from the pause to the continue
+    (from the journal's service lines, or from state.json alone when the journal has none)."""
+    from console.messages import Downtime
+    from console.procedure.replay import read_recording
+    from console.procedure.store import JOURNAL
+
+    finished = await paused.console()
+    assert finished.exit_code == 0, finished
+    run_dir = paused.store.root / paused.run_id
+    if not journal:  # an older run's journal: no service lines, the state's windows say it
+        path = run_dir / JOURNAL
+        lines = [line for line in path.read_text().splitlines() if '"kind": "service"' not in line
+                 and '"kind":"service"' not in line]
+        path.write_text("\n".join(lines) + "\n")
+    svc = paused.state().service
+    downtimes = [e.message for e in read_recording(run_dir).events if isinstance(e.message, Downtime)]
+    held = [d for d in downtimes if d.down_since is not None]
+    assert held and all(d.paused for d in held), downtimes  # never DOWN
+    assert held[0].down_since == pytest.approx(svc.paused_at)
+    assert downtimes[-1].down_since is None and downtimes[-1].restarted_at == pytest.approx(svc.continued_at)

@@ -467,6 +467,10 @@ def _from_state(run_id: str, run_dir: Path, state: RunState, entries: list[tuple
             yield Event(window["stopped_at"], m.Downtime(run_id, window["stopped_at"]), STATE)
             if window.get("ready_at"):
                 yield Event(window["ready_at"], m.Downtime(run_id, None, window["ready_at"]), STATE)
+        elif window.get("paused_at"):  # the pause route: paused (requests held), never stopped
+            yield Event(window["paused_at"], m.Downtime(run_id, window["paused_at"], paused=True), STATE)
+            if window.get("continued_at"):
+                yield Event(window["continued_at"], m.Downtime(run_id, None, window["continued_at"]), STATE)
     spans = _job_spans(entries, state)
     released = state.extraction.gpu_released_at
     staged = state.steps.get("stage")
