@@ -49,6 +49,7 @@ __all__ = ["SMG", "SGLANG_ROUTER", "Gateway", "RouterClient", "RouterError", "Se
 UNAUTHORIZED = "the router wants an admin API key: set [fleet] api_key_env"
 FORBIDDEN = "the router refused the key: worker routes need a key with the admin role"
 POLL_S = 0.2  # how often a wait reads the listing again (the router applies changes in the background)
+REMOVAL_SEEN_S = 5.0  # a removal smg accepted (202) shows in its listing within this
 SMG = "smg"
 SGLANG_ROUTER = "sglang-router"
 # sglang-router drops a removed worker at once; a request it forwarded just before may still be on its
@@ -262,7 +263,8 @@ class RouterClient:
 
     async def remove_worker(self, url: str) -> str:
         """DELETE /workers/{id} of the worker listed under `url` (the router takes ids, not URLs):
-        it stops routing to it. Returns the id; `wait_gone` sees it leave the listing (smg: after its
+        it stops routing to it. Returns the id once the listing shows the removal under way (smg:
+        draining; at most REMOVAL_SEEN_S); `wait_gone` sees it leave the listing (smg: after its
         settle). A worker smg lists draining is being removed already: nothing is sent (a second
         DELETE would cut its settle short). One not listed is a RouterError (nothing to remove)."""
         found = await self.worker(url)
@@ -276,6 +278,15 @@ class RouterClient:
             raise RouterError(f"router {self.base_url}: {route} ({url}): HTTP 404, the router no longer knows it: "
                               f"{_excerpt(answer.body)}")
         self._json(route, answer, (200, 202))
+        # smg answers 202 and removes in a job of its own: until the listing shows it draining (or
+        # gone), a look (this console's, after a crash another's) would still see it ready and send a
+        # second DELETE, which cuts its settle short. Waited for here, on the listing, briefly.
+        deadline = time.monotonic() + REMOVAL_SEEN_S
+        while time.monotonic() < deadline:
+            now = await self.worker(url)
+            if now is None or now.draining:
+                break
+            await asyncio.sleep(POLL_S)
         return found.id
 
     async def wait_listed(self, url: str, timeout_s: float, healthy: bool = True) -> Worker:
