@@ -13,6 +13,9 @@ import argparse
 import sys
 from typing import TYPE_CHECKING
 
+from rich.console import Console
+from rich.text import Text
+
 if TYPE_CHECKING:
     from console.drill.hosts import DrillStatus
 
@@ -55,13 +58,15 @@ def cmd_drill(args: argparse.Namespace) -> int:
         return 1
     fleet = (f", {args.replicas} rehearsal servers behind SGLang's router ({args.router}): the fleet window drains "
              f"one, runs its window there and puts it back") if args.replicas > 1 else ""
-    print(f"drill hosts up ({'REAL GPU' if gpu else 'SIMULATED GPUs'}{fleet}); config {config} "
-          f"(`dflash-ops drill down` ends them)", file=sys.stderr)
+    # wrapped between words at any width (at 80 columns never "dflash" then "-ops" on the next line)
+    told = Console(stderr=True, highlight=False)
+    told.print(Text(f"drill hosts up ({'REAL GPU' if gpu else 'SIMULATED GPUs'}{fleet}); config {config} "
+                    f"(`dflash-ops drill down` ends them)"), soft_wrap=not told.is_terminal)
     args.config = str(config)
     args.plan, args.step, args.no_restart = False, False, False
     status = cmd_run.run(args)
     for line in after_the_drill(args.runs, args.dir, config):
-        print(line, file=sys.stderr)
+        told.print(Text(line), soft_wrap=not told.is_terminal)  # piped: one line each, for grep and logs
     return status
 
 
