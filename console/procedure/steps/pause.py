@@ -28,6 +28,13 @@ Every failure, refusal, cancel and crash after the pause ends in resume + contin
 called by the engine's compensation as the stop route's restart is): one continue per pause, one
 resume per release. Facts on SGLang's routes: docs/sglang.md.
 
+A release or resume whose answer was lost (the link dropped, the console died) is never resent on a
+guess (issue 40): it is settled only from a telemetry sample taken after the reconnect and the
+request's worst case (`settle_after_s`: 3 x the H200 figures), weighed against /server_info's
+`memory_usage` (what the tags hold; SGLang fixes it at start-up, so it never says whether they are
+released); where that evidence is missing or disagrees the operator is asked, shown what is known,
+and a refusal (or `--yes`, which never answers it) leaves the server paused, the run exiting 3.
+
 Nothing is released, resumed or continued on another process than the one paused (`same_server`):
 a restarted SGLang has released nothing, and its scheduler dies on a resume of a tag it never
 released. The process is its manager's pid and start time, asked just before the pause is sent and
