@@ -486,9 +486,10 @@ class SettleEvidence:
             used += f", after it {_mib_words(self.after)}"
         if self.now:
             at = time.strftime("%H:%M:%S", time.localtime(self.sampled_at or time.time()))
-            used += f", now {_mib_words(self.now)} (sampled at {at}, {self.after_s:.1f} s after the reconnect)"
+            used += (f", now {_mib_words(self.now)} (sampled at {at}, over {self.after_s:.1f} s after the reconnect: "
+                     f"{self.basis})")
         else:
-            used += f"; no GPU sample taken {self.after_s:.1f} s after the reconnect ({self.stale})"
+            used += f"; no GPU sample taken {self.after_s:.1f} s after the reconnect ({self.basis}): {self.stale}"
         return f"{used}; {self.server_said}; {self.why}"
 
 
@@ -510,8 +511,8 @@ def settle_after_s(window: Window, kind: str, tags: list[str]) -> tuple[float, s
 
 async def _settle_evidence(window: Window, kind: str, tags: list[str]) -> SettleEvidence:
     """The evidence on a lost `kind` ("release" or "resume") of `tags`: one telemetry sample with GPU
-    readings taken after the reconnect (now: the process was just proven the one paused) plus the
-    request's worst case, waited for on the telemetry stream (never an older sample: one taken before
+    readings taken after the reconnect (now: the console talks to the host again; the request was
+    sent before, so its worst case has passed by then whenever it was sent) plus the request's worst case, waited for on the telemetry stream (never an older sample: one taken before
     the link dropped, or while a weights release still ran, says nothing); and /server_info's
     per-tag figures, where it answers them. The verdict compares what moved on every service GPU
     with what the tags hold (with the measured release itself for a resume, else SETTLE_LANDED_MIB)."""
@@ -590,15 +591,23 @@ async def _ask_settle(window: Window, step: str, kind: str, tags: list[str], evi
     resume = request_argv(window, "/resume_memory_occupation", body)
     cont = request_argv(window, "/continue_generation", {})
     if kind == "release":
-        yes = Confirmation(step, f"settle the lost release: {', '.join(tags)} WERE released (the resume follows)",
-                           window.config.service.host, resume,
-                           f"{known}. Yes: they are resumed, then the requests run again. A resume of memory not "
-                           f"released ends SGLang's scheduler", True,
+        # Asked by the release step (the window goes on) or by the give-back (the resume and continue follow).
+        going_on = step == "release"
+        yes = Confirmation(step, f"settle the lost release: {', '.join(tags)} WERE released ("
+                           + ("the window goes on: the extraction, then their resume)" if going_on
+                              else "the resume follows)"), window.config.service.host, resume,
+                           f"{known}. Yes: they are recorded released and resumed once"
+                           + (" after the extraction" if going_on else ", then the requests run again")
+                           + ". A resume of memory not released ends SGLang's scheduler", True,
                            leaves="asked next whether they were NOT released")
-        no = Confirmation(step, f"settle the lost release: {', '.join(tags)} were NOT released (no resume)",
-                          window.config.service.host, cont,
-                          f"{known}. Yes: nothing is resumed. A continue over released memory fails the requests "
-                          f"it lets run", True, leaves="the server stays PAUSED for a human to look at it")
+        no = Confirmation(step, f"settle the lost release: {', '.join(tags)} were NOT released ("
+                          + ("the release is asked again)" if going_on else "no resume: the continue follows)"),
+                          window.config.service.host,
+                          request_argv(window, "/release_memory_occupation", body) if going_on else cont,
+                          f"{known}. Yes: nothing is resumed. "
+                          + ("A second release of released memory ends SGLang's scheduler" if going_on
+                             else "A continue over released memory fails the requests it lets run"), True,
+                          leaves="the server stays PAUSED for a human to look at it")
     else:
         yes = Confirmation(step, f"settle the lost resume: {', '.join(tags)} ARE back (no second resume)",
                            window.config.service.host, cont,
@@ -751,11 +760,6 @@ async def _settle_resuming(window: Window, step: str = "resume") -> None:
     svc.resuming = []
     window.run.save()
     window.crash_point("settled")
-
-
-def stream_interval(window: Window) -> float:
-    telemetry = window.hosts.telemetry(window.config.service.host).telemetry
-    return float(getattr(telemetry, "interval", 1.0) or 1.0)
 
 
 def begin_give_back(window: Window) -> None:
