@@ -48,6 +48,7 @@ import asyncio
 import dataclasses
 import json
 import time
+import weakref
 from typing import TYPE_CHECKING, Any
 
 from console.messages import Confirmation, Forecast, ForecastPhase, ServiceStatus, TelemetrySample
@@ -86,6 +87,9 @@ SETTLE_MARGIN = 3.0
 SETTLE_FLOOR_S = 2.0
 SETTLE_SAMPLE_S = 10.0  # beyond that moment, the wait for one telemetry sample with GPU readings
 SETTLE_LANDED_MIB = 1024  # without /server_info's figures: moved by at least this on every GPU
+# The windows (one per console) whose operator refused to settle a lost request: fresh evidence is
+# still gathered again (the compensation's give-back), but the same console never asks twice.
+_settle_refused: weakref.WeakSet[Any] = weakref.WeakSet()
 SAVER_HINT = ("add --enable-memory-saver (and --enable-weights-cpu-backup) to the server's start command: one "
               "restart, at a time you choose, and later windows need no restart at all")
 
@@ -580,7 +584,8 @@ async def _ask_settle(window: Window, step: str, kind: str, tags: list[str], evi
     """The operator settles a lost `kind` the evidence does not: shown what is known, asked first
     whether it landed, then whether it did not; each answer leads to the one request (or none) that
     is right for it, never a resend on a guess. Both refused: Refused, the server left paused (the
-    run exits 3, THE SERVER IS STILL PAUSED). `--yes` settles nothing on its own: StepFailed, paused."""
+    run exits 3, THE SERVER IS STILL PAUSED); not asked again by the same console (the next one, `run
+    --resume`, gathers its own evidence and asks). `--yes` settles nothing on its own: StepFailed, paused."""
     svc = window.state.service
     known = evidence.words()
     body = {"tags": tags}
@@ -588,6 +593,9 @@ async def _ask_settle(window: Window, step: str, kind: str, tags: list[str], evi
         raise StepFailed(step, f"the {kind} of {', '.join(tags)} was sent but its answer never came, and the evidence "
                                f"does not settle it ({known}); --yes never settles it on a guess: the server stays "
                                f"paused for an operator (run --resume, and answer whether it landed)")
+    if window in _settle_refused:
+        raise Refused(step, f"settle the lost {kind} of {', '.join(tags)} (refused earlier by this console's "
+                            f"operator; {known})")
     resume = request_argv(window, "/resume_memory_occupation", body)
     cont = request_argv(window, "/continue_generation", {})
     if kind == "release":
@@ -624,6 +632,7 @@ async def _ask_settle(window: Window, step: str, kind: str, tags: list[str], evi
         return False
     svc.give_back_error = f"the lost {kind} of {', '.join(tags)} left unsettled by the operator"
     window.run.save()
+    _settle_refused.add(window)
     raise Refused(step, f"settle the lost {kind} of {', '.join(tags)}")
 
 
