@@ -515,10 +515,11 @@ def settle_after_s(window: Window, kind: str, tags: list[str]) -> tuple[float, s
 
 async def _settle_evidence(window: Window, kind: str, tags: list[str]) -> SettleEvidence:
     """The evidence on a lost `kind` ("release" or "resume") of `tags`: one telemetry sample with GPU
-    readings taken after the reconnect (now: the console talks to the host again; the request was
-    sent before, so its worst case has passed by then whenever it was sent) plus the request's worst case, waited for on the telemetry stream (never an older sample: one taken before
-    the link dropped, or while a weights release still ran, says nothing); and /server_info's
-    per-tag figures, where it answers them. The verdict compares what moved on every service GPU
+    readings taken after the reconnect plus the request's worst case (the reconnect is now: the
+    console talks to the host again; the request was sent before it, so its worst case has passed
+    by then whenever it was sent), waited for on the telemetry stream: never an older sample (one
+    taken before the link dropped, or while a weights release still ran, says nothing); and
+    /server_info's per-tag figures, where it answers them. The verdict compares what moved on every service GPU
     with what the tags hold (with the measured release itself for a resume, else SETTLE_LANDED_MIB)."""
     svc = window.state.service
     wait_s, basis = settle_after_s(window, kind, tags)
@@ -530,9 +531,13 @@ async def _settle_evidence(window: Window, kind: str, tags: list[str]) -> Settle
         sample = await stream.wait_for(lambda s: bool(_used(window, s)), wait_s + SETTLE_SAMPLE_S, after=moment)
     except TimeoutError:
         latest = stream.telemetry.latest
-        evidence.stale = ("the latest, at " + time.strftime("%H:%M:%S", time.localtime(latest.t)) + ", was taken "
-                          "before that: it says nothing of the request" if latest is not None and _used(window, latest)
-                          else "the host's agent reports no GPU memory readings")
+        if latest is None:
+            evidence.stale = "the host's agent sent no sample"
+        elif not _used(window, latest):
+            evidence.stale = "the host's agent reports no GPU memory readings"
+        else:
+            evidence.stale = (f"the latest, at {time.strftime('%H:%M:%S', time.localtime(latest.t))}, was taken "
+                              f"before that: it says nothing of the request")
     else:
         evidence.now, evidence.sampled_at = _used(window, sample), sample.t
     try:
