@@ -387,6 +387,10 @@ class FakeTelemetry:
         self.host = host
         self.telemetry = HostTelemetry(host, interval=SAMPLE_S, clock=world.clock.monotonic)
         self.error: str | None = None
+        # Faults: `frozen`, the agent sends nothing more (the latest sample grows stale); `no_readings`,
+        # its samples carry no GPU memory readings (nvidia-smi failing).
+        self.frozen = False
+        self.no_readings = False
         self._seq = 0
         self._waiters: list[tuple[Callable[[TelemetrySample], bool], float | None, asyncio.Future]] = []
 
@@ -400,11 +404,13 @@ class FakeTelemetry:
                 held[gpu] += mib
                 processes.append(GpuProcess(pid, gpu, mib, "ops", command, start_time=pid * 10))
         for i in range(2):
-            gpus.append(GpuReading(i, "H100 (simulated)", f"GPU-{self.host}-{i}", 300 + held[i], GPU_TOTAL_MIB,
-                                   0.0, 40.0, 90.0))
+            gpus.append(GpuReading(i, "H100 (simulated)", f"GPU-{self.host}-{i}",
+                                   None if self.no_readings else 300 + held[i], GPU_TOTAL_MIB, 0.0, 40.0, 90.0))
         self._seq += 1
         sample = TelemetrySample(self.host, self._seq, self.world.clock.time(), SAMPLE_S, "simulated", True, None,
                                  tuple(gpus), tuple(processes))
+        if self.frozen:
+            return sample  # never received
         self.telemetry.add(sample)
         for pid, (host, _, command) in self.world.gpus.items():
             if host == self.host and command.startswith("sglang"):
@@ -426,6 +432,11 @@ class FakeTelemetry:
             self.world.clock.advance(SAMPLE_S)  # the agent's next sample
             self.sample()
             while not future.done():
+                ahead = None if after is None else after - self.world.clock.monotonic()
+                if ahead is not None and ahead >= 0 and not self.frozen and ahead + SAMPLE_S <= timeout:
+                    self.world.clock.advance(ahead + SAMPLE_S)  # the agent samples on: its first after `after`
+                    self.sample()
+                    continue
                 if not self.world.gpus_may_change(self.host):
                     self.world.clock.advance(timeout)
                     raise TimeoutError

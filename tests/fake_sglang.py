@@ -11,7 +11,13 @@ fake world (`tests/engine_fakes.py`), answering as SGLang 0.5.23's source does
   KeyError in the scheduler (it dies: recorded as a violation);
 - `/continue_generation`: 200, paused or not (one over released memory is recorded as a violation:
   the requests it lets run would meet memory that is not there);
-- `/server_info`'s `version` (`version`): 0.5.23 unless a test sets an older one;
+- `/server_info` in 0.5.23's shape (http_server.py `server_info`: the launch's resolved arguments,
+  `enable_memory_saver` and `enable_weights_cpu_backup` among them, `internal_states` and `version`):
+  `version` 0.5.23 unless a test sets an older one; each `internal_states` entry's `memory_usage`
+  (internal_state.py `_add_memory_usage`, memory_usage.py `build_memory_usage`: `weight`, `kvcache`
+  in GiB, `graph` GiB per capture phase) is what the tags hold at start-up, fixed: a release does not
+  change it (`memory_usage`: "start-up", the default; "other", figures three times what moves, as a
+  server whose figures disagree with its GPUs; None, no `memory_usage` at all);
 - `/weights_checker` (`checker`: "0.5.23", the default, answers the target's checksum; "0.5.6" has no
   checksum, "Unsupported action"; None has no route, 404): its checksum changes when the weights come
   back wrong (`weights_come_back_wrong`: the greedy tokens stay the same) or lost (no CPU backup); read
@@ -36,7 +42,7 @@ from __future__ import annotations
 import json
 from typing import TYPE_CHECKING, Any
 
-from console.service.memory_saver import MemorySaver
+from console.service.memory_saver import MemorySaver, memory_saver_of
 from console.service.sglang_api import WEIGHTS_CHECKSUM_BODY, NoWeightsChecksum, ServerAnswerError
 
 if TYPE_CHECKING:
@@ -71,6 +77,7 @@ class FakeServer:
         self.weights_come_back_wrong = False  # a fault: the weights come back changed, the same greedy tokens
         self.weights_changed = False
         self.near_ties = 0  # the next N greedy probes after a continue answer one other token
+        self.memory_usage: str | None = "start-up"  # /server_info's memory_usage: "start-up", "other" or None
 
     def _log(self, route: str, body: Any) -> None:
         self.calls.append((self.world.clock.time(), route, body))
@@ -152,10 +159,6 @@ class FakeServer:
         return service.state == "active" and service.ready and not self.paused and not self.released \
             and self.dead is None
 
-    def saver(self) -> MemorySaver:
-        gib = {tag: mib / 1024 for tag, mib in TAGS_MIB.items()}
-        return MemorySaver(self.memory_saver, self.weights_cpu_backup, gib if self.memory_saver else None, self.version)
-
     def generate(self, input_ids: list[int], max_new_tokens: int) -> dict:
         if self.paused or self.dead or self.released:
             self.violations.append("a /generate sent while the server was paused or released would wait forever")
@@ -180,7 +183,18 @@ class FakeServer:
         return "sha-" + ("lost" if not self.weights_intact else "changed" if self.weights_changed else "intact")
 
     def server_info(self) -> dict:
-        return {"version": self.version, "speculative_algorithm": "DFLASH" if self.acceptance is not None else None}
+        info: dict[str, Any] = {"version": self.version, "enable_memory_saver": self.memory_saver,
+                                "enable_weights_cpu_backup": self.weights_cpu_backup,
+                                "speculative_algorithm": "DFLASH" if self.acceptance is not None else None,
+                                "internal_states": [{}]}
+        if self.memory_usage is not None:  # fixed at start-up: what each tag holds per GPU, released or not
+            scale = 3 if self.memory_usage == "other" else 1
+            info["internal_states"][0]["memory_usage"] = {
+                "weight": round(scale * TAGS_MIB["weights"] / 1024, 3),
+                "kvcache": round(scale * TAGS_MIB["kv_cache"] / 1024, 3), "startup_available": 80.0,
+                "token_capacity": 500000, "token_capacity_swa": None,
+                "graph": {"prefill": 0.0, "decode": round(scale * TAGS_MIB["cuda_graph"] / 1024, 3)}}
+        return info
 
 
 class FakeServerClient:
@@ -220,7 +234,8 @@ class FakeServerClient:
         return await self._call("resume_memory_occupation", {"tags": tags}, lambda: self._server.resume(list(tags)))
 
     async def memory_saver(self) -> MemorySaver:
-        return await self._call("server_info", {}, self._server.saver)
+        """As `SglangClient.memory_saver`: read from /server_info (`memory_saver_of`)."""
+        return await self._call("server_info", {}, lambda: memory_saver_of(self._server.server_info()))
 
     async def server_info(self) -> dict:
         return await self._call("server_info", {}, self._server.server_info)
