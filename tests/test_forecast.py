@@ -576,3 +576,14 @@ def test_the_forecasts_summary_is_one_figure_with_its_basis_in_words():
                     "stop, extract, start: median of 2 earlier runs on ct129; "
                     "free-vram: estimate: the stop's grace")
     assert "estimated)" not in said
+
+
+def test_a_basis_cut_to_its_first_clause_leaves_no_space_before_its_colon() -> None:
+    """The tmux walk: the pause question said "measured on an H200 : kv_cache 0.06 s" once the
+    parenthesis was taken out."""
+    from console.procedure.forecast import _first_clause
+
+    said = _first_clause("measured on an H200 (issue 26, torch_memory_saver 0.0.10): kv_cache 0.06 s, cuda_graph 0.06 s")
+    assert said == "measured on an H200: kv_cache 0.06 s, cuda_graph 0.06 s"
+    assert _first_clause("estimate: the stop's grace ([service] stop_grace_s): no earlier run") == \
+        "estimate: the stop's grace"

@@ -26,6 +26,7 @@ the staged worker measured at warm-up; else an estimate, labelled so.
 from __future__ import annotations
 
 import dataclasses
+import re
 import statistics
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -365,7 +366,8 @@ def _first_clause(basis: str) -> str:
         if depth == 0:
             kept.append(ch)
         depth -= ch == ")" and depth > 0
-    text = " ".join("".join(kept).split()).split("; ")[0].strip()
+    text = " ".join("".join(kept).split())
+    text = re.sub(r" ([:;,])", r"\1", text).split("; ")[0].strip()  # "an H200 (issue 26): kv" -> "an H200: kv"
     head, sep, rest = text.partition("estimate: ")
     if sep and not head:
         return f"estimate: {rest.split(': ')[0].strip()}"
