@@ -126,7 +126,8 @@ def test_the_service_panel_says_paused_by_which_run_and_what_is_released_never_d
     assert "DOWN" not in text and "stopped by" not in text
     text = plain(service_renderable(not_probed, downtime, None, PAUSED_AT + 90, "run r1", live))
     assert "PAUSED 1 min 30 s" in text and f"paused by run r1 since {clock(PAUSED_AT)}" in text
-    assert "released: kv_cache, weights" in text and "paused by run r1: /health not probed" in text
+    assert "released: kv_cache, weights" in text and "/health not probed while paused (503 until the continue)" in text
+    assert text.count("paused by run r1") == 1  # who paused it, said once
     assert "DOWN" not in text and "stopped by" not in text
     # A probe made before this console knew of the pause: said as the pause's, not a stuck SGLang.
     probed = m.ServiceView(ACTIVE, m.ServiceHealth(503, False, error=STUCK), PAUSED_AT + 5, error=STUCK)
@@ -160,3 +161,20 @@ async def test_the_panel_of_a_paused_server_is_marked_paused_not_down() -> None:
         panel.show(m.ServiceView(ACTIVE, None, PAUSED_AT), m.Downtime("r1", PAUSED_AT), None, PAUSED_AT + 5, "run r1")
         await pilot.pause()
         assert panel.has_class("down") and not panel.has_class("paused")
+
+
+def test_the_health_read_before_the_pause_is_withdrawn_at_once() -> None:
+    """The tmux walk: for 20 s after the pause the panel still said "health 200, ready" (a probe under
+    way waits out SGLang's own check). Once the session learns the run holds the server paused, a view
+    with no health and "/health not probed" is published at once."""
+    bus = MessageBus()
+    seen: list = []
+    bus.subscribe(seen.append)
+    session = Session(parse_config(example_config_text()), bus)  # never started: no host is reached
+    session.service.last = m.ServiceView(ACTIVE, m.ServiceHealth(200, True), PAUSED_AT - 1)
+    session.held_paused("run r1")
+    (view,) = [x for x in seen if isinstance(x, m.ServiceView)]
+    assert view.health is None and view.not_probed == "run r1" and view.status == ACTIVE
+    session.held_paused("run r1")  # the same: nothing more
+    session.held_paused(None)  # given back: the next look probes again (nothing published before it)
+    assert len([x for x in seen if isinstance(x, m.ServiceView)]) == 1

@@ -212,6 +212,11 @@ class Session:
         so the panel stops saying the one or the other without waiting for the next interval."""
         if by != self.paused_by:
             self.paused_by = by
+            last = self.service.last
+            if by is not None and last is not None and last.status is not None and last.status.active:
+                # At once: the health read before the pause is not the server's now, and a probe
+                # already under way waits out SGLang's own check (20 s) before the next look.
+                self.bus.publish(ServiceView(last.status, None, time.time(), not_probed=by))
             self.poke_service()
 
     def poke_service(self) -> None:

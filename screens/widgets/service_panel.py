@@ -64,7 +64,9 @@ def service_renderable(view: ServiceView | None, downtime: Downtime | None, star
             line.append(bar(startup.done / startup.total, 12), style="yellow on grey23")
             line.append(f" {startup.done}/{startup.total}")
         lines.append(line)
-    if view.not_probed:
+    if view.not_probed and paused:  # who paused it is said above
+        lines.append(Text("/health not probed while paused (503 until the continue)", style="yellow"))
+    elif view.not_probed:
         lines.append(Text(f"paused by {view.not_probed}: /health not probed", style="yellow"))
     elif paused_unhealthy:
         answer = health.health_status or "no answer"
