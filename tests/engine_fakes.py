@@ -391,6 +391,8 @@ class FakeTelemetry:
         self._waiters: list[tuple[Callable[[TelemetrySample], bool], float | None, asyncio.Future]] = []
 
     def sample(self) -> TelemetrySample:
+        if self.host == self.world.service_host:
+            self.world.server.tick()  # a release answered before its memory left (fake_sglang.py)
         gpus, processes = [], []
         held = {i: 0 for i in range(2)}
         for pid, (host, per_gpu, command) in sorted(self.world.gpus.items()):
@@ -426,6 +428,10 @@ class FakeTelemetry:
             self.world.clock.advance(SAMPLE_S)  # the agent's next sample
             self.sample()
             while not future.done():
+                if self.host == self.world.service_host and self.world.server.freeing:
+                    self.world.clock.advance(SAMPLE_S)  # a release's memory leaves at a later agent sample
+                    self.sample()
+                    continue
                 if not self.world.gpus_may_change(self.host):
                     self.world.clock.advance(timeout)
                     raise TimeoutError
@@ -528,6 +534,8 @@ class FakeWorld:
 
     def gpus_may_change(self, host: str) -> bool:
         """Whether anything under way can still change what `host`'s GPUs hold."""
+        if host == self.service_host and self.server.freeing:
+            return True
         if host == INFERENCE and self.service.state in ("deactivating", "activating") and not self.service.start_hangs:
             return True
         for job in self.extraction_jobs():
