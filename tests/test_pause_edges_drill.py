@@ -2,8 +2,8 @@
 before its memory leaves the GPUs (`--release-frees-after`, as torch_memory_saver can: slime PR #579).
 The pause route's free-VRAM wait watches the GPUs rather than trusting the answer: the window
 completes, no step failed, the memory it recorded as freed is the release's, the server never
-stopped and serves again; the console sent no `/flush_cache` (sglang #19029) and never probed the
-paused server's /health."""
+stopped and serves again; the console sent no `/flush_cache` (sglang #19029). (That no console asks a
+paused server's /health, which SGLang answers 503 for the whole pause: tests/test_paused_visible.py.)"""
 
 from __future__ import annotations
 
