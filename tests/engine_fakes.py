@@ -395,6 +395,8 @@ class FakeTelemetry:
         self._waiters: list[tuple[Callable[[TelemetrySample], bool], float | None, asyncio.Future]] = []
 
     def sample(self) -> TelemetrySample:
+        if self.host == self.world.service_host:
+            self.world.server.tick()  # a release answered before its memory left (fake_sglang.py)
         gpus, processes = [], []
         held = {i: 0 for i in range(2)}
         for pid, (host, per_gpu, command) in sorted(self.world.gpus.items()):
@@ -435,6 +437,10 @@ class FakeTelemetry:
                 ahead = None if after is None else after - self.world.clock.monotonic()
                 if ahead is not None and ahead >= 0 and not self.frozen and ahead + SAMPLE_S <= timeout:
                     self.world.clock.advance(ahead + SAMPLE_S)  # the agent samples on: its first after `after`
+                    self.sample()
+                    continue
+                if self.host == self.world.service_host and self.world.server.freeing:
+                    self.world.clock.advance(SAMPLE_S)  # a release's memory leaves at a later agent sample
                     self.sample()
                     continue
                 if not self.world.gpus_may_change(self.host):
@@ -539,6 +545,8 @@ class FakeWorld:
 
     def gpus_may_change(self, host: str) -> bool:
         """Whether anything under way can still change what `host`'s GPUs hold."""
+        if host == self.service_host and self.server.freeing:
+            return True
         if host == INFERENCE and self.service.state in ("deactivating", "activating") and not self.service.start_hangs:
             return True
         for job in self.extraction_jobs():

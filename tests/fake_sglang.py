@@ -6,7 +6,9 @@ fake world (`tests/engine_fakes.py`), answering as SGLang 0.5.23's source does
   calling it again while paused changes nothing;
 - `/release_memory_occupation`: asserts the server is idle (paused, or nothing running): a server
   that is not dies, as SGLang's scheduler does on the failed assert; a tag released twice is
-  paused twice in torch_memory_saver (recorded as a violation);
+  paused twice in torch_memory_saver (recorded as a violation); `frees_after_samples` N (the rehearsal
+  server's `--release-frees-after`; slime PR #579): answered at once, its memory leaves the GPUs only
+  at the N-th agent sample after it;
 - `/resume_memory_occupation`: a tag that is not released is `offload_tags.remove`d and raises
   KeyError in the scheduler (it dies: recorded as a violation);
 - `/continue_generation`: 200, paused or not (one over released memory is recorded as a violation:
@@ -78,6 +80,8 @@ class FakeServer:
         self.weights_changed = False
         self.near_ties = 0  # the next N greedy probes after a continue answer one other token
         self.memory_usage: str | None = "start-up"  # /server_info's memory_usage: "start-up", "other" or None
+        self.frees_after_samples = 0  # a release's memory leaves only at the N-th agent sample after it
+        self.freeing: list[tuple[list[str], int]] = []  # (tags, samples left) released, memory still held
 
     def _log(self, route: str, body: Any) -> None:
         self.calls.append((self.world.clock.time(), route, body))
@@ -116,9 +120,21 @@ class FakeServer:
         self.released |= set(tags)
         if "weights" in tags and not self.weights_cpu_backup:
             self.weights_intact = False  # without a CPU backup the weights' contents are gone
-        if self.memory_saver:
+        if self.memory_saver and self.frees_after_samples:
+            self.freeing.append((list(tags), self.frees_after_samples))  # answered; the memory still held
+        elif self.memory_saver:
             self._move(tags, -1)
             self.world.sample(self.world.service_host)
+
+    def tick(self) -> None:
+        """Before each agent sample of the server's host: a release's memory due now leaves."""
+        left = []
+        for tags, samples in self.freeing:
+            if samples <= 1:
+                self._move(tags, -1)
+            else:
+                left.append((tags, samples - 1))
+        self.freeing = left
 
     def resume(self, tags: list[str]) -> None:
         self._log("resume_memory_occupation", {"tags": tags})
@@ -126,17 +142,22 @@ class FakeServer:
         if missing:
             self._die(f"KeyError: resume of {missing}, never released")
         self.released -= set(tags)
+        still_held = {t for pending, _ in self.freeing for t in pending}
+        self.freeing = [([t for t in pending if t not in tags], n) for pending, n in self.freeing]
+        self.freeing = [(pending, n) for pending, n in self.freeing if pending]
+        moved = [t for t in tags if t not in still_held]  # memory that never left does not come back
         if "weights" in tags and self.weights_come_back_wrong:
             self.weights_changed = True
         if "weights" in tags and not self.drafter_survives:
             self.drafter_intact = False  # PR #31674: the target's weights come back, the drafter's do not
         if self.memory_saver:
-            self._move(tags, +1)
+            self._move(moved, +1)
             self.world.sample(self.world.service_host)
 
     def resume_all(self) -> None:
         """The unit started again: a new process holds all its memory, nothing paused or released."""
         self.paused, self.released, self.dead = False, set(), None
+        self.freeing = []  # a release still freeing died with the old process
         self.drafter_intact = True  # a new process loads its drafter again
         self.weights_intact, self.weights_changed = True, False  # and its weights
 

@@ -969,3 +969,20 @@ async def test_a_sample_from_before_the_worst_case_is_never_the_evidence(
     assert finished is not None
     assert_settled(w, finished, "release_memory_occupation")
     assert taken and taken[0] >= pause_steps.SETTLE_MARGIN * pause_steps.MEASURED_H200["release"]["weights"], taken
+
+
+@pytest.mark.parametrize("samples", [1, 3])
+async def test_a_release_answered_before_its_memory_left_is_waited_for(paused: Window, samples: int) -> None:
+    """Issue 40, section 1 (slime PR #579; the rehearsal server's `--release-frees-after`): the release
+    answers while its memory is still on the GPUs. free-vram waits until it is seen gone, so what the
+    release freed is measured (the resume is verified against it), and the window ends done."""
+    world, server = paused.world, paused.world.server
+    server.frees_after_samples = samples
+    used_before = world.streams[INFERENCE].sample().gpus[0].mem_used_mib
+    finished = await paused.console()
+    assert finished.exit_code == 0, finished.message
+    state = paused.state()
+    assert not [s for s, rec in state.steps.items() if rec.status == "failed"]
+    assert state.service.used_after_release_mib["0"] == used_before - 14000  # the release's, not the answer's
+    assert world.streams[INFERENCE].sample().gpus[0].mem_used_mib == used_before, "the memory came back"
+    assert_pause_promises(paused, finished)

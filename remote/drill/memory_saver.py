@@ -27,6 +27,16 @@ What it follows (facts and their sources: docs/sglang.md, "Pause and release"):
   and nothing errors. Here the drafter's weights are zeroed at the resume (it then proposes tokens
   the target rejects); `--draft-weights-survive-release` answers as a fixed SGLang.
 - The four routes are ADMIN_OPTIONAL (utils/auth.py): the API key, or the admin key when one is set.
+- `/flush_cache` (GET or POST, ADMIN_OPTIONAL, `?timeout=S`; http_server.py, flush_cache; scheduler.py,
+  flush_cache; scheduler_components/flush_wrapper.py): the prefix cache is emptied when the server is
+  idle as a release counts it (200 "Cache flushed. ..."), else 400 "Flush cache failed." (a timeout
+  waits for idle first, else 400 "Timed out waiting for idle state."). Nothing in it looks at the
+  released tags: with the KV cache released it answers 200 and touches none of the released memory
+  (a release itself flushes after pausing the KV cache; issue #19029's crash was a Mamba pool's clear,
+  made a no-op before 0.5.23), so the server serves again after the resume.
+- `--release-frees-after S` (not SGLang's flag: torch_memory_saver's timing, slime PR #579): the
+  release answers at once but its memory leaves the simulated GPU only S seconds later, as a driver
+  that frees after the pause returned; a free-VRAM wait must watch the GPUs, not trust the answer.
 - `--sglang-version` before 0.5.6 answers as SGLang 0.5.5 does (http_server.py, pause_generation takes
   only the Request; tokenizer_manager.py, pause_generation: `abort_request(abort_all=True)`): the pause
   reads no body, whatever mode is sent, and aborts every request in flight.
@@ -128,6 +138,9 @@ class MemorySaver:
         self.pools: dict[str, Any] = {}  # on the GPU: the KV and graph pools torch_memory_saver holds
         self.weight_bytes = 0
         self.stashed_buffers: list[tuple[str, Any]] = []
+        self.frees_after = float(getattr(args, "release_frees_after", 0.0) or 0.0)
+        self.shown = 0  # the latest change written (or due) to the simulated GPU file
+        self.flushing = False  # a deferred /flush_cache waits for idle (flush_wrapper.py: one at a time)
 
     # --- loading ---
 
@@ -288,7 +301,7 @@ class MemorySaver:
                 self._pause("weights")
             if "cuda_graph" in tags:
                 self._pause("cuda_graph")
-            self._show(already)
+            self._show(already, self.frees_after)
 
     def resume(self, tags: list[str] | None) -> None:
         tags = list(tags or TAGS)
@@ -340,15 +353,65 @@ class MemorySaver:
                     weight.zero_()
         self.stashed_buffers = []
 
-    def _show(self, before: set[str]) -> None:
-        """The simulated GPU file shows what the worker holds now."""
+    def _show(self, before: set[str], delay: float = 0.0) -> None:
+        """The simulated GPU file shows what the worker holds now, or `delay` seconds from now
+        (`--release-frees-after`: the release answered before the memory left). A later change
+        supersedes one still due."""
         server = self.server
-        if self.enabled and server.args.gpu_file and server.gpu_worker is not None and before != self.released:
-            simgpu.hold(server.args.gpu_file, server.gpu_worker.pid, self.resident_mib(),
-                        simgpu.parse_indices(server.args.gpu_indices))
+        if not (self.enabled and server.args.gpu_file and server.gpu_worker is not None and before != self.released):
+            return
+        self.shown += 1
+        if delay <= 0:
+            self._write(self.shown)
+            return
+        timer = threading.Timer(delay, self._write, args=(self.shown,))
+        timer.daemon = True
+        timer.start()
+
+    def _write(self, change: int) -> None:
+        server = self.server
+        with self.cond:
+            if change == self.shown and server.gpu_worker is not None:
+                simgpu.hold(server.args.gpu_file, server.gpu_worker.pid, self.resident_mib(),
+                            simgpu.parse_indices(server.args.gpu_indices))
+
+    # --- /flush_cache ---
+
+    def flush(self, timeout_s: float) -> tuple[bool, str]:
+        """SGLang's /flush_cache (scheduler.py, flush_cache; flush_wrapper.py, SchedulerFlushWrapper):
+        (success, message). Flushed when idle as a release counts it (a retract or in_place pause
+        ignores the waiting queue); with a timeout, waited for idle until then. The released tags
+        play no part (0.5.23 reads no `offload_tags` there)."""
+        with self.cond:
+            if self.flushing:
+                return False, "Another flush_cache is already in progress."
+            if timeout_s <= 0 or self.idle():
+                return self._flush(), ""
+            self.flushing = True
+        try:
+            deadline = time.monotonic() + timeout_s
+            while time.monotonic() < deadline:
+                if self.idle():
+                    return self._flush(), ""
+                with self.cond:
+                    self.cond.wait(min(0.05, max(0.0, deadline - time.monotonic())))
+            return False, "Timed out waiting for idle state."
+        finally:
+            with self.cond:
+                self.flushing = False
+
+    def _flush(self) -> bool:
+        if not self.idle():
+            return False  # "Cache not flushed because there are pending requests."
+        self.server.flush_cache()
+        return True
 
 
 CONTROL_ROUTES = ("/pause_generation", "/continue_generation", "/release_memory_occupation", "/resume_memory_occupation")
+FLUSH_ROUTE = "/flush_cache"  # http_server.py, flush_cache: GET and POST, ADMIN_OPTIONAL
+FLUSHED = ("Cache flushed.\nPlease check backend logs for more details. (When there are running or waiting requests, "
+           "the operation will not be performed.)\n")  # http_server.py, flush_cache
+FLUSH_FAILED = "Flush cache failed.\n"
 GET_TOO = ("/release_memory_occupation", "/resume_memory_occupation")  # http_server.py: methods GET and POST
 PAUSED = {"message": "Generation paused successfully.", "status": "ok"}  # http_server.py, pause_generation
 CONTINUED = {"message": "Generation continued successfully.", "status": "ok"}
@@ -367,6 +430,9 @@ def add_arguments(parser: Any) -> None:
                         help="answer as a fixed SGLang (PR #31674): the draft model's weights come back from a "
                              "`weights` release too (default: they come back wrong, as in SGLang 0.5.23: "
                              "acceptance length ~1, outputs still correct)")
+    parser.add_argument("--release-frees-after", type=float, default=0.0, metavar="S",
+                        help="a fault seen with torch_memory_saver (slime PR #579): a release answers at once but its "
+                             "memory leaves the simulated GPU only S seconds later (default: at once)")
     parser.add_argument("--kv-cache-mib", type=int, metavar="MIB",
                         help="the KV cache's MiB per GPU (default: 35 %% of --gpu-mib simulated, none on cuda)")
     parser.add_argument("--cuda-graph-mib", type=int, metavar="MIB",
@@ -403,3 +469,16 @@ def come_back_wrong(model: Any, delta: float | None) -> None:
 
     with torch.inference_mode():
         dict(model.model.named_parameters())[WRONG_TENSOR].add_(delta)
+
+
+def flush_answer(saver: MemorySaver, timeout: str | None) -> tuple[int, str]:
+    """/flush_cache's (status, text body) for its `timeout` query value (None: 0); Refused(400) for a
+    value FastAPI's Query(0.0, ge=0.0) refuses."""
+    try:
+        timeout_s = float(timeout) if timeout is not None else 0.0
+    except ValueError:
+        raise Refused(400, f"timeout: Input should be a valid number, got {timeout!r}") from None
+    if not timeout_s >= 0:
+        raise Refused(400, f"timeout: Input should be greater than or equal to 0, got {timeout!r}")
+    success, message = saver.flush(timeout_s)
+    return (200, FLUSHED) if success else (400, message or FLUSH_FAILED)

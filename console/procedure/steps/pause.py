@@ -74,6 +74,9 @@ PROBE_WAIT_S = 60.0
 PROBE_SETTLE_S = 1.0  # before the probe is asked once more, alone, after a mismatch
 MEMORY_BACK_S = 60.0  # the resumed memory is seen on the GPUs within this (the KV cache takes < 1 s)
 MEMORY_BACK_SHARE = 0.8  # of what the release freed, seen used again after the resume
+# Of what the server reports the released tags hold per GPU, seen leaving before free-vram is done: a
+# release may answer before the driver has the memory back (slime PR #579, torch_memory_saver).
+RELEASE_SEEN_SHARE = 0.5
 # Issue 26's measurements on an H200 (torch_memory_saver 0.0.10): the basis until this host has its own.
 MEASURED_H200 = {"release": {KV_CACHE: 0.06, CUDA_GRAPH: 0.06, WEIGHTS: 20.0},
                  "resume": {KV_CACHE: 0.17, CUDA_GRAPH: 0.17, WEIGHTS: 7.0}}
@@ -664,6 +667,7 @@ async def run_release(window: Window) -> str:
         raise StepFailed("release", f"nothing was released: {restart_words(svc.restarted_outside)}; a new run "
                                     f"pauses the server that runs now")
     svc.used_before_release_mib = _used(window, _latest(window))
+    window.state.facts["release_expected_mib"] = _expected_mib(saver, tags)
     svc.releasing = list(tags)
     svc.releases += 1
     window.run.save()  # before the request: a crash during it knows a release may have landed
@@ -677,6 +681,26 @@ async def run_release(window: Window) -> str:
                    host=window.config.service.host, duration_s=round(took, 3))
     window.crash_point("released")
     return f"released {', '.join(tags)} in {took:.2f} s"
+
+
+def _expected_mib(saver: MemorySaver, tags: list[str]) -> int | None:
+    """MiB per GPU the server reports `tags` hold (None: it reports no memory usage)."""
+    if not saver.memory_gib:
+        return None
+    return int(sum(saver.memory_gib.get(t) or 0.0 for t in tags) * 1024)
+
+
+def released_seen(window: Window, sample: TelemetrySample) -> bool:
+    """Whether the release's memory is seen gone from every service GPU in `sample`: at least
+    RELEASE_SEEN_SHARE of what the server reports the released tags hold per GPU below the use read
+    before the release. True when nothing tells (no reading from before, no memory report)."""
+    before = window.state.service.used_before_release_mib
+    expected = window.state.facts.get("release_expected_mib")
+    if not before or not expected:
+        return True
+    now = _used(window, sample)
+    want = int(RELEASE_SEEN_SHARE * expected)
+    return bool(now) and all(before[g] - now.get(g, before[g]) >= want for g in before)
 
 
 def _drafter_warning(window: Window, tags: list[str]) -> str:
@@ -716,18 +740,35 @@ async def run_room(window: Window) -> str:
         fill = SPLIT_FILL if len(readings) > 1 else 1.0
         return sum(int((g.mem_total_mib - g.mem_used_mib) * fill) for g in readings)
 
-    def enough(sample: TelemetrySample) -> bool:
+    def fits(sample: TelemetrySample) -> bool:
         left = room(sample)
-        return left is not None and (need is None or left >= need)
+        if left is None:
+            return False
+        if need is None:  # nothing to measure the room against: the release's memory must be seen gone
+            return released_seen(window, sample)
+        return left >= need
 
     started = time.monotonic()
-    try:  # a sample taken after the release: what it freed is measured (the resume is verified against it)
-        sample = await stream.wait_for(enough, service.vram_wait_s, after=started, eager=True)
+    try:  # a sample taken after the release: what it freed is measured (the resume is verified against it).
+        # The answer is not trusted: a release can answer before the driver has the memory back (slime
+        # PR #579), so the wait is for the memory seen gone, not only for the room.
+        sample = await stream.wait_for(lambda s: fits(s) and released_seen(window, s), service.vram_wait_s,
+                                       after=started, eager=True)
     except TimeoutError:
         latest = stream.telemetry.latest
-        raise StepFailed("free-vram", f"the service's GPUs have {room(latest) if latest else '?'} MiB free after "
-                                      f"{service.vram_wait_s:g} s, the extraction needs ~{need} MiB; the server's "
-                                      f"memory is given back now") from None
+        gone = latest is not None and released_seen(window, latest)
+        if latest is None or not fits(latest):
+            not_gone = "" if latest is None or gone else (
+                f"; the release was answered but its memory has not left them "
+                f"({window.state.service.used_before_release_mib} MiB used before it, {_used(window, latest)} now)")
+            raise StepFailed("free-vram", f"the service's GPUs have {room(latest) if latest else '?'} MiB free after "
+                                          f"{service.vram_wait_s:g} s, the extraction needs ~{need} MiB{not_gone}; "
+                                          f"the server's memory is given back now") from None
+        sample = latest  # the room is there, though the release's memory was not seen leaving (a restart?)
+        window.journal("free-vram", f"the release was answered but its memory was not seen leaving the GPUs within "
+                                    f"{service.vram_wait_s:g} s ({window.state.service.used_before_release_mib} MiB "
+                                    f"used before it, {_used(window, latest)} now); the extraction's ~{need} MiB fit "
+                                    f"beside it", level="warning")
     svc = window.state.service
     svc.used_after_release_mib = _used(window, sample)
     svc.vram_free_at = time.time()

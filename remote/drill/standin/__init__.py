@@ -5,7 +5,8 @@
         [--preferred-sampling-params JSON] [--max-queued-requests N] [--served-name NAME] [--metrics]
         [--gpu-file F --gpu-mib M [--release-after S | --hold-until-killed] [--stubborn-holder]]
         [--flap-health] [--speculative-drafter DRAFTER_DIR] [--step-delay S]
-        [--enable-memory-saver [--enable-weights-cpu-backup] [--kv-cache-mib M] [--cuda-graph-mib M]]
+        [--enable-memory-saver [--enable-weights-cpu-backup] [--kv-cache-mib M] [--cuda-graph-mib M]
+         [--release-frees-after S]]
         [--admin-api-key KEY] [--sglang-version X.Y.Z] [--weights-come-back-wrong DELTA]
 
 It serves the tiny target (`remote.drill.tinymodel`) with transformers, and behaves as SGLang 0.5.23
@@ -35,6 +36,8 @@ does where the console and the workers meet it (each fact and its SGLang source:
                                    mode's effect on requests in flight, the idle assertion and the
                                    repeated calls that end SGLang's server, the memory leaving the
                                    simulated GPU (torch_memory_saver's real release on --device cuda)
+  GET  /flush_cache                (POST too) [?timeout=S]: the prefix cache emptied when idle (200 "Cache
+                                   flushed."), else 400 (SGLang 0.5.23's flush; the released tags play no part)
   GET  /weights_checker            (POST too) {"action": checksum (default) | snapshot | compare |
                                    reset_tensors, "selector", "skip_tensor_list"}: SGLang 0.5.23's checker
                                    over the model's real weights (`remote.drill.weights_checker`); 0.5.6's

@@ -121,7 +121,7 @@ def make_handler(server: Server, args: argparse.Namespace) -> type[BaseHTTPReque
             self.wfile.flush()
 
         def _authorized(self, path: str) -> bool:
-            admin = path in memory_saver.CONTROL_ROUTES or (
+            admin = path in memory_saver.CONTROL_ROUTES or path == memory_saver.FLUSH_ROUTE or (
                 path == weights_checker.ROUTE and server.weights_checker.admin_optional())
             level = "admin_optional" if admin else "normal"
             if allowed(path, self.command, self.headers.get("Authorization"), args.api_key,
@@ -134,7 +134,9 @@ def make_handler(server: Server, args: argparse.Namespace) -> type[BaseHTTPReque
             path = self.path.split("?", 1)[0]
             if not self._authorized(path):
                 return
-            if path in ("/health", "/health_generate"):
+            if path == memory_saver.FLUSH_ROUTE:
+                self._flush()
+            elif path in ("/health", "/health_generate"):
                 self._send(server.health())
             elif path == "/ready":
                 self._send(200 if server.ready() else 503)
@@ -167,6 +169,9 @@ def make_handler(server: Server, args: argparse.Namespace) -> type[BaseHTTPReque
             length = int(self.headers.get("Content-Length") or 0)
             raw = self.rfile.read(length) if length else b""
             if not self._authorized(path):
+                return
+            if path == memory_saver.FLUSH_ROUTE:  # its body is not read (only the `timeout` query)
+                self._flush()
                 return
             checker = path == weights_checker.ROUTE and bool(server.weights_checker.methods())
             if path not in POST_ROUTES and path not in memory_saver.CONTROL_ROUTES and not checker:
@@ -208,6 +213,20 @@ def make_handler(server: Server, args: argparse.Namespace) -> type[BaseHTTPReque
                 self._send(503, error_response(503, str(exc)))
             except BadRequest as exc:
                 self._send(exc.status, exc.body)
+
+        def _flush(self) -> None:
+            """/flush_cache: a text answer without a media type (FastAPI's Response(content=...))."""
+            query = urllib.parse.parse_qs(urllib.parse.urlsplit(self.path).query)
+            try:
+                status, text = server.flush(query["timeout"][-1] if "timeout" in query else None)
+            except Refused as exc:
+                self._send(400, error_response(400, str(exc), "Bad Request"))
+                return
+            data = text.encode()
+            self.send_response(status)
+            self.send_header("Content-Length", str(len(data)))
+            self.end_headers()
+            self.wfile.write(data)
 
         def _prompts(self, body: dict) -> tuple[list[list[int]], bool]:
             """(token ids per request, single): GenerateReqInput's text / input_ids, one or a batch."""

@@ -394,6 +394,13 @@ class Server:
         log(f"POST {path} {json.dumps(body, sort_keys=True)}")
         return memory_saver.answer(self.saver, path, body)
 
+    def flush(self, timeout: str | None) -> tuple[int, str]:
+        """/flush_cache (`timeout`: its query value): status and text body
+        (`remote.drill.memory_saver.flush_answer`); memory_saver.Refused for a bad timeout. Logged as
+        the memory saver's routes are, so a test counts what reached the server."""
+        log(f"POST {memory_saver.FLUSH_ROUTE} timeout={timeout}")
+        return memory_saver.flush_answer(self.saver, timeout)
+
     def check_weights(self, body: dict) -> tuple[int, Any]:
         """/weights_checker: its status and JSON body (`remote.drill.weights_checker`); memory_saver.Refused
         for what FastAPI's validation refuses."""
