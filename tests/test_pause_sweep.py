@@ -695,9 +695,9 @@ async def test_a_server_without_the_checksum_falls_back_to_the_probe_asked_again
         weights_released: Window, checker: str | None, monkeypatch: pytest.MonkeyPatch) -> None:
     """No /weights_checker (404), or 0.5.6's without a checksum: the greedy probe, journalled as such; a
     near-tie after the continue is asked once more, alone, and passes."""
-    from console.procedure.steps import pause as pause_steps
+    from console.procedure.steps import pause_weights
 
-    monkeypatch.setattr(pause_steps, "PROBE_SETTLE_S", 0.0)
+    monkeypatch.setattr(pause_weights, "PROBE_SETTLE_S", 0.0)
     w = weights_released
     w.world.server.drafter_survives = True
     w.world.server.checker = checker
@@ -726,9 +726,9 @@ async def test_a_server_without_the_checksum_falls_back_to_the_probe_asked_again
 async def test_a_probe_that_differs_twice_fails_the_window(paused: Window, monkeypatch: pytest.MonkeyPatch) -> None:
     """A KV-only release needs no weights check: the probe as before, asked once more; twice other
     tokens fail the window with both answers."""
-    from console.procedure.steps import pause as pause_steps
+    from console.procedure.steps import pause_weights
 
-    monkeypatch.setattr(pause_steps, "PROBE_SETTLE_S", 0.0)
+    monkeypatch.setattr(pause_weights, "PROBE_SETTLE_S", 0.0)
     paused.world.server.near_ties = 2
     finished = await paused.console()
     assert finished.status == "failed", finished
@@ -951,11 +951,11 @@ async def test_a_sample_from_before_the_worst_case_is_never_the_evidence(
     """A weights release whose answer was lost: the settle waits on the telemetry stream for a sample
     taken after the release's worst case (3 x issue 26's 20 s on an H200), never reads the one the
     release itself left (its memory half gone on a real H200 then)."""
-    from console.procedure.steps import pause as pause_steps
+    from console.procedure.steps import pause_settle
 
     w = weights_released
     taken: list[float] = []
-    real = pause_steps._settle_evidence
+    real = pause_settle.settle_evidence
 
     async def evidence(window: Any, kind: str, tags: list[str]) -> Any:
         started = w.world.clock.monotonic()
@@ -963,12 +963,12 @@ async def test_a_sample_from_before_the_worst_case_is_never_the_evidence(
         taken.append(w.world.clock.monotonic() - started)
         return got
 
-    monkeypatch.setattr(pause_steps, "_settle_evidence", evidence)
+    monkeypatch.setattr(pause_settle, "settle_evidence", evidence)
     lose_answer(w, "release_memory_occupation", "link-after", "fresh", "start-up")
     finished = await w.console(decider=Operator(w.world.clock, world=w.world, refuse={"drafter"}))
     assert finished is not None
     assert_settled(w, finished, "release_memory_occupation")
-    assert taken and taken[0] >= pause_steps.SETTLE_MARGIN * pause_steps.MEASURED_H200["release"]["weights"], taken
+    assert taken and taken[0] >= pause_settle.SETTLE_MARGIN * pause_settle.MEASURED_H200["release"]["weights"], taken
 
 
 @pytest.mark.parametrize("samples", [1, 3])
