@@ -29,7 +29,7 @@ async def test_a_second_console_follows_the_run_and_a_second_run_is_refused(dril
     console = drill.start_cli("run", "--headless", "--yes")
     operator = Operator(drill.config, runs_dir=drill.runs, read_only=True)
     seen: list = []
-    stop_done, bars = asyncio.Event(), asyncio.Event()
+    stop_done, bars, exited = asyncio.Event(), asyncio.Event(), asyncio.Event()
 
     def watch(message) -> None:
         seen.append(message)
@@ -37,6 +37,8 @@ async def test_a_second_console_follows_the_run_and_a_second_run_is_refused(dril
             stop_done.set()
         if isinstance(message, m.JobProgress) and message.worker in ("extract", "completions"):
             bars.set()
+        if isinstance(message, m.JobExit) and message.worker.startswith("extract"):
+            exited.set()
 
     operator.bus.subscribe(watch)
     operator.start()
@@ -71,6 +73,10 @@ async def test_a_second_console_follows_the_run_and_a_second_run_is_refused(dril
         assert live and live[-1].run_id == run_id and f"pid {console.pid}" in live[-1].owner and not live[-1].ours
         assert any(isinstance(x, m.Downtime) and x.run_id == run_id and x.down_since for x in seen)
         assert any(isinstance(x, m.JournalEntry) and x.run_id == run_id for x in seen)
+        # The extractor's last events are relayed to its exit, even once its step has ended: never
+        # left showing "waiting for the go" after the run (the tmux walk of a read-only console).
+        async with asyncio.timeout(240):
+            await exited.wait()
     finally:
         follower.cancel()
         with contextlib.suppress(asyncio.CancelledError):

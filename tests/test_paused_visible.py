@@ -178,3 +178,49 @@ def test_the_health_read_before_the_pause_is_withdrawn_at_once() -> None:
     session.held_paused("run r1")  # the same: nothing more
     session.held_paused(None)  # given back: the next look probes again (nothing published before it)
     assert len([x for x in seen if isinstance(x, m.ServiceView)]) == 1
+
+
+async def test_a_followed_job_is_relayed_to_its_exit_after_its_step_ended(tmp_path, monkeypatch) -> None:
+    """The tmux walk (issue 43 item 8): a read-only console still showed the staged extractor
+    "waiting for the go" after the run was done: the follower stopped relaying the job as soon as its
+    step ended, before its last events (the extraction, its exit) were read. Relayed to its exit now."""
+    import asyncio
+    import dataclasses
+    import json
+
+    from console.procedure import follower as follower_module
+    from console.procedure.state import JobRecord
+    from console.ssh.jobs import JobHandle
+
+    store = RunStore(tmp_path)
+    run = store.create(None, None)
+    run.state.status, run.state.owner = "running", Owner.this_process()
+    run.state.step("extract").status = "running"
+    handle = JobHandle("ct129", "j-extract", "extract", "/w/runs/j", 4242, None, PAUSED_AT)
+    run.state.jobs["extract"] = JobRecord("j-extract", "ct129", "extract",
+                                          handle=json.loads(json.dumps(dataclasses.asdict(handle))))
+    run.save()
+    release = asyncio.Event()
+
+    async def events(supervisor, followed, offset, stall_timeout):  # the job's events file, read as it grows
+        yield 10, {"type": "log", "seq": 1, "t": PAUSED_AT, "message": "staged: waiting for the go signal"}
+        await release.wait()
+        yield 20, {"type": "exit", "seq": 2, "t": PAUSED_AT + 5, "code": 0}
+
+    monkeypatch.setattr(follower_module, "follow_with_reconnect", events)
+    bus, seen = MessageBus(), []
+    bus.subscribe(seen.append)
+    session = Session(parse_config(example_config_text()), bus)
+    session.supervisors = {"ct129": object()}
+    follower = RunFollower(store, bus, session)
+    follower.look()
+    for _ in range(100):
+        await asyncio.sleep(0)
+    run.state.step("extract").status = "done"  # the step ended; the job's exit is not read yet
+    run.save()
+    follower.look()
+    release.set()
+    for _ in range(100):
+        await asyncio.sleep(0)
+    follower._stop_job()
+    assert [x.code for x in seen if isinstance(x, m.JobExit)] == [0]

@@ -151,7 +151,9 @@ class RunFollower:
                         self.bus.publish(entry)
 
     def _follow_running_job(self, run: Run) -> None:
-        """The bars of the job the other console is following now (the running step's)."""
+        """The bars of the job the other console is following now (the running step's), relayed to
+        the job's exit even once its step has ended (a read-only console showed the staged extractor
+        "waiting for the go" after the run was done)."""
         if self.session is None:
             return
         running = {name for name, rec in run.state.steps.items() if rec.status == "running"}
@@ -159,6 +161,8 @@ class RunFollower:
             "evaluate" if "evaluate" in running else None
         record = run.state.jobs.get(key) if key else None
         if record is None or record.handle is None:
+            if key is None and self._job is not None and not self._job[1].done():
+                return  # its step ended: the job's last events (its extraction, its exit) are still relayed
             self._stop_job()
             return
         if self._job is not None and self._job[0] == record.job_id:
