@@ -33,8 +33,8 @@ def squeeze(drill: Drill, changes: dict[str, str] = SQUEEZED) -> None:
         assert old in text, old
         text = text.replace(old, new)
     drill.config_path.write_text(text)  # the drill's next test gets its own config back (rearm)
-    subprocess.run(list(service.stop), check=True, capture_output=True, timeout=60)
-    subprocess.run(list(drill.config.service.start), check=True, capture_output=True, timeout=60)
+    drill.service_command(service.stop)
+    drill.service_command(drill.config.service.start)
     wait_status(service.url + "/health", 200, timeout=60)
 
 

@@ -115,7 +115,7 @@ def test_a_server_restarted_while_paused_is_named_and_never_resumed(drill: Drill
     run_id, state = drill.only_run()
     assert state["service"]["released"] == ["kv_cache", "cuda_graph"] and state["service"]["paused"], state["service"]
     for command in (service.stop, service.start):  # the server's own commands, outside the run
-        subprocess.run(list(command), check=True, capture_output=True, timeout=60)
+        drill.service_command(command)
     wait_status(service.url + "/health", 200, timeout=60)
     restarted_pid = drill.service_pid()
     assert restarted_pid not in (None, paused_pid)

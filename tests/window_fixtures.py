@@ -49,6 +49,15 @@ class Drill:
         words = done.stdout.split()
         return int(words[0]) if done.returncode == 0 and words and words[0].isdigit() else None
 
+    def service_command(self, argv: Any) -> None:
+        """The server's own stop or start command, run from the test as an operator would on the host:
+        with the drill's mark, so that `drill down` ends what it starts (the server's GPU worker
+        outlived the test sessions without it)."""
+        from console.drill.procs import MARK_ENV, mark_value
+
+        subprocess.run(list(argv), check=True, capture_output=True, timeout=60,
+                       env={**os.environ, MARK_ENV: mark_value(self.dir)})
+
     def run_cli(self, *args: str, timeout: float = 240, **kwargs: Any) -> subprocess.CompletedProcess:
         return subprocess.run([ENTRY_POINT, *args, "--config", str(self.config_path), "--runs", str(self.runs)],
                               capture_output=True, text=True, timeout=timeout, env=cli_env(), **kwargs)
