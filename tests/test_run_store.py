@@ -322,3 +322,22 @@ def test_a_field_of_the_wrong_type_is_a_clean_error_naming_it(tmp_path, path, pi
     assert "\n" not in said
     with pytest.raises(StateError):
         RunState.from_json(data, "here")
+
+
+def test_a_question_on_a_terminal_wraps_between_words_under_its_labels() -> None:
+    """The tmux walk at 80 columns: `run --step --headless` printed the stop question's command and
+    impact cut at the edge ("/tm" then "p/walk", "t" then "he stop's"). On a terminal each part wraps
+    between words, under its label; every word is kept whole and in order."""
+    from console.messages import Confirmation
+    from console.procedure.decider import confirmation_text
+
+    asked = Confirmation("stop", "stop the service", "ct129", ("python3", "-m", "remote.drill.service", "stop",
+                         "--state", "/tmp/walk/drill/ct129/home/standin"),
+                         "server on ct129 goes down; forecast downtime 5 s = stop 2 s + free-vram 2 s + extract 0 s + "
+                         "start 1 s; stop, free-vram: estimate: the stop's grace", True)
+    text = confirmation_text(asked, 80)
+    assert all(len(line) <= 80 for line in text.splitlines()), text
+    assert text.split() == confirmation_text(asked).split()  # nothing cut, nothing lost
+    command = text.splitlines()[1:3]
+    assert command[0].startswith("  command: ") and command[1].startswith(" " * 11), text
+    assert "/tmp/walk/drill/ct129/home/standin" in text  # a path kept whole

@@ -16,8 +16,10 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import shlex
+import shutil
 import signal
 import sys
+import textwrap
 from collections.abc import Callable, Iterator
 from typing import Any, Protocol, TextIO
 
@@ -49,16 +51,20 @@ class RefuseAll:
         return False
 
 
-def confirmation_text(c: Confirmation) -> str:
-    """The question as the terminal shows it."""
-    lines = [f"{c.step}: {c.action} on {c.host}" + ("  [DESTRUCTIVE]" if c.destructive else ""),
-             f"  command: {shlex.join(c.argv)}", f"  impact:  {c.impact}"]
+def confirmation_text(c: Confirmation, width: int | None = None) -> str:
+    """The question as the terminal shows it; with `width` (a terminal's), each part wrapped between
+    words under its label (at 80 columns a path or a word was cut at the edge: "/tm" then "p/walk")."""
+    lines = [(f"{c.step}: {c.action} on {c.host}" + ("  [DESTRUCTIVE]" if c.destructive else ""), 2),
+             (f"  command: {shlex.join(c.argv)}", 11), (f"  impact:  {c.impact}", 11)]
     estimate = c.estimate_apart()  # the stop's forecast is in its impact already: one figure per question
     if estimate is not None:
-        lines.append(f"  estimate: {duration(estimate)} ({c.estimate_basis})")
+        lines.append((f"  estimate: {duration(estimate)} ({c.estimate_basis})", 12))
     if c.leaves:  # what n leaves behind, when the engine says it (the restart after a no while down)
-        lines.append(f"  no:      {c.leaves}")
-    return "\n".join(lines)
+        lines.append((f"  no:      {c.leaves}", 11))
+    if width is None:
+        return "\n".join(line for line, _ in lines)
+    return "\n".join(textwrap.fill(line, width, subsequent_indent=" " * indent, break_on_hyphens=False)
+                     for line, indent in lines)
 
 
 class LiveDisplay(Protocol):
@@ -161,7 +167,8 @@ class TerminalDecider:
         # On a terminal prompt_toolkit draws the prompt and edits the line; elsewhere (a pipe, a
         # test) the prompt is plain text and prompt_toolkit only reads the line.
         session = PromptSession(input=source, output=create_output(stdout=out) if terminal else DummyOutput())
-        out.write("\n" + confirmation_text(confirmation) + "\n")
+        width = shutil.get_terminal_size().columns - 1 if terminal else None
+        out.write("\n" + confirmation_text(confirmation, width) + "\n")
         out.flush()
         while True:
             if not terminal:
