@@ -117,6 +117,17 @@ class SettleEvidence:
         return f"{used}; {self.server_said}; {self.why}"
 
 
+async def landed_or_asked(window: Window, step: str, kind: str, tags: list[str]) -> tuple[bool, SettleEvidence, str]:
+    """Whether the lost `kind` ("release" or "resume") of `tags` landed: the evidence's verdict
+    (`settle_evidence`), else the operator's answer (`ask_settle`); with the evidence and whose word
+    it is."""
+    evidence = await settle_evidence(window, kind, tags)
+    window.crash_point("settle-evidence")
+    if evidence.verdict is not None:
+        return evidence.verdict, evidence, "seen"
+    return await ask_settle(window, step, kind, tags, evidence), evidence, "the operator's word"
+
+
 async def settle_releasing(window: Window, step: str = "release") -> None:
     """A release whose answer was never seen (the link dropped, the console died): whether the memory
     left is settled from evidence, never guessed (a tag resumed that was not released, or released
@@ -126,12 +137,7 @@ async def settle_releasing(window: Window, step: str = "release") -> None:
     settled; else the operator is asked (`ask_settle`)."""
     svc = window.state.service
     tags = list(svc.releasing)
-    evidence = await settle_evidence(window, "release", tags)
-    window.crash_point("settle-evidence")
-    landed = evidence.verdict
-    if landed is None:
-        landed = await ask_settle(window, step, "release", tags, evidence)
-    how = "seen" if evidence.verdict is not None else "the operator's word"
+    landed, evidence, how = await landed_or_asked(window, step, "release", tags)
     if landed:
         svc.released, svc.released_tags = list(tags), list(tags)
         svc.released_at = svc.released_at or time.time()
@@ -309,12 +315,7 @@ async def settle_resuming(window: Window, step: str = "resume") -> None:
     a continue over released memory fails the requests it lets run."""
     svc = window.state.service
     tags = list(svc.resuming)
-    evidence = await settle_evidence(window, "resume", tags)
-    window.crash_point("settle-evidence")
-    landed = evidence.verdict
-    if landed is None:
-        landed = await ask_settle(window, step, "resume", tags, evidence)
-    how = "seen" if evidence.verdict is not None else "the operator's word"
+    landed, evidence, how = await landed_or_asked(window, step, "resume", tags)
     if landed:
         svc.released = []
         svc.resumed_at = svc.resumed_at or time.time()
