@@ -986,3 +986,33 @@ async def test_a_release_answered_before_its_memory_left_is_waited_for(paused: W
     assert state.service.used_after_release_mib["0"] == used_before - 14000  # the release's, not the answer's
     assert world.streams[INFERENCE].sample().gpus[0].mem_used_mib == used_before, "the memory came back"
     assert_pause_promises(paused, finished)
+
+
+async def test_a_console_back_after_the_worst_case_waits_no_more_for_its_evidence(
+        weights_released: Window, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The worst case of a lost release counts from when it was sent (recorded before the request),
+    not from the console's return: a console killed in a weights release and started again two
+    minutes later (past 3 x 20 s) takes the next sample; one back at once waits the worst case."""
+    from console.procedure.steps import pause_settle
+
+    w = weights_released
+    waited: list[float] = []
+    real = pause_settle.settle_evidence
+
+    async def evidence(window: Any, kind: str, tags: list[str]) -> Any:
+        started = w.world.clock.monotonic()
+        got = await real(window, kind, tags)
+        waited.append(w.world.clock.monotonic() - started)
+        return got
+
+    monkeypatch.setattr(pause_settle, "settle_evidence", evidence)
+    crasher = Crasher("lost")
+    lose_answer(w, "release_memory_occupation", "crash-after", "fresh", "start-up", crasher)
+    assert await w.console(crasher) is None
+    assert w.state().service.memory_request_sent_at is not None
+    w.world.clock.advance(120.0)  # the operator starts a console two minutes later
+    finished = await w.console(decider=Operator(w.world.clock, world=w.world, refuse={"drafter"}))
+    assert finished is not None
+    assert_settled(w, finished, "release_memory_occupation")
+    worst = pause_settle.SETTLE_MARGIN * pause_settle.MEASURED_H200["release"]["weights"]
+    assert waited and waited[0] < worst / 2, (waited, worst)  # the next sample, not another minute

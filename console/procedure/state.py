@@ -162,6 +162,9 @@ class ServiceState:
     releases: int = 0  # /release_memory_occupation requests (counted before each)
     resumes: int = 0  # /resume_memory_occupation requests (counted before each)
     resuming: list[str] = field(default_factory=list)  # resume asked for, its answer not yet seen
+    # When the release or resume whose answer is not yet seen was sent: a lost answer's worst case
+    # counts from it (steps/pause_settle.py), not from the console's reconnect.
+    memory_request_sent_at: float | None = None
     resumed_at: float | None = None
     used_before_release_mib: dict[str, int] = field(default_factory=dict)  # per GPU, before the release
     used_after_release_mib: dict[str, int] = field(default_factory=dict)  # per GPU, once it was seen

@@ -324,6 +324,7 @@ async def run_release(window: Window) -> str:
     window.state.facts["release_expected_mib"] = _expected_mib(saver, tags)
     svc.releasing = list(tags)
     svc.releases += 1
+    svc.memory_request_sent_at = time.time()
     window.run.save()  # before the request: a crash during it knows a release may have landed
     started = time.monotonic()
     await server.release_memory_occupation(tags)
@@ -490,6 +491,7 @@ async def run_resume(window: Window, reason: str = "the extraction finished") ->
         return f"nothing resumed: {restart_words(svc.restarted_outside)}"
     svc.resumes += 1
     svc.resuming = list(tags)
+    svc.memory_request_sent_at = time.time()
     window.run.save()  # before the request: a crash during it knows a resume may have landed
     started = time.monotonic()
     try:

@@ -63,8 +63,7 @@ MEMORY_BACK_SHARE = 0.8  # of what the release freed, seen used again after the 
 
 # A release or resume whose answer was lost is settled only from evidence taken after the request's
 # worst case: MEASURED_H200 (the weights scaled to this model's size) times this margin, at least
-# SETTLE_FLOOR_S, counted from the moment the console is back in touch with the server (the request
-# was sent before that, so the worst case has passed then whatever the moment it was sent).
+# SETTLE_FLOOR_S, counted from when it was sent (`memory_request_sent_at`), and after the reconnect.
 SETTLE_MARGIN = 3.0
 
 
@@ -158,7 +157,7 @@ def mib_words(used: dict[str, int]) -> str:
 
 
 def settle_after_s(window: Window, kind: str, tags: list[str]) -> tuple[float, str]:
-    """How long after the reconnect a lost release or resume of `tags` has surely ended, and the
+    """How long after it was sent a lost release or resume of `tags` has surely ended, and the
     basis: issue 26's H200 figures (MEASURED_H200, the weights scaled to this model's size) times
     SETTLE_MARGIN, at least SETTLE_FLOOR_S."""
     model = window.facts.probes.get(window.config.target.host, {}).get("model", {})
@@ -171,20 +170,24 @@ def settle_after_s(window: Window, kind: str, tags: list[str]) -> tuple[float, s
 
 async def settle_evidence(window: Window, kind: str, tags: list[str]) -> SettleEvidence:
     """The evidence on a lost `kind` ("release" or "resume") of `tags`: one telemetry sample with GPU
-    readings taken after the reconnect plus the request's worst case (the reconnect is now: the
-    console talks to the host again; the request was sent before it, so its worst case has passed
-    by then whenever it was sent), waited for on the telemetry stream: never an older sample (one
-    taken before the link dropped, or while a weights release still ran, says nothing); and
-    /server_info's per-tag figures, where it answers them. The verdict compares what moved on every service GPU
-    with what the tags hold (with the measured release itself for a resume, else SETTLE_LANDED_MIB)."""
+    readings taken after both the reconnect (now) and the request's worst case counted from its send
+    time (`memory_request_sent_at`; from now when a run did not record it), waited for on the
+    telemetry stream: never an older sample (one taken before the link dropped, or while a weights
+    release still ran, says nothing); and /server_info's per-tag figures, where it answers them. The
+    verdict compares what moved on every service GPU with what the tags hold (with the measured
+    release itself for a resume, else SETTLE_LANDED_MIB)."""
     svc = window.state.service
     wait_s, basis = settle_after_s(window, kind, tags)
     stream = window.hosts.telemetry(window.config.service.host)
-    moment = time.monotonic() + wait_s
+    # From the request's send time where the run recorded it (its worst case may be past already: a
+    # console that comes back a minute later waits no more), else from now; never a sample before now.
+    sent = svc.memory_request_sent_at
+    left_s = wait_s if sent is None else min(wait_s, max(0.0, sent + wait_s - time.time()))
+    moment = time.monotonic() + left_s
     evidence = SettleEvidence(kind, tags, dict(svc.used_before_release_mib), dict(svc.used_after_release_mib), {},
                               wait_s, basis)
     try:
-        sample = await stream.wait_for(lambda s: bool(used_mib(window, s)), wait_s + SETTLE_SAMPLE_S, after=moment)
+        sample = await stream.wait_for(lambda s: bool(used_mib(window, s)), left_s + SETTLE_SAMPLE_S, after=moment)
     except TimeoutError:
         latest = stream.telemetry.latest
         if latest is None:
