@@ -21,7 +21,7 @@ for _threads in ("OMP_NUM_THREADS", "MKL_NUM_THREADS"):
 os.environ.pop("PYTHONDONTWRITEBYTECODE", None)
 sys.dont_write_bytecode = False
 
-pytest_plugins = ["tests.fixtures_models", "tests.engine_sweep", "tests.router_helpers"]  # engine_sweep: the engine sweeps' fixtures; router_helpers: the real router's fleet
+pytest_plugins = ["tests.fixtures_models", "tests.engine_sweep", "tests.pause_fixtures", "tests.router_helpers"]  # engine_sweep, pause_fixtures: the engine sweeps' fixtures; router_helpers: the real router's fleet
 
 try:
     import asyncssh  # noqa: F401 - only checking that it is there
