@@ -67,9 +67,9 @@ def check_dir(directory: str) -> None:
                      f"could remove the lock: chmod +t {directory}")
 
 
-def read(directory: str) -> dict:
+def read(directory: str, name: str = LOCK_FILE) -> dict:
     """{"text", "account"} of the lock there, or {"absent": true}."""
-    path = os.path.join(directory, LOCK_FILE)
+    path = os.path.join(directory, name)
     try:
         fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)  # NONBLOCK: a FIFO never hangs us
     except FileNotFoundError:
@@ -91,10 +91,10 @@ def read(directory: str) -> dict:
     return {"text": text.decode("utf-8", "replace"), "account": _account(found.st_uid)}
 
 
-def _write_private(directory: str, text: str) -> str:
+def _write_private(directory: str, text: str, name: str = LOCK_FILE) -> str:
     """`text` in a fresh file of ours, readable by all: its path."""
     while True:
-        tmp = os.path.join(directory, f".{LOCK_FILE}.{secrets.token_hex(8)}.new")
+        tmp = os.path.join(directory, f".{name}.{secrets.token_hex(8)}.new")
         try:
             fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
         except FileExistsError:
@@ -106,16 +106,16 @@ def _write_private(directory: str, text: str) -> str:
     return tmp
 
 
-def take(directory: str, text: str) -> dict:
+def take(directory: str, text: str, name: str = LOCK_FILE) -> dict:
     """{"taken": true}, or the lock already there ({"text", "account"}, or {"absent": true} when it
-    went meanwhile)."""
+    went meanwhile). `name`: another lock of this kind in `directory` (a run's claim, console/procedure/claim.py)."""
     check_dir(directory)
-    tmp = _write_private(directory, text)
+    tmp = _write_private(directory, text, name)
     try:
-        os.link(tmp, os.path.join(directory, LOCK_FILE))
+        os.link(tmp, os.path.join(directory, name))
         return {"taken": True}
     except FileExistsError:
-        return read(directory)
+        return read(directory, name)
     finally:
         os.unlink(tmp)
 
@@ -132,12 +132,12 @@ def rewrite(directory: str, text: str) -> dict:
     return {"taken": True}
 
 
-def remove(directory: str, seen: str) -> dict:
+def remove(directory: str, seen: str, name: str = LOCK_FILE) -> dict:
     """Move the lock aside (one console can) and remove it if it is the one `seen`; a lock put there
     meanwhile is linked back. {"removed": bool}, with "why" when not, and "account" when forbidden."""
     check_dir(directory)
-    path = os.path.join(directory, LOCK_FILE)
-    aside = os.path.join(directory, f".{LOCK_FILE}.{secrets.token_hex(8)}.gone")
+    path = os.path.join(directory, name)
+    aside = os.path.join(directory, f".{name}.{secrets.token_hex(8)}.gone")
     try:
         os.rename(path, aside)
     except FileNotFoundError:

@@ -10,12 +10,11 @@ the run while it still held the server, and both would send `/resume_memory_occu
 after `owned_elsewhere` was checked, cannot tell them apart: both checked before either wrote, and a
 finished run left paused never records an owner at all.
 
-So before anything is sent, the engine claims the run here (`take`): the claim is written whole to a
-fresh private name (O_CREAT | O_EXCL | O_NOFOLLOW), then hard-linked to `claim.json`, which fails
-when anything is there: one console wins. A claim whose console is gone (`Owner.alive()` False) is
-taken over by moving it aside (a rename: only one console moves a given file) and checking that
-the file moved is the one judged gone; another console's fresh claim moved by mistake is linked
-back (the host lock's way, remote/lockfile.py). The winner reads the run again under its claim (the
+So before anything is sent, the engine claims the run here (`take`), with the host lock's own file
+operations (remote/lockfile.py, under the name `claim.json`): written whole to a fresh private name,
+then hard-linked to its name, which fails when anything is there: one console wins. A claim whose
+console is gone (`Owner.alive()` False) is taken over by moving it aside and checking that the file
+moved is the one judged gone; another console's fresh claim moved by mistake is linked back. The winner reads the run again under its claim (the
 other may have just given the server back) and keeps the claim until it is done with the run
 (`release`); the loser waits for a give-back to end (`ClaimHeld.doing`), then reads the run and says
 who gave the server back and when, sending nothing (`engine.py`, `Engine.claim_run`).
@@ -23,19 +22,16 @@ who gave the server back and when, sending nothing (`engine.py`, `Engine.claim_r
 
 from __future__ import annotations
 
-import contextlib
 import json
-import os
-import secrets
 import time
 from pathlib import Path
 from typing import Any
 
 from console.procedure.state import Owner
+from remote import lockfile
 
 CLAIM = "claim.json"
 OWNER_FIELDS = ("user", "host", "pid", "since", "start_ticks")
-MAX_CLAIM_BYTES = 1 << 16
 DRIVING = "driving the run"  # a claim another console never waits for (it may hold the run for an hour)
 GIVING_BACK = "giving the server back"  # waited for: the loser then says who gave it back and when
 
@@ -43,6 +39,11 @@ GIVING_BACK = "giving the server back"  # waited for: the loser then says who ga
 class GivenBack(LookupError):
     """`r` found the run given back by another console meanwhile (the message says who and when):
     nothing was sent."""
+
+
+# What a claim's file operations raise besides OSError (a claim.json that is a symlink or writable by
+# others: never followed nor trusted); the engine goes on unclaimed, as on a full disk.
+Unsafe = lockfile.Unsafe
 
 
 class ClaimHeld(Exception):
@@ -57,16 +58,6 @@ def _same_process(a: Owner, b: Owner) -> bool:
     return a.pid == b.pid and a.host == b.host and a.start_ticks in (None, b.start_ticks)
 
 
-def _read(path: Path) -> str | None:
-    """The claim's text, None when there is none (never following a symlink)."""
-    try:
-        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
-    except FileNotFoundError:
-        return None
-    with os.fdopen(fd, "rb") as f:
-        return f.read(MAX_CLAIM_BYTES).decode("utf-8", "replace")
-
-
 def _parse(text: str) -> tuple[Owner | None, str]:
     """The claim's owner and what it does; (None, ...) for a damaged claim (taken over as a gone one)."""
     try:
@@ -76,9 +67,14 @@ def _parse(text: str) -> tuple[Owner | None, str]:
         return None, "?"
 
 
+def _text(run_dir: Path) -> str | None:
+    """The claim's text, None when there is none (read as the host lock is: never followed)."""
+    return lockfile.read(str(run_dir), CLAIM).get("text")
+
+
 def holder(run_dir: Path) -> tuple[Owner, str] | None:
     """Who claims the run now and what for, None when nobody (or a damaged claim)."""
-    text = _read(run_dir / CLAIM)
+    text = _text(run_dir)
     owner, doing = _parse(text) if text is not None else (None, "")
     return (owner, doing) if owner is not None else None
 
@@ -87,23 +83,12 @@ def take(run_dir: Path, me: Owner, doing: str) -> bool:
     """Claim the run for `me` (`doing`: what for, said to a console that finds it claimed). True when
     claimed now, False when `me` had claimed it already (this console's engine, `r` while it runs);
     ClaimHeld while another live (or unknowable) console holds it; a gone one's is taken over."""
-    path = run_dir / CLAIM
     mine = json.dumps({**me.__dict__, "doing": doing}, sort_keys=True)
     for _ in range(8):
-        tmp = run_dir / f".{CLAIM}.{secrets.token_hex(8)}.new"
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
-        with os.fdopen(fd, "wb") as f:
-            f.write(mine.encode())
-            f.flush()
-            os.fsync(f.fileno())
-        try:
-            os.link(tmp, path)
+        found = lockfile.take(str(run_dir), mine, CLAIM)
+        if found.get("taken"):
             return True
-        except FileExistsError:
-            pass
-        finally:
-            os.unlink(tmp)
-        text = _read(path)
+        text = found.get("text")
         if text is None:
             continue  # released meanwhile: try again
         owner, held_doing = _parse(text)
@@ -111,35 +96,18 @@ def take(run_dir: Path, me: Owner, doing: str) -> bool:
             return False
         if owner is not None and owner.alive() is not False:
             raise ClaimHeld(owner, held_doing)
-        _remove_if_unchanged(path, text)  # its console is gone (or the claim is damaged): taken over
+        lockfile.remove(str(run_dir), text, CLAIM)  # its console is gone (or the claim is damaged): taken over
     raise ClaimHeld(Owner("?", "?", 0, 0.0), "a claim that kept changing hands")
-
-
-def _remove_if_unchanged(path: Path, seen: str) -> None:
-    """Move the claim aside (one console can) and remove it if it is the one `seen`; a claim put there
-    meanwhile by another console is linked back."""
-    aside = path.with_name(f".{CLAIM}.{secrets.token_hex(8)}.gone")
-    try:
-        os.rename(path, aside)
-    except FileNotFoundError:
-        return  # another console moved it first
-    try:
-        if _read(aside) != seen:
-            with contextlib.suppress(FileExistsError):  # yet another claim there now: it stands
-                os.link(aside, path)
-    finally:
-        os.unlink(aside)
 
 
 def release(run_dir: Path, me: Owner) -> None:
     """Remove the claim if it is `me`'s (never another console's)."""
-    path = run_dir / CLAIM
-    text = _read(path)
+    text = _text(run_dir)
     if text is None:
         return
     owner, _ = _parse(text)
     if owner is not None and _same_process(owner, me):
-        _remove_if_unchanged(path, text)
+        lockfile.remove(str(run_dir), text, CLAIM)
 
 
 def given_back_line(run_id: str, service: Any) -> str:

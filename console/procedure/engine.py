@@ -310,7 +310,7 @@ class Engine:
                         task.uncancel()
                     raise ResumeRefused(f"cancelled while run {self.run.run_id} is claimed by {who}: nothing was "
                                         f"written or sent here") from None
-            except OSError as exc:  # the store cannot be written (a full disk): the give-back must not wait on it
+            except (OSError, claim.Unsafe) as exc:  # a full disk, an unsafe claim file: the give-back must not wait
                 log.warning("run %s: cannot claim it (%s): going on unclaimed", self.run.run_id, exc)
                 return None
         if not took:  # this console's already (`r` while its run goes on): its state is the live one
@@ -332,7 +332,7 @@ class Engine:
     def _release_claim(self) -> None:
         if self._claimed:
             self._claimed = False
-            with contextlib.suppress(OSError):
+            with contextlib.suppress(OSError, claim.Unsafe):
                 claim.release(self.run.dir, Owner.this_process())
 
     def cancel(self, leave_down: bool = False) -> None:
