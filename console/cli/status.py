@@ -32,9 +32,8 @@ from rich.text import Text
 
 from console.config import Config
 from console.config_source import config_for
-from console.procedure.host_lock import LOCK_FILE, OWNER_FIELDS
+from console.procedure.host_lock import LOCK_FILE, owner_of
 from console.procedure.remote_files import lock_file
-from console.procedure.state import Owner
 from console.procedure.store import RunStore, UnreadableRun, left_line, paused_by, what_next
 from console.service.fleet_watch import all_serving, with_runs
 from console.session import Session, service_name
@@ -103,9 +102,11 @@ async def lock_line(session: Session) -> Text | None:
         return Text(f"{where}: free (no run holds {host})")
     try:
         held = json.loads(found["text"])
-        owner = Owner(**{k: held[k] for k in OWNER_FIELDS if k in held})
-        run_id = held["run_id"]
-    except (ValueError, TypeError, KeyError):
+    except ValueError:
+        held = None
+    owner = owner_of(held) if isinstance(held, dict) else None
+    run_id = held.get("run_id") if isinstance(held, dict) else None
+    if owner is None or not isinstance(run_id, str):
         return Text(f"{where}: damaged (not a lock naming a run and its console; file of account "
                     f"{found.get('account', '?')})", style="bold red")
     gone = "; its console is gone (its run's resume takes the lock over)" if owner.alive() is False else ""

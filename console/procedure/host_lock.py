@@ -50,7 +50,7 @@ def lock_path(window: Window) -> str:
     return f"{lock_dir(window)}/{LOCK_FILE}"
 
 
-def _owner_of(held: dict[str, Any]) -> Owner | None:
+def owner_of(held: dict[str, Any]) -> Owner | None:
     try:
         return Owner(**{k: held[k] for k in OWNER_FIELDS if k in held})
     except TypeError:
@@ -137,7 +137,7 @@ async def take(window: Window) -> None:
             await _lock_file(window, host, "rewrite", mine)
             window.holds_lock = True
             return
-        owner = _owner_of(held)
+        owner = owner_of(held)
         alive = False if _finished_here(window, held["run_id"]) else owner.alive() if owner is not None else False
         who = ("this run's earlier console" if held["run_id"] == window.run.run_id else
                f"run {held['run_id']}") + (f" ({owner.describe()})" if owner else "")
@@ -173,7 +173,7 @@ async def release(window: Window) -> None:
         return  # damaged: not ours to remove
     if held["run_id"] != window.run.run_id:
         return
-    owner = _owner_of(held)
+    owner = owner_of(held)
     nobody_drives = window.state.finished or owner is None or owner.alive() is False
     if not _is_this_console(held, window.state.owner) and not nobody_drives:
         return
