@@ -1,13 +1,16 @@
 #!/usr/bin/env bash
 # Everything that needs the GPU machine, in one go (a fresh machine costs minutes, so batch it).
 # From the repo root on the GPU host, with ../shared/device copied to .dev/:
-#   bash bench/gpu_suite.sh [tests|bench-extract|window|window-tests|window-bench|all]
+#   bash bench/gpu_suite.sh [tests|bench-extract|window|window-tests|window-bench|window-weights|all]
 # Each stage fits one 10-minute call, but `window` (its tests, then its bench), which takes two:
 # window-tests and window-bench (WINDOW_ROUTES=staged,pause: the bench runs only those). Logs and figures go to $OUT (or ./gpu-out): gpu-tests.log,
 # bench-*.txt, *.json; the window stage's window-gpu-tests.log, bench-window-gpu.txt, window-gpu.json.
 # The window stage runs the console and the drill there: asyncssh, textual and their dependencies,
 # fetched as wheels into .whl/ on a machine with a registry (the device README's pip download
 # recipe) and carried, are installed into /tmp/site first.
+# window-weights: the pause route that must release the weights (the drill's crowded card, issue 40),
+# beside the staged stop route, under load, with the weights' and the drafter's checks
+# (bench-window-weights-gpu.txt, window-weights-gpu.json). Not part of `all`: its own call.
 # WINDOW_TESTS="<pytest -k expression>" runs a part of window-tests (on a slower card the five may
 # not fit one 10-minute call: split them over two).
 # --noconftest: tests/conftest.py loads every fixture module, which the GPU tests do not need.
@@ -43,6 +46,10 @@ fi
 if [[ "$what" == window || "$what" == window-bench || "$what" == all ]]; then
   # --load: users' requests throughout each route (failed and held counted: the pause route must fail none)
   python3 bench/window.py --gpu --load --runs "${WINDOW_RUNS:-1}" --routes "${WINDOW_ROUTES:-staged,cold,zero-downtime,pause}" --json "$out/window-gpu.json" 2>&1 | tee "$out/bench-window-gpu.txt"
+fi
+if [[ "$what" == window-weights ]]; then
+  python3 bench/window.py --gpu --crowded --load --runs 1 --routes staged,pause --json "$out/window-weights-gpu.json" 2>&1 \
+    | tee "$out/bench-window-weights-gpu.txt"
 fi
 nvidia-smi --query-gpu=index,memory.used --format=csv,noheader >> "$out/gpu-tests.log" 2>&1
 echo "== gpu_suite $what done in ${SECONDS} s" >> "$out/gpu-tests.log"

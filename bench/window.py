@@ -1,7 +1,7 @@
 """The downtime window on the drill, broken down by phase, staged and cold side by side.
 
     python bench/window.py [--runs N] [--routes staged,cold,zero-downtime,pause] [--dir DIR] [--json FILE]
-                           [--gpu] [--load [--load-rate R]]
+                           [--gpu [--crowded]] [--load [--load-rate R]]
     python bench/window.py --replicas 2 --load [--load-rate R] [--dir DIR] [--json FILE]
 
 Downtime is the stop being issued until the server is ready again. Its phases, each timed by the
@@ -26,6 +26,11 @@ the GPU, a real CUDA worker left holding memory by the first stop, NVML telemetr
 kernels). The extract phase is then split into the copy to the GPU and the forward, the GPU's used
 memory over one staged window is printed from NVML's samples in the run's telemetry, and the
 headline sets the downtime beside its limit: stop + copy + forward + the server's own start to ready.
+`--crowded` (with `--gpu`): the card filled but for a little room once the server is up (`drill up
+--gpu --crowded`), so the pause route must release the weights too (issue 40's case). The pause run
+then prints what it released, the weights' checksum check and the served drafter's check (SGLang loses
+the draft weights on a weights release, sglang PR #31674: the check must see it). The bench's operator
+approves everything but the drafter's restart, so that the window measured is the pause route's.
 
 `--load`: users' requests throughout each run (`bench/loadgen.py`: greedy /generate at `--load-rate`
 per second on the drill's server, bounded in flight), so each route's harm is counted: the requests
@@ -57,6 +62,7 @@ sys.path.insert(0, str(ROOT))
 from bench.loadgen import Load, LoadReport  # noqa: E402
 from console.config import load_config  # noqa: E402
 from console.drill.hosts import down, up  # noqa: E402
+from console.messages import Confirmation  # noqa: E402
 from console.operator import Operator  # noqa: E402
 from console.procedure.decider import ApproveAll  # noqa: E402
 from console.procedure.forecast import hindcast  # noqa: E402
@@ -96,6 +102,17 @@ def pause_phases(state: dict[str, Any]) -> dict[str, float]:
             "resume_continue": service["continued_at"] - facts["gpu_released_at"]}
 
 
+def pause_checks(state: dict[str, Any]) -> dict[str, Any]:
+    """What the pause run released (and why), how the weights were checked, and the drafter check's
+    figures (before and after the window), from its state."""
+    facts, service = state["facts"], state["service"]
+    plan, drafter = facts.get("plan_release") or {}, facts.get("drafter") or {}
+    return {"released": ", ".join(plan.get("tags") or ()) or "?", "why": plan.get("why"),
+            "weights check": service.get("weights_check"), "status": state.get("status"),
+            "drafter before": drafter.get("before"), "drafter after": drafter.get("after"),
+            "drafter": drafter.get("line")}
+
+
 def pause_timeline(run_dir: Path) -> str:
     """Each journal entry from the pause to the continue, as seconds since the pause: where the pause
     route's downtime goes (the steps, the questions, the extractor's lines)."""
@@ -125,10 +142,18 @@ def memory_over_window(run_dir: Path, host: str = "ct129", gpu: int = 0) -> list
     return rows
 
 
+class KeepTheDrafter(ApproveAll):
+    """`--yes`, but the drafter check's restart refused: a degraded drafter is reported, not restarted
+    (a restart is a second window, with its own downtime and failed requests, not the pause route's)."""
+
+    async def decide(self, confirmation: Confirmation) -> bool:
+        return confirmation.step != "drafter"
+
+
 async def one_run(config_path: Path, runs: Path, stage: bool, route: str = "window",
                   load_rate: float | None = None) -> dict[str, Any]:
     """One run of `route`, with a client load on the server throughout when `load_rate` is given (its
-    LoadReport under "load")."""
+    LoadReport under "load"). A pause run may end degraded (the drafter check): it is measured too."""
     config = load_config(config_path)
     operator = Operator(config, runs_dir=runs)
     load = Load(config.service.url, rate=load_rate, api_key=config.service.api_key(), timeout_s=120) \
@@ -137,11 +162,11 @@ async def one_run(config_path: Path, runs: Path, stage: bool, route: str = "wind
     if load is not None:
         load.start()
     try:
-        finished = await operator.run(ApproveAll(), stage=None if stage else False, route=route)
+        finished = await operator.run(KeepTheDrafter(), stage=None if stage else False, route=route)
     finally:
         await operator.stop()
         report = await asyncio.to_thread(load.stop) if load is not None else None
-    if finished.status != "done":
+    if finished.status not in (("done", "degraded") if route == "pause" else ("done",)):
         raise SystemExit(f"bench: the run failed: {finished.message}")
     return {**operator.store.open(finished.run_id).state.to_json(), "run_dir": str(operator.run_dir(finished.run_id)),
             "load": report}
@@ -164,6 +189,8 @@ def main() -> int:
     parser.add_argument("--dir", default=None, help="the drill directory (default: a temporary one)")
     parser.add_argument("--json", default=None, help="also write the figures here")
     parser.add_argument("--gpu", action="store_true", help="the drill on this machine's CUDA GPU (REAL GPU)")
+    parser.add_argument("--crowded", action="store_true",
+                        help="with --gpu: no room for the extraction beside the weights (the pause route releases them)")
     parser.add_argument("--load", action="store_true", help="users' requests throughout each run (bench/loadgen.py)")
     parser.add_argument("--load-rate", type=float, default=2.0, help="--load's requests per second (default 2)")
     parser.add_argument("--routes", default="staged,cold,zero-downtime,pause",
@@ -184,8 +211,10 @@ def main() -> int:
                      "the staged stop route is the baseline every other route is compared with"))
     with tempfile.TemporaryDirectory(prefix="bench-window-") as tmp:
         drill_dir = Path(args.dir or Path(tmp) / "drill")
-        config = up(drill_dir, fresh=True, gpu=args.gpu, say=lambda line: print(line, file=sys.stderr))
+        config = up(drill_dir, fresh=True, gpu=args.gpu, crowded=args.crowded,
+                    say=lambda line: print(line, file=sys.stderr))
         pause: dict[str, float] | None = None
+        checks: dict[str, Any] = {}
         try:
             store = Path(tmp) / "runs"
             print("warm-up run (the drill's first stop leaves VRAM held: not counted)", file=sys.stderr)
@@ -219,6 +248,9 @@ def main() -> int:
                     loads["pause"] = [state["load"]]
                 print("pause run: " + ", ".join(f"{k} {v:.2f} s" for k, v in pause.items()), file=sys.stderr)
                 print("pause run, from the pause (s): " + pause_timeline(Path(state["run_dir"])), file=sys.stderr)
+                checks = pause_checks(state)
+                print("pause run, what it released and what it checked: " + "; ".join(
+                    f"{k}: {v}" for k, v in checks.items()), file=sys.stderr)
             # The downtime forecast (issue 21): each run forecast from the runs before it, against its measure.
             forecasts = hindcast(run.state for run in RunStore(store).readable())
         finally:
@@ -244,7 +276,8 @@ def main() -> int:
               f"{pause['resume_continue']:.2f} s (target: at most the extraction + 1 s = "
               f"{pause['extract'] + 1:.2f} s)")
     if args.json:
-        Path(args.json).write_text(json.dumps({"gpu": args.gpu, "runs": rows, "medians": medians, "pause": pause,
+        Path(args.json).write_text(json.dumps({"gpu": args.gpu, "crowded": args.crowded, "pause_checks": checks,
+                                               "runs": rows, "medians": medians, "pause": pause,
                                                "memory_over_staged_window": memory,
                                                "load": {k: [dataclasses.asdict(r) for r in v] for k, v in loads.items()}},
                                               indent=2))
@@ -262,7 +295,10 @@ def main() -> int:
           + (f" vs {', '.join(others)}" if others else "")
           + (f", pause route {pause['downtime']:.2f} s ({medians['staged']['downtime'] / pause['downtime']:.1f}x "
              f"shorter than the staged stop route; target: at most the extraction + 1 s = {pause['extract'] + 1:.2f} s, "
-             f"at least 10x)" if pause else "") + "; "
+             f"at least 10x)" if pause else "")
+          + (f", releasing {checks['released']} (weights checked by {checks['weights check']}; served drafter's "
+             f"acceptance {checks['drafter before']} before, {checks['drafter after']} after: the run "
+             f"{checks['status']})" if args.crowded and checks else "") + "; "
           f"overhead {medians['staged']['overhead']:.2f} s staged"
           + (f", {medians['cold']['overhead']:.2f} s cold" if "cold" in medians else "") + " (target < 1 s)"
           + ("; failed requests " + ", ".join(f"{kind} {sum(r.failed for r in reports)}" for kind, reports in loads.items())

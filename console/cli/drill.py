@@ -35,7 +35,7 @@ def cmd_up(args: argparse.Namespace) -> int:
 
     try:
         path = up(args.dir, fresh=args.fresh, gpu=_gpu(args), memory_saver=not args.no_memory_saver,
-                  replicas=args.replicas, router=args.router)
+                  replicas=args.replicas, router=args.router, crowded=args.crowded)
     except (DrillError, AssetsError) as exc:
         print(f"dflash-ops drill up: {exc}", file=sys.stderr)
         return 1
@@ -52,7 +52,7 @@ def cmd_drill(args: argparse.Namespace) -> int:
     gpu = _gpu(args)
     try:
         config = up(args.dir, fresh=args.fresh, gpu=gpu, memory_saver=not args.no_memory_saver,
-                    replicas=args.replicas, router=args.router)
+                    replicas=args.replicas, router=args.router, crowded=args.crowded)
     except (DrillError, AssetsError) as exc:
         print(f"dflash-ops drill: {exc}", file=sys.stderr)
         return 1
@@ -151,6 +151,9 @@ def _add_gpu_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--no-memory-saver", action="store_true",
                         help="the rehearsal server without SGLang's --enable-memory-saver (the pause route is then "
                              "not possible: the other case, rehearsed)")
+    parser.add_argument("--crowded", action="store_true",
+                        help="with --gpu: the card filled but for a little room once the server is up, so the "
+                             "extraction fits only with the server's weights released (the pause route's weights case)")
 
 
 def _replica_count(text: str) -> int:

@@ -27,6 +27,14 @@ GPU_KV_CACHE_MIB = 65536  # the GPU drill's KV pool (torch_memory_saver) on an H
 # beside the model, the CUDA worker's 16 GiB and the extraction) instead of failing the server's start.
 GPU_KV_CACHE_SHARE = 0.45
 GPU_CUDA_GRAPH_MIB = 1024
+# The crowded GPU drill (`drill up --gpu --crowded`): a small KV pool and CUDA graphs, and the card
+# filled but CROWDED_FREE_MIB once the server is up. The extraction of the 1.7 B target needs ~3.9 GiB
+# (fit.need_mib): the 2.2 GiB the KV cache, the graphs and the free room give is too little, and with
+# the weights' ~3.2 GiB it fits. So the pause route must release the weights, as on a production card
+# whose KV pool and model leave no room for a second copy of the target.
+CROWDED_KV_CACHE_MIB = 512
+CROWDED_CUDA_GRAPH_MIB = 256
+CROWDED_FREE_MIB = 1500
 
 
 def gpu_kv_cache_mib(total_mib: int | None = None) -> int:
@@ -57,7 +65,8 @@ def service_commands(layout: DrillLayout, python: str, port: int, replica: int =
                "--speculative-drafter", str(layout.reference)]  # real DFLASH decoding: the online cross-check
     if layout.gpu:
         standin += ["--device", "cuda"]
-        episode = ["--cuda-mib", str(GPU_SERVICE_EXTRA_MIB)]
+        episode = ["--cuda-leave-mib", str(CROWDED_FREE_MIB)] if layout.crowded else \
+            ["--cuda-mib", str(GPU_SERVICE_EXTRA_MIB)]
     else:
         standin += ["--gpu-file", str(layout.simulated_gpus(INFERENCE_HOST)), "--gpu-mib", str(SERVICE_GPU_MIB),
                     "--load-delay", str(LOAD_DELAY_S)]
@@ -65,7 +74,8 @@ def service_commands(layout: DrillLayout, python: str, port: int, replica: int =
             standin += ["--gpu-indices", ",".join(map(str, layout.replica_gpu_indices(replica)))]
         episode = []
     if layout.memory_saver:
-        kv, graph = (gpu_kv_cache_mib(), GPU_CUDA_GRAPH_MIB) if layout.gpu else (SERVICE_KV_CACHE_MIB, SERVICE_CUDA_GRAPH_MIB)
+        kv, graph = (CROWDED_KV_CACHE_MIB, CROWDED_CUDA_GRAPH_MIB) if layout.crowded else \
+            (gpu_kv_cache_mib(), GPU_CUDA_GRAPH_MIB) if layout.gpu else (SERVICE_KV_CACHE_MIB, SERVICE_CUDA_GRAPH_MIB)
         standin += ["--enable-memory-saver", "--enable-weights-cpu-backup", "--kv-cache-mib", str(kv),
                     "--cuda-graph-mib", str(graph)]
     return {

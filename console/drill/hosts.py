@@ -194,7 +194,7 @@ def cuda_present() -> bool:
 
 def up(dir: str | os.PathLike | None = None, fresh: bool = False, python: str = sys.executable,
        say: Callable[[str], None] = say_line, timeout_s: float = READY_TIMEOUT_S, gpu: bool = False,
-       memory_saver: bool = True, replicas: int = 1, router: str = fleet.SMG) -> Path:
+       memory_saver: bool = True, replicas: int = 1, router: str = fleet.SMG, crowded: bool = False) -> Path:
     """Bring the drill up (or find it up) and return its config's path.
 
     `fresh`: end a drill that is up and start a new one (the stuck-VRAM episode re-armed).
@@ -203,6 +203,8 @@ def up(dir: str | os.PathLike | None = None, fresh: bool = False, python: str = 
     drill up with the other setting is ended first.
     `replicas`: more than one rehearsal server, behind SGLang's real router (console/drill/fleet.py):
     `router`, smg (the default) or sglang-router; a drill up with another count or router is ended first.
+    `crowded` (with `gpu`): the card left too little room for the extraction beside the server's weights
+    (the pause route releases them too); a drill up with the other setting is ended first.
     """
     if replicas < 1:
         raise DrillError(f"--replicas {replicas}: at least one rehearsal server")
@@ -210,17 +212,20 @@ def up(dir: str | os.PathLike | None = None, fresh: bool = False, python: str = 
         raise DrillError(f"--router {router}: expected one of {', '.join(fleet.GATEWAYS)}")
     if replicas > 1 and not fleet.router_installed(router):
         raise DrillError(fleet.missing_line(router))
+    if crowded and not gpu:
+        raise DrillError("--crowded crowds this machine's CUDA GPU: it needs --gpu")
     if gpu and not cuda_present():
         raise DrillError("--gpu: this machine has no CUDA GPU that torch can use (torch.cuda.is_available() is False)")
     if gpu and memory_saver and importlib.util.find_spec("torch_memory_saver") is None:
         raise DrillError("--gpu: the rehearsal server's memory saver needs torch_memory_saver (pip install "
                          "'dflash-ops[gpu]'), or pass --no-memory-saver")
-    layout = DrillLayout.at(dir, gpu, memory_saver, replicas, router)
+    layout = DrillLayout.at(dir, gpu, memory_saver, replicas, router, crowded)
     with drill_lock(layout):
         running = running_state(layout)
         if running is not None:
             if (not fresh and bool(running.get("gpu")) == gpu
                     and bool(running.get("memory_saver", True)) == memory_saver
+                    and bool(running.get("crowded")) == crowded
                     and running.get("replicas", 1) == replicas
                     and (replicas == 1 or running.get("router", fleet.SGLANG_ROUTER) == router)):
                 return layout.config
@@ -239,7 +244,8 @@ def _start_hosts(layout: DrillLayout, assets: DrillAssets, python: str, say: Cal
     write_json_atomic(layout.state_file, {**_read_state(layout), "state": "starting", "pid": None})
     argv = [python, "-m", "console.drill.hosts", "serve", "--dir", str(layout.dir), "--assets", str(assets.root),
             "--python", python, *(["--gpu"] if layout.gpu else []),
-            *([] if layout.memory_saver else ["--no-memory-saver"]), "--replicas", str(layout.replicas),
+            *([] if layout.memory_saver else ["--no-memory-saver"]), *(["--crowded"] if layout.crowded else []),
+            "--replicas", str(layout.replicas),
             "--router", layout.router]
     env = {**os.environ, procs.MARK_ENV: procs.mark_value(layout.dir)}
     say(f"starting the rehearsal hosts (log: {layout.log})")
@@ -534,6 +540,8 @@ async def serve(layout: DrillLayout, assets: DrillAssets, python: str) -> int:
         url = f"http://127.0.0.1:{service_port}"
         await asyncio.to_thread(wait_health, url, SERVICE_HEALTH_TIMEOUT_S, layout.service_state)
         _log(f"{INFERENCE_HOST}: the service answers /health 200 at {url}")
+        if layout.crowded:  # the card is filled once the server is up: the drill is ready when it is
+            _log(f"{INFERENCE_HOST}: {await asyncio.to_thread(drill_service.wait_crowded, layout.service_state)}")
         if router_port is not None:  # --replicas: the others, then SGLang's router in front of them all
             running_fleet = await asyncio.to_thread(
                 fleet.start_fleet, layout, python, replica_ports, router_port, run_service_command, wait_health,
@@ -544,6 +552,7 @@ async def serve(layout: DrillLayout, assets: DrillAssets, python: str) -> int:
             "trainer_pid": trainer.pid if trainer else None, "config": str(layout.config), "assets": str(assets.root),
             "python": python,
             "fit_taus": assets.fit_taus, "gpu": layout.gpu, "memory_saver": layout.memory_saver,
+            "crowded": layout.crowded,
             "replicas": layout.replicas, "router_url": running_fleet.router_url if running_fleet else None,
             "router": running_fleet.gateway if running_fleet else None,
             "router_pid": running_fleet.router.pid if running_fleet else None,
@@ -605,10 +614,11 @@ def main(argv: list[str] | None = None) -> int:
     run.add_argument("--python", default=sys.executable, help="the hosts' Python")
     run.add_argument("--gpu", action="store_true", help="the hosts share this machine's CUDA GPU (REAL GPU)")
     run.add_argument("--no-memory-saver", action="store_true", help="the rehearsal server without SGLang's memory saver")
+    run.add_argument("--crowded", action="store_true", help="with --gpu: no room for the extraction beside the weights")
     run.add_argument("--replicas", type=int, default=1, help="rehearsal servers; more than one behind SGLang's router")
     run.add_argument("--router", choices=fleet.GATEWAYS, default=fleet.SMG, help="which router a fleet runs")
     args = parser.parse_args(argv)
-    layout = DrillLayout.at(args.dir, args.gpu, not args.no_memory_saver, args.replicas, args.router)
+    layout = DrillLayout.at(args.dir, args.gpu, not args.no_memory_saver, args.replicas, args.router, args.crowded)
     assets = find_assets(args.assets.parent, args.assets.name)
     if assets is None:
         print(f"{args.assets}: not a complete drill assets directory", file=sys.stderr)

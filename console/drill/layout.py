@@ -39,19 +39,22 @@ def default_dir() -> Path:
 class DrillLayout:
     """The paths of one drill directory. `gpu`: a drill on this machine's CUDA GPU, whose target is
     the few-GB one (`remote.drill.tinymodel.build_gpu_target`). `memory_saver`: the rehearsal server
-    runs with SGLang's memory saver and a CPU backup of its weights (the pause route's case)."""
+    runs with SGLang's memory saver and a CPU backup of its weights (the pause route's case).
+    `crowded` (with `gpu`): the card left with too little room for the extraction beside the server's
+    weights, so the pause route must release them too (`remote.drill.service start --cuda-leave-mib`)."""
 
     dir: Path
     gpu: bool = False
     memory_saver: bool = True
     replicas: int = 1  # rehearsal servers on ct129; more than one: behind SGLang's real router (a fleet)
     router: str = "smg"  # which router a fleet runs: "smg" or "sglang-router" (console/drill/fleet.py)
+    crowded: bool = False
 
     @classmethod
     def at(cls, path: str | os.PathLike | None = None, gpu: bool = False, memory_saver: bool = True,
-           replicas: int = 1, router: str = "smg") -> DrillLayout:
+           replicas: int = 1, router: str = "smg", crowded: bool = False) -> DrillLayout:
         return cls(Path(path).expanduser().resolve() if path is not None else default_dir().resolve(), gpu,
-                   memory_saver, replicas, router)
+                   memory_saver, replicas, router, crowded)
 
     @property
     def model_name(self) -> str:

@@ -1,6 +1,6 @@
 """The rehearsal server as a command-managed service: start, stop and status commands for the drill's config.
 
-    python -m remote.drill.service start  --state DIR [--cuda-mib N] -- STANDIN_ARGS...
+    python -m remote.drill.service start  --state DIR [--cuda-mib N | --cuda-leave-mib N] -- STANDIN_ARGS...
     python -m remote.drill.service stop   --state DIR [--wait 10]
     python -m remote.drill.service status --state DIR
 
@@ -18,6 +18,12 @@ once that memory is held. It outlives the server the same way, decided at the st
 start's stop leaves it holding until someone kills it, later ones release it RELEASE_AFTER_S after
 the server has gone. Its
 log is DIR/cuda-worker.log.
+
+`start --cuda-leave-mib N` crowds the card instead: once the server is up (its ready line in its
+log), the CUDA worker takes all but N MiB of what is then free. The drill's crowded GPU
+(`drill up --gpu --crowded`): the extraction no longer fits beside the server's weights, so the pause
+route must release them too (issue 40's case), on any card, sized from what the card has left rather
+than from a guess of what the server and the contexts hold.
 
 `stop` sends SIGTERM to the recorded server and waits until it is gone; its log is moved to
 DIR/standin.prev.log, so a follower of the log (`tail -n +1 -F DIR/standin.log`) sees only the next
@@ -46,6 +52,8 @@ RELEASE_AFTER_S = 1.5
 EXIT_STOPPED = 3
 CUDA_LOG_FILE = "cuda-worker.log"
 CUDA_WORKER_TIMEOUT_S = 120.0  # torch's import and the CUDA context on a loaded machine
+READY_LINE = "The server is fired up and ready to roll!"  # the standin's (and SGLang's) ready line
+SERVER_READY_TIMEOUT_S = 600.0  # a crowding worker waits this long for the server's ready line
 
 
 def _cmdline(pid: int) -> list[str]:
@@ -67,13 +75,14 @@ def running_pid(state: Path) -> int | None:
     return None
 
 
-def start(state: Path, standin_args: list[str], cuda_mib: int = 0) -> int:
+def start(state: Path, standin_args: list[str], cuda_mib: int = 0, cuda_leave_mib: int = 0) -> int:
     if (pid := running_pid(state)) is not None:
         print(f"{pid} already running")
         return 0
     state.mkdir(parents=True, exist_ok=True)
     marker = state / STUCK_MARKER
-    if not cuda_mib:  # the simulated holder decides when the server ends (a marker removed re-arms it)
+    on_gpu = bool(cuda_mib or cuda_leave_mib)
+    if not on_gpu:  # the simulated holder decides when the server ends (a marker removed re-arms it)
         episode = ["--stuck-marker", str(marker), "--release-after", str(RELEASE_AFTER_S)]
     elif marker.exists():
         episode = ["--release-after", str(RELEASE_AFTER_S)]
@@ -89,20 +98,28 @@ def start(state: Path, standin_args: list[str], cuda_mib: int = 0) -> int:
                                 start_new_session=True, close_fds=True)
     (state / PID_FILE).write_text(f"{proc.pid}\n")
     print(f"{proc.pid} started: {' '.join(argv)}")
-    if cuda_mib:
+    if cuda_leave_mib:  # it fills the card once the server is up: `start` returns now, as systemctl's would
+        spawn_cuda_worker(state, proc.pid, ["--leave-mib", str(cuda_leave_mib)], episode)
+        print(f"a CUDA worker will take all but {cuda_leave_mib} MiB once the server is up ({state / CUDA_LOG_FILE})")
+    elif cuda_mib:
         return start_cuda_worker(state, proc.pid, cuda_mib, episode)
     return 0
+
+
+def spawn_cuda_worker(state: Path, server_pid: int, size: list[str], episode: list[str]) -> subprocess.Popen:
+    """The GPU drill's CUDA worker (`hold-vram`), detached; `size`: its --mib or --leave-mib."""
+    argv = [sys.executable, "-m", "remote.drill.service", "hold-vram", "--state", str(state), *size,
+            "--server-pid", str(server_pid), *episode]
+    with open(state / CUDA_LOG_FILE, "ab") as out:
+        return subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
+                                start_new_session=True, close_fds=True)
 
 
 def start_cuda_worker(state: Path, server_pid: int, mib: int, episode: list[str]) -> int:
     """The GPU drill's CUDA worker beside the server: returns once it holds its memory (0), or 1
     with its log's tail when it could not."""
-    argv = [sys.executable, "-m", "remote.drill.service", "hold-vram", "--state", str(state), "--mib", str(mib),
-            "--server-pid", str(server_pid), *episode]
     log = state / CUDA_LOG_FILE
-    with open(log, "ab") as out:
-        worker = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
-                                  start_new_session=True, close_fds=True)
+    worker = spawn_cuda_worker(state, server_pid, ["--mib", str(mib)], episode)
     deadline = time.monotonic() + CUDA_WORKER_TIMEOUT_S
     held = f"{worker.pid} holds {mib} MiB"
     while time.monotonic() < deadline:
@@ -117,12 +134,54 @@ def start_cuda_worker(state: Path, server_pid: int, mib: int, episode: list[str]
     return 1
 
 
-def hold_vram(mib: int, server_pid: int, hold_until_killed: bool, release_after: float) -> int:
-    """Hold `mib` MiB of real GPU memory while `server_pid` lives, and after it as the episode says."""
+def wait_until_served(state: Path, server_pid: int) -> bool:
+    """True once the server's log has its ready line; False when the server ended or never got there."""
+    deadline = time.monotonic() + SERVER_READY_TIMEOUT_S
+    while time.monotonic() < deadline and pid_alive(server_pid):
+        with contextlib.suppress(OSError):
+            if READY_LINE in (state / LOG_FILE).read_text(errors="replace"):
+                return True
+        time.sleep(0.2)
+    return False
+
+
+def wait_crowded(state: Path, timeout_s: float = CUDA_WORKER_TIMEOUT_S) -> str:
+    """The crowding worker's line once it holds its memory beside the running server (`start
+    --cuda-leave-mib`); raises RuntimeError with its log's tail when it does not within `timeout_s`."""
+    pid = running_pid(state)
+    deadline = time.monotonic() + timeout_s
+    log = state / CUDA_LOG_FILE
+    while pid is not None and time.monotonic() < deadline:
+        with contextlib.suppress(OSError):
+            for line in log.read_text(errors="replace").splitlines():
+                if line.endswith(f"beside server {pid}"):
+                    return line
+                if f"server {pid} never came up" in line or f"once server {pid} is up" in line:
+                    deadline = 0.0
+        time.sleep(0.2)
+    tail = log.read_text(errors="replace")[-1500:] if log.exists() else "(no log)"
+    raise RuntimeError(f"the crowding CUDA worker holds nothing beside server {pid}; {log} ends with:\n{tail}")
+
+
+def hold_vram(mib: int, server_pid: int, hold_until_killed: bool, release_after: float,
+              leave_mib: int = 0, state: Path | None = None) -> int:
+    """Hold `mib` MiB of real GPU memory while `server_pid` lives, and after it as the episode says.
+    `leave_mib` (with `state`): once the server is up, hold all but that much of what is free."""
     signal.signal(signal.SIGHUP, signal.SIG_IGN)  # outlive the session that started the server
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     import torch
 
+    if leave_mib:
+        torch.empty(1, device="cuda")  # this process's own context first: it is not what is left free
+        if state is None or not wait_until_served(state, server_pid):
+            print(f"server {server_pid} never came up: nothing held", flush=True)
+            return 1
+        free_bytes, _ = torch.cuda.mem_get_info()
+        mib = (free_bytes >> 20) - leave_mib
+        if mib <= 0:
+            print(f"only {free_bytes >> 20} MiB free once server {server_pid} is up: nothing to crowd "
+                  f"(--leave-mib {leave_mib})", flush=True)
+            return 1
     block = torch.empty(mib << 20, dtype=torch.uint8, device="cuda")
     block.fill_(1)  # touched, so the driver has really handed the pages over
     torch.cuda.synchronize()
@@ -168,15 +227,19 @@ def status(state: Path) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m remote.drill.service", description=__doc__.splitlines()[0],
-                                     usage="%(prog)s {start,stop,status} --state DIR [--wait S] [--cuda-mib N] "
+                                     usage="%(prog)s {start,stop,status} --state DIR [--wait S] [--cuda-mib N | --cuda-leave-mib N] "
                                            "[-- STANDIN_ARGS...]")
     parser.add_argument("action", choices=("start", "stop", "status", "hold-vram"))
     parser.add_argument("--state", required=True, help="the service's directory (pid file, log, marker)")
     parser.add_argument("--wait", type=float, default=10.0, help="stop: seconds to wait for the server to end")
-    parser.add_argument("--cuda-mib", type=int, default=0,
-                        help="start: a real CUDA worker holds this many MiB beside the server (the GPU drill)")
+    sizes = parser.add_mutually_exclusive_group()
+    sizes.add_argument("--cuda-mib", type=int, default=0,
+                       help="start: a real CUDA worker holds this many MiB beside the server (the GPU drill)")
+    sizes.add_argument("--cuda-leave-mib", type=int, default=0,
+                       help="start: once the server is up, a real CUDA worker takes all but this many MiB free")
     # hold-vram: the CUDA worker itself (started by `start --cuda-mib`)
     parser.add_argument("--mib", type=int, default=0, help=argparse.SUPPRESS)
+    parser.add_argument("--leave-mib", type=int, default=0, help=argparse.SUPPRESS)
     parser.add_argument("--server-pid", type=int, default=0, help=argparse.SUPPRESS)
     parser.add_argument("--hold-until-killed", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--release-after", type=float, default=RELEASE_AFTER_S, help=argparse.SUPPRESS)
@@ -185,13 +248,13 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(ours)
     state = Path(args.state)
     if args.action == "hold-vram":
-        if args.mib <= 0 or args.server_pid <= 0:
-            parser.error("hold-vram needs --mib and --server-pid")
-        return hold_vram(args.mib, args.server_pid, args.hold_until_killed, args.release_after)
+        if (args.mib <= 0 and args.leave_mib <= 0) or args.server_pid <= 0:
+            parser.error("hold-vram needs --mib or --leave-mib, and --server-pid")
+        return hold_vram(args.mib, args.server_pid, args.hold_until_killed, args.release_after, args.leave_mib, state)
     if args.action == "start":
         if not extra:
             parser.error("start needs the standin's arguments after --")
-        return start(state, extra, args.cuda_mib)
+        return start(state, extra, args.cuda_mib, args.cuda_leave_mib)
     if extra:
         parser.error(f"{args.action} takes no standin arguments")
     return stop(state, args.wait) if args.action == "stop" else status(state)
