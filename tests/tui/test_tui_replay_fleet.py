@@ -57,6 +57,15 @@ def test_the_recording_draws_r1_out_of_the_router_from_its_drain_to_its_rejoin(f
     assert "r1  serving" in shown[-1] and "r2  serving" in shown[-1] and "2 of 2 replicas healthy" in shown[-1]
 
 
+def test_replay_print_says_each_change_of_the_fleet(finished_fleet_run: Path):
+    from console.cli.replay import describe
+
+    run_id = finished_fleet_run.name
+    said = [describe(e) for e in read_recording(finished_fleet_run).events if isinstance(e.message, m.FleetView)]
+    assert f"fleet: r1 in window (run {run_id}), out of the router; r2 serving" in said, said
+    assert said[-1] == "fleet: r1 serving; r2 serving"
+
+
 def test_the_journal_and_state_alone_draw_it_when_the_config_is_gone(finished_fleet_run: Path, tmp_path: Path):
     copy = tmp_path / finished_fleet_run.name
     shutil.copytree(finished_fleet_run, copy)
