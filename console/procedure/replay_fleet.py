@@ -19,7 +19,8 @@ is enough to draw the same states at the same moments:
 
 Every replica is listed healthy at the drain's start (the drain is refused otherwise,
 steps/fleet.py `choose`), so that is the first view shown. The replicas' own request counts are never
-kept: they read "?". One event per change, each a `FleetView` at the time of its journal line.
+kept: they read "?"; without the config, a replica's host and GPUs read "host not recorded". One
+event per change, each a `FleetView` at the time of its journal line.
 """
 
 from __future__ import annotations
@@ -90,7 +91,7 @@ def fleet_events(run_id: str, entries: list[tuple[int, m.JournalEntry]], state: 
                  *(n for n in named if n), facts.get("fleet_replica"), drained.get("replica")]:
         if isinstance(name, str):
             names.setdefault(name)
-    where = {r["name"]: (str(r.get("host", "?")), tuple(g for g in r.get("gpus") or () if isinstance(g, int)))
+    where = {r["name"]: (str(r.get("host", "")), tuple(g for g in r.get("gpus") or () if isinstance(g, int)))
              for r in configured}
     if not names:
         return []  # drain and rejoin left out ("one server"): no fleet to draw
@@ -101,7 +102,7 @@ def fleet_events(run_id: str, entries: list[tuple[int, m.JournalEntry]], state: 
     events: list[Event] = []
 
     def view(t: float, where_from: str) -> None:
-        replicas = tuple(m.ReplicaView(name, *where.get(name, ("?", ())), listed=listed[name], healthy=listed[name],
+        replicas = tuple(m.ReplicaView(name, *where.get(name, ("", ())), listed=listed[name], healthy=listed[name],
                                        router_load=None, running=None, queued=None,
                                        state=held.get(name, "serving" if listed[name] else "out of the router"),
                                        run_id=run_id if name in held else None)

@@ -53,6 +53,7 @@ def test_the_recording_draws_r1_out_of_the_router_from_its_drain_to_its_rejoin(f
     out = next(v for v in shown if f"r1  in window (run {run_id})" in v)
     assert "1 of 2 replicas healthy" in out and "router not listed" in out and "r2  serving" in out
     assert "(sglang-router)" in out  # the gateway, as the drain's journal line named it
+    assert "ct129 GPU all" in out  # each replica's host and GPUs, from the run's config ([fleet])
     assert any(f"r1  rejoining (run {run_id})" in v for v in shown)
     assert "r1  serving" in shown[-1] and "r2  serving" in shown[-1] and "2 of 2 replicas healthy" in shown[-1]
 
@@ -77,6 +78,7 @@ def test_the_journal_and_state_alone_draw_it_when_the_config_is_gone(finished_fl
         (tmp_path / "moved.toml").rename(state.config)
     out = next(v for v in shown if "r1  in window" in v)
     assert "router http://127.0.0.1:30000 (sglang-router) up, 1 of 2 replicas healthy" in out and "r2  serving" in out
+    assert "host not recorded" in out and "GPU all" not in out  # never a claim the store cannot back
 
 
 def test_a_replica_the_run_left_out_is_drained_by_it_at_the_end(tmp_path: Path, producers):
