@@ -610,7 +610,8 @@ class ConsoleApp(StaysUp, App[int]):
             event.stop()
             self.notify(self.why_no_restart(), title="r: no restart", severity="warning", timeout=6)
             return
-        action = acting_action(self, event.key)
+        # (the dashboard's keys only: another screen's own binding of the key, as the runs' c, acts there)
+        action = acting_action(self, event.key) if isinstance(self.screen, DashboardScreen) else None
         said = refusal(self, action) if action is not None else None
         if said is not None:
             event.stop()

@@ -46,6 +46,12 @@ async def test_each_acting_key_of_a_read_only_console_says_read_only_and_does_no
         text = await press_and_read(app, pilot, "r")
         assert text.startswith("read-only: this console restarts nothing") and kind in text, text
         assert not app.state.running and op.decisions == [] and app.screen.id == "dashboard"
+        await pilot.press("h")  # the runs: their c compares, and says nothing of read-only
+        await until(pilot, lambda: type(app.screen).__name__ == "RunsScreen")
+        before = len(said(app))
+        await press_and_read(app, pilot, "c")
+        await pilot.pause(0.1)
+        assert said(app)[before:] == ["mark two runs with space first"], said(app)[before:]
 
 
 async def test_a_replays_acting_keys_say_it_is_a_replay():
