@@ -79,6 +79,16 @@ async def test_a_console_that_follows_another_consoles_run_says_who_drives(tmp_p
                 text = await press_and_read(app, pilot, key)
                 assert text.startswith(f"run {run.run_id} is driven by {owner.describe()}: this console follows it "
                                        f"and {SAYS[key]}"), text
+            # The palette's "Run the procedure" (offered: this console may run once that run ends) says the same.
+            before = len(said(app))
+            await pilot.press("ctrl+p")
+            await until(pilot, lambda: type(app.screen).__name__ == "CommandPalette")
+            await pilot.press(*"Run the procedure")
+            await pilot.pause(0.3)
+            await pilot.press("enter")
+            await until(pilot, lambda: len(said(app)) > before)
+            assert said(app)[-1].startswith(f"run {run.run_id} is driven by {owner.describe()}: this console follows"), \
+                said(app)[-1]
             assert not app.state.running and op.decisions == []
     finally:
         proc.kill()
