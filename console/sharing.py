@@ -16,7 +16,8 @@ core's own dataclasses, whole; it is safe here only because both ends are the sa
 and nothing else can reach the socket. A viewer that connects first gets the snapshot: each host's
 telemetry history (its sparklines) and the last message of each kind. A viewer that closes leaves
 nothing behind: its queue goes with its connection. A viewer too slow to keep up (its queue full) is
-dropped, never the hub held back. A viewer whose hub is gone says so on every host's line.
+dropped, never the hub held back; it connects again and starts from the snapshot. A viewer whose hub
+is gone (its socket no longer answers) says so on every host's line. docs/sharing.md is the design.
 """
 
 from __future__ import annotations
@@ -43,6 +44,8 @@ SHARED = (m.HostState, m.TelemetryUpdate, m.ServiceView, m.FleetView,
           m.JobProgress, m.JobLog, m.JobArtifact, m.JobResult, m.JobError, m.JobExit, m.JobStalled)
 HEADER = struct.Struct("!I")
 VIEWER_QUEUE = 2000  # messages waiting for one viewer; past it the viewer is dropped, never the hub held
+GONE = "the watcher of `dflash-ops serve` is gone (serve stopped): what is shown is no longer live"
+RECONNECT_S = 0.2  # a dropped viewer connects again after this (the hub had closed it: it may be going)
 
 
 @dataclass(frozen=True)
@@ -150,6 +153,7 @@ class SharedSession:
         self.paused_by: str | None = None
         self.fleet: m.FleetView | None = None
         self.received = 0  # messages read from the hub (the tests count them)
+        self.connections = 0  # to the hub: more than one after it dropped this viewer for being slow
         self._telemetry = {name: HostTelemetry(name) for name in config.hosts}
         self._task: asyncio.Task | None = None
 
@@ -161,19 +165,27 @@ class SharedSession:
         self._task = None
 
     async def _listen(self) -> None:
-        try:
-            reader, writer = await asyncio.open_unix_connection(str(self.path))
-        except OSError as exc:
-            self._hub_gone(f"the watcher of `dflash-ops serve` cannot be reached at {self.path}: {exc.strerror or exc}")
-            return
-        try:
-            while True:
-                (size,) = HEADER.unpack(await reader.readexactly(HEADER.size))
-                self._take(pickle.loads(await reader.readexactly(size)))
-        except (asyncio.IncompleteReadError, ConnectionError):
-            self._hub_gone("the watcher of `dflash-ops serve` is gone (serve stopped): what is shown is no longer live")
-        finally:
-            writer.close()
+        """Read the hub until it is gone. A connection the hub closes while its socket still answers
+        is this viewer dropped for being slow: it connects again and starts from the snapshot."""
+        connected = False
+        while True:
+            try:
+                reader, writer = await asyncio.open_unix_connection(str(self.path))
+            except OSError as exc:
+                self._hub_gone(GONE if connected else f"the watcher of `dflash-ops serve` cannot be reached at "
+                                                      f"{self.path}: {exc.strerror or exc}")
+                return
+            connected = True
+            self.connections += 1
+            try:
+                while True:
+                    (size,) = HEADER.unpack(await reader.readexactly(HEADER.size))
+                    self._take(pickle.loads(await reader.readexactly(size)))
+            except (asyncio.IncompleteReadError, ConnectionError):
+                pass  # closed by the hub: dropped (it answers again) or gone (it does not)
+            finally:
+                writer.close()
+            await asyncio.sleep(RECONNECT_S)
 
     def _take(self, message: Any) -> None:
         self.received += 1

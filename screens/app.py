@@ -37,6 +37,7 @@ from screens.modals.confirm import QUESTION_GUARD_S, QuestionModal
 from screens.modals.error import ErrorModal, ErrorReport, bug_report, report_of, tail
 from screens.modals.help import HelpModal
 from screens.modals.quit import QuitWhileDownModal
+from screens.refusals import acting_action, refusal
 from screens.state import ConsoleState, StepView, default_rows
 from screens.widgets.downtime_banner import DowntimeBanner
 
@@ -587,7 +588,7 @@ class ConsoleApp(StaysUp, App[int]):
     def why_no_restart(self) -> str:
         """What `r` says when it cannot act."""
         if self.read_only:
-            return "read-only: this console restarts nothing"
+            return refusal(self, "restart_service") or "read-only: this console restarts nothing"
         if self.state.down_since is None:
             return "the service is not down because of this run: nothing to restart"
         elsewhere = self._live_elsewhere()
@@ -601,10 +602,21 @@ class ConsoleApp(StaysUp, App[int]):
         return "a restart is already under way"
 
     def on_key(self, event: events.Key) -> None:
-        """A key whose binding cannot act here reaches the app: `r` says why rather than nothing."""
-        if event.key == "r" and not isinstance(self.screen, ModalScreen):
+        """A key whose binding cannot act here reaches the app: `r` says why rather than nothing, and
+        every acting key of a read-only or following console says so (screens/refusals.py)."""
+        if isinstance(self.screen, ModalScreen):
+            return
+        if event.key == "r":
             event.stop()
             self.notify(self.why_no_restart(), title="r: no restart", severity="warning", timeout=6)
+            return
+        # (the dashboard's keys only: another screen's own binding of the key, as the runs' c, acts there)
+        action = acting_action(self, event.key) if isinstance(self.screen, DashboardScreen) else None
+        said = refusal(self, action) if action is not None else None
+        if said is not None:
+            event.stop()
+            self.notify(said, title=f"{event.key}: read-only" if self.read_only else f"{event.key}: not here",
+                        severity="warning", timeout=5)
 
     def action_events(self) -> None:
         """The events whole, filtered as a word is typed; the dashboard's log keeps the filter."""

@@ -46,13 +46,21 @@ class _Service:
     unit: str | None = None
 
 
+@dataclass(frozen=True)
+class _Fleet:
+    router: str
+    replicas: tuple = ()  # (no replica is this console's service: the panel names each)
+
+
 @dataclass
 class ReplayConfig:
     """The part of `Config` the dashboard reads, from the recording (the run's config file may be
-    gone, or changed since): its hosts, and the service's host (the one the stop was asked on)."""
+    gone, or changed since): its hosts, the service's host (the one the stop was asked on), and a
+    fleet run's router (its fleet panel: console/procedure/replay_fleet.py)."""
 
     hosts: dict[str, None]
     service: _Service
+    fleet: _Fleet | None = None
 
 
 def config_of(recording: Recording) -> ReplayConfig:
@@ -62,7 +70,8 @@ def config_of(recording: Recording) -> ReplayConfig:
     asked = next((e.message.confirmation.host for e in recording.events if isinstance(e.message, m.DecisionMade)
                   and e.message.confirmation.step == "stop"), None)
     service_host = stop or asked or next(iter(hosts), "?")
-    return ReplayConfig(dict.fromkeys(live_order(recording, service_host)), _Service(service_host))
+    fleet = next((_Fleet(e.message.router) for e in recording.events if isinstance(e.message, m.FleetView)), None)
+    return ReplayConfig(dict.fromkeys(live_order(recording, service_host)), _Service(service_host), fleet)
 
 
 def live_order(recording: Recording, service_host: str) -> list[str]:

@@ -42,8 +42,13 @@ async def test_without_its_token_the_page_its_files_and_its_websocket_are_refuse
         html = await page.text()
         assert f'data-session-websocket-url="ws://{client.host}:{client.port}/ws"' in html
         # every file the page loads comes from this console: no web font from another site (issue 43)
-        loaded = re.findall(r'(?:href|src)="([^"]+)"', html)
+        loaded = re.findall(r"""(?:href|src)="([^"]+)"|url\(["']?([^"')]+)""", html)
+        loaded = [a or b for a, b in loaded]
         assert loaded and all(url.startswith(f"http://{client.host}:{client.port}/") for url in loaded), loaded
+        assert 'data-pingurl=""' in html  # textual-serve's page pings no address of its own choosing
+        for path in ("/static/css/xterm.css", "/static/js/textual.js"):  # nor do its files fetch another site
+            text = await (await client.get(path)).text()
+            assert not re.search(r"@import|url\(\s*[\"']?https?:", text), path
         script = await client.get("/static/js/textual.js")  # the cookie carries the token from here on
         assert script.status == 200
     finally:

@@ -53,6 +53,11 @@ def describe(event: Event) -> str:
         if msg.paused:
             return "service PAUSED"
         return "service DOWN" if msg.down_since is not None else "service back"
+    if isinstance(msg, m.FleetView):  # a fleet run's replicas (console/procedure/replay_fleet.py)
+        from console.views.fleet import state_text
+
+        return "fleet: " + "; ".join(f"{r.name} {state_text(r).plain}{'' if r.listed else ', out of the router'}"
+                                     for r in msg.replicas)
     if isinstance(msg, m.TelemetryUpdate) and msg.sample is not None:
         used = ", ".join(f"GPU{g.index} {g.mem_used_mib} MiB" for g in msg.sample.gpus[:4])
         return f"telemetry {msg.host}: {used}" + (" ..." if len(msg.sample.gpus) > 4 else "")

@@ -11,6 +11,9 @@ messages the console folds (console/messages.py), each at its time and with wher
                      and its time working and waiting, when the service stopped and was ready again
                      (the DOWN banner), the jobs' ids and exit codes, when the GPUs were released
 
+A fleet run's drain and rejoin also give the fleet panel's views, the drained replica out of the
+router from its drain to its rejoin (console/procedure/replay_fleet.py).
+
 `Player` walks the recording on a clock it is given (no sleeps of its own): play, pause, the next
 event, a step's start, and the speed. The console's replay screen (screens/replay.py) and
 `dflash-ops replay` are its views.
@@ -45,6 +48,7 @@ from pathlib import Path
 from typing import Any
 
 from console import messages as m
+from console.procedure.replay_fleet import fleet_events
 from console.procedure.state import STEP_ENDED, RunState, StateError
 from console.procedure.store import JOURNAL, STATE, TELEMETRY, for_replay_only, journal_entry
 from console.telemetry import SampleError, parse_sample
@@ -258,6 +262,7 @@ def read_recording(run_dir: Path | str) -> Recording:
         if not for_replay_only(record):  # the event log as it was: a job's progress was never in it
             add(Event(float(entry.t), entry, f"{JOURNAL}:{number}"))
     events.extend(_from_journal(run_id, entries, state))
+    events.extend(fleet_events(run_id, entries, state))  # a fleet run: the fleet panel (replay_fleet.py)
     if state is not None:
         try:
             events.extend(list(_from_state(run_id, run_dir, state, entries, events)))

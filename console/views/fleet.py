@@ -65,7 +65,7 @@ def replica_rows(view: FleetView) -> list[list[Text | str]]:
         if view.error is not None:
             listed = "?"
         rows.append([r.name, state_text(r), Text(listed, style="green" if listed == "healthy" else "yellow"),
-                     requests_text(r), f"{r.host} GPU {gpus_text(r.gpus)}"])
+                     requests_text(r), f"{r.host} GPU {gpus_text(r.gpus)}" if r.host else "host not recorded"])
     return rows
 
 

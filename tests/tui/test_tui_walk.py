@@ -618,11 +618,14 @@ async def test_a_second_console_never_starts_a_run_over_the_live_one_nor_wipes_i
         assert not isinstance(app.screen, ConfirmModal) and type(app.screen).__name__ == "DashboardScreen"
         assert statuses(app, "stop", "extract") == ["done", "running"]  # the live run's steps, kept
         assert f"run {run.run_id} by {state.owner.describe()}" in banner_text(app)  # who drives, said
+        keyed = [n.message for n in app._notifications]  # g and n (z is no key of the dashboard)
+        assert len(keyed) == 2 and all(f"run {run.run_id} is driven by {state.owner.describe()}: this console "
+                                       f"follows it" in line for line in keyed), keyed
         # Reached some other way (the command palette runs an action by name): it says who drives.
         for action in (app.action_run_procedure, app.action_next_step, app.action_zero_downtime):
             action()
         await pilot.pause()
         assert started == [] and statuses(app, "stop", "extract") == ["done", "running"]
-        said = [n.message for n in app._notifications]
+        said = [n.message for n in app._notifications][len(keyed):]
         assert len(said) == 3 and all(f"run {run.run_id} is driven by {state.owner.describe()}: this console "
                                       f"follows it" in line for line in said), said
