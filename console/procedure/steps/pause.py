@@ -63,6 +63,7 @@ from console.procedure.steps.pause_settle import (
     used_mib,
 )
 from console.procedure.steps.pause_weights import (
+    check_restart,
     compare_checksums,
     probe_again,
     take_weights_reference,
@@ -541,8 +542,12 @@ async def check_continue(window: Window) -> Skip | None:
     if svc.restarted_outside:
         return Found(f"nothing continued: {restart_words(svc.restarted_outside)}")
     if not svc.paused and not window.continued_early:  # continued by this console at gpu_released: verified below
-        if svc.weights_check is not None and not svc.weights_verified:  # a console killed before the check
+        if await check_restart(window):  # a console killed in the weights' restart: finished now
+            window.state.service.weights_verified = True
+            window.run.save()
+        elif svc.weights_check is not None and not svc.weights_verified:  # a console killed before the check
             await verify_continue(window)
+        svc = window.state.service
         return Found(f"taking requests again since "
                      f"{time.strftime('%H:%M:%S', time.localtime(svc.continued_at or time.time()))}")
     return None
@@ -612,8 +617,8 @@ async def verify_continue(window: Window) -> None:
         await compare_checksums(window, server)
     elif svc.probe_tokens is not None:
         await probe_again(window, server, svc.probe_tokens)
-    if svc.weights_check is not None:
-        svc.weights_verified = True
+    if svc.weights_check is not None:  # (the service's record again: a restart that reloaded the weights puts it back)
+        window.state.service.weights_verified = True
         window.run.save()
 
 
