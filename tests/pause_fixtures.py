@@ -60,7 +60,10 @@ def assert_pause_promises(w: Window, finished: RunFinished) -> None:
     resumes = [sorted(b["tags"]) for _, r, b in server.calls if r == "resume_memory_occupation"]
     if server.serving():
         assert not state.service.held, "the server serves but the run says it holds it"
-        assert server.count("continue_generation") == server.count("pause_generation")
+        # A continue resent after its answer was lost, finding the server serving (a no-op on SGLang), is
+        # said; every other continue lets the held requests of one pause run.
+        assert server.count("continue_generation") - server.noop_continues == server.count("pause_generation")
+        assert server.noop_continues == 0 or "got no answer and /ready does not say it landed" in journal_text(w)
         assert resumes == releases, (releases, resumes)
         assert server.held == 0, "requests held by the pause were not let through"
     else:

@@ -562,9 +562,17 @@ async def run_continue(window: Window, reason: str = "its memory is back") -> st
         return (f"taking requests again since {time.strftime('%H:%M:%S', time.localtime(svc.continued_at or 0))} "
                 f"(continued at gpu_released)")
     server = await window.hosts.server()
-    if svc.continues > 0 and await paused_now(window) is False:  # sent before, its answer lost: it landed
-        window.journal("continue", "the continue sent earlier had landed (/ready answers 200)", level="warning")
-        return _continued(window)
+    if svc.continues > 0:  # sent before, its answer lost
+        if await paused_now(window) is False:  # it landed
+            window.journal("continue", "the continue sent earlier had landed (/ready answers 200)", level="warning")
+            return _continued(window)
+        # /ready 503 is a paused server, or one a /health marked unhealthy during the pause (another
+        # client's: SGLang keeps /ready 503 until a /health passes), and only a /health, which holds a
+        # paused server's check 20 s and marks it unhealthy, could tell them apart. The continue is sent
+        # again: on a server no longer paused SGLang's continue changes nothing. Said, never silent.
+        window.journal("continue", "the continue sent earlier got no answer and /ready does not say it landed "
+                                   "(503: paused, or marked unhealthy by a /health during the pause): it is sent "
+                                   "again, which changes nothing on a server no longer paused", level="warning")
     if not await window.ask(Confirmation("continue", "let the server take requests again", window.config.service.host,
                                           request_argv(window, "/continue_generation", {}),
                                           f"{reason}: the held requests run again", False)):
