@@ -4,7 +4,8 @@ fake world (`tests/engine_fakes.py`), answering as SGLang 0.5.23's source does
 
 - `/pause_generation` "retract": running requests go back to the queue, held (none fails);
   calling it again while paused changes nothing;
-- `/release_memory_occupation`: asserts the server is idle (paused, or nothing running): a server
+- `/release_memory_occupation`: asserts the server is idle (nothing running: a retract pause puts the
+  running batch back in the queue, an in_place pause does not; nothing waiting unless paused): a server
   that is not dies, as SGLang's scheduler does on the failed assert; a tag released twice is
   paused twice in torch_memory_saver (recorded as a violation); `frees_after_samples` N (the rehearsal
   server's `--release-frees-after`; slime PR #579): answered at once, its memory leaves the GPUs only
@@ -122,7 +123,9 @@ class FakeServer:
 
     def release(self, tags: list[str]) -> None:
         self._log("release_memory_occupation", {"tags": tags})
-        if self.running and not self.paused:
+        # is_fully_idle(ignore_waiting=_engine_paused): nothing in the running batch (a retract pause put
+        # it back in the queue; an in_place pause keeps it there), and nothing waiting unless paused.
+        if self.running or (self.held and not self.paused):
             self._die("release_memory_occupation should be called only when server is idle")
         twice = [t for t in tags if t in self.released]
         if twice:

@@ -133,6 +133,20 @@ def crash_inside_requests(w: Window, crasher: Crasher) -> None:
     setattr(server, route, landed_then_dead)
 
 
+def extraction_over_freed_memory(w: Window) -> None:
+    """The extractor's weights land on the GPUs only once the released memory has left them: on a real
+    GPU a release that answered before its memory was free (slime PR #579) makes that load run out of
+    memory. Recorded among the server's violations."""
+    world, server = w.world, w.world.server
+    point = world.point
+
+    async def checked(job: object, name: str) -> None:
+        if name == "forward" and server.freeing:
+            server.violations.append(f"the extraction loaded while {server.freeing} had not left the GPUs")
+        await point(job, name)
+    world.point = checked  # type: ignore[method-assign]
+
+
 async def to_the_end(w: Window, crasher: Crasher, decider: str) -> RunFinished:
     """The first console (dying at its crash, if it gets there), then new ones (`run --resume`) until
     the run is finished: not paused to let the extractor's files finish, nor ended with the server held."""
@@ -151,6 +165,7 @@ def assert_always(w: Window, edge: Edge, point: str | None, finished: RunFinishe
     # The server ends serving, the same process (never restarted outside: one life), or restarted by
     # the run only with an operator's yes (`assert_pause_promises`: one stop per yes to a remedy).
     assert server.serving() and len(server.lives) == 1, (finished, server.lives)
+    assert server.ready() == 200, "/ready is not 200: a router or a probe would not send it requests"
     # No resume of a tag not released, no continue over released memory, no /health while paused, no
     # release while requests run: each would have killed or marked the server (its violations).
     assert not server.violations, server.violations
@@ -202,6 +217,7 @@ async def test_every_edge_crossed_with_a_crash_at_each_point_keeps_the_promises(
     edge.setup(w)
     crasher = Crasher(point)
     crash_inside_requests(w, crasher)
+    extraction_over_freed_memory(w)
     finished = await to_the_end(w, crasher, edge.decider)
     if point is not None:
         assert crasher.fired, f"the run never reached {point}"
