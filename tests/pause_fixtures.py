@@ -82,10 +82,10 @@ def assert_pause_promises(w: Window, finished: RunFinished) -> None:
 @pytest.fixture
 def weights_released(paused: Window, monkeypatch: pytest.MonkeyPatch) -> Window:
     """A speculating server whose extraction needs its weights released too (they have a CPU backup)."""
-    from console.procedure.steps import pause as pause_steps
+    from console.procedure.steps import pause_plan
 
     paused.world.server.acceptance = 4.0
-    monkeypatch.setattr(pause_steps, "release_plan", lambda saver, free, gpus, need: (
+    monkeypatch.setattr(pause_plan, "release_plan", lambda saver, free, gpus, need: (
         ["kv_cache", "cuda_graph", "weights"], "the extraction does not fit beside the weights"))
     return paused
 

@@ -81,11 +81,11 @@ def health(w: Window) -> None:
 
 
 def drafter_lost(w: Window) -> None:
-    from console.procedure.steps import pause as pause_steps
+    from console.procedure.steps import pause_plan
 
     w.world.server.acceptance = 4.0
     w.world.server.running = 2
-    w.monkeypatch.setattr(pause_steps, "release_plan", lambda saver, free, gpus, need: (
+    w.monkeypatch.setattr(pause_plan, "release_plan", lambda saver, free, gpus, need: (
         ["kv_cache", "cuda_graph", "weights"], "the extraction does not fit beside the weights"))
 
 
