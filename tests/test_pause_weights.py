@@ -258,3 +258,21 @@ async def test_the_checksum_taken_before_a_crash_is_the_one_checked_after(weight
     assert routes[:released].count("weights_checker") == 1, routes  # taken once: never again after the crash
     assert routes[released:].count("weights_checker") >= 1
     assert_pause_promises(w, finished)
+
+
+async def test_a_yes_to_the_weights_restart_then_a_no_to_its_start_leaves_the_server_named_down(
+        weights_released: Window) -> None:
+    """Stopped with the operator's yes, then the start refused: the run exits 3 and the store names it
+    as the one that left the server down, the remedy's record saying so; the next console (`run
+    --resume` of a run that finished with the server down) only starts it, once."""
+    w = weights_wrong(weights_released)
+    refused = await w.console(decider=ScriptedDecider(w.world.clock, refuse={"restart"}))
+    assert refused.exit_code == engine_module.EXIT_DOWN and not refused.service_up, refused
+    left = w.store.left_down()
+    assert left is not None and left.run_id == w.run_id and left.state.service.left_as() == "down"
+    assert w.world.service.stop_commands == 1 and w.world.service.start_commands == 0
+    finished = await w.console()
+    assert finished.service_up and w.store.left_down() is None, finished
+    assert w.world.service.start_commands == 1 and w.world.server.serving()
+    assert "the start was refused" in w.state().facts["weights_restart"]["remedy"]
+    assert_pause_promises(w, finished)
