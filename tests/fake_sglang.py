@@ -4,7 +4,8 @@ fake world (`tests/engine_fakes.py`), answering as SGLang 0.5.23's source does
 
 - `/pause_generation` "retract": running requests go back to the queue, held (none fails);
   calling it again while paused changes nothing;
-- `/release_memory_occupation`: asserts the server is idle (paused, or nothing running): a server
+- `/release_memory_occupation`: asserts the server is idle (nothing running: a retract pause puts the
+  running batch back in the queue, an in_place pause does not; nothing waiting unless paused): a server
   that is not dies, as SGLang's scheduler does on the failed assert; a tag released twice is
   paused twice in torch_memory_saver (recorded as a violation); `frees_after_samples` N (the rehearsal
   server's `--release-frees-after`; slime PR #579): answered at once, its memory leaves the GPUs only
@@ -24,6 +25,11 @@ fake world (`tests/engine_fakes.py`), answering as SGLang 0.5.23's source does
   checksum, "Unsupported action"; None has no route, 404): its checksum changes when the weights come
   back wrong (`weights_come_back_wrong`: the greedy tokens stay the same) or lost (no CPU backup); read
   while the weights are released it is a violation (SGLang would hash unmapped memory);
+- `/health` and `/ready` as 0.5.23's (http_server.py `health_generate`, `ready`): `/ready` is 503 while
+  paused or unhealthy; a `/health` while paused waits out SGLANG_HEALTH_CHECK_TIMEOUT, answers 503 and
+  marks the server unhealthy (a violation when the console sends it: it must not probe a paused
+  server); a `/health` that passes marks it healthy again. `health_prober`: someone else's `/health`
+  (a load balancer's) meets the pause, so after the continue `/ready` stays 503 until a `/health`;
 - `near_ties`: the next N greedy probes after a continue answer one other token (greedy decoding
   is not batch-invariant under load);
 - speculative decoding (`acceptance`: the acceptance length its answers report; None, the default:
@@ -82,6 +88,9 @@ class FakeServer:
         self.memory_usage: str | None = "start-up"  # /server_info's memory_usage: "start-up", "other" or None
         self.frees_after_samples = 0  # a release's memory leaves only at the N-th agent sample after it
         self.freeing: list[tuple[list[str], int]] = []  # (tags, samples left) released, memory still held
+        self.health_prober = False  # another client's /health meets every pause (a load balancer's)
+        self.unhealthy = False  # a /health timed out (SGLang's UnHealthy): /ready 503 until one passes
+        self.noop_continues = 0  # continues that found the server not paused (a no-op on SGLang)
 
     def _log(self, route: str, body: Any) -> None:
         self.calls.append((self.world.clock.time(), route, body))
@@ -108,11 +117,15 @@ class FakeServer:
         if not self.paused and mode == "retract":
             self.held, self.running = self.held + self.running, 0
         self.paused = True
+        if self.health_prober:  # its /health waits at the front, times out, marks the server unhealthy
+            self.unhealthy = True
         return {}
 
     def release(self, tags: list[str]) -> None:
         self._log("release_memory_occupation", {"tags": tags})
-        if self.running and not self.paused:
+        # is_fully_idle(ignore_waiting=_engine_paused): nothing in the running batch (a retract pause put
+        # it back in the queue; an in_place pause keeps it there), and nothing waiting unless paused.
+        if self.running or (self.held and not self.paused):
             self._die("release_memory_occupation should be called only when server is idle")
         twice = [t for t in tags if t in self.released]
         if twice:
@@ -156,7 +169,7 @@ class FakeServer:
 
     def resume_all(self) -> None:
         """The unit started again: a new process holds all its memory, nothing paused or released."""
-        self.paused, self.released, self.dead = False, set(), None
+        self.paused, self.released, self.dead, self.unhealthy = False, set(), None, False
         self.freeing = []  # a release still freeing died with the old process
         self.drafter_intact = True  # a new process loads its drafter again
         self.weights_intact, self.weights_changed = True, False  # and its weights
@@ -171,9 +184,24 @@ class FakeServer:
         self._log("continue_generation", {})
         if self.released:
             self.violations.append(f"a continue over released memory ({sorted(self.released)})")
+        if not self.paused:
+            self.noop_continues += 1
         self.paused = False
         self.running, self.held = self.running + self.held, 0
         return {}
+
+    def ready(self) -> int:
+        return 200 if self.serving() and not self.unhealthy else 503
+
+    def health(self) -> int:
+        if self.paused and self.dead is None and self.world.service.state == "active":
+            self.violations.append("a /health sent while paused (it waits 20 s, then marks the server unhealthy)")
+            self.unhealthy = True
+            return 503
+        if self.serving():
+            self.unhealthy = False
+            return 200
+        return 503
 
     def serving(self) -> bool:
         service = self.world.service
@@ -265,10 +293,10 @@ class FakeServerClient:
         return await self._call("weights_checker", WEIGHTS_CHECKSUM_BODY, self._server.weights_checksum)
 
     async def ready(self) -> int:
-        return await self._call("ready", {}, lambda: 200 if self._server.serving() else 503)
+        return await self._call("ready", {}, self._server.ready)
 
     async def health(self) -> int:
-        return await self._call("health", {}, lambda: 200 if self._server.serving() else 503)
+        return await self._call("health", {}, self._server.health)
 
     async def generate(self, input_ids: list[int], max_new_tokens: int, timeout: float | None = None) -> dict:
         return await self._call("generate", {}, lambda: self._server.generate(input_ids, max_new_tokens))

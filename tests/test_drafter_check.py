@@ -69,7 +69,8 @@ def test_a_drafter_lost_to_the_weights_release_ends_the_pause_route_degraded(dri
 def test_target_weights_that_come_back_wrong_fail_the_window_naming_both_checksums(drill: Drill) -> None:
     """Issue 40, item 5: `--weights-come-back-wrong` changes the target's lm_head at the resume, every logit
     alike, so the greedy tokens stay the same; /weights_checker's checksum after the resume is not the one
-    before the release, and the run fails naming both. The server serves on (given back all the same)."""
+    before the release, and the run fails naming both and the remedy (a restart), which --yes never takes.
+    The server serves on (given back all the same)."""
     squeeze(drill, {**SQUEEZED, '"--enable-weights-cpu-backup",': '"--enable-weights-cpu-backup", '
                                                                    '"--weights-come-back-wrong", "0.001",'})
     done = drill.run_cli("run", "--headless", "--yes", "--route", "pause")
@@ -81,5 +82,8 @@ def test_target_weights_that_come_back_wrong_fail_the_window_naming_both_checksu
     assert state["status"] == "failed" and state["steps"]["continue"]["status"] == "failed", state["steps"]
     assert before and after and before != after and "weights" in svc["released_tags"]
     assert f"checksum {after} after the resume, {before} before the release" in out, out
+    # The remedy, a restart that reloads the weights, is said; --yes never takes it on its own.
+    assert "--yes never restarts the server on its own" in out and "a restart loads its weights again" in out, out
+    assert svc["stops"] == 0 and svc["starts"] == 0 and "weights_restart" in state["facts"], svc
     assert not svc["paused"] and not svc["released"]  # given back: the server takes requests again
     wait_status(drill.config.service.url + "/ready", 200, timeout=30)

@@ -477,7 +477,7 @@ async def test_a_weights_release_is_forecast_from_weights_releases_never_from_kv
     released the same tags. After a KV-only window, a window that must release the weights too is
     forecast from the H200's weights figures (20 s out, 7 s back for 48 GiB, scaled to this model's
     size), not from the KV-only window's 0 s; after one such window, from it."""
-    from console.procedure.steps import pause as pause_steps
+    from console.procedure.steps import pause_plan
 
     async def next_window() -> dict[str, Any]:
         paused.run_id = paused.store.create(str(paused.world.config.source), None).run_id
@@ -489,7 +489,7 @@ async def test_a_weights_release_is_forecast_from_weights_releases_never_from_kv
     assert kv_only.exit_code == 0 and paused.state().service.released_tags == ["kv_cache", "cuda_graph"]
     assert "median of 1 earlier pause runs that released kv_cache, cuda_graph" in (await next_window())["release"]["basis"]
 
-    monkeypatch.setattr(pause_steps, "release_plan", lambda saver, free, gpus, need: (
+    monkeypatch.setattr(pause_plan, "release_plan", lambda saver, free, gpus, need: (
         ["kv_cache", "cuda_graph", "weights"], "the extraction does not fit beside the weights"))
     first = await next_window()
     model_bytes = paused.state().facts["preflight"]["model_bytes"]

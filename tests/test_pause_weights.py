@@ -9,12 +9,13 @@ import pytest
 
 import console.procedure.engine as engine_module
 from console.procedure.engine import DRAFTER_CRASH_POINTS, PAUSE_CRASH_POINTS
+from console.procedure.steps.pause_weights import WEIGHTS_CRASH_POINTS
 from tests.engine_fakes import ScriptedDecider
 from tests.engine_sweep import (  # its fixtures (producers, window) come through tests/conftest.py
     Crasher,
     Window,
 )
-from tests.pause_fixtures import assert_pause_promises, journal_text
+from tests.pause_fixtures import RefusesRemedies, assert_pause_promises, journal_text
 
 
 async def test_a_drafter_lost_to_the_weights_release_ends_the_run_degraded(weights_released: Window) -> None:
@@ -110,18 +111,79 @@ async def test_a_weights_release_is_verified_by_the_checksum_and_no_probe_is_sen
     assert_pause_promises(w, finished)
 
 
-async def test_weights_that_come_back_wrong_fail_the_window_naming_both_checksums(weights_released: Window) -> None:
-    """The greedy tokens are the same (every logit moved alike): only the checksum tells."""
-    w = weights_released
+def weights_wrong(w: Window) -> Window:
     w.world.server.drafter_survives = True
     w.world.server.weights_come_back_wrong = True
-    finished = await w.console()
+    return w
+
+
+async def test_weights_that_come_back_wrong_offer_the_restart_and_a_no_fails_the_window_naming_both(
+        weights_released: Window) -> None:
+    """The greedy tokens are the same (every logit moved alike): only the checksum tells. The remedy, a
+    restart of the server, is offered as a destructive (Cancel-focused) question; a no fails the window
+    naming both checksums, the server left serving as it is and the remedy said."""
+    w = weights_wrong(weights_released)
+    decider = RefusesRemedies(w.world.clock)
+    finished = await w.console(decider=decider)
     assert finished.status == "failed" and finished.exit_code != 0, finished
     assert "sha-changed after the resume, sha-intact before the release" in finished.message, finished.message
+    assert "the restart was refused" in finished.message and "serves on as it is" in finished.message
+    assert "a restart loads its weights again" in finished.message, finished.message
+    (asked,) = [c for c in decider.asked if c.action == "restart the server to reload its weights"]
+    assert asked.destructive and asked.step == "continue" and asked.argv == ("systemctl", "stop", "sglang.service")
+    assert "sha-changed after the resume, sha-intact before the release" in asked.impact, asked.impact
     state = w.state()
     assert state.steps["continue"].status == "failed" and state.status == "failed"
-    assert state.service.weights_checksum_after == "sha-changed"
-    assert w.world.server.serving()  # the server was given back all the same
+    assert state.service.weights_checksum_after == "sha-changed" and state.facts["weights_restart"]["remedy"] == "refused"
+    assert w.world.server.serving() and w.world.service.stop_commands == 0  # given back, never stopped
+    assert_pause_promises(w, finished)
+
+
+async def test_yes_never_restarts_the_server_for_its_weights(weights_released: Window) -> None:
+    """`--yes` approves the window's questions, never a restart of production offered as a remedy: the
+    window fails naming both checksums and the remedy, the server serving on as it is."""
+    w = weights_wrong(weights_released)
+    decider = ScriptedDecider(w.world.clock, name="--yes")
+    finished = await w.console(decider=decider)
+    assert finished.status == "failed", finished
+    assert "sha-changed after the resume, sha-intact before the release" in finished.message, finished.message
+    assert "--yes never restarts the server on its own" in finished.message, finished.message
+    assert "a restart loads its weights again" in finished.message, finished.message
+    assert not [c for c in decider.asked if "reload" in c.action]
+    assert w.world.service.stop_commands == 0 and w.world.server.serving()
+    assert_pause_promises(w, finished)
+
+
+async def test_a_yes_to_the_weights_restart_reloads_them_and_checks_the_checksum_again(
+        weights_released: Window) -> None:
+    w = weights_wrong(weights_released)
+    finished = await w.console()
+    assert finished.status == "done" and finished.exit_code == 0, finished
+    service = w.world.service
+    assert service.stop_commands == 1 and service.start_commands == 1 and w.world.server.serving()
+    state = w.state()
+    record = state.facts["weights_restart"]
+    assert record["after"] == "sha-changed" and record["restarted"] == "sha-intact", record
+    assert "checksum is sha-intact again" in record["remedy"] and state.service.weights_verified
+    svc, (restart,) = state.service, [x["service"] for x in state.windows if x.get("weights_restart")]
+    assert svc.paused_at < svc.continued_at < restart["stopped_at"] < restart["ready_at"]
+    assert "restarted with the operator's yes to reload its weights" in journal_text(w)
+    assert state.steps["evaluate"].status == "done"
+    assert_pause_promises(w, finished)
+
+
+@pytest.mark.parametrize("point", [*WEIGHTS_CRASH_POINTS, "start-issued"])
+async def test_a_console_killed_in_the_weights_restart_leaves_it_to_the_next(weights_released: Window,
+                                                                             point: str) -> None:
+    """The remedy's stop ran (or its start was sent), then the console died: the server is named as
+    down by the run, and the next console starts it once, checks the checksum again and goes on."""
+    w = weights_wrong(weights_released)
+    assert await w.console(Crasher(point)) is None, f"the run never reached {point}"
+    finished = await w.console()
+    assert finished.status == "done" and finished.service_up, finished
+    service = w.world.service
+    assert service.stop_commands == 1 and service.start_commands == 1 and w.world.server.serving()
+    assert w.state().facts["weights_restart"]["restarted"] == "sha-intact"
     assert_pause_promises(w, finished)
 
 
@@ -180,14 +242,13 @@ async def test_the_checksum_taken_before_a_crash_is_the_one_checked_after(weight
     pause route, then resumed, compares the checksum after the resume with that one (never one taken
     again over the resumed weights), once the continue has landed, even where the first console died
     between the continue and its check."""
-    w = weights_released
-    w.world.server.drafter_survives = True
-    w.world.server.weights_come_back_wrong = True
-    assert await w.console(Crasher(point)) is None, f"the run never reached {point}"
-    finished = await w.console()
+    w = weights_wrong(weights_released)
+    assert await w.console(Crasher(point), decider=RefusesRemedies(w.world.clock)) is None, \
+        f"the run never reached {point}"
+    finished = await w.console(decider=RefusesRemedies(w.world.clock))
     svc = w.state().service
     if finished.status == "paused":  # the extractor was still writing its files: a resume verifies them
-        finished = await w.console()  # and meets the weights check again, never evaluating past it
+        finished = await w.console(decider=RefusesRemedies(w.world.clock))  # the weights check met again
     assert finished.status in ("failed", "paused"), finished.message
     assert "sha-changed after the resume, sha-intact before the release" in finished.message, finished.message
     assert svc.weights_check == "checksum" and not svc.weights_verified
@@ -196,4 +257,22 @@ async def test_the_checksum_taken_before_a_crash_is_the_one_checked_after(weight
     released = routes.index("release_memory_occupation")
     assert routes[:released].count("weights_checker") == 1, routes  # taken once: never again after the crash
     assert routes[released:].count("weights_checker") >= 1
+    assert_pause_promises(w, finished)
+
+
+async def test_a_yes_to_the_weights_restart_then_a_no_to_its_start_leaves_the_server_named_down(
+        weights_released: Window) -> None:
+    """Stopped with the operator's yes, then the start refused: the run exits 3 and the store names it
+    as the one that left the server down, the remedy's record saying so; the next console (`run
+    --resume` of a run that finished with the server down) only starts it, once."""
+    w = weights_wrong(weights_released)
+    refused = await w.console(decider=ScriptedDecider(w.world.clock, refuse={"restart"}))
+    assert refused.exit_code == engine_module.EXIT_DOWN and not refused.service_up, refused
+    left = w.store.left_down()
+    assert left is not None and left.run_id == w.run_id and left.state.service.left_as() == "down"
+    assert w.world.service.stop_commands == 1 and w.world.service.start_commands == 0
+    finished = await w.console()
+    assert finished.service_up and w.store.left_down() is None, finished
+    assert w.world.service.start_commands == 1 and w.world.server.serving()
+    assert "the start was refused" in w.state().facts["weights_restart"]["remedy"]
     assert_pause_promises(w, finished)

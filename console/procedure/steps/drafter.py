@@ -112,7 +112,7 @@ async def check_drafter(window: Window) -> Skip | None:
     said = _record(window).get("line")
     if said and "window_service" in _record(window):  # a console died during the restart offered: finished now
         await stop.restart_service(window, reason="the served drafter came back degraded")  # (none if started)
-        _end_down_period(window)
+        end_down_period(window, _record(window), "drafter_restart")
         _record(window)["remedy"] = "restarted (the console that began the restart died; the next finished it)"
         window.run.save()
     return Found(said) if said else None
@@ -169,7 +169,7 @@ async def offer_restart(window: Window, before: float, after: float) -> None:
                                          window.earlier.get("restart"), "earlier restarts")):
         record["remedy"] = "refused: the server serves on with the degraded drafter until its next restart"
         return
-    _begin_down_period(window)
+    begin_down_period(window, record)
     try:
         await manager.stop()
         window.journal("drafter", "stop command ran (to reload the drafter)", host=service.host,
@@ -183,7 +183,7 @@ async def offer_restart(window: Window, before: float, after: float) -> None:
     except Refused:  # the start refused after the stop: the run ends with the service down (exit 3)
         record["remedy"] = "the start was refused: the server is down, the drafter not reloaded"
         return
-    _end_down_period(window)
+    end_down_period(window, record, "drafter_restart")
     again, why = await measured(window)
     record["restarted"] = again
     record["remedy"] = f"restarted: acceptance length {again:.2f} now" if again is not None else \
@@ -191,13 +191,14 @@ async def offer_restart(window: Window, before: float, after: float) -> None:
     window.journal("drafter", record["remedy"], host=service.host)
 
 
-def _begin_down_period(window: Window) -> None:
-    """The restart is a down period of its own. The service's record says the server is down because
-    of this run (the compensation, `left_down` and a resumed run's checks read it: the stop route's
-    restart step, or this step's check, then starts it); the window's own record is kept in the
-    drafter's facts meanwhile and put back once the server is up (`_end_down_period`)."""
+def begin_down_period(window: Window, record: dict[str, Any]) -> None:
+    """A restart after the window (the drafter's remedy here, the weights' in `pause_weights.py`) is a
+    down period of its own. The service's record says the server is down because of this run (the
+    compensation, `left_down` and a resumed run's checks read it: the stop route's restart step, or
+    the remedy's own check, then starts it); the window's own record is kept in `record` (the
+    remedy's facts) meanwhile and put back once the server is up (`end_down_period`)."""
     svc = window.state.service
-    _record(window)["window_service"] = asdict(svc)
+    record["window_service"] = asdict(svc)
     svc.stopped_at, svc.ready_at, svc.down = time.time(), None, True
     svc.stops += 1
     window.run.keep_going_on_write_errors = True
@@ -205,15 +206,15 @@ def _begin_down_period(window: Window) -> None:
     window.publish_downtime()
 
 
-def _end_down_period(window: Window) -> None:
+def end_down_period(window: Window, record: dict[str, Any], kind: str) -> None:
     """The server back: the window's record is the service's again (its phases are what the next
-    runs' forecasts learn from), and the restart's down period is kept in `windows`, as a window's,
-    so that `runs` counts both."""
-    state, record = window.state, _record(window)
+    runs' forecasts learn from), and the restart's down period is kept in `windows` (marked `kind`:
+    "drafter_restart", "weights_restart"), as a window's, so that `runs` counts both."""
+    state = window.state
     restart = state.service
     state.windows.append({"service": {"stopped_at": restart.stopped_at, "ready_at": restart.ready_at,
                                       "stops": 1, "starts": 1},
-                          "extraction": {}, "steps": {}, "forecast": None, "drafter_restart": True})
+                          "extraction": {}, "steps": {}, "forecast": None, kind: True})
     state.service = ServiceState(**record.pop("window_service"))
     state.service.stops, state.service.starts = restart.stops, restart.starts
     window.run.save()

@@ -11,8 +11,9 @@ tags released and sees the memory back on the GPUs, and `continue` lets the held
 checks that `/health` passes and that the weights came back whole. Each change asks the Decider with
 the literal request.
 
-The weights are checked, not guessed: `pause_weights.py` (/weights_checker's checksum, else the
-greedy probe, asked once more alone before it fails anything).
+What to release, and the pause's forecast: `pause_plan.py`. The weights are checked, not guessed:
+`pause_weights.py` (/weights_checker's checksum, else the greedy probe, asked once more alone before
+it fails anything; a checksum that differs offers the restart that reloads them).
 
 The give-back begins the moment the extractor says `gpu_released`, as the stop route's restart does
 (`begin_give_back`): resume, the memory seen back, continue; the extractor's flush to disk and the
@@ -37,14 +38,22 @@ from __future__ import annotations
 import asyncio
 import json
 import time
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
-from console.messages import Confirmation, Forecast, ForecastPhase, TelemetrySample
+from console.messages import Confirmation, TelemetrySample
 from console.procedure import forecast as fc
-from console.procedure.fit import SPLIT_FILL, need_mib
+from console.procedure.fit import SPLIT_FILL
 from console.procedure.outcomes import Found, Refused, Skip, StepFailed
 from console.procedure.state import Owner
 from console.procedure.steps.extraction import extraction_complete
+from console.procedure.steps.pause_plan import (  # noqa: F401  (re-exported: preflight.py reads them here)
+    CONTROL_S,
+    SAVER_HINT,
+    extraction_need_mib,
+    pause_forecast,
+    plan_release,
+    release_plan,
+)
 from console.procedure.steps.pause_process import (
     pause_again,
     paused_now,
@@ -52,8 +61,6 @@ from console.procedure.steps.pause_process import (
     same_server,
 )
 from console.procedure.steps.pause_settle import (
-    MEASURED_H200,
-    MEASURED_H200_WEIGHTS_BYTES,
     latest_sample,
     memory_back,
     request_argv,
@@ -63,14 +70,15 @@ from console.procedure.steps.pause_settle import (
     used_mib,
 )
 from console.procedure.steps.pause_weights import (
+    check_restart,
     compare_checksums,
     probe_again,
     take_weights_reference,
 )
-from console.service.memory_saver import CUDA_GRAPH, KV_CACHE, WEIGHTS, MemorySaver
+from console.service.memory_saver import WEIGHTS, MemorySaver
 from console.service.sglang_api import ServerAnswerError
 from console.session import service_name
-from console.views.units import duration, size
+from console.views.units import duration
 
 if TYPE_CHECKING:
     from console.procedure.window import Window
@@ -79,122 +87,6 @@ MEMORY_BACK_S = 60.0  # the resumed memory is seen on the GPUs within this (the 
 # Of what the server reports the released tags hold per GPU, seen leaving before free-vram is done: a
 # release may answer before the driver has the memory back (slime PR #579, torch_memory_saver).
 RELEASE_SEEN_SHARE = 0.5
-CONTROL_S = 0.1  # a pause or continue request's round trip (an estimate)
-SAVER_HINT = ("add --enable-memory-saver (and --enable-weights-cpu-backup) to the server's start command: one "
-              "restart, at a time you choose, and later windows need no restart at all")
-
-
-def extraction_need_mib(window: Window) -> int | None:
-    """What the extraction needs on the service's GPUs (fit.py's estimate), None when unknown."""
-    from console.procedure.fit import longest_tokens
-
-    model = window.facts.probes.get(window.config.target.host, {}).get("model", {})
-    if not model.get("tensor_bytes"):
-        return None
-    tokens = window.state.facts.get("prompt_tokens")
-    longest = max(tokens) if tokens else longest_tokens(window.prompt_records())
-    return need_mib(int(model["tensor_bytes"]), int(longest), int(model.get("hidden_size") or 0),
-                    len(window.facts.layers), int(model.get("vocab_size") or 0))
-
-
-def release_plan(saver: MemorySaver, free_mib: int | None, gpus: int, need: int | None) -> tuple[list[str] | None, str]:
-    """The tags to release and why; (None, why) when the route is not possible on this server.
-
-    The KV cache and CUDA graphs when the extraction fits beside the resident weights; the weights
-    too only when it must, and only with a CPU backup of them (else they would be lost). An SGLang
-    whose pause aborts the requests (0.5.5 and earlier) has no pause route at all."""
-    aborts = saver.why_no_pause()
-    if aborts is not None:
-        return None, aborts
-    if not saver.enabled:
-        return None, f"the server runs without the memory saver: {SAVER_HINT}"
-    light = [KV_CACHE, CUDA_GRAPH]
-    if saver.memory_gib is None or free_mib is None or need is None:
-        return light, ("the KV cache and CUDA graphs (the server reports no memory usage: free-vram waits for the "
-                       "room the extraction needs)")
-    per_tag = {tag: int(saver.memory_gib.get(tag, 0.0) * 1024) * gpus for tag in (KV_CACHE, CUDA_GRAPH, WEIGHTS)}
-    usable = SPLIT_FILL if gpus > 1 else 1.0
-    beside = int((free_mib + per_tag[KV_CACHE] + per_tag[CUDA_GRAPH]) * usable)
-    if beside >= need:
-        return light, (f"the KV cache and CUDA graphs ({per_tag[KV_CACHE] + per_tag[CUDA_GRAPH]} MiB): the "
-                       f"extraction (~{need} MiB) fits beside the resident weights ({beside} MiB then free)")
-    with_weights = int((free_mib + sum(per_tag.values())) * usable)
-    if with_weights < need:
-        return None, (f"the extraction needs ~{need} MiB; even releasing the weights too frees only {with_weights} MiB "
-                      f"on the service's GPUs")
-    if not saver.weights_cpu_backup:
-        return None, (f"the extraction needs ~{need} MiB, the KV cache and CUDA graphs free {beside} MiB: the weights "
-                      f"would go too, and the server keeps no CPU backup of them (--enable-weights-cpu-backup)")
-    return [*light, WEIGHTS], (f"the KV cache, CUDA graphs and weights ({sum(per_tag.values())} MiB; the weights to "
-                               f"their CPU backup): the extraction (~{need} MiB) does not fit beside them")
-
-
-async def plan_release(window: Window) -> tuple[list[str] | None, str]:
-    """The release the plan proposes (kept in the run's facts: a resumed run keeps its plan)."""
-    kept = window.state.facts.get("plan_release")
-    if kept is not None:
-        return kept["tags"], kept["why"]
-    server = await window.hosts.server()
-    saver = await server.memory_saver()
-    sample = latest_sample(window)
-    used = used_mib(window, sample)
-    free = None
-    if sample is not None and used:
-        totals = {str(g.index): g.mem_total_mib for g in sample.gpus if g.mem_total_mib is not None}
-        free = sum(totals[g] - used[g] for g in used if g in totals)
-    tags, why = release_plan(saver, free, max(1, len(used)), extraction_need_mib(window))
-    window.state.facts["plan_release"] = {"tags": tags, "why": why, "weights_cpu_backup": saver.weights_cpu_backup}
-    window.run.save()
-    return tags, why
-
-
-async def pause_forecast(window: Window, tags: list[str], inputs: fc.ForecastInputs | None = None) -> Forecast:
-    """The pause route's downtime (pause → continue) by phase, each with its basis. The release, the
-    free-VRAM wait and the resume come from earlier pause runs that released the same tags (a
-    weights release is never projected from KV-only windows: 20 s out against 0.06 s on the H200),
-    else from issue 26's measurements on an H200, the weights' share scaled to this model's size
-    (said so); the pause and the continue from every earlier pause run; the extraction as the
-    window's forecast has it. Over budget above `[window] max_downtime_s`."""
-    from console.procedure.steps import estimates
-
-    pause_runs = [r.state.to_json() for r in window.earlier_runs() if r.state.route == "pause"]
-    same = [s for s in pause_runs if sorted(s.get("service", {}).get("released_tags") or []) == sorted(tags)]
-    inputs = inputs or await window.forecast_inputs()
-    whole = fc.forecast(inputs)
-    model_bytes = inputs.model_bytes if WEIGHTS in tags else None
-
-    def phase(step: str, fallback: tuple[float, str], runs: list[dict[str, Any]], which: str) -> ForecastPhase:
-        earlier = estimates(runs)
-        if step in earlier:
-            return ForecastPhase(step, earlier[step], f"median of {len(runs)} earlier pause runs{which}")
-        return ForecastPhase(step, fallback[0], fallback[1], estimated=True)
-
-    def h200(kind: str) -> tuple[float, str]:
-        said, seconds = [], 0.0
-        for tag in tags:
-            measured = MEASURED_H200[kind][tag]
-            if tag == WEIGHTS and model_bytes:  # the weights' time grows with their size
-                measured *= model_bytes / MEASURED_H200_WEIGHTS_BYTES
-                said.append(f"{tag} {MEASURED_H200[kind][tag]:g} s for {size(MEASURED_H200_WEIGHTS_BYTES)}, "
-                            f"{measured:.2f} s for this model's {size(model_bytes)}")
-            else:
-                said.append(f"{tag} {measured:g} s")
-            seconds += measured
-        return seconds, "measured on an H200 (issue 26, torch_memory_saver 0.0.10): " + ", ".join(said)
-
-    which = f" that released {', '.join(tags)}"
-    extract = fc.phase(whole, "extract")
-    phases = (phase("pause", (CONTROL_S, "estimate: one control request"), pause_runs, ""),
-              phase("release", h200("release"), same, which),
-              phase("free-vram", (1.0, "estimate: one telemetry sample sees the memory free"), same, which),
-              ForecastPhase("extract", extract.seconds, extract.basis, extract.spread_s, extract.estimated),
-              phase("resume", h200("resume"), same, which),
-              phase("continue", (CONTROL_S, "estimate: one control request"), pause_runs, ""))
-    total = sum(p.seconds for p in phases if p.seconds is not None)  # a floor while the extraction is unknown
-    budget = window.config.window.max_downtime_s
-    return Forecast(window.run.run_id, total, phases, budget, budget is not None and total > budget)
-
-
 # --- pause ----------------------------------------------------------------------------------------
 
 
@@ -541,8 +433,12 @@ async def check_continue(window: Window) -> Skip | None:
     if svc.restarted_outside:
         return Found(f"nothing continued: {restart_words(svc.restarted_outside)}")
     if not svc.paused and not window.continued_early:  # continued by this console at gpu_released: verified below
-        if svc.weights_check is not None and not svc.weights_verified:  # a console killed before the check
+        if await check_restart(window):  # a console killed in the weights' restart: finished now
+            window.state.service.weights_verified = True
+            window.run.save()
+        elif svc.weights_check is not None and not svc.weights_verified:  # a console killed before the check
             await verify_continue(window)
+        svc = window.state.service
         return Found(f"taking requests again since "
                      f"{time.strftime('%H:%M:%S', time.localtime(svc.continued_at or time.time()))}")
     return None
@@ -557,9 +453,17 @@ async def run_continue(window: Window, reason: str = "its memory is back") -> st
         return (f"taking requests again since {time.strftime('%H:%M:%S', time.localtime(svc.continued_at or 0))} "
                 f"(continued at gpu_released)")
     server = await window.hosts.server()
-    if svc.continues > 0 and await paused_now(window) is False:  # sent before, its answer lost: it landed
-        window.journal("continue", "the continue sent earlier had landed (/ready answers 200)", level="warning")
-        return _continued(window)
+    if svc.continues > 0:  # sent before, its answer lost
+        if await paused_now(window) is False:  # it landed
+            window.journal("continue", "the continue sent earlier had landed (/ready answers 200)", level="warning")
+            return _continued(window)
+        # /ready 503 is a paused server, or one a /health marked unhealthy during the pause (another
+        # client's: SGLang keeps /ready 503 until a /health passes), and only a /health, which holds a
+        # paused server's check 20 s and marks it unhealthy, could tell them apart. The continue is sent
+        # again: on a server no longer paused SGLang's continue changes nothing. Said, never silent.
+        window.journal("continue", "the continue sent earlier got no answer and /ready does not say it landed "
+                                   "(503: paused, or marked unhealthy by a /health during the pause): it is sent "
+                                   "again, which changes nothing on a server no longer paused", level="warning")
     if not await window.ask(Confirmation("continue", "let the server take requests again", window.config.service.host,
                                           request_argv(window, "/continue_generation", {}),
                                           f"{reason}: the held requests run again", False)):
@@ -612,8 +516,8 @@ async def verify_continue(window: Window) -> None:
         await compare_checksums(window, server)
     elif svc.probe_tokens is not None:
         await probe_again(window, server, svc.probe_tokens)
-    if svc.weights_check is not None:
-        svc.weights_verified = True
+    if svc.weights_check is not None:  # (the service's record again: a restart that reloaded the weights puts it back)
+        window.state.service.weights_verified = True
         window.run.save()
 
 

@@ -4,6 +4,10 @@ resume it must be the same. Only where the server has no such checksum (SGLang b
 for a release that leaves the weights resident, a greedy `/generate` sent before the pause must
 answer the same tokens after the continue; it is not batch-invariant under load, so a mismatch is
 asked once more, alone, before it fails anything. Used by console/procedure/steps/pause.py.
+
+A checksum that differs offers the remedy, a restart of the server (it loads the weights again), as
+a destructive confirm; a no, or `--yes` (never a restart of production on its own), fails the window
+naming both checksums, the server serving on as it is, the remedy said (`offer_restart`).
 """
 
 from __future__ import annotations
@@ -11,9 +15,13 @@ from __future__ import annotations
 import asyncio
 from typing import TYPE_CHECKING, Any
 
-from console.procedure.outcomes import StepFailed
+from console.messages import Confirmation
+from console.procedure.outcomes import Refused, StepFailed
+from console.procedure.steps import stop
+from console.procedure.steps.drafter import begin_down_period, end_down_period
 from console.service.memory_saver import WEIGHTS
 from console.service.sglang_api import WEIGHTS_CHECKER, NoWeightsChecksum
+from console.session import service_name
 
 if TYPE_CHECKING:
     from console.procedure.window import Window
@@ -77,11 +85,106 @@ async def compare_checksums(window: Window, server: Any) -> None:
         window.journal("continue", f"weights checksum {after} after the resume, {before} before the release: "
                                    f"the weights did not come back whole", level="error",
                        host=window.config.service.host)
-        raise StepFailed("continue", f"the server's weights did not come back whole: {WEIGHTS_CHECKER} checksum "
-                                     f"{after} after the resume, {before} before the release (the target's "
-                                     f"weights); its answers cannot be trusted: restart it to load them again")
+        await offer_restart(window, before, after)
+        return
     window.journal("continue", f"weights checked: the {WEIGHTS_CHECKER} checksum after the resume is the one "
                                f"before the release ({after})", host=window.config.service.host)
+
+
+# --- the remedy: a restart of the server loads its weights again -------------------------------------
+
+WEIGHTS_CRASH_POINTS = ("weights-stopped",)  # the weights' restart: the stop ran, the start not yet
+RESTART_REASON = "the server's weights did not come back whole from the release"
+
+
+def _record(window: Window) -> dict[str, Any]:
+    return window.state.facts.setdefault("weights_restart", {})
+
+
+def mismatch_words(before: str | None, after: str | None) -> str:
+    return (f"the server's weights did not come back whole: {WEIGHTS_CHECKER} checksum {after} after the resume, "
+            f"{before} before the release (the target's weights); its answers cannot be trusted")
+
+
+async def offer_restart(window: Window, before: str | None, after: str) -> None:
+    """The weights came back other than they went: the remedy, a restart of the server (which loads
+    them again from disk), asked as a destructive confirm (Cancel focused). Yes: stopped and started
+    by the service's own restart path (`stop.restart_service`, one start per down period), its
+    down period recorded apart from the window's (`drafter.begin_down_period`), the checksum taken
+    again and compared with the one before the release. No, or `--yes` (which never restarts
+    production on its own): StepFailed naming both checksums, the server left serving as it is, the
+    remedy stated."""
+    service = window.config.service
+    record = _record(window)
+    record.update(before=before, after=after)
+    failure = mismatch_words(before, after)
+    leaves = (f"the server serves on as it is, with the weights the resume brought back; the remedy: restart "
+              f"{service_name(window.config)} (a restart loads its weights again)")
+    if window.decider.name == "--yes":
+        record["remedy"] = "not asked under --yes (a restart of production is an operator's yes)"
+        window.run.save()
+        window.journal("continue", f"the restart that reloads the weights is not asked under --yes: {leaves}",
+                       level="error", host=service.host)
+        raise StepFailed("continue", f"{failure}; --yes never restarts the server on its own: {leaves}")
+    manager = await window.hosts.service_manager(window.connect_s)
+    impact = (f"{service_name(window.config)} on {service.host} goes down and is started again (a restart loads "
+              f"its weights again): {WEIGHTS_CHECKER} checksum {after} after the resume, {before} before the "
+              f"release; no means it serves on as it is, its answers untrusted, until its next restart")
+    if not await window.ask(Confirmation("continue", "restart the server to reload its weights", service.host,
+                                         tuple(manager.stop_argv()), impact, True, window.earlier.get("restart"),
+                                         "earlier restarts", leaves=leaves)):
+        record["remedy"] = "refused"
+        window.run.save()
+        raise StepFailed("continue", f"{failure}; the restart was refused: {leaves}")
+    begin_down_period(window, record)
+    await manager.stop()
+    window.journal("continue", "stop command ran (to reload the weights)", host=service.host,
+                   argv=list(manager.stop_argv()))
+    window.crash_point("weights-stopped")
+    await finish_restart(window)
+
+
+async def finish_restart(window: Window) -> None:
+    """The restart's start (asked, once per down period: a started one is waited for), its down period
+    ended, and the weights' checksum taken again: the one before the release, or the window fails
+    naming both. Run by `offer_restart`, and by a resumed run whose console died after the stop."""
+    record = _record(window)
+    try:
+        await stop.restart_service(window, reason=RESTART_REASON)
+    except Refused:
+        record["remedy"] = "the start was refused: the server is down, its weights not reloaded"
+        window.run.save()
+        raise
+    end_down_period(window, record, "weights_restart")
+    server = await window.hosts.server()
+    before = window.state.service.weights_checksum_before
+    try:
+        again = await server.weights_checksum()
+    except NoWeightsChecksum as exc:
+        record["remedy"] = f"restarted; the checksum could not be taken again ({exc})"
+        window.run.save()
+        raise StepFailed("continue", f"restarted to reload the weights, but {record['remedy']}: look at it before "
+                                     f"trusting its answers") from None
+    record["restarted"] = again
+    if again != before:
+        record["remedy"] = f"restarted, and the checksum is {again}, still not {before}"
+        window.run.save()
+        raise StepFailed("continue", f"{mismatch_words(before, record.get('after'))}; {record['remedy']}: the "
+                                     f"weights on disk are not the ones it served before the window")
+    record["remedy"] = f"restarted: the {WEIGHTS_CHECKER} checksum is {again} again, as before the release"
+    window.run.save()
+    window.journal("continue", f"the server was restarted with the operator's yes to reload its weights "
+                               f"({record['after']} after the resume): {record['remedy']}", level="warning",
+                   host=window.config.service.host)
+
+
+async def check_restart(window: Window) -> bool:
+    """A resumed run whose console died in the weights' restart (the stop ran): the start finished and
+    the checksum compared now. True when there was one to finish."""
+    if "window_service" not in _record(window):
+        return False
+    await finish_restart(window)
+    return True
 
 
 async def probe_again(window: Window, server: Any, expected: list[int]) -> None:
