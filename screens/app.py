@@ -467,8 +467,8 @@ class ConsoleApp(StaysUp, App[int]):
         here = type(self.screen).__name__
         if here != "DashboardScreen" and action in self.ACTING:
             return False  # results, runs and the plan are read there; escape goes back to act
-        if (action == "open_results" and here == "ResultsScreen") or (action == "runs" and here == "RunsScreen"):
-            return False  # already there: escape goes back
+        if (action == "open_results" and here in ("ResultsScreen", "RunsScreen")) or (action == "runs" and here == "RunsScreen"):
+            return False  # already there (the runs screen opens the highlighted run): escape goes back
         busy = self.state.running
         if action == "plan":
             return not busy or self.state.plan is not None  # during a run: the run's plan, to read

@@ -329,8 +329,8 @@ class ResultsScreen(StaysUp, Screen):
     ResultsScreen #exported { height: auto; display: none; background: $boost; padding: 0 1; }
     """
     BINDINGS = [
-        Binding("escape", "back", "Dashboard"),
-        Binding("e", "export", "Export report"),
+        Binding("escape", "back", "Back"),  # short: at 80 columns every key of the footer shows
+        Binding("e", "export", "Export"),
         Binding("1", "tab('summary')", "Summary", show=False),
         Binding("2", "tab('per-prompt')", "Per prompt", show=False),
         Binding("3", "tab('acceptance')", "Acceptance", show=False),

@@ -76,10 +76,11 @@ class RunsScreen(StaysUp, Screen):
     RunsScreen .hint { color: $text-muted; height: 1; }
     """
     BINDINGS = [
-        Binding("escape", "back", "Dashboard"),
+        # short names: the line above the table says what they do, and at 80 columns every key shows
+        Binding("escape", "back", "Back"),
         Binding("space", "mark", "Mark"),
-        Binding("enter", "open", "Results", priority=True),
-        Binding("c", "compare", "Compare the two marked"),
+        Binding("enter", "open", "Open", priority=True),
+        Binding("c", "compare", "Compare"),
     ]
 
     def __init__(self) -> None:

@@ -170,3 +170,24 @@ def test_results(snap_compare, size, tab, runs_root: Path):
         await results_tab(app, pilot, tab)
 
     assert shot(snap_compare, size, scene, runs_root)
+
+
+@pytest.mark.parametrize("key", ["o", "h"], ids=["results", "runs"])
+async def test_every_footer_key_shows_at_80_columns(key: str, runs_root: Path):
+    """At 80x24 the results and runs screens' footers show every key they offer, up to `q Quit`,
+    never cut at the edge (the tmux walk found "c Compare the two marked  o R" and no Quit)."""
+    from textual.widgets._footer import FooterKey
+
+    from screens.runs import RunsScreen
+
+    app = ConsoleApp(serving(runs_root), clock=fixed_clock)
+    async with app.run_test(size=NARROW) as pilot:
+        await pilot.pause()
+        await pilot.press(key)
+        await settle(pilot, lambda: isinstance(app.screen, ResultsScreen if key == "o" else RunsScreen))
+        keys = list(app.screen.query(FooterKey))
+        assert keys and any(k.description == "Quit" for k in keys)
+        palette = [k for k in keys if k.description == "palette"]  # docked at the right edge
+        edge = palette[0].region.x if palette else NARROW[0]
+        cut = [k.description for k in keys if k not in palette and k.region.right > edge]
+        assert not cut, f"footer keys past the edge at 80 columns: {cut}"
