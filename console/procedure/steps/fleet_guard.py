@@ -37,6 +37,7 @@ if TYPE_CHECKING:
 WATCH_S = 2.0  # how often the other replicas are read while the window lasts (a router health check's pace)
 # The steps that go deeper into the window: once it is ended early, none of them begins.
 INSIDE = ("stop", "pause", "release", "free-vram", "extract")
+SETTLED = ("done", "skipped", "left-out")  # (the engine's: a step so recorded is not run again)
 
 
 class EndedEarly(StepFailed):
@@ -201,9 +202,9 @@ def early_words(state: Any) -> str | None:
 def cut(window: Window, step: str) -> None:
     """Before each of the route's steps: once the window was ended early, none that goes deeper into it
     begins (an extraction begun is stopped by its `stop` file instead, and followed to its end)."""
-    if window.state.service.ended_early is None or step not in INSIDE:
-        return
     state = window.state
+    if state.service.ended_early is None or step not in INSIDE or state.status_of(step) in SETTLED:
+        return  # (a resumed run passes the steps it had done before the window was ended early)
     if step == "extract" and state.extraction.begun_at is not None:
         return
     if not state.extraction.partial:  # nothing extracted in this window: its prompts are all still to do
