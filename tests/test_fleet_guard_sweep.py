@@ -20,6 +20,8 @@ from typing import Any
 
 import pytest
 
+from console.messages import FleetAtRisk
+from console.notify.events import Watcher
 from console.procedure.engine import EXIT_DONE, EXIT_PAUSED
 from console.procedure.steps import fleet_guard
 from remote.extract_check import PARTIAL_MANIFEST
@@ -130,6 +132,12 @@ def test_the_fleet_degraded_mid_extraction_ends_the_window_early_then_the_resume
     assert_ended_early(w, router, finished, why, extracted=1)  # the prompt in hand finished, kept
     said = [e["message"] for e in w.store.open(w.run_id).read_journal()]
     assert f"THE FLEET IS AT RISK while r1 is out: {why}" in said  # at once, in the journal and every view
+    risks = [x for x in seen if isinstance(x, FleetAtRisk)]
+    assert [(x.replica, x.why) for x in risks] == [("r1", why)]  # once per change
+    told = Watcher(w.world.config, lambda run_id: None, "sglang.service on ct129").on(risks[0])
+    assert [(n.event, n.level, n.title) for n in told] == [
+        ("fleet-at-risk", "failure", "dflash-ops: the fleet is at risk while r1 is out")]
+    assert told[0].body.startswith(why) and "end the window early and put r1 back in the router" in told[0].body
     offer = next(c for c in w.deciders[0].asked if c.step == "fleet")
     assert offer.action == "end the window on r1 early and rejoin it" and offer.argv[:2] == ("sh", "-c")
     assert w.world.service.stop_commands == 1  # one window, stopped once and started once

@@ -26,7 +26,7 @@ import shlex
 import time
 from typing import TYPE_CHECKING, Any
 
-from console.messages import Confirmation
+from console.messages import Confirmation, FleetAtRisk
 from console.procedure.outcomes import StepFailed
 from console.procedure.steps.fleet_choice import FLEET_ERRORS, choose, measure, router_of
 
@@ -119,8 +119,11 @@ async def _watch(window: Window, replica: ReplicaConfig) -> None:
                 now = await trouble(window, replica)
             except Exception as exc:  # never the end of the watch: said, and read again
                 now = f"the fleet cannot be read: {type(exc).__name__}: {exc}"
-            if now is not None and now != said:  # at once: every view and the event log show it
+            if now is not None and now != said:  # at once: every view, the event log and the notifier
                 window.journal("fleet", f"THE FLEET IS AT RISK while {replica.name} is out: {now}", level="error")
+                bus = getattr(window, "bus", None)
+                if bus is not None:
+                    bus.publish(FleetAtRisk(window.run.run_id, replica.name, now, time.time()))
             elif now is None and said is not None:
                 window.journal("fleet", f"the fleet is healthy again ({replica.name} still out for its window)",
                                level="warning")
