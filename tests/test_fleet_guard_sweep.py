@@ -52,6 +52,10 @@ async def until(check: Any, what: str) -> None:
         await asyncio.sleep(0.01)
 
 
+def said_at_risk(w: Window) -> bool:
+    return any(e["message"].startswith("THE FLEET IS AT RISK") for e in w.store.open(w.run_id).read_journal())
+
+
 def ended(w: Window) -> bool:
     return w.state().service.ended_early is not None
 
@@ -60,7 +64,7 @@ def offered(w: Window) -> bool:
     return any(c.step == "fleet" for d in w.deciders for c in d.asked)
 
 
-def fault_mid_extraction(w: Window, router: FakeRouter, fault: str, answered: Any = ended) -> None:
+def fault_mid_extraction(w: Window, router: FakeRouter, fault: str, answered: Any = ended, at: str = "forward") -> None:
     """At the extraction's first prompt (once, whichever console reaches it): r2 falls ("flap": and
     comes back once the operator answered) or the router goes down ("restart": and comes back
     restarted, listing r2 alone); the extractor goes on only once the operator answered."""
@@ -69,9 +73,11 @@ def fault_mid_extraction(w: Window, router: FakeRouter, fault: str, answered: An
 
     async def hooked(job: Any, name: str) -> None:
         await point(job, name)
-        if name != "forward" or fired:
+        if name != at or fired:
             return
         fired.append(True)
+        if at == "gpu_released":  # the console has seen the release (its state says so) before the fall
+            await until(lambda: w.state().extraction.gpu_released_at is not None, "the release seen")
         if fault == "flap":
             router.sick.add(R2)
             await until(lambda: answered(w), "the operator's answer")
@@ -94,8 +100,8 @@ def assert_ended_early(w: Window, router: FakeRouter, finished: Any, why: str, e
     """The window ended early: paused and resumable, saying why; the server serving and r1 back in the
     router (one removal, one add); the prompts extracted kept, the rest missing."""
     assert finished.exit_code == EXIT_PAUSED and finished.status == "paused", finished.message
-    assert finished.message.startswith(f"the window ended early: {why}; the replica is back in the router"), \
-        finished.message
+    assert finished.message == (f"the window ended early: {why}; every prompt extracted is kept, and `run --resume "
+                                f"{w.run_id}` extracts the rest (on a replica chosen again)"), finished.message
     state = w.state()
     assert state.service.ended_early["why"] == why
     assert (router.removals, router.adds) == ([router.r1], [router.r1]) and router.r1 in router.workers
@@ -196,3 +202,30 @@ def test_a_crash_at_each_point_with_the_fleet_degraded_ends_with_every_replica_b
     again = asyncio.run(w.console())
     assert again is not None
     assert_every_prompt_once_and_every_replica_back(w, router, again)
+
+
+def test_the_pause_route_ended_early_gives_the_memory_back_then_rejoins(tmp_path, producers, monkeypatch):
+    w, router = guarded(tmp_path, producers, monkeypatch)
+    w.route = "pause"  # drain, pause … continue on r1, rejoin: the server is never stopped
+    fault_mid_extraction(w, router, "flap")
+    finished = asyncio.run(w.console())
+    assert finished is not None
+    assert_ended_early(w, router, finished, UNHEALTHY, extracted=1)
+    state = w.state()
+    assert w.world.service.stop_commands == 0 and state.steps["continue"].status == "done"
+    assert not state.service.held
+    again = asyncio.run(w.console())
+    assert again is not None
+    assert_every_prompt_once_and_every_replica_back(w, router, again)
+
+
+def test_a_fall_once_the_gpus_are_released_is_said_but_nothing_is_offered(tmp_path, producers, monkeypatch):
+    """The window ends by itself already (the server's return begun at gpu_released): the risk is said,
+    ending early would gain nothing, and the run ends done in its one window."""
+    w, router = guarded(tmp_path, producers, monkeypatch)
+    fault_mid_extraction(w, router, "flap", answered=said_at_risk, at="gpu_released")
+    finished = asyncio.run(w.console())
+    assert finished is not None and finished.exit_code == EXIT_DONE, finished.message
+    assert said_at_risk(w) and not offered(w) and w.state().service.ended_early is None
+    assert sorted(w.world.extracted) == sorted(prompt_ids(w)) and len(w.world.extracted) == 10
+    assert (router.removals, router.adds) == ([router.r1], [router.r1])

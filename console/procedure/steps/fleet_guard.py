@@ -130,7 +130,7 @@ async def _watch(window: Window, replica: ReplicaConfig) -> None:
             said = now
             if now is None and offer is not None and offer.done():
                 offer = None  # healthy again: a new trouble is offered again (a no was to the last one)
-            elif now is not None and offer is None:
+            elif now is not None and offer is None and not _ending(window):
                 offer = asyncio.create_task(_offer(window, replica, now), name="fleet-end-early")
             if offer is not None and offer.done() and _yes(offer):
                 return
@@ -167,6 +167,13 @@ async def _offer(window: Window, replica: ReplicaConfig, why: str) -> bool:
     return approved
 
 
+def _ending(window: Window) -> bool:
+    """The window ends by itself already: the extraction gave the GPUs back (the server's return has
+    begun), or it ended. Ending it early would gain nothing: the risk is said, nothing is offered."""
+    extraction = window.state.extraction
+    return extraction.gpu_released_at is not None or bool(extraction.partial) or extraction.complete
+
+
 def _extracting(window: Window) -> bool:
     extraction = window.state.extraction
     return extraction.begun_at is not None and extraction.gpu_released_at is None and not extraction.partial
@@ -186,11 +193,17 @@ async def end_early(window: Window, why: str) -> None:
     window.run.save()
     window.journal("fleet", f"the window ends early: {why}", level="warning")
     if _extracting(window):
+        host = window.config.target.host
         window.state.extraction.stop_asked_at = time.time()
         window.run.save()
-        await window.hosts.run(window.config.target.host, await _stop_argv(window))
+        try:
+            await window.hosts.run(host, await _stop_argv(window))
+        except Exception as exc:  # the extraction then runs to its end; the window ends after it
+            window.journal("extract", f"the extraction could not be told to stop ({exc}): it runs to its end, then "
+                                      f"the window ends", host=host, level="error")
+            return
         window.journal("extract", "the extraction stops after the prompt in hand (the window ends early)",
-                       host=window.config.target.host, level="warning")
+                       host=host, level="warning")
 
 
 def early_words(state: Any) -> str | None:
@@ -198,8 +211,8 @@ def early_words(state: Any) -> str | None:
     early = state.service.ended_early
     if not early:
         return None
-    return (f"the window ended early: {early['why']}; the replica is back in the router, every prompt extracted "
-            f"is kept, and `run --resume {state.run_id}` extracts the rest (on a replica chosen again)")
+    return (f"the window ended early: {early['why']}; every prompt extracted is kept, and `run --resume "
+            f"{state.run_id}` extracts the rest (on a replica chosen again)")
 
 
 def cut(window: Window, step: str) -> None:
