@@ -1,5 +1,6 @@
 """The fleet checked again at the moment it matters (issue 41 section 2; console/procedure/steps/
-fleet_guard.py), against SGLang's real router (smg 1.13.0) in front of two real rehearsal servers:
+fleet_guard.py), against SGLang's real routers (smg 1.13.0 and sglang-router 0.3.2, each test on both) in
+front of two real rehearsal servers:
 
 - the drain runs the preflight's rules again right before the removal: another replica gone from the
   router since the choice refuses it, nothing changed;
@@ -28,7 +29,7 @@ from typing import Any
 
 import pytest
 
-from console.drill.fleet import SMG, FleetError, launch_router
+from console.drill.fleet import GATEWAYS, SMG, FleetError, launch_router
 from console.procedure.outcomes import StepFailed
 from console.procedure.steps import fleet, fleet_guard
 from console.procedure.store import RunStore
@@ -37,7 +38,7 @@ from tests.router_helpers import ROUTER_START_S, need_router
 from tests.standin_helpers import ROOT, free_port, start_standin, stop, wait_status
 from tests.test_fleet_steps import fleet_config
 
-need_router(SMG)
+need_router()
 
 # smg sees a stopped replica at its first failed check (1 s apart, 1 s timeout) and a live one again
 # at its first answer: the flap is seen within seconds, as a team's tuned gateway sees it.
@@ -50,8 +51,8 @@ class Fleet:
     """Two rehearsal servers (their processes, to stop and continue them) behind a real smg that a
     test may restart on the same port."""
 
-    def __init__(self, tmp: Path, procs: list[subprocess.Popen], urls: list[str]):
-        self.tmp, self.procs, self.urls = tmp, procs, urls
+    def __init__(self, tmp: Path, procs: list[subprocess.Popen], urls: list[str], gateway: str):
+        self.tmp, self.procs, self.urls, self.gateway = tmp, procs, urls, gateway
         self.port = free_port()
         self.router = f"http://127.0.0.1:{self.port}"
         self.router_proc: subprocess.Popen | None = None
@@ -60,9 +61,9 @@ class Fleet:
     def start_router(self, workers: list[str]) -> None:
         self.starts += 1
         try:
-            self.router_proc, _ = launch_router(SMG, sys.executable, self.port, workers,
-                                                self.tmp / f"smg{self.starts}.log", ROUTER_START_S, *QUICK_HEALTH,
-                                                cwd=ROOT)
+            self.router_proc, _ = launch_router(self.gateway, sys.executable, self.port, workers,
+                                                self.tmp / f"{self.gateway}{self.starts}.log", ROUTER_START_S,
+                                                *QUICK_HEALTH, cwd=ROOT)
         except FleetError as exc:
             raise AssertionError(str(exc)) from None
 
@@ -78,9 +79,11 @@ class Fleet:
         os.kill(self.procs[index].pid, signal.SIGCONT)
 
 
-@pytest.fixture(scope="module")
-def guard_fleet(tiny_target: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Fleet]:
-    tmp = tmp_path_factory.mktemp("guard")
+@pytest.fixture(scope="module", params=GATEWAYS)
+def guard_fleet(request: pytest.FixtureRequest, tiny_target: Path,
+                tmp_path_factory: pytest.TempPathFactory) -> Iterator[Fleet]:
+    """Each test once behind smg, once behind sglang-router (each with its own two replicas)."""
+    tmp = tmp_path_factory.mktemp(f"guard-{request.param}")
     procs, urls = [], []
     try:
         for i in range(2):
@@ -90,7 +93,7 @@ def guard_fleet(tiny_target: Path, tmp_path_factory: pytest.TempPathFactory) -> 
             urls.append(f"http://127.0.0.1:{port}")
         for proc, url in zip(procs, urls, strict=True):
             wait_status(url + "/health", 200, timeout=120, proc=proc)
-        made = Fleet(tmp, procs, urls)
+        made = Fleet(tmp, procs, urls, request.param)
         made.start_router(urls)
         yield made
         made.stop_router()
@@ -119,7 +122,7 @@ async def _all_listed(f: Fleet) -> None:
     listed = {w.url for w in await client.workers()}
     for url in f.urls:
         if url not in listed:
-            await client.add_worker(url, {"health": {"drain_settle_secs": 1}})
+            await client.add_worker(url, {"health": {"drain_settle_secs": 1}} if f.gateway == SMG else None)
     await until(lambda: _healthy(f.router, f.urls), "every replica listed healthy")
 
 
