@@ -87,6 +87,7 @@ class Window:
         if getattr(self, "fleet_watch", None) is not None:
             self.fleet_watch.cancel()  # the last window's watch of the other replicas
         self.fleet_watch: asyncio.Task | None = None  # the other replicas watched while ours is out (fleet_guard)
+        self.ended_early = asyncio.Event()  # set when the operator ends this window early (fleet_guard.end_early)
         self.budget_asked = False
         self.gpu_released = asyncio.Event()
         self.start_issued = asyncio.Event()  # the restart's start is being sent (or the service found starting)

@@ -151,7 +151,8 @@ async def run_drain(window: Window) -> str:
         window.journal("drain", f"{replica.name} ({replica.worker_url}) is out of the router {fleet.router} ({gateway}"
                                 f"{': after its settle' if gateway.settles else f', then {settled:g} s of ours'})")
         window.crash_point("draining")
-        waited = await wait_idle(replica_client(window, replica), fleet.drain_timeout_s)
+        waited = await fleet_guard.unless_ended(window, "drain",
+                                                wait_idle(replica_client(window, replica), fleet.drain_timeout_s))
     except FLEET_ERRORS as exc:
         raise StepFailed("drain", f"{exc}; the replica is put back in the router") from None
     return f"{replica.name} out of the router and idle after {waited:.1f} s"

@@ -191,6 +191,9 @@ async def end_early(window: Window, why: str) -> None:
         return
     svc.ended_early = {"why": why, "at": time.time()}
     window.run.save()
+    event = getattr(window, "ended_early", None)
+    if event is not None:
+        event.set()  # a long wait of the window's (the drain's requests) ends now: `unless_ended`
     window.journal("fleet", f"the window ends early: {why}", level="warning")
     if _extracting(window):
         host = window.config.target.host
@@ -215,6 +218,26 @@ def early_words(state: Any) -> str | None:
             f"{state.run_id}` extracts the rest (on a replica chosen again)")
 
 
+async def unless_ended(window: Window, step: str, work: Any) -> Any:
+    """`work`'s result, unless the window is ended early first: then `work` is cancelled and
+    EndedEarly raised (the drain's wait for the replica's requests, up to `drain_timeout_s`, is not
+    waited out: the replica rejoins, its requests still running)."""
+    event = getattr(window, "ended_early", None)
+    if event is None:
+        return await work
+    task, ended = asyncio.ensure_future(work), asyncio.ensure_future(event.wait())
+    try:
+        await asyncio.wait({task, ended}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        ended.cancel()
+        if not task.done():
+            task.cancel()
+            await asyncio.gather(task, return_exceptions=True)
+    if task.cancelled():
+        raise _ended(window, step)
+    return task.result()
+
+
 def cut(window: Window, step: str) -> None:
     """Before each of the route's steps: once the window was ended early, none that goes deeper into it
     begins (an extraction begun is stopped by its `stop` file instead, and followed to its end)."""
@@ -223,10 +246,17 @@ def cut(window: Window, step: str) -> None:
         return  # (a resumed run passes the steps it had done before the window was ended early)
     if step == "extract" and state.extraction.begun_at is not None:
         return
-    if not state.extraction.partial:  # nothing extracted in this window: its prompts are all still to do
+    raise _ended(window, step)
+
+
+def _ended(window: Window, step: str) -> EndedEarly:
+    """The window ended before its extraction began: its prompts all still to do (the run's `partial`,
+    so that `run --resume` opens the next window), and the error that ends it."""
+    state = window.state
+    if not state.extraction.partial:
         earlier = (state.windows[-1].get("extraction") or {}).get("partial") if state.windows else None
         missing = [str(x) for x in (earlier or {}).get("missing") or state.facts.get("prompt_ids", [])]
         done = [str(x) for x in state.facts.get("prompt_ids", []) if str(x) not in missing]
         state.extraction.partial = {"done": done, "missing": missing}
         window.run.save()
-    raise EndedEarly(step, early_words(state) or "the window ended early")
+    return EndedEarly(step, early_words(state) or "the window ended early")
