@@ -21,6 +21,10 @@ per drain (`drains`, `rejoins` in the state, counted before each request). Every
 rejoins it (`rejoin_after`, called by the engine's compensation after the route's own restart or
 resume + continue); what cannot be rejoined stays named "DRAINED by run X" by `status` and `runs`.
 The router's contract: docs/sglang.md, "Router"; its client: console/service/router.py.
+
+The choice's rules and what they read: steps/fleet_choice.py. Right before the removal they run again
+(`fleet_guard.recheck`), and while the replica is out the other replicas and the router are watched,
+a risk said at once and the window offered to end early and rejoin: steps/fleet_guard.py.
 """
 
 from __future__ import annotations
