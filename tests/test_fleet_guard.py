@@ -30,6 +30,7 @@ from typing import Any
 import pytest
 
 from console.drill.fleet import GATEWAYS, SMG, FleetError, launch_router
+from console.procedure.decider import confirmation_text
 from console.procedure.outcomes import StepFailed
 from console.procedure.steps import fleet, fleet_guard
 from console.procedure.store import RunStore
@@ -227,6 +228,7 @@ def test_another_replica_unhealthy_mid_window_is_said_at_once_and_a_yes_ends_it_
     asyncio.run(window())
     offer = engine.asked[-1]
     assert offer.action == "end the window on r1 early and rejoin it" and not offer.destructive
+    assert "command: (none: the console acts itself)" in confirmation_text(offer)  # nothing sent by the yes itself
     early = store.open(engine.run.run_id).state.service.ended_early  # on disk before anything else
     assert early is not None and early["why"] in (
         f"another replica is unhealthy in the router {fresh.router}: r2 (unhealthy)",
