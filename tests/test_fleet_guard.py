@@ -31,7 +31,7 @@ import pytest
 
 from console.drill.fleet import GATEWAYS, SMG, FleetError, launch_router
 from console.procedure.decider import confirmation_text
-from console.procedure.outcomes import StepFailed
+from console.procedure.outcomes import SimulatedCrash, StepFailed
 from console.procedure.steps import fleet, fleet_guard
 from console.procedure.store import RunStore
 from console.service.router import RouterClient
@@ -148,8 +148,9 @@ class GuardSteps:
     config, the run (its state.json on disk), the journal, the operator's answers (`answer`, called
     with each question; the offer to end early is asked without holding the window, `holds=False`)."""
 
-    def __init__(self, config: Any, run: Any, answer: Callable[[Any], Awaitable[bool]] | None = None):
-        self.config, self.run = config, run
+    def __init__(self, config: Any, run: Any, answer: Callable[[Any], Awaitable[bool]] | None = None,
+                 crash_at: str | None = None):
+        self.config, self.run, self.crash_at = config, run, crash_at
         self.route = "window"
         self.fleet_watch: asyncio.Task | None = None
         self.asked: list[Any] = []
@@ -169,7 +170,8 @@ class GuardSteps:
         return True if self._answer is None else await self._answer(confirmation)
 
     def crash_point(self, point: str) -> None:
-        pass
+        if point == self.crash_at:
+            raise SimulatedCrash(point)
 
     def said(self, words: str) -> bool:
         return any(words in line for _, line in self.lines)
@@ -309,3 +311,34 @@ def test_a_router_restarted_mid_window_is_said_and_ends_with_every_replica_back_
     asyncio.run(until(lambda: _healthy(fresh.router, fresh.urls), "every replica in the new router"))
     svc = store.open(engine.run.run_id).state.service
     assert (svc.drains, svc.drained) == (1, None) and svc.rejoins == (1 if restarted_with == "r2 only" else 0)
+
+
+def test_a_console_that_resumes_a_drained_window_watches_the_fleet_again(fresh, store, monkeypatch):
+    """The console dies with r1 out; r2 falls while no console runs; the next console, finding r1 out
+    (the drain's check), watches again: the risk said at once, the offer made, r1 back on the yes."""
+    monkeypatch.setattr(fleet_guard, "WATCH_S", 0.2)
+    config, _ = asyncio.run(fleet.fleet_config(fleet_config(fresh.router, fresh.urls), None, "r1"))
+    run = store.create(None, None)
+    with pytest.raises(SimulatedCrash):
+        asyncio.run(fleet.run_drain(GuardSteps(config, run, crash_at="draining")))
+    run.close()
+    fresh.pause(1)
+    again = store.open(run.run_id)  # a new console: only what state.json says
+    resumed, _ = asyncio.run(fleet.fleet_config(fleet_config(fresh.router, fresh.urls), again.state))
+
+    async def yes(confirmation: Any) -> bool:
+        return True
+
+    engine = GuardSteps(resumed, again, yes)
+
+    async def window() -> None:
+        assert await fleet.check_drain(engine) is not None  # r1 found out of the router: the drain is done
+        await until(lambda: _said(engine, "THE FLEET IS AT RISK while r1 is out: "), "the risk said")
+        await until(lambda: _ended(engine), "the window ended early")
+
+    asyncio.run(window())
+    fresh.resume(1)
+    ends_early(engine)
+    asyncio.run(until(lambda: _healthy(fresh.router, fresh.urls), "r1 back and r2 healthy again"))
+    svc = store.open(run.run_id).state.service
+    assert (svc.drains, svc.rejoins, svc.drained) == (1, 1, None)
