@@ -232,3 +232,41 @@ def test_a_fall_once_the_gpus_are_released_is_said_but_nothing_is_offered(tmp_pa
     assert said_at_risk(w) and not offered(w) and w.state().service.ended_early is None
     assert sorted(w.world.extracted) == sorted(prompt_ids(w)) and len(w.world.extracted) == 10
     assert (router.removals, router.adds) == ([router.r1], [router.r1])
+
+
+class AfterTheStop(Crasher):
+    """Never crashes: says when the stop ran (the free-VRAM wait comes next)."""
+
+    def __init__(self) -> None:
+        super().__init__(None)
+        self.stopped = False
+
+    def __call__(self, point: str) -> None:
+        self.stopped = self.stopped or point == "stop-ran"
+
+
+def test_a_fall_during_the_free_vram_wait_cuts_it_and_restarts(tmp_path, producers, monkeypatch):
+    """r1 stopped, its VRAM never frees (the wait would last `vram_wait_s`): r2 falls meanwhile; the
+    yes cuts the wait at once, the server is started again and r1 rejoins, nothing extracted."""
+    from tests import engine_fakes
+
+    w, router = guarded(tmp_path, producers, monkeypatch)
+    hook = AfterTheStop()
+    wait_for = engine_fakes._Watch.wait_for
+
+    async def never_free(self: Any, predicate: Any, timeout: float, after: Any = None, eager: bool = False) -> Any:
+        if hook.stopped and not router.sick:
+            router.sick.add(R2)
+            await asyncio.Event().wait()  # the GPUs never seen free
+        return await wait_for(self, predicate, timeout, after, eager)
+
+    monkeypatch.setattr(engine_fakes._Watch, "wait_for", never_free)
+    finished = asyncio.run(asyncio.wait_for(w.console(crash=hook), DEADLINE_S))
+    assert finished is not None
+    assert_ended_early(w, router, finished, UNHEALTHY, extracted=0)
+    assert w.world.service.stop_commands == 1 and w.state().steps["free-vram"].status == "failed"
+    router.sick.clear()
+    monkeypatch.setattr(engine_fakes._Watch, "wait_for", wait_for)
+    again = asyncio.run(w.console())
+    assert again is not None
+    assert_every_prompt_once_and_every_replica_back(w, router, again)

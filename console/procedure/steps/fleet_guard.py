@@ -14,8 +14,10 @@ minutes old when the drain comes, and the other replicas carry every request whi
   running is told to stop after the prompt in hand (its `stop` file, as the budget's offer): every
   prompt extracted is kept, verified, and the engine ends the run paused after the rejoin, naming why
   (`run --resume` extracts only the rest, on a replica chosen again). Before the extraction began,
-  the engine ends the window at the next step (`cut`, raising `EndedEarly`): the compensation brings
-  the server back and rejoins, and the run ends paused with the same words.
+  the engine ends the window at the next step (`cut`, raising `EndedEarly`), and a long wait under
+  way (the drain's for the replica's requests, free-vram's for the GPUs) is cut at once
+  (`unless_ended`): the compensation brings the server back and rejoins, and the run ends paused with
+  the same words.
 """
 
 from __future__ import annotations
