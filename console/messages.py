@@ -311,6 +311,18 @@ class Downtime:
 
 
 @dataclass(frozen=True)
+class FleetAtRisk:
+    """While a run's replica is out of the router, the others cannot carry its users' requests (another
+    replica unhealthy, none healthy, the router down): said at once (steps/fleet_guard.py); the
+    notifier tells the people who share the window."""
+
+    run_id: str
+    replica: str  # the replica out for its window
+    why: str
+    t: float
+
+
+@dataclass(frozen=True)
 class JournalEntry:
     """One line of a run's journal.jsonl (also published, for the event log)."""
 

@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from console.service.router import SGLANG_ROUTER, Gateway, RouterError, Worker
-from console.service.sglang_api import HttpAnswer
+from console.service.sglang_api import HttpAnswer, ServerUnreachable
 
 R2 = "http://127.0.0.1:30002"
 
@@ -32,6 +32,11 @@ class FakeRouter:
     adds: list[str] = field(default_factory=list)
     served: dict[str, int] = field(default_factory=dict)  # url -> requests it answered
     in_world: str = ""  # the replica whose server is the world's service ("": r1); the others always serve
+    # Faults (tests/test_fleet_guard_sweep.py): workers the router's health check finds unhealthy, and
+    # the router itself down (stopped, before its restart).
+    sick: set[str] = field(default_factory=set)
+    down: bool = False
+    before_idle: Any = None  # an async hook awaited before a replica's /v1/loads answers (a fault's moment)
     _turn: Any = None
 
     def __post_init__(self) -> None:
@@ -55,7 +60,12 @@ class RouterClientView:
 
     async def health(self) -> int:
         self.hosts._alive()
+        self._up()
         return 200
+
+    def _up(self) -> None:
+        if self.router.down:
+            raise ServerUnreachable("router fake: connection refused (the router is down)")
 
     async def gateway(self) -> Gateway:
         return Gateway(SGLANG_ROUTER)
@@ -65,13 +75,15 @@ class RouterClientView:
 
     async def workers(self) -> list[Worker]:
         self.hosts._alive()
-        return [Worker(wid, url, True, "fake", 0) for url, wid in self.router.workers.items()]
+        self._up()
+        return [Worker(wid, url, url not in self.router.sick, "fake", 0) for url, wid in self.router.workers.items()]
 
     async def worker(self, url: str) -> Worker | None:
         return next((w for w in await self.workers() if w.url == url), None)
 
     async def remove_worker(self, url: str) -> str:
         self.hosts._alive()
+        self._up()
         wid = self.router.workers.pop(url, None)
         if wid is None:
             raise RouterError(f"router fake: no worker listed at {url}: nothing to remove")
@@ -81,6 +93,7 @@ class RouterClientView:
 
     async def add_worker(self, url: str, spec: dict | None = None) -> str:
         self.hosts._alive()
+        self._up()
         self.router.adds.append(url)
         wid = str(uuid.uuid4())
         if url not in self.router.workers and self.router.replica_up(url):  # its health check passed
@@ -130,6 +143,8 @@ class ReplicaView:
     async def get(self, path: str, timeout: float | None = None) -> HttpAnswer:
         self.hosts._alive()
         if path.startswith("/v1/loads"):  # idle, in a snapshot taken now
+            if self.router.before_idle is not None:
+                await self.router.before_idle(self.base_url)
             load = {"timestamp": float(next(self._snapshots)), "dp_rank": 0, "num_running_reqs": 0,
                     "num_waiting_reqs": 0}
             return HttpAnswer(200, json.dumps({"loads": [load]}).encode(), "application/json")

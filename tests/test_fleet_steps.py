@@ -27,7 +27,7 @@ from console.config import config_to_dict, dump_toml, parse_config
 from console.procedure import identity
 from console.procedure.outcomes import SimulatedCrash, StepFailed
 from console.procedure.steps import fleet
-from console.procedure.steps.fleet import Choice, ReplicaLoad, choose
+from console.procedure.steps.fleet_choice import Choice, ReplicaLoad, choose
 from console.procedure.store import RunStore, left_line, what_next
 from console.service.fleet_watch import look, with_runs
 from console.service.replica_loads import read_loads

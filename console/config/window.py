@@ -21,7 +21,8 @@ class WindowConfig:
 WINDOW_ROUTES = ("window", "pause", "zero-downtime", "auto")
 
 # What a notification can be sent for (`[notify] events`); console/notify/ says what each one carries.
-NOTIFY_EVENTS: tuple[str, ...] = ("stop-approved", "overrun", "service-back", "run-ended", "left-down", "console-gone")
+NOTIFY_EVENTS: tuple[str, ...] = ("stop-approved", "overrun", "service-back", "run-ended", "left-down", "console-gone",
+                                  "fleet-at-risk")
 
 
 @dataclass(frozen=True)

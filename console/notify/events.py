@@ -9,6 +9,8 @@ behind is the store's to say, never a guess from the messages):
     service-back   the server is ready again: the measured downtime, beside its forecast
     run-ended      the run's status, and the headline tau per drafter with the online one beside it (a
                    paused run has not ended: `run --resume` goes on with it)
+    fleet-at-risk  a fleet window's replica is out and the others cannot carry its requests (another
+                   replica unhealthy, none healthy, the router down): what, and that ending early is offered
     left-down      the run ended or paused with the server down (the store's answer), and how to end it
     console-gone   a watching console saw a run whose console is gone (killed) leave the server down,
                    paused or drained: who held it, since when, and how to give it back (`gone`)
@@ -87,6 +89,11 @@ class Watcher:
             return self._downtime(message)
         elif isinstance(message, m.RunFinished):
             return self._finished(message)
+        elif isinstance(message, m.FleetAtRisk):
+            return [Notification(
+                "fleet-at-risk", message.run_id, f"dflash-ops: the fleet is at risk while {message.replica} is out",
+                f"{message.why} ({_clock(message.t)}, run {message.run_id}). The console offers to end the window "
+                f"early and put {message.replica} back in the router.", "failure")]
         return []
 
     def gone(self, live: m.LiveRun) -> list[Notification]:

@@ -55,7 +55,7 @@ def confirmation_text(c: Confirmation, width: int | None = None) -> str:
     """The question as the terminal shows it; with `width` (a terminal's), each part wrapped between
     words under its label (at 80 columns a path or a word was cut at the edge: "/tm" then "p/walk")."""
     lines = [(f"{c.step}: {c.action} on {c.host}" + ("  [DESTRUCTIVE]" if c.destructive else ""), 2),
-             (f"  command: {shlex.join(c.argv)}", 11), (f"  impact:  {c.impact}", 11)]
+             (f"  command: {shlex.join(c.argv) or '(none: the console acts itself)'}", 11), (f"  impact:  {c.impact}", 11)]
     estimate = c.estimate_apart()  # the stop's forecast is in its impact already: one figure per question
     if estimate is not None:
         lines.append((f"  estimate: {duration(estimate)} ({c.estimate_basis})", 12))

@@ -70,6 +70,7 @@ from console.procedure.steps import (
     Step,
     estimates,
     fleet,
+    fleet_guard,
     pause,
     route_steps,
     stop,
@@ -245,7 +246,7 @@ class Engine:
         if state.finished and not self.plan_only:
             return await self._restart_only()
         state.route = self.route
-        if state.extraction.partial and state.service.began() and state.service.left_as() is None:
+        if between_windows(state):
             # the window over: its server back (started, or resumed and continued), a fleet's replica
             # back in the router first (its rejoin)
             self._next_window()
@@ -439,6 +440,7 @@ class Engine:
             if self._cancel_asked and not self._cancel_taken:  # asked, and lost on its way: taken now
                 raise asyncio.CancelledError
             ran_before = set(self._ran)
+            fleet_guard.cut(self.window, unit[0].name)  # ended early (the fleet degraded): no deeper
             try:
                 if len(unit) == 1:
                     await self._do(unit[0])
@@ -460,6 +462,9 @@ class Engine:
                        f"the next window" + (f" (on the next replica: the least loaded other than "
                                              f"{self.state.facts.get('fleet_replica')} that can take it)"
                                              if self.config.fleet is not None else "") + ", then evaluates")
+                early = fleet_guard.early_words(self.state)
+                if early is not None:  # the fleet degraded: no next replica in this run
+                    raise Paused(unit[-1].name, early)
                 if self.config.fleet is None or self.one_step or not between_windows(self.state):
                     raise Paused(unit[-1].name, why)
                 await self._next_replica(unit[-1].name, why)

@@ -184,6 +184,9 @@ class ServiceState:
     drains: int = 0  # removals this run asked the router for (counted before each)
     rejoins: int = 0  # adds this run asked the router for (counted before each)
     rejoined_at: float | None = None
+    # {why, at}: the operator ended this window early, the fleet degraded while the replica was out
+    # (steps/fleet_guard.py): nothing deeper into the window begins, the run ends paused after the rejoin.
+    ended_early: dict[str, Any] | None = None
     # [asked_at, answered_at] of each question answered in this window (the holders' end, the restart,
     # the release, resume and continue, ...): the window waited on the operator then, which no measured
     # phase and no forecast holds (forecast.measured_phases).
@@ -361,7 +364,9 @@ def recorded_replica(state: Any) -> str | None:
 
 
 def between_windows(state: Any) -> bool:
-    """A run cut short at its budget whose window is over (the replica served and back in the router):
+    """A run cut short at its budget (or ended early: the fleet degraded while its replica was out) whose
+    window is over (the replica served and back in the router):
     its next window extracts the missing prompts, on the replica chosen for it (`steps/fleet.py: next_replica`)."""
     svc = state.service
-    return bool(state.extraction.partial) and svc.began() and svc.left_as() is None  # as the engine finds it on resume
+    over = svc.began() or svc.ended_early is not None  # ended early: maybe before the stop, the replica back
+    return bool(state.extraction.partial) and over and svc.left_as() is None  # as the engine finds it on resume

@@ -84,6 +84,10 @@ class Window:
         if getattr(self, "budget_task", None) is not None:
             self.budget_task.cancel()  # the last window's offer to stop at its budget, if still open
         self.budget_task = None  # the offer to stop the extraction at the budget, while it is open
+        if getattr(self, "fleet_watch", None) is not None:
+            self.fleet_watch.cancel()  # the last window's watch of the other replicas
+        self.fleet_watch: asyncio.Task | None = None  # the other replicas watched while ours is out (fleet_guard)
+        self.ended_early = asyncio.Event()  # set when the operator ends this window early (fleet_guard.end_early)
         self.budget_asked = False
         self.gpu_released = asyncio.Event()
         self.start_issued = asyncio.Event()  # the restart's start is being sent (or the service found starting)

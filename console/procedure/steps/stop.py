@@ -13,7 +13,7 @@ from console.messages import Confirmation, HoldersFound, ServiceStatus
 from console.procedure import forecast as fc
 from console.procedure.outcomes import Found, Refused, Skip, StepFailed
 from console.procedure.state import ServiceState
-from console.procedure.steps import serving
+from console.procedure.steps import fleet_guard, serving
 from console.procedure.steps.extraction import extraction_complete
 from console.service.control import ReadyTimeout, ServiceError
 from console.service.vram import describe_outcomes, wait_vram_free
@@ -234,8 +234,10 @@ async def run_free_vram(window: Window) -> str:
     exclude = staged_exclude(window)
     after = window.stopped_mono if window.stopped_mono is not None else time.monotonic()  # a new process: fresh samples
     known = window.state.service.pids_before_stop
-    result = await wait_vram_free(stream, service.gpus, service.vram_free_mib, service.vram_wait_s, stopped_at=after,
-                                  service_pids=known, exclude=exclude)
+    # (a fleet's window ended early meanwhile: the wait is cut, the compensation restarts: fleet_guard)
+    result = await fleet_guard.unless_ended(window, "free-vram", wait_vram_free(
+        stream, service.gpus, service.vram_free_mib, service.vram_wait_s, stopped_at=after, service_pids=known,
+        exclude=exclude))
     if result.free:
         _vram_free_now(window)
         return f"free after {result.waited_s:.1f} s ({result.used})"
@@ -263,8 +265,9 @@ async def run_free_vram(window: Window) -> str:
     for line in describe_outcomes(outcomes):
         window.journal("free-vram", line, host=service.host)
     window.crash_point("holders")
-    result = await wait_vram_free(stream, service.gpus, service.vram_free_mib, service.vram_wait_s,
-                                  stopped_at=time.monotonic(), service_pids=known, exclude=exclude)
+    result = await fleet_guard.unless_ended(window, "free-vram", wait_vram_free(
+        stream, service.gpus, service.vram_free_mib, service.vram_wait_s, stopped_at=time.monotonic(),
+        service_pids=known, exclude=exclude))
     if not result.free:
         raise StepFailed("free-vram", f"VRAM still held after ending the holders ({result.used})")
     _vram_free_now(window)
