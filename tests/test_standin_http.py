@@ -42,12 +42,12 @@ def running(url: str) -> int:
     return loads["loads"][0]["num_running_reqs"]
 
 
-def open_request(url: str, body: dict) -> socket.socket:
-    """A POST /generate sent on a raw socket, its answer left unread (the client may vanish)."""
+def open_request(url: str, body: dict, path: str = "/generate") -> socket.socket:
+    """A POST sent on a raw socket, its answer left unread (the client may vanish)."""
     parts = urlsplit(url)
     sock = socket.create_connection((parts.hostname, parts.port), timeout=30)
     data = json.dumps(body).encode()
-    sock.sendall(b"POST /generate HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+    sock.sendall(f"POST {path} HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n".encode()
                  + f"Content-Length: {len(data)}\r\n\r\n".encode() + data)
     return sock
 
@@ -56,10 +56,10 @@ def sse_payloads(raw: str) -> list[str]:
     return [line[len("data: "):] for line in raw.split("\n\n") if line.startswith("data: ")]
 
 
-def stream(url: str, body: dict) -> tuple[int, str, list[str]]:
+def stream(url: str, body: dict, path: str = "/generate") -> tuple[int, str, list[str]]:
     parts = urlsplit(url)
     conn = http.client.HTTPConnection(parts.hostname, parts.port, timeout=60)
-    conn.request("POST", "/generate", json.dumps(body), {"Content-Type": "application/json"})
+    conn.request("POST", path, json.dumps(body), {"Content-Type": "application/json"})
     answer = conn.getresponse()
     raw = answer.read().decode()
     conn.close()
@@ -115,6 +115,29 @@ def test_a_stream_cut_by_its_client_is_aborted(slow) -> None:
     until(lambda: running(url) == 0, timeout=15)
     assert time.monotonic() - left < 15
     assert "Client disconnected: abort request" in slow["log"].read_text()
+
+
+def test_a_chat_stream_comes_as_it_is_generated_and_is_aborted_when_cut(slow) -> None:
+    """The content arrives before the generation has ended (a chunk as the text grows), the same text
+    as the plain answer; a chat stream its client cuts is aborted as /generate's is."""
+    url = slow["url"]
+    messages = [{"role": "user", "content": "Count to twenty."}]
+    body = {"messages": messages, "max_tokens": 12, "temperature": 0, "ignore_eos": True}
+    plain = call(url, "/v1/chat/completions", body)[1]["choices"][0]["message"]["content"]
+    status, kind, payloads = stream(url, {**body, "stream": True}, "/v1/chat/completions")
+    assert status == 200 and kind.startswith("text/event-stream") and payloads[-1] == "[DONE]"
+    chunks = [json.loads(p) for p in payloads[:-1]]
+    assert "".join(c["choices"][0]["delta"].get("content") or "" for c in chunks) == plain
+    assert chunks[-1]["choices"][0]["finish_reason"] == "length"
+    sock = open_request(url, {"messages": messages, "max_tokens": 2000, "ignore_eos": True, "temperature": 0,
+                              "stream": True}, "/v1/chat/completions")
+    sock.settimeout(30)
+    seen = b""
+    while seen.count(b"data: ") < 3:  # the role chunk, then content while the request still runs
+        seen += sock.recv(4096)
+    assert running(url) == 1
+    sock.close()
+    until(lambda: running(url) == 0, timeout=15)
 
 
 def test_a_connection_is_kept_alive_across_requests(slow) -> None:

@@ -28,8 +28,10 @@ THREADS = 1024  # blocking calls at once (requests parked by a pause each hold o
 
 
 def json_response(status: int, body: Any) -> Response:
-    """A JSON answer (`None` is JSON null, as a FastAPI route that returns None answers)."""
-    return Response(json.dumps(body), status_code=status, media_type="application/json")
+    """A JSON answer, compact and UTF-8 as SGLang's orjson writes it (`None` is JSON null, as a FastAPI
+    route that returns None answers)."""
+    return Response(json.dumps(body, separators=(",", ":"), ensure_ascii=False), status_code=status,
+                    media_type="application/json")
 
 
 def empty(status: int) -> Response:
@@ -66,21 +68,6 @@ async def watched(request: Request, work: Callable[[threading.Event], Any], rids
     return task.result()
 
 
-class Bound:
-    """The model worker as `remote.drill.chat` calls it, its `run_request` bound to one HTTP request's
-    `client_gone`, the rids it ran noted in `rids`."""
-
-    def __init__(self, server: Server, gone: threading.Event, rids: list[str]):
-        self._server, self._gone, self.rids = server, gone, rids
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self._server, name)
-
-    def run_request(self, rid: str, ids: list[int], params: dict) -> Any:
-        self.rids.append(rid)
-        return self._server.run_request(rid, ids, params, client_gone=self._gone)
-
-
 def streamed(produce: Callable[[threading.Event, Callable[[str], None]], None], rids: list[str]) -> StreamingResponse:
     """Server-Sent Events from `produce(client_gone, emit)`, run in a thread: each `emit(line)` sent as
     it comes, then `data: [DONE]`. A client that leaves cancels the stream at once (Starlette's
@@ -114,16 +101,6 @@ def streamed(produce: Callable[[threading.Event, Callable[[str], None]], None], 
             log(f"[http_server] Client disconnected: abort request {rids[-1] if len(rids) == 1 else rids!r}")
 
     return StreamingResponse(body(), media_type="text/event-stream", background=BackgroundTask(abort_later))
-
-
-def events(lines: list[str]) -> StreamingResponse:
-    """An SSE answer whose lines are all known (`remote.drill.chat`'s stream, written once generated)."""
-
-    async def body() -> Any:
-        for line in lines:
-            yield line
-
-    return StreamingResponse(body(), media_type="text/event-stream")
 
 
 def query(request: Request) -> dict[str, list[str]]:
@@ -166,4 +143,4 @@ def stream_error(exc: BadRequest | QueueFull) -> str:
     status = exc.status if isinstance(exc, BadRequest) else 503
     message = exc.message if isinstance(exc, BadRequest) else str(exc)
     return "data: " + json.dumps({"error": {"message": message, "type": "invalid_request_error", "code": status,
-                                            "retryable": False}}) + "\n\n"
+                                            "retryable": False}}, separators=(",", ":")) + "\n\n"

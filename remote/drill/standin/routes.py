@@ -3,7 +3,7 @@ the same paths and methods, so an unknown route is FastAPI's 404 and a wrong met
 
 Every route asks the model worker (`server.Server`) in a worker thread (`http_io.in_thread`); the ones
 that generate watch their client and abort on its disconnect (`http_io.watched`, `http_io.streamed`).
-`/v1/chat/completions` is `remote.drill.chat`, which returns what this route sends.
+`/v1/chat/completions` is `remote.drill.chat`'s request, answered whole or streamed here.
 """
 
 from __future__ import annotations
@@ -23,10 +23,8 @@ from remote.drill.memory_saver import Refused
 from remote.drill.standin import generate_body as gb
 from remote.drill.standin.generate_body import BadRequest, validation_error
 from remote.drill.standin.http_io import (
-    Bound,
     empty,
     error_answer,
-    events,
     in_thread,
     json_body,
     json_response,
@@ -111,10 +109,12 @@ def add_routes(app: FastAPI, server: Server, args: argparse.Namespace) -> None:
     @app.post("/v1/chat/completions")
     async def chat_completions(request: Request) -> Response:
         body = await json_body(request, server)
-        rids: list[str] = []
-        answer = await watched(request, lambda gone: chat.answer(Bound(server, gone, rids), body, gb.params_of(server),
-                                                                 validation_error), rids)
-        return events(answer) if isinstance(answer, list) else json_response(200, answer)
+        asked = await in_thread(lambda: chat.prepare(server, body, gb.params_of(server), validation_error))
+        if body.get("stream"):
+            return streamed(lambda gone, emit: stream_chat(server, asked, gone, emit), [asked.rid])
+        generation, _ = await watched(request, lambda gone: server.run_request(
+            asked.rid, asked.ids, asked.params, client_gone=gone), [asked.rid])
+        return json_response(200, asked.response(generation))
 
     @app.post("/abort_request")
     async def abort_request(request: Request) -> Response:
@@ -159,7 +159,7 @@ def stream_generation(server: Server, admitted: gb.Admitted, rids: list[str], go
     def send(chunk: dict, index: int) -> None:
         if not admitted.single:
             chunk["index"] = index
-        emit("data: " + json.dumps(chunk) + "\n\n")
+        emit("data: " + json.dumps(chunk, separators=(",", ":"), ensure_ascii=False) + "\n\n")
 
     try:
         for index, (rid, ids, params) in enumerate(admitted.resolve(server)):
@@ -170,3 +170,25 @@ def stream_generation(server: Server, admitted: gb.Admitted, rids: list[str], go
             send(gb.generation_answer(server, generation, meta), index)
     except (BadRequest, QueueFull) as exc:
         emit(stream_error(exc))
+
+
+def stream_chat(server: Server, asked: chat.Chat, gone: threading.Event, emit: Callable[[str], None]) -> None:
+    """A streamed chat completion (in its thread): the role chunk, a content chunk as the text grows,
+    then the finish (and usage) chunks (`remote.drill.chat`); a full queue is an error chunk."""
+    emit(asked.first())
+    sent = ""
+
+    def on_token(output_ids: list[int]) -> None:
+        nonlocal sent
+        grown = asked.live_delta(sent, output_ids)
+        if grown is not None:
+            emit(asked.chunk({"content": grown[len(sent):]}))
+            sent = grown
+
+    try:
+        generation, _ = server.run_request(asked.rid, asked.ids, asked.params, client_gone=gone, on_token=on_token)
+    except QueueFull as exc:
+        emit(stream_error(exc))
+        return
+    for line in asked.last(generation, sent):
+        emit(line)
