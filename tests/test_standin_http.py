@@ -1,7 +1,8 @@
 """The rehearsal server's HTTP serving as SGLang 0.5.23's (FastAPI on uvicorn; docs/sglang.md, "HTTP
 serving"), over real sockets: a client that disconnects aborts its request, plain and streamed;
 `stream: true` on /generate is Server-Sent Events ending `data: [DONE]`, a ValueError inside it an
-error chunk; connections are kept alive; SIGTERM ends a server with a request under way at once.
+error chunk; connections are kept alive; SIGTERM aborts a request under way (answered) and ends the
+server at once.
 One server for the module, slowed (`--step-delay`) so a long request is caught in flight, and its
 disconnect check shortened through SGLang's own SGLANG_REQUEST_STATE_WAIT_TIMEOUT."""
 
@@ -156,7 +157,7 @@ def answer_of(conn: http.client.HTTPConnection) -> tuple[int, bytes]:
     return response.status, response.read()
 
 
-def test_sigterm_ends_a_server_with_a_request_under_way_at_once(tiny_target: Path, tmp_path: Path) -> None:
+def test_sigterm_answers_the_request_under_way_as_aborted_and_ends_the_server_at_once(tiny_target: Path, tmp_path: Path) -> None:
     port = free_port()
     url = f"http://127.0.0.1:{port}"
     proc = start_standin(tiny_target, port, tmp_path / "log", "--step-delay", str(STEP_S), "--skip-server-warmup")
@@ -166,9 +167,14 @@ def test_sigterm_ends_a_server_with_a_request_under_way_at_once(tiny_target: Pat
         until(lambda: running(url) == 1, timeout=30)
         asked = time.monotonic()
         proc.send_signal(signal.SIGTERM)
+        answer = b""
+        while chunk := sock.recv(65536):  # answered, then the connection closed
+            answer += chunk
+        sock.close()
+        assert answer.startswith(b"HTTP/1.1 200") and b'"finish_reason":{"type":"abort"' in answer, answer[-300:]
         assert proc.wait(10) == 0
         assert time.monotonic() - asked < 5
-        assert "Shutting down" in (tmp_path / "log").read_text()
-        sock.close()
+        log = (tmp_path / "log").read_text()
+        assert "Shutting down" in log and "Traceback" not in log, log
     finally:
         stop(proc)

@@ -26,11 +26,14 @@ shutdown: no new connection, the answers under way given a second to finish).
 from __future__ import annotations
 
 import argparse
+import asyncio
 import copy
+import logging
 import os
 import socket
 import sys
 import threading
+from collections.abc import Callable
 from typing import Any
 
 import uvicorn
@@ -68,12 +71,23 @@ class ApiKeys:
 
 
 class Uvicorn(uvicorn.Server):
-    """uvicorn's server, its shutdown bounded: SHUTDOWN_GRACE_S for the answers under way, and should
-    anything still hold it (a connection its asyncio server waits for), the process ends a little
-    later all the same, as `__main__` ends it ("Shutting down", exit 0)."""
+    """uvicorn's server, its shutdown bounded. At SIGTERM the requests under way are aborted (`on_exit`),
+    so each is answered, with SGLang's abort finish, within SHUTDOWN_GRACE_S (SGLang drains them: the
+    drill's service stop waits 10 s in all); should anything still hold the server (a request parked
+    by a pause, a connection its asyncio server waits for), the process ends a little later all the
+    same, as `__main__` ends it ("Shutting down", exit 0)."""
+
+    def __init__(self, config: uvicorn.Config, on_exit: Callable[[], None]):
+        super().__init__(config)
+        self._on_exit = on_exit
+        self._exiting = False
 
     def handle_exit(self, sig: int, frame: Any) -> None:
         super().handle_exit(sig, frame)
+        if self._exiting:
+            return
+        self._exiting = True
+        threading.Thread(target=self._on_exit, name="abort-all", daemon=True).start()
         timer = threading.Timer(SHUTDOWN_GRACE_S + 2.0, self._hard_exit)
         timer.daemon = True
         timer.start()
@@ -83,6 +97,14 @@ class Uvicorn(uvicorn.Server):
         log("Shutting down")
         sys.stdout.flush()
         os._exit(0)
+
+
+class NoShutdownTracebacks(logging.Filter):
+    """A request uvicorn cancels at the end of its shutdown's grace is one line ("Cancel N running
+    task(s)"), not also a traceback of the cancellation."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not (record.exc_info and isinstance(record.exc_info[1], asyncio.CancelledError))
 
 
 class HttpFront:
@@ -113,8 +135,8 @@ class HttpFront:
         self._sock.listen(2048)  # uvicorn's backlog; connections wait there until it serves
 
     def serve(self) -> None:
-        """Answer requests until SIGTERM or ^C: uvicorn's shutdown, then its signal raised again for
-        `__main__`'s handler."""
+        """Answer requests until SIGTERM or ^C: the requests under way aborted, uvicorn's shutdown, then
+        its signal raised again for `__main__`'s handler."""
         assert self._sock is not None
         log_config = copy.deepcopy(uvicorn.config.LOGGING_CONFIG)  # SGLang's format (set_uvicorn_logging_configs)
         log_config["formatters"]["default"]["fmt"] = "[%(asctime)s] %(levelprefix)s %(message)s"
@@ -122,7 +144,8 @@ class HttpFront:
         config = uvicorn.Config(make_app(self._server, self._args), log_level="warning", access_log=False,
                                 log_config=log_config, timeout_keep_alive=KEEP_ALIVE_S, lifespan="off",
                                 timeout_graceful_shutdown=SHUTDOWN_GRACE_S)
-        self._uvicorn = Uvicorn(config)
+        logging.getLogger("uvicorn.error").addFilter(NoShutdownTracebacks())
+        self._uvicorn = Uvicorn(config, on_exit=lambda: self._server.abort(None, True))
         self._uvicorn.run(sockets=[self._sock])
 
     def shutdown(self) -> None:
