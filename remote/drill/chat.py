@@ -21,9 +21,9 @@ Read from SGLang 0.5.23 (`sglang/srt/entrypoints/openai/`):
   (`delta {reasoning_content null}`, `finish_reason`, `matched_stop`), then with
   `stream_options.include_usage` a chunk with `choices []` and `usage`, and last `data: [DONE]`.
 
-The rehearsal server's own limit: the stream's chunks are written once the generation has ended (one
-per token), not as each token is made; `n` > 1, tools, logprobs and response formats are refused as
-/generate refuses what it does not do.
+The rehearsal server's own limits: with stop strings a stream's content is written once the generation
+has ended (cut at the match), else a chunk per token as each is made (`Chat.live_delta`); `n` > 1,
+tools, logprobs and response formats are refused as /generate refuses what it does not do.
 """
 
 from __future__ import annotations
@@ -31,6 +31,7 @@ from __future__ import annotations
 import json
 import time
 import uuid
+from dataclasses import dataclass, field
 from typing import Any
 
 OPENAI_DEFAULTS = {"temperature": 1.0, "top_p": 1.0, "top_k": -1, "min_p": 0.0, "repetition_penalty": 1.0}
@@ -104,42 +105,87 @@ def text_deltas(decode: Any, ids: list[int], text: str) -> list[str]:
     return deltas
 
 
-def answer(server: Any, body: dict, sampling_params: Any, bad: Any) -> dict | list[str]:
-    """One chat completion through `server.run_request` (the standin's model worker): the JSON body
-    to send, or with `stream` the Server-Sent Events to send in order. `sampling_params(raw, 1)`
-    resolves sampling params as /generate does; `bad(message)` makes the 400 of an unparsable request."""
+@dataclass
+class Chat:
+    """One chat request, checked and tokenized (`prepare`): run it, then answer it whole or as a stream."""
+
+    server: Any
+    body: dict
+    ids: list[int]
+    params: dict[str, Any]
+    rid: str = field(default_factory=lambda: f"chatcmpl-{uuid.uuid4().hex}")
+    created: int = field(default_factory=lambda: int(time.time()))
+
+    @property
+    def name(self) -> str:
+        return self.body.get("model") or DEFAULT_MODEL_NAME
+
+    def usage(self, generation: Any) -> dict[str, Any]:
+        return {"prompt_tokens": len(self.ids), "total_tokens": len(self.ids) + len(generation.output_ids),
+                "completion_tokens": len(generation.output_ids), "prompt_tokens_details": None,
+                "reasoning_tokens": 0, "completion_tokens_details": None}
+
+    def text(self, generation: Any) -> str:
+        return self.server.decode(generation.output_ids)[:generation.text_end]
+
+    def response(self, generation: Any) -> dict:
+        """The `chat.completion` object of a request without `stream`."""
+        reason = generation.finish_reason
+        return {
+            "id": self.rid, "object": "chat.completion", "created": self.created, "model": self.name,
+            "choices": [{"index": 0, "message": {"role": "assistant", "content": self.text(generation),
+                                                 "reasoning_content": None},
+                         "logprobs": None, "finish_reason": reason["type"], "matched_stop": reason.get("matched")}],
+            "usage": self.usage(generation), "metadata": None}
+
+    def chunk(self, delta: dict, finish: str | None = None, matched: Any = None) -> str:
+        """One `chat.completion.chunk` event."""
+        return _event({"id": self.rid, "object": "chat.completion.chunk", "created": self.created, "model": self.name,
+                       "choices": [{"index": 0, "delta": {"reasoning_content": None, **delta}, "logprobs": None,
+                                    "finish_reason": finish, "matched_stop": matched}]})
+
+    def first(self) -> str:
+        """The role chunk that opens a stream."""
+        return self.chunk({"role": "assistant", "content": ""})
+
+    def live_delta(self, sent: str, output_ids: list[int]) -> str | None:
+        """The text grown past `sent` while generating (None: nothing to send yet). A token that ends
+        inside a character is held back until it is whole; with stop strings nothing is sent before
+        the end, where the text is cut at the match."""
+        if self.params.get("stop") or self.params.get("stop_regex"):
+            return None
+        grown = self.server.decode(output_ids)
+        if grown.endswith("\ufffd") or len(grown) <= len(sent) or not grown.startswith(sent):
+            return None
+        return grown
+
+    def last(self, generation: Any, sent: str) -> list[str]:
+        """The stream's end after `sent` went out: the rest of the text, the finish chunk, with
+        `stream_options.include_usage` the usage chunk (`data: [DONE]` is the front's)."""
+        reason = generation.finish_reason
+        text = self.text(generation)
+        rest = text_deltas(self.server.decode, generation.output_ids, text) if not sent else \
+            [text[len(sent):]] if text.startswith(sent) and len(text) > len(sent) else []
+        events = [self.chunk({"content": d}) for d in rest]
+        events.append(self.chunk({}, reason["type"], reason.get("matched")))
+        options = self.body.get("stream_options") or {}
+        if isinstance(options, dict) and options.get("include_usage"):
+            events.append(_event({"id": self.rid, "object": "chat.completion.chunk", "created": self.created,
+                                  "model": self.name, "choices": [], "usage": self.usage(generation)}))
+        return events
+
+
+def _event(payload: dict) -> str:
+    return f"data: {json.dumps(payload, separators=(',', ':'), ensure_ascii=False)}\n\n"  # pydantic's model_dump_json
+
+
+def prepare(server: Any, body: dict, sampling_params: Any, bad: Any) -> Chat:
+    """A chat request checked (what SGLang refuses before it runs: `bad(message)`, the 400 of an
+    unparsable request; `sampling_params(raw, 1)` resolves as /generate does) and tokenized."""
     unsupported = [key for key in UNSUPPORTED if body.get(key) not in (None, False, [])]
     if unsupported:
         raise bad(f"the rehearsal server does not support {', '.join(unsupported)} on /v1/chat/completions")
     messages = _messages(body, bad)
     ids = server.chat_prompt(messages)
     (params,) = sampling_params(sampling_request(body, generation_defaults(server.model_path)), 1)
-    rid = f"chatcmpl-{uuid.uuid4().hex}"
-    created = int(time.time())
-    generation, meta = server.run_request(rid, ids, params)
-    reason = generation.finish_reason
-    text = server.decode(generation.output_ids)[:generation.text_end]
-    name = body.get("model") or DEFAULT_MODEL_NAME
-    usage = {"prompt_tokens": len(ids), "total_tokens": len(ids) + len(generation.output_ids),
-             "completion_tokens": len(generation.output_ids), "prompt_tokens_details": None,
-             "reasoning_tokens": 0, "completion_tokens_details": None}
-    if not body.get("stream"):
-        return {
-            "id": rid, "object": "chat.completion", "created": created, "model": name,
-            "choices": [{"index": 0, "message": {"role": "assistant", "content": text, "reasoning_content": None},
-                         "logprobs": None, "finish_reason": reason["type"], "matched_stop": reason.get("matched")}],
-            "usage": usage, "metadata": None}
-
-    def chunk(delta: dict, finish: str | None = None, matched: Any = None) -> dict:
-        return {"id": rid, "object": "chat.completion.chunk", "created": created, "model": name,
-                "choices": [{"index": 0, "delta": {"reasoning_content": None, **delta}, "logprobs": None,
-                             "finish_reason": finish, "matched_stop": matched}]}
-
-    events = [chunk({"role": "assistant", "content": ""})]
-    events += [chunk({"content": d}) for d in text_deltas(server.decode, generation.output_ids, text)]
-    events.append(chunk({}, reason["type"], reason.get("matched")))
-    options = body.get("stream_options") or {}
-    if isinstance(options, dict) and options.get("include_usage"):
-        events.append({"id": rid, "object": "chat.completion.chunk", "created": created, "model": name,
-                       "choices": [], "usage": usage})
-    return [f"data: {json.dumps(e)}\n\n" for e in events] + ["data: [DONE]\n\n"]
+    return Chat(server, body, ids, params)

@@ -20,10 +20,11 @@ does where the console and the workers meet it (each fact and its SGLang source:
                                    (within SGLANG_HEALTH_CHECK_TIMEOUT, 20 s), else 503
   GET  /ready                      200 when Up, else 503
   GET  /model_info (/get_model_info), /server_info (/get_server_info), /v1/models
-  POST /generate                   SGLang's JSON contract: `text` or `input_ids` (one, or a batch: a list
+  POST /generate (PUT too)         SGLang's JSON contract: `text` or `input_ids` (one, or a batch: a list
                                    answered by a list), `sampling_params` (unknown keys: 400), `rid`;
                                    `text`, `output_ids` (the stop token kept), `meta_info` (id,
-                                   finish_reason object, prompt/completion/cached tokens, e2e_latency...)
+                                   finish_reason object, prompt/completion/cached tokens, e2e_latency...);
+                                   `stream`: SSE, a chunk per token, data: [DONE]
   POST /v1/completions             OpenAI-style (temperature 1.0 unless given, as SGLang), return_token_ids
   POST /v1/chat/completions        OpenAI chat: the model's chat template, usage, finish reasons, stream
                                    (SSE chunks, data: [DONE]) (`remote.drill.chat`)
@@ -47,6 +48,8 @@ does where the console and the workers meet it (each fact and its SGLang source:
 - `--api-key KEY`: every route but /health*, /ready* and /metrics* answers 401 without
   `Authorization: Bearer KEY` (the four memory saver routes want `--admin-api-key` instead when set); `--preferred-sampling-params` is laid under each request's as SGLang
   does; `--max-queued-requests N` aborts with 503 "The request queue is full." past N waiting.
+- served as SGLang serves (FastAPI on uvicorn): a client that disconnects aborts its request (polled
+  every SGLANG_REQUEST_STATE_WAIT_TIMEOUT, 4 s; a cut stream 2 s after), connections kept alive;
 - errors in SGLang's shapes: a contract violation `{"error": "..."}`, a bad value `{"error":
   {"message": ...}}`, an unparsable body or an abort's HTTP error `{"object": "error", "message", ...}`,
   an unknown route `{"detail": "Not Found"}` (`remote.drill.sglang_contract`).
@@ -79,6 +82,9 @@ Its parts, one module each:
 - `server`      the model worker: start-up, SGLang's scheduler state and counters, health, the info
                 and metrics bodies, requests run one at a time; the only door the front uses;
 - `model`       the tiny target with its tokenizer, and generation (`generate_tokens`, `generate`);
-- `http_front`  SGLang's routes on `http.server`: parsing, checks, auth and error shapes;
+- `http_front`  the HTTP front as SGLang serves it: FastAPI on uvicorn, the API keys, SIGTERM;
+- `routes`      SGLang's routes and methods, each asking the model worker in a worker thread;
+- `http_io`     a client's disconnect turned into its request's abort, Server-Sent Events, error answers;
+- `generate_body` /generate's and /v1/completions' bodies checked in SGLang's two stages, and answered;
 - `gpu_worker`  the child that holds the simulated GPU memory.
 """

@@ -2,7 +2,8 @@
 
 The order is SGLang's: the port is bound at once (a clash is told before anything loads) but listens
 only once the weights are in, so a client is refused meanwhile; then the warm-up, then Up. SIGTERM
-ends it at once: "Shutting down", exit 0, and the GPU worker's pipe closes with it.
+aborts the requests under way (each answered) and ends it within a second or two (uvicorn's shutdown,
+`http_front`): "Shutting down", exit 0, and the GPU worker's pipe closes with it.
 """
 
 from __future__ import annotations

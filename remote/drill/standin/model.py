@@ -5,7 +5,8 @@ KV cache, with SGLang's penalties, sampling and finish checks. `generate` is wha
 with a DFLASH speculator loaded (`remote.drill.specdecode`) it hands it the requests it can decode
 (greedy, no logit processing, no stop strings), and every other request to `generate_tokens`. A
 request's `checkpoint`, set by the server, is asked before each forward pass: there a pause parks
-it and `--step-delay` slows it; its `aborted` event ends it with what it has.
+it and `--step-delay` slows it; its `aborted` event ends it with what it has; a stream's `on_token`
+is told the tokens so far before each step but the first (the last token comes with the finish).
 """
 
 from __future__ import annotations
@@ -93,6 +94,7 @@ class Request:
     aborted: threading.Event = field(default_factory=threading.Event)
     retractions: int = 0  # times a retract pause gave its KV cache back (meta_info num_retractions)
     checkpoint: Any = None  # before each forward pass: parks while paused; True when retracted
+    on_token: Any = None  # with a stream: told the output so far before each step after the first
 
 
 def _process_logits(torch: Any, logits: Any, tokens: list[int], output: list[int], params: dict[str, Any],
@@ -203,6 +205,8 @@ def generate_tokens(model: Model, request: Request) -> Generation:
                 cache, step = None, torch.tensor([tokens], device=model.device)
             if request.aborted.is_set():
                 return Generation(output, {"type": "abort", "message": "Aborted", "status_code": None, "err_type": None})
+            if output and request.on_token is not None:  # the tokens so far, none of them the last
+                request.on_token(output)
             out = model.model(input_ids=step, past_key_values=cache, use_cache=True)
             cache = out.past_key_values
             logits = out.logits[0, -1]

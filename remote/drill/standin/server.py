@@ -27,6 +27,7 @@ import time
 import urllib.request
 import uuid
 from collections import deque
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -334,11 +335,15 @@ class Server:
         verify_sampling_params(params, self.vocab_size())
         return params
 
-    def run_request(self, rid: str, input_ids: list[int], params: dict[str, Any]) -> tuple[Generation, dict[str, Any]]:
+    def run_request(self, rid: str, input_ids: list[int], params: dict[str, Any], *,
+                    client_gone: threading.Event | None = None,
+                    on_token: Callable[[list[int]], None] | None = None) -> tuple[Generation, dict[str, Any]]:
         """Queue the request for the model (one at a time, like one scheduler batch of one), generate,
-        and return its generation and SGLang's meta_info; QueueFull past --max-queued-requests."""
+        and return its generation and SGLang's meta_info; QueueFull past --max-queued-requests.
+        `client_gone` set (the front saw its client disconnect) aborts it at its next step, as
+        SGLang's tokenizer manager sends the scheduler an abort; `on_token` streams its tokens."""
         assert self.model is not None
-        request = Request(rid, input_ids, params)
+        request = Request(rid, input_ids, params, on_token=on_token)
         self.saver.wait_at_front()  # a paused server holds new requests before they are queued
         begin = time.time()
         with self.counter_lock:
@@ -349,7 +354,13 @@ class Server:
             cached = self._cached_prefix(request.input_ids)
         with self.model.lock:
             try:
-                request.checkpoint = lambda: self.saver.checkpoint(request, self.args.step_delay)
+                def checkpoint() -> bool:
+                    retracted = self.saver.checkpoint(request, self.args.step_delay)
+                    if client_gone is not None and client_gone.is_set():
+                        request.aborted.set()
+                    return retracted
+
+                request.checkpoint = checkpoint
                 request.checkpoint()  # it runs from here (waiting -> running), unless the scheduler is paused
                 generation, speculative = generate(self.model, request)
             finally:
