@@ -29,8 +29,8 @@ headline sets the downtime beside its limit: stop + copy + forward + the server'
 `--crowded` (with `--gpu`): the card filled but for a little room once the server is up (`drill up
 --gpu --crowded`), so the pause route must release the weights too (issue 40's case). The pause run
 then prints what it released, the weights' checksum check and the served drafter's check (SGLang loses
-the draft weights on a weights release, sglang PR #31674: the check must see it). The bench's operator
-approves everything but the drafter's restart, so that the window measured is the pause route's.
+the draft weights on a weights release, sglang PR #31674: the check must see it). `--yes` never takes
+the restart that would reload the drafter, so the window measured is the pause route's alone.
 
 `--load`: users' requests throughout each run (`bench/loadgen.py`: greedy /generate at `--load-rate`
 per second on the drill's server, bounded in flight), so each route's harm is counted: the requests
@@ -62,7 +62,6 @@ sys.path.insert(0, str(ROOT))
 from bench.loadgen import Load, LoadReport  # noqa: E402
 from console.config import load_config  # noqa: E402
 from console.drill.hosts import down, up  # noqa: E402
-from console.messages import Confirmation  # noqa: E402
 from console.operator import Operator  # noqa: E402
 from console.procedure.decider import ApproveAll  # noqa: E402
 from console.procedure.forecast import hindcast  # noqa: E402
@@ -142,14 +141,6 @@ def memory_over_window(run_dir: Path, host: str = "ct129", gpu: int = 0) -> list
     return rows
 
 
-class KeepTheDrafter(ApproveAll):
-    """`--yes`, but the drafter check's restart refused: a degraded drafter is reported, not restarted
-    (a restart is a second window, with its own downtime and failed requests, not the pause route's)."""
-
-    async def decide(self, confirmation: Confirmation) -> bool:
-        return confirmation.step != "drafter"
-
-
 async def one_run(config_path: Path, runs: Path, stage: bool, route: str = "window",
                   load_rate: float | None = None) -> dict[str, Any]:
     """One run of `route`, with a client load on the server throughout when `load_rate` is given (its
@@ -162,7 +153,7 @@ async def one_run(config_path: Path, runs: Path, stage: bool, route: str = "wind
     if load is not None:
         load.start()
     try:
-        finished = await operator.run(KeepTheDrafter(), stage=None if stage else False, route=route)
+        finished = await operator.run(ApproveAll(), stage=None if stage else False, route=route)
     finally:
         await operator.stop()
         report = await asyncio.to_thread(load.stop) if load is not None else None

@@ -1,13 +1,12 @@
 """Issue 40, item 4, through the real commands on the drill: the rehearsal server loses its drafter to
 a `weights` release as SGLang 0.5.23 does (PR #31674). The run measures the served acceptance length
 before the window and after the continue; the fall ends it degraded (exit 5), both figures said in
-its output, its journal, `runs` and the report, and `--yes` takes the offered restart, which loads
-the drafter again. (A fixed SGLang, `--draft-weights-survive-release`: tests/test_specdecode.py and
+its output, its journal, `runs` and the report, and the restart that loads the drafter again is said
+as the remedy, never taken by `--yes` (an operator's yes restarts it: tests/test_pause_weights.py). (A fixed SGLang, `--draft-weights-survive-release`: tests/test_specdecode.py and
 the pause sweep's drafter cases.)"""
 
 from __future__ import annotations
 
-import re
 import subprocess
 
 import pytest
@@ -55,11 +54,12 @@ def test_a_drafter_lost_to_the_weights_release_ends_the_pause_route_degraded(dri
     assert before > 2.0 and after < 1.2, record  # the reference drafter, then nearly nothing accepted
     figures = f"acceptance length {before:.2f} before the window, {after:.2f} after"
     assert figures in out, out
-    assert re.search(r"restarted: acceptance length \d\.\d\d now", out) and record["restarted"] > 2.0, out
+    assert "not asked under --yes" in out and "a restart of the server loads the drafter again" in out, out
+    assert "restarted" not in record and not any(e.get("step") == "drafter" and e.get("kind") == "question"
+                                                 for e in drill.journal())
     journal = drill.journal()
     release = next(e for e in journal if e.get("kind") == "question" and e.get("step") == "release")
     assert "DRAFTER MAY COME BACK WRONG" in release["data"]["impact"]
-    assert any(e.get("kind") == "question" and e.get("step") == "drafter" for e in journal)
     runs = subprocess.run([ENTRY_POINT, "runs", "--runs", str(drill.runs)], capture_output=True, text=True,
                           timeout=60, env=cli_env())
     assert "degraded" in runs.stdout and f"{before:.2f} -> {after:.2f}" in " ".join(runs.stdout.split()), runs.stdout

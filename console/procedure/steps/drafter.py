@@ -159,8 +159,13 @@ def degraded_line(before: float, after: float) -> str:
 async def offer_restart(window: Window, before: float, after: float) -> None:
     """The remedy, asked: the server stopped and started by the stop route's restart path, then measured again."""
     record = _record(window)
-    manager = await window.hosts.service_manager(window.connect_s)
     service = window.config.service
+    if window.decider.name == "--yes":  # as the weights' remedy (pause_weights.offer_restart): an operator's yes
+        record["remedy"] = (f"not asked under --yes (a restart of production is an operator's yes): the server serves "
+                            f"on with the degraded drafter; {REMEDY}")
+        window.journal("drafter", record["remedy"], level="error", host=service.host)
+        return
+    manager = await window.hosts.service_manager(window.connect_s)
     impact = (f"{service_name(window.config)} on {service.host} goes down and is started again ({REMEDY}): its "
               f"acceptance length fell from {before:.2f} to {after:.2f} after the window; no means it serves on "
               f"with the degraded drafter until its next restart")
