@@ -250,14 +250,20 @@ async def _ended(engine: GuardSteps) -> bool:
     return engine.state.service.ended_early is not None
 
 
-def test_a_flapping_replica_with_a_no_is_said_both_ways_and_the_window_goes_on(fresh, store, monkeypatch):
+def refusing_to_end_early(fresh, store, monkeypatch) -> GuardSteps:
+    """The window's steps over the real gateway, watched every 0.2 s, by an operator who says yes to the
+    drain and the rejoin and no to ending the window early."""
     monkeypatch.setattr(fleet_guard, "WATCH_S", 0.2)
     config, _ = asyncio.run(fleet.fleet_config(fleet_config(fresh.router, fresh.urls), None, "r1"))
 
-    async def no(confirmation: Any) -> bool:  # yes to the drain and the rejoin, no to ending early
+    async def no(confirmation: Any) -> bool:
         return confirmation.step != "fleet"
 
-    engine = GuardSteps(config, store.create(None, None), no)
+    return GuardSteps(config, store.create(None, None), no)
+
+
+def test_a_flapping_replica_with_a_no_is_said_both_ways_and_the_window_goes_on(fresh, store, monkeypatch):
+    engine = refusing_to_end_early(fresh, store, monkeypatch)
 
     async def window() -> None:
         await fleet.run_drain(engine)
@@ -287,13 +293,7 @@ async def _asked_twice(engine: GuardSteps) -> bool:
 @pytest.mark.parametrize("restarted_with", ["r2 only", "both replicas"])
 def test_a_router_restarted_mid_window_is_said_and_ends_with_every_replica_back_once(fresh, store, monkeypatch,
                                                                                     restarted_with):
-    monkeypatch.setattr(fleet_guard, "WATCH_S", 0.2)
-    config, _ = asyncio.run(fleet.fleet_config(fleet_config(fresh.router, fresh.urls), None, "r1"))
-
-    async def no(confirmation: Any) -> bool:  # yes to the drain and the rejoin, no to ending early
-        return confirmation.step != "fleet"
-
-    engine = GuardSteps(config, store.create(None, None), no)
+    engine = refusing_to_end_early(fresh, store, monkeypatch)
 
     async def window() -> None:
         await fleet.run_drain(engine)

@@ -22,17 +22,24 @@ who gave the server back and when, sending nothing (`engine.py`, `Engine.claim_r
 
 from __future__ import annotations
 
+import asyncio
 import json
+import logging
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from console.procedure.outcomes import ResumeRefused
 from console.procedure.state import Owner
 from remote import lockfile
 
 CLAIM = "claim.json"
 OWNER_FIELDS = ("user", "host", "pid", "since", "start_ticks")
 DRIVING = "driving the run"  # a claim another console never waits for (it may hold the run for an hour)
+WAIT_S = 120.0  # a console that finds the run claimed for its give-back waits this long for it
+POLL_S = 0.1
+log = logging.getLogger(__name__)
 GIVING_BACK = "giving the server back"  # waited for: the loser then says who gave it back and when
 
 
@@ -124,3 +131,34 @@ def given_back_line(run_id: str, service: Any) -> str:
     if service.stops:
         return f"run {run_id}'s service was started again (ready at {at(service.ready_at)}): nothing to do"
     return f"run {run_id} no longer holds the service: nothing to do"
+
+
+
+async def take_waiting(run_dir: Path, run_id: str, me: Owner, doing: str, say: Callable[[str], None]) -> bool | None:
+    """`take`, waiting (up to WAIT_S) while another console holds the claim for its give-back, `say`ing
+    so once. True: claimed now; False: this console's already; None: it cannot be claimed (a full
+    disk, an unsafe claim file), and the give-back goes on unclaimed rather than wait on it.
+    ResumeRefused: held by a console that drives the run, held past WAIT_S, or cancelled meanwhile."""
+    said, deadline = False, time.monotonic() + WAIT_S
+    while True:
+        try:
+            return take(run_dir, me, doing)
+        except ClaimHeld as exc:
+            who = f"{exc.holder.describe()}, {exc.doing}"
+            if exc.doing == DRIVING or time.monotonic() > deadline:
+                raise ResumeRefused(f"run {run_id} is claimed by {who} (its {CLAIM}): nothing was written or sent; "
+                                    f"`dflash-ops console --read-only` follows it") from None
+            if not said:  # said here only: the run is the other console's until it lets go
+                said = True
+                say(f"run {run_id} is claimed by {who}: waiting for it (nothing is sent meanwhile)")
+            try:
+                await asyncio.sleep(POLL_S)
+            except asyncio.CancelledError:  # Ctrl-C (or a signal) while waiting: nothing was sent
+                task = asyncio.current_task()
+                while task is not None and task.cancelling():
+                    task.uncancel()
+                raise ResumeRefused(f"cancelled while run {run_id} is claimed by {who}: nothing was written or "
+                                    f"sent here") from None
+        except (OSError, Unsafe) as exc:
+            log.warning("run %s: cannot claim it (%s): going on unclaimed", run_id, exc)
+            return None

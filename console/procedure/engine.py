@@ -86,8 +86,6 @@ from console.ssh.hosts import HostDisconnected, HostError
 LINK_RETRIES = 3  # a step whose link drops is run again this many times
 SETTLED = ("done", "skipped", "left-out")
 log = logging.getLogger(__name__)
-CLAIM_WAIT_S = 120.0  # a console that finds the run claimed for its give-back waits this long for it (claim.py)
-CLAIM_POLL_S = 0.1
 CANCEL_AGAIN_S = 0.5  # a cancel the run has not taken yet is asked again this often (Engine.cancel)
 CRASH_POINTS = ("staged", "cached", "stop-asked", "stop-ran", "holders", "go", "gpu-released", "start-issued",
                 "ready", "evaluated", "reported")
@@ -283,37 +281,18 @@ class Engine:
     async def claim_run(self, recovering: bool = False) -> RunFinished | None:
         """Claim the run before anything is sent (claim.py), then read it again under the claim: another
         console may have given the server back while this one opened it. A claim held for a give-back
-        is waited for (`CLAIM_WAIT_S`); one held by a console driving the run refuses this one
+        is waited for (`claim.take_waiting`); one held by a console driving the run refuses this one
         (`ResumeRefused`), as `owned_elsewhere` does. The run given back meanwhile: a RunFinished
         (exit 0) naming who and when, nothing written or sent; None: this engine goes on, claimed."""
         held_before = self.state.service.left_as()
-        me, doing, said = Owner.this_process(), self._doing(recovering), False
-        deadline = time.monotonic() + CLAIM_WAIT_S
-        while True:
-            try:
-                took = claim.take(self.run.dir, me, doing)
-                break
-            except claim.ClaimHeld as exc:
-                who = f"{exc.holder.describe()}, {exc.doing}"
-                if exc.doing == claim.DRIVING or time.monotonic() > deadline:
-                    raise ResumeRefused(f"run {self.run.run_id} is claimed by {who} (its {claim.CLAIM}): nothing "
-                                        f"was written or sent; `dflash-ops console --read-only` follows it") from None
-                if not said:  # said here only: the run is the other console's until it lets go
-                    said = True
-                    self.window.bus.publish(JournalEntry(time.time(), self.run.run_id, None, f"run "
-                                                         f"{self.run.run_id} is claimed by {who}: waiting for it "
-                                                         f"(nothing is sent meanwhile)", level="warning"))
-                try:
-                    await asyncio.sleep(CLAIM_POLL_S)
-                except asyncio.CancelledError:  # Ctrl-C (or a signal) while waiting: nothing was sent
-                    task = asyncio.current_task()
-                    while task is not None and task.cancelling():
-                        task.uncancel()
-                    raise ResumeRefused(f"cancelled while run {self.run.run_id} is claimed by {who}: nothing was "
-                                        f"written or sent here") from None
-            except (OSError, claim.Unsafe) as exc:  # a full disk, an unsafe claim file: the give-back must not wait
-                log.warning("run %s: cannot claim it (%s): going on unclaimed", self.run.run_id, exc)
-                return None
+
+        def waiting(line: str) -> None:
+            self.window.bus.publish(JournalEntry(time.time(), self.run.run_id, None, line, level="warning"))
+
+        took = await claim.take_waiting(self.run.dir, self.run.run_id, Owner.this_process(), self._doing(recovering),
+                                        waiting)
+        if took is None:  # a full disk, an unsafe claim file: the give-back must not wait on it
+            return None
         if not took:  # this console's already (`r` while its run goes on): its state is the live one
             return None
         self._claimed = True

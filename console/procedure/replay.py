@@ -262,7 +262,7 @@ def read_recording(run_dir: Path | str) -> Recording:
         if not for_replay_only(record):  # the event log as it was: a job's progress was never in it
             add(Event(float(entry.t), entry, f"{JOURNAL}:{number}"))
     events.extend(_from_journal(run_id, entries, state))
-    events.extend(fleet_events(run_id, entries, state))  # a fleet run: the fleet panel (replay_fleet.py)
+    events.extend(Event(*event) for event in fleet_events(run_id, entries, state))  # a fleet run: the fleet panel (replay_fleet.py)
     if state is not None:
         try:
             events.extend(list(_from_state(run_id, run_dir, state, entries, events)))

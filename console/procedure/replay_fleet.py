@@ -71,9 +71,10 @@ def _config_fleet(state: RunState | None) -> dict[str, Any]:
     return fleet if isinstance(fleet, dict) else {}
 
 
-def fleet_events(run_id: str, entries: list[tuple[int, m.JournalEntry]], state: RunState | None) -> Iterable[Any]:
-    """The fleet panel's views of a fleet run, as `replay.Event`s (none for a one-server run)."""
-    from console.procedure.replay import Event  # (replay imports this module)
+def fleet_events(run_id: str, entries: list[tuple[int, m.JournalEntry]],
+                 state: RunState | None) -> Iterable[tuple[float, m.FleetView, str]]:
+    """The fleet panel's views of a fleet run, as (t, view, source): `replay.Event`'s fields (none for
+    a one-server run)."""
 
     changes = [(number, entry, _step_change(entry)) for number, entry in entries]
     if not any(change for *_, change in changes):
@@ -99,7 +100,7 @@ def fleet_events(run_id: str, entries: list[tuple[int, m.JournalEntry]], state: 
 
     listed = dict.fromkeys(names, True)
     held: dict[str, str] = {}  # replica -> its state while the run holds it
-    events: list[Event] = []
+    events: list[tuple[float, m.FleetView, str]] = []
 
     def view(t: float, where_from: str) -> None:
         replicas = tuple(m.ReplicaView(name, *where.get(name, ("", ())), listed=listed[name], healthy=listed[name],
@@ -107,7 +108,7 @@ def fleet_events(run_id: str, entries: list[tuple[int, m.JournalEntry]], state: 
                                        state=held.get(name, "serving" if listed[name] else "out of the router"),
                                        run_id=run_id if name in held else None)
                          for name in names)
-        events.append(Event(t, m.FleetView(router, True, replicas, t, None, gateway), where_from))
+        events.append((t, m.FleetView(router, True, replicas, t, None, gateway), where_from))
 
     current = facts.get("fleet_replica") or drained.get("replica")
     for index, (number, entry, change) in enumerate(changes):
@@ -145,9 +146,9 @@ def fleet_events(run_id: str, entries: list[tuple[int, m.JournalEntry]], state: 
             view(entry.t, source)
     out = drained.get("replica")
     if state is not None and state.finished and out in listed and events:
-        end = next((e.t for _, e in reversed(entries) if e.step is None and e.exit is not None), events[-1].t)
+        end = next((e.t for _, e in reversed(entries) if e.step is None and e.exit is not None), events[-1][0])
         listed[out], held[out] = False, "DRAINED"
-        view(max(end, events[-1].t), "state.json")
+        view(max(end, events[-1][0]), "state.json")
     return events
 
 
