@@ -457,6 +457,10 @@ class ConsoleApp(StaysUp, App[int]):
         live = elsewhere is not None and elsewhere.status == "running" and not elsewhere.console_gone
         return elsewhere if live else None
 
+    def help_first(self) -> tuple[str, list[tuple[str, str]]] | None:
+        """Keys of this kind of console that `?` lists first (a replay's), or None."""
+        return None
+
     def check_action(self, action: str, parameters: tuple[object, ...]) -> bool | None:
         if action in self.ACTING and self.read_only:
             return False  # read-only: no key that acts is offered
@@ -636,7 +640,7 @@ class ConsoleApp(StaysUp, App[int]):
         self.show_screen(EventsModal(self.state.journal, logs[0].word if logs else ""), callback=filtered)
 
     def action_help(self) -> None:
-        self.show_screen(HelpModal(self.read_only))
+        self.show_screen(HelpModal(self.read_only, self.help_first()))
 
     def results_dir(self) -> Path | None:
         """The run to show: the one this console just ran, else the newest with results."""

@@ -35,6 +35,7 @@ from screens.dashboard import DashboardScreen
 from screens.format import clock, update_static
 from screens.state import ConsoleState
 from screens.widgets.downtime_banner import DowntimeBanner
+from screens.widgets.service_panel import ServicePanel
 
 FRAME_S = 0.1  # how often the playback moves on (real seconds)
 
@@ -225,19 +226,33 @@ class ReplayDashboard(DashboardScreen):
     def compose(self) -> ComposeResult:
         yield ReplayBar(id="replay-bar")
         for widget in super().compose():
+            if isinstance(widget, ServicePanel):  # the live console's look at the service is not recorded
+                widget.unseen = "not recorded: the run's journal holds only what it did to the service"
             yield ReplayBanner() if type(widget) is DowntimeBanner else widget
 
 
 class ReplayApp(ConsoleApp):
     """The console playing a recording back (read-only)."""
 
+    # Short names, the speed and the console's o and / left to `?` (REPLAY_KEYS): at 80 columns the
+    # footer then shows every key that moves through the recording, and Help and Quit.
     BINDINGS = [
         Binding("space", "replay_toggle", "Play/pause", priority=True),
-        Binding("full_stop", "replay_next", "Next event", key_display="."),
-        Binding("right_square_bracket", "replay_next_step", "Next step", key_display="]"),
-        Binding("left_square_bracket", "replay_previous_step", "Step back", key_display="["),
-        Binding("plus,equals_sign", "replay_faster", "Faster", key_display="+"),
-        Binding("minus", "replay_slower", "Slower", key_display="-"),
+        Binding("left_square_bracket", "replay_previous_step", "Back", key_display="["),
+        Binding("right_square_bracket", "replay_next_step", "Step", key_display="]"),
+        Binding("full_stop", "replay_next", "Event", key_display="."),
+        Binding("plus,equals_sign", "replay_faster", "Faster", key_display="+", show=False),
+        Binding("minus", "replay_slower", "Slower", key_display="-", show=False),
+        Binding("o", "open_results", "Results", show=False),
+        Binding("slash", "events", "Events", key_display="/", show=False),
+    ]
+    REPLAY_KEYS = [
+        ("space", "play or pause the recording"),
+        ("[  ]", "back to the step before / on to the next step"),
+        (".", "the next event"),
+        ("+  -", "faster / slower"),
+        ("o", "the run's results, as they were at its end"),
+        ("/", "filter the events by a word"),
     ]
     REPLAY_ACTIONS = {"replay_toggle", "replay_next", "replay_next_step", "replay_previous_step",
                       "replay_faster", "replay_slower"}
@@ -253,7 +268,8 @@ class ReplayApp(ConsoleApp):
         self.question: m.DecisionMade | m.Confirmation | None = None  # the last question, or the one waiting
         self.damage = damage_report(recording)
         self.results_shown = False
-        self.sub_title = f"read-only replay of {recording.run_id}  " + ", ".join(operator.config.hosts)
+        # the hosts are the panels' titles: at 80 columns they cut the run's name short here
+        self.sub_title = f"read-only replay of {recording.run_id}"
 
     def on_mount(self, event: Any) -> None:
         event.prevent_default()  # not the live console's start: no operator, no live run, no resume offer
@@ -319,6 +335,9 @@ class ReplayApp(ConsoleApp):
         """At once: a replay holds nothing down (the service it shows down was the run's, then), and
         the live console's "leave it down / wait for the restart" has nothing to ask here."""
         await self._quit_now()
+
+    def help_first(self) -> tuple[str, list[tuple[str, str]]]:
+        return "Replay", self.REPLAY_KEYS
 
     def check_action(self, action: str, parameters: tuple[object, ...]) -> bool | None:
         if action in self.REPLAY_ACTIONS:

@@ -54,15 +54,19 @@ class HelpModal(ConsoleModal[None]):
     """
     BINDINGS = [Binding("escape,q,question_mark", "dismiss_help", "Close")]
 
-    def __init__(self, read_only: bool) -> None:
+    def __init__(self, read_only: bool, first: tuple[str, list[tuple[str, str]]] | None = None) -> None:
+        """`first`: a table of keys shown before the dashboard's (a replay's own: title, rows)."""
         super().__init__(id="help")
         self.read_only = read_only
+        self.first = first
 
     def dialog(self) -> ComposeResult:
         with Vertical(), VerticalScroll():
             if self.read_only:
                 yield Static(Text("Read-only: this console watches; no key stops, starts or ends anything, "
                                   "or writes a file.", style="bold yellow"))
+            if self.first is not None:
+                yield Static(keys_table(*self.first))
             yield Static(keys_table("Dashboard", [(k, t) for k, t in KEYS
                                                   if not (self.read_only and k in ACTING_KEYS)]))
             yield Static(keys_table("Results", [(k, t) for k, t in RESULT_KEYS

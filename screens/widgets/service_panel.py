@@ -17,7 +17,8 @@ from screens.widgets.event_log import short_paths
 
 
 def service_renderable(view: ServiceView | None, downtime: Downtime | None, startup: StartupProgress | None,
-                       now: float, by: str = "this run", live: LiveRun | None = None) -> Group:
+                       now: float, by: str = "this run", live: LiveRun | None = None,
+                       unseen: str = "not checked yet") -> Group:
     """`by`: the run holding it down or paused ("this run", "run X"); `live`: the live run, whose
     released memory tags are named while it holds the server paused."""
     lines: list[Text] = []
@@ -33,7 +34,7 @@ def service_renderable(view: ServiceView | None, downtime: Downtime | None, star
         lines.append(Text(f" DOWN {duration(now - down_since)} ", style="bold white on red"))
         lines.append(Text(f"stopped by {by} at {clock(down_since)}", style="red"))
     if view is None:
-        lines.append(Text("not checked yet", style="yellow"))
+        lines.append(Text(unseen, style="yellow"))
         return Group(*lines)
     status = view.status
     if status is None:
@@ -100,6 +101,7 @@ class ServicePanel(Static):
     def __init__(self, name: str, host: str) -> None:
         super().__init__(id="service")
         self.name_it(name, host)
+        self.unseen = "not checked yet"  # what it says before the first look (a replay says why there is none)
 
     def name_it(self, name: str, host: str) -> None:
         """Its title: the service and where (a fleet run's next window moves it to another replica)."""
@@ -112,7 +114,7 @@ class ServicePanel(Static):
         held = downtime is not None and downtime.down_since is not None
         self.set_class(held and not downtime.paused, "down")
         self.set_class(held and downtime.paused, "paused")
-        shown = service_renderable(view, downtime, startup, now, by, live)
+        shown = service_renderable(view, downtime, startup, now, by, live, self.unseen)
         width = max(1, self.content_region.width or 40)
         # The rows it takes, wrapped lines counted: a layout pass only when that changes.
         rows = sum(max(1, -(-t.cell_len // width)) if not t.no_wrap else 1 for t in shown.renderables)

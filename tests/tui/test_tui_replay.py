@@ -311,3 +311,26 @@ async def test_the_jobs_progress_bars_of_a_store_in_the_current_journal_format(w
             await pilot.pause()
         await until(pilot, lambda: "extract on ct129 (finished)" in str(jobs.border_title))
         assert shown in " ".join(text_of(w) for w in jobs.query(Static))  # its bars stay as far as they got
+
+
+async def test_at_80x24_the_footer_shows_the_replay_keys_and_help_lists_the_rest():
+    """The tmux walk at 80 columns found the replay's own keys cut off its footer (]  [  +  - gone) and
+    the service panel saying "not checked yet" for a look the recording never holds."""
+    from textual.widgets._footer import FooterKey
+
+    from screens.modals.help import HelpModal
+    from screens.widgets.service_panel import ServicePanel
+
+    app, _ = replay()
+    async with app.run_test(size=(80, 24)) as pilot:
+        await until(pilot, lambda: "paused" in bar(app))
+        keys = list(app.screen.query(FooterKey))
+        palette = [k for k in keys if k.description == "palette"]
+        edge = palette[0].region.x if palette else 80
+        shown = {k.description for k in keys if k not in palette and k.region.right <= edge}
+        assert {"Play/pause", "Back", "Step", "Event", "Help", "Quit"} <= shown, shown
+        assert "not recorded" in text_of(app.screen.query_one(ServicePanel))
+        await pilot.press("question_mark")
+        await until(pilot, lambda: isinstance(app.screen, HelpModal))
+        said = " ".join(text_of(s) for s in app.screen.query("Static"))
+        assert "faster / slower" in said and "the run's results" in said and "filter the events" in said
