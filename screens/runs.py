@@ -80,6 +80,7 @@ class RunsScreen(StaysUp, Screen):
         Binding("escape", "back", "Back"),
         Binding("space", "mark", "Mark"),
         Binding("enter", "open", "Open", priority=True),
+        Binding("o", "open", "Open", show=False),  # as everywhere, o opens results: here the highlighted run's
         Binding("c", "compare", "Compare"),
     ]
 

@@ -30,14 +30,16 @@ async def until(predicate: Callable[[], bool], timeout: float = 60, what: str = 
 
 
 def agents(drill: Drill) -> dict[str, int]:
-    """The telemetry agents running on each drill host (its processes, told apart by their workdir)."""
+    """The telemetry agents running on each host of this drill (its processes, told apart by the host's
+    home under this drill's directory: the other drills of a loaded machine, other tests' and other
+    test workers', run agents of their own on hosts of the same names)."""
     counts = {name: 0 for name in drill.config.hosts}
     for proc in psutil.process_iter(["cmdline"]):
         cmdline = " ".join(proc.info["cmdline"] or [])
         if "remote.agent" not in cmdline:
             continue
-        for name, host in drill.config.hosts.items():
-            if str(Path(host.workdir).expanduser()) in cmdline or f"/{name}/home/" in cmdline:
+        for name in drill.config.hosts:
+            if f"{drill.dir.resolve()}/{name}/home/" in cmdline:
                 counts[name] += 1
     return counts
 
