@@ -30,6 +30,7 @@ from console.operator import Operator
 from console.procedure.decider import ApproveAll
 from console.procedure.steps.fleet import fleet_config
 from console.service.router import RouterClient
+from console.session.fleet_reach import standalone
 
 
 def say(line: str) -> None:
@@ -41,7 +42,8 @@ async def one_run(config: Config, runs: Path, url: str | None, rate: float) -> d
     to `url` throughout when given. The run's state, its load's report and answers, and the window."""
     why = None
     if config.fleet is not None:
-        config, why = await fleet_config(config)  # the replica chosen as `dflash-ops run` chooses it
+        async with standalone(config) as via:  # the replica chosen as `dflash-ops run` chooses it
+            config, why = await fleet_config(config, via=via)
     operator = Operator(config, runs_dir=runs)
     load = Load(url, rate=rate, max_new_tokens=4, chat=True, timeout_s=120) if url else None
     operator.start()
