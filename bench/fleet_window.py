@@ -25,7 +25,7 @@ from typing import Any
 
 from bench.loadgen import Load
 from console.config import Config, load_config
-from console.drill.hosts import down, up
+from console.drill.hosts import down, status, up
 from console.operator import Operator
 from console.procedure.decider import ApproveAll
 from console.procedure.steps.fleet import fleet_config
@@ -95,9 +95,11 @@ def run_bench(replicas: int, rate: float, drill_dir: str | None, json_path: str 
             store = Path(tmp) / "runs"
             say(f"warm-up stop route on {fleet.replicas[0].name} (the drill's first stop leaves VRAM held: not counted)")
             asyncio.run(one_run(one, store, None, rate))
-            asyncio.run(healthy(config))
-            say(f"fleet window, chat requests through the router {fleet.router} at {rate:g}/s")
-            fleet_run = asyncio.run(one_run(config, store, fleet.router, rate))
+            users = status(where).router_url  # the router as users reach it (the config's: seen from ct129)
+            assert users is not None
+            asyncio.run(healthy(config, users))
+            say(f"fleet window, chat requests through the router {users} at {rate:g}/s")
+            fleet_run = asyncio.run(one_run(config, store, users, rate))
             say(f"one-server stop route on {fleet.replicas[0].name}, chat requests straight to it at {rate:g}/s")
             stop_run = asyncio.run(one_run(one, store, one.service.url, rate))
         finally:
@@ -133,9 +135,10 @@ def run_bench(replicas: int, rate: float, drill_dir: str | None, json_path: str 
     return 0 if fleet_fig["failed"] == 0 else 1
 
 
-async def healthy(config: Config, timeout_s: float = 60.0) -> None:
-    """Until the router lists every replica healthy again (the warm-up's stop made it mark one unhealthy)."""
+async def healthy(config: Config, router_url: str, timeout_s: float = 60.0) -> None:
+    """Until the router lists every replica healthy again (the warm-up's stop made it mark one unhealthy).
+    `router_url`: the router as users reach it (the config's is seen from its router_host)."""
     assert config.fleet is not None
-    router = RouterClient(config.fleet.router)
+    router = RouterClient(router_url)
     for replica in config.fleet.replicas:
         await router.wait_listed(replica.worker_url, timeout_s)

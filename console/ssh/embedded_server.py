@@ -19,6 +19,7 @@ import os
 import pwd
 import signal
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
 
 import asyncssh
@@ -50,6 +51,7 @@ class EmbeddedSSHServer:
         self._children: set[asyncio.subprocess.Process] = set()
         self.forwarded: list[tuple[str, int]] = []  # direct-tcpip destinations asked for, in order
         self.names: dict[str, str] = {}  # host names only this host resolves -> the address they name
+        self.on_forward: Callable[[str, int], None] | None = None  # told of each direct-tcpip request
         self.home.mkdir(parents=True, exist_ok=True)
         self.state_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
         self._host_key = self._load_or_make_key(self.state_dir / "host_key")
@@ -115,6 +117,8 @@ class EmbeddedSSHServer:
             def connection_requested(self, dest_host: str, dest_port: int, orig_host: str,
                                      orig_port: int) -> bool:
                 server.forwarded.append((dest_host, dest_port))
+                if server.on_forward is not None:
+                    server.on_forward(dest_host, dest_port)
                 if dest_host in server.names:  # a name only this host resolves
                     return self._conn.forward_connection(server.names[dest_host], dest_port)
                 return True  # direct-tcpip: asyncssh forwards the bytes
