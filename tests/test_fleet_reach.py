@@ -161,6 +161,14 @@ async def test_errors_name_the_host_and_the_url(session: Session) -> None:
         await read_loads(reach.replica_client(moved, timeout=5))
     said = str(info.value)
     assert said.startswith(f"{REPLICA_HOST}: {gone}/v1/loads"), said
+    # the router seen from ct200 by a name ct200 resolves, at a port nothing listens on
+    fleet = dataclasses.replace(session.config.fleet, router=f"http://router.ct200.internal:{free_port()}")
+    router = FleetReach(fleet, session.supervisors, 10.0).router_client(timeout=5)
+    with pytest.raises(ServerUnreachable) as info:
+        await router.health()
+    said = str(info.value)
+    assert said.startswith(f"{ROUTER_HOST}: {fleet.router}/health"), said
+    assert "127.0.0.1" not in said  # never the console's local port
 
 
 def test_a_router_without_router_host_is_reached_from_the_console() -> None:
@@ -191,3 +199,15 @@ def _plain_fleet() -> dict[str, Any]:
         {"name": "r1", **service},
         {"name": "r2", **service, "host": "ct200", "router_url": "http://10.0.0.7:30000"}]}
     return data
+
+
+async def test_a_host_gone_is_named_with_the_url_seen_from_it(session: Session,
+                                                              hosts: dict[str, EmbeddedSSHServer]) -> None:
+    replica = session.config.fleet.replicas[0]
+    reach = FleetReach(session.config.fleet, session.supervisors, 2.0)  # waits 2 s for the host
+    assert (await read_loads(reach.replica_client(replica))).running is not None
+    await hosts[REPLICA_HOST].stop()  # ct129 gone: no connection, no forward
+    with pytest.raises(ServerUnreachable) as info:
+        await read_loads(reach.replica_client(replica))
+    said = str(info.value)
+    assert REPLICA_HOST in said and replica.service.url in said, said
