@@ -161,6 +161,7 @@ def _on_replica(config: Config, named: Run | None, request: Request, store: RunS
         known = [run.state for run in store.readable()]
     except RunStoreError:
         known = []
+
     async def place() -> tuple[Config, str | None]:
         async with standalone(config) as via:  # each URL from the host it is seen from ([fleet])
             return await fleet_config(config, named.state if named is not None else None, request.replica, known,

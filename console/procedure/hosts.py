@@ -66,20 +66,6 @@ class WindowHosts(Protocol):
 
     def simulated(self, host: str) -> bool: ...
     def link_state(self, host: str) -> str: ...
-    def router_client(self) -> Any:
-        """[fleet]'s router, reached from `router_host` when given (console/session/fleet_reach.py)."""
-        return self._fleet_reach().router_client()
-
-    def replica_client(self, replica: Any) -> Any:
-        """A replica's own server: its `url` as seen from its `host`, through that host's connection."""
-        return self._fleet_reach().replica_client(replica)
-
-    def _fleet_reach(self) -> Any:
-        reach = self.session.fleet_reach
-        if reach is None:
-            raise HostError("console", "this config has no [fleet]: no router or replica to reach")
-        return reach
-
     async def connect(self, host: str, timeout: float) -> None: ...
     async def workdir(self, host: str) -> str: ...
     async def code_dir(self, host: str) -> str: ...
