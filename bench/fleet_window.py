@@ -25,11 +25,12 @@ from typing import Any
 
 from bench.loadgen import Load
 from console.config import Config, load_config
-from console.drill.hosts import down, up
+from console.drill.hosts import down, status, up
 from console.operator import Operator
 from console.procedure.decider import ApproveAll
 from console.procedure.steps.fleet import fleet_config
 from console.service.router import RouterClient
+from console.session.fleet_reach import standalone
 
 
 def say(line: str) -> None:
@@ -41,7 +42,8 @@ async def one_run(config: Config, runs: Path, url: str | None, rate: float) -> d
     to `url` throughout when given. The run's state, its load's report and answers, and the window."""
     why = None
     if config.fleet is not None:
-        config, why = await fleet_config(config)  # the replica chosen as `dflash-ops run` chooses it
+        async with standalone(config) as via:  # the replica chosen as `dflash-ops run` chooses it
+            config, why = await fleet_config(config, via=via)
     operator = Operator(config, runs_dir=runs)
     load = Load(url, rate=rate, max_new_tokens=4, chat=True, timeout_s=120) if url else None
     operator.start()
@@ -93,9 +95,11 @@ def run_bench(replicas: int, rate: float, drill_dir: str | None, json_path: str 
             store = Path(tmp) / "runs"
             say(f"warm-up stop route on {fleet.replicas[0].name} (the drill's first stop leaves VRAM held: not counted)")
             asyncio.run(one_run(one, store, None, rate))
-            asyncio.run(healthy(config))
-            say(f"fleet window, chat requests through the router {fleet.router} at {rate:g}/s")
-            fleet_run = asyncio.run(one_run(config, store, fleet.router, rate))
+            users = status(where).router_url  # the router as users reach it (the config's: seen from ct129)
+            assert users is not None
+            asyncio.run(healthy(config, users))
+            say(f"fleet window, chat requests through the router {users} at {rate:g}/s")
+            fleet_run = asyncio.run(one_run(config, store, users, rate))
             say(f"one-server stop route on {fleet.replicas[0].name}, chat requests straight to it at {rate:g}/s")
             stop_run = asyncio.run(one_run(one, store, one.service.url, rate))
         finally:
@@ -131,9 +135,10 @@ def run_bench(replicas: int, rate: float, drill_dir: str | None, json_path: str 
     return 0 if fleet_fig["failed"] == 0 else 1
 
 
-async def healthy(config: Config, timeout_s: float = 60.0) -> None:
-    """Until the router lists every replica healthy again (the warm-up's stop made it mark one unhealthy)."""
+async def healthy(config: Config, router_url: str, timeout_s: float = 60.0) -> None:
+    """Until the router lists every replica healthy again (the warm-up's stop made it mark one unhealthy).
+    `router_url`: the router as users reach it (the config's is seen from its router_host)."""
     assert config.fleet is not None
-    router = RouterClient(config.fleet.router)
+    router = RouterClient(router_url)
     for replica in config.fleet.replicas:
         await router.wait_listed(replica.worker_url, timeout_s)

@@ -155,14 +155,20 @@ def _on_replica(config: Config, named: Run | None, request: Request, store: RunS
     """A fleet config addressed to the replica whose window this is: the one the run recorded, else
     the one chosen now among those the newest preflight found able to take it (`fleet_config`)."""
     from console.procedure.steps.fleet import fleet_config
+    from console.session.fleet_reach import standalone
 
     try:
         known = [run.state for run in store.readable()]
     except RunStoreError:
         known = []
+
+    async def place() -> tuple[Config, str | None]:
+        async with standalone(config) as via:  # each URL from the host it is seen from ([fleet])
+            return await fleet_config(config, named.state if named is not None else None, request.replica, known,
+                                      via=via)
+
     try:
-        placed, why = asyncio.run(fleet_config(config, named.state if named is not None else None,
-                                               request.replica, known))
+        placed, why = asyncio.run(place())
     except StepFailed as exc:
         raise Refused(exc.msg + (" (--read-only watches the fleet)" if request.action == "console" else "")) from None
     if request.action != "console" and why is not None:

@@ -159,4 +159,4 @@ class ReplicaView:
 def attach(hosts: Any, router: FakeRouter) -> None:
     """Give one console's hosts the router's and the replicas' clients (what fleet.router_of reads)."""
     hosts.router_client = lambda: RouterClientView(router, hosts)
-    hosts.replica_client = lambda url: ReplicaView(router, hosts, url)
+    hosts.replica_client = lambda replica: ReplicaView(router, hosts, replica.service.url)

@@ -19,6 +19,7 @@ import time
 import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
+from urllib.parse import urlsplit
 
 import pytest
 
@@ -26,11 +27,13 @@ from bench.loadgen import Load
 from console.config import Config, load_config
 from console.drill import procs
 from console.drill.assets import CACHE_ENV, cache_root, ensure_assets, find_assets, version_key
+from console.drill.config import ROUTER_NAME
 from console.drill.hosts import down, status, up
 from console.drill.layout import DrillLayout
 from console.drill.rearm import rearm
 from console.procedure.store import RunStore
 from console.service.control import manager_from_config
+from console.service.sglang_api import ServerUnreachable
 from console.ssh.host_specs import host_spec
 from console.ssh.hosts import Host, HostSpec, UnknownHostKey
 from remote.drill import service as drill_service
@@ -420,10 +423,18 @@ def test_replicas_bring_up_the_real_router_in_front_of_rehearsal_servers(drill_c
         fleet = config.fleet
         assert fleet is not None and [r.name for r in fleet.replicas] == ["r1", "r2"]
         assert config.service == fleet.replicas[0].service  # the drill's own service is the first replica
-        workers = asyncio.run(RouterClient(fleet.router).workers())
+        # The router as the config documents it: seen from ct129, by a name only ct129 resolves; the
+        # console reaches it through ct129's connection alone (issue 41). Users reach it at 127.0.0.1.
+        found = status(layout.dir)
+        router = found.router_url
+        assert router is not None and router.startswith("http://127.0.0.1:")
+        assert fleet.router_host == "ct129" and fleet.router == router.replace("127.0.0.1", ROUTER_NAME)
+        with pytest.raises(ServerUnreachable):
+            asyncio.run(RouterClient(fleet.router, timeout=5).health())
+        workers = asyncio.run(RouterClient(router).workers())
         assert sorted(w.url for w in workers) == sorted(r.worker_url for r in fleet.replicas)
         assert all(w.healthy for w in workers)
-        assert asyncio.run(RouterClient(fleet.router).gateway()) == Gateway(SMG, "1.13.0")  # smg, the default
+        assert asyncio.run(RouterClient(router).gateway()) == Gateway(SMG, "1.13.0")  # smg, the default
         # The replicas share ct129's simulated GPUs, each its own pair held by its own GPU worker, and
         # each replica's window watches only its pair.
         assert [list(r.service.gpus) for r in fleet.replicas] == [[0, 1], [2, 3]]
@@ -433,12 +444,11 @@ def test_replicas_bring_up_the_real_router_in_front_of_rehearsal_servers(drill_c
         assert sorted(held.values()) == [[0, 1], [2, 3]], processes
         body = json.dumps({"model": workers[0].model, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2,
                            "temperature": 0})  # smg routes a chat by its model
-        request = urllib.request.Request(fleet.router + "/v1/chat/completions", body.encode(),
+        request = urllib.request.Request(router + "/v1/chat/completions", body.encode(),
                                          {"Content-Type": "application/json"})
         with urllib.request.urlopen(request, timeout=60) as answer:
             assert json.loads(answer.read())["usage"]["completion_tokens"] == 2
-        found = status(layout.dir)
-        assert found.router_url == fleet.router and any(f"router (smg) {fleet.router}" in line for line in found.lines())
+        assert any(f"router (smg) {router}" in line for line in found.lines())
         # `drill --replicas 2` finds the fleet up and runs the whole fleet run on it while users' chat
         # requests go through the router the whole time: none fails. Its first window is cut short at
         # its budget as the operator's stop at the budget cuts it (the stop file the budget's offer
@@ -447,7 +457,7 @@ def test_replicas_bring_up_the_real_router_in_front_of_rehearsal_servers(drill_c
         runs = tmp_path / "runs"
         out, err = tmp_path / "drill.out", tmp_path / "drill.err"  # files: a pipe left unread would block it
         with out.open("w") as out_file, err.open("w") as err_file, \
-                Load(fleet.router, rate=4.0, max_new_tokens=4, chat=True, timeout_s=120) as load:
+                Load(router, rate=4.0, max_new_tokens=4, chat=True, timeout_s=120) as load:
             console = subprocess.Popen([str(ENTRY_POINT), "drill", "--headless", "--yes", "--dir", str(layout.dir),
                                         "--replicas", "2", "--simulated", "--runs", str(runs)], stdout=out_file,
                                        stderr=err_file, text=True, cwd=ROOT, env={**os.environ, "COLUMNS": "200"})
@@ -495,10 +505,14 @@ def test_replicas_bring_up_the_real_router_in_front_of_rehearsal_servers(drill_c
         evaluations = [e for e in journal if e.get("step") == "evaluate" and e["message"].startswith("evaluate: done")]
         assert len(evaluations) == 1  # the whole set, evaluated once
         assert (Path(store.root) / run_id / "report.md").is_file()
-        after = asyncio.run(RouterClient(fleet.router).workers())
+        after = asyncio.run(RouterClient(router).workers())
         assert sorted(w.url for w in after) == sorted(r.worker_url for r in fleet.replicas) and all(w.healthy for w in after)
         assert all(w.settle_s == DRAIN_SETTLE_S for w in after)  # each rejoin gave smg the worker's settings back
         assert any("(smg 1.13.0: after its settle)" in e["message"] for e in journal if e.get("step") == "drain")
+        # The console read the router and both replicas through ct129's SSH connection (its log says
+        # each forward it was asked for), the router by the name only ct129 resolves.
+        forwards = set(re.findall(r"ct129: forwarding to (\S+)", layout.log.read_text()))
+        assert {urlsplit(fleet.router).netloc, *(urlsplit(r.service.url).netloc for r in fleet.replicas)} <= forwards
         smg_pid = json.loads(layout.state_file.read_text())["router_pid"]
         # `--router sglang-router` keeps the old router: a drill up with another router ends this one
         # (by its recorded pid: smg retitles itself too) and brings the fleet up behind the old one.
@@ -507,10 +521,10 @@ def test_replicas_bring_up_the_real_router_in_front_of_rehearsal_servers(drill_c
         assert not pid_alive(smg_pid)
         fleet = load_config(done.stdout.strip().splitlines()[-1]).fleet
         assert fleet is not None
-        old = RouterClient(fleet.router)
+        old = RouterClient(status(layout.dir).router_url)
         assert asyncio.run(old.gateway()) == Gateway(SGLANG_ROUTER)
         assert sorted(w.url for w in asyncio.run(old.workers())) == sorted(r.worker_url for r in fleet.replicas)
-        assert any(f"router (sglang-router) {fleet.router}" in line for line in status(layout.dir).lines())
+        assert any(f"router (sglang-router) {old.base_url}" in line for line in status(layout.dir).lines())
         state = json.loads(layout.state_file.read_text())
         router_pid = state["router_pid"]
         # A crashed drill: its hosts' process killed, its own shutdown never run. The router (which the

@@ -13,6 +13,8 @@
     url = "http://127.0.0.1:30001"        # as seen from its host, as [service] url
     router_url = "http://10.0.0.5:30001"  # optional: the URL the router lists it under (default: url)
 
+Each URL is reached from the host it is seen from, through a port forwarded over that host's SSH
+connection (console/session/fleet_reach.py); a router without `router_host` from the console itself.
 A fleet has no `[service]` table of its own: each replica is a service, validated exactly as
 `[service]` is (`service_table`, console/config/service.py). A config without `[fleet]` is a
 one-server config, unchanged. What the router's API is: docs/sglang.md, "Router".

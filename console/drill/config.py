@@ -35,6 +35,15 @@ GPU_CUDA_GRAPH_MIB = 1024
 CROWDED_KV_CACHE_MIB = 512
 CROWDED_CUDA_GRAPH_MIB = 256
 CROWDED_FREE_MIB = 1500
+# The fleet's router is seen from ct129 (`router_host`) by a name only ct129 resolves (its SSH
+# server's `names`, as its /etc/hosts would; `.invalid` resolves nowhere else, RFC 2606): the console
+# reaches it through ct129's connection, never from its own machine (issue 41). Users, and the router
+# itself, are on this machine: they reach it, and it the replicas, at 127.0.0.1. The replicas' URLs stay
+# 127.0.0.1 as seen from ct129 (reached through its connection too: its log says each forward): a
+# replica's URL is also handed to jobs run on its host (the cache's completions), and the drill's
+# hosts are this machine, which resolves no name of ct129's.
+ROUTER_NAME = f"router.{INFERENCE_HOST}.invalid"
+HOST_NAMES = {INFERENCE_HOST: {ROUTER_NAME: "127.0.0.1"}}
 
 
 def gpu_kv_cache_mib(total_mib: int | None = None) -> int:
@@ -109,8 +118,10 @@ def service_table(layout: DrillLayout, python: str, port: int, replica: int = 0)
 
 
 def fleet_table(layout: DrillLayout, python: str, service_ports: list[int], router_port: int) -> dict[str, Any]:
-    """[fleet]: the real router on loopback, each rehearsal server a replica (r1, r2, ...)."""
-    return {"router": f"http://127.0.0.1:{router_port}", "drain_timeout_s": DRAIN_TIMEOUT_S,
+    """[fleet]: the real router on loopback, seen from ct129 by a name of its own (`ROUTER_NAME`), each
+    rehearsal server a replica (r1, r2, ...)."""
+    return {"router": f"http://{ROUTER_NAME}:{router_port}", "router_host": INFERENCE_HOST,
+            "drain_timeout_s": DRAIN_TIMEOUT_S,
             "replicas": [{"name": f"r{i + 1}", **service_table(layout, python, port, i)}
                          for i, port in enumerate(service_ports)]}
 

@@ -46,7 +46,7 @@ from typing import Any
 
 from console.drill import fleet, procs
 from console.drill.assets import DrillAssets, cache_root, ensure_assets, find_assets
-from console.drill.config import service_commands, write_drill_config
+from console.drill.config import HOST_NAMES, service_commands, write_drill_config
 from console.drill.layout import GPUS_PER_REPLICA, HOSTS, INFERENCE_HOST, TRAINING_HOST, DrillLayout
 from console.ssh.embedded_server import EmbeddedSSHServer
 from remote.artifacts import write_json_atomic
@@ -455,6 +455,8 @@ async def _start_server(layout: DrillLayout, name: str, python: str, preferred: 
     mark = procs.mark_value(layout.dir)
     for port in ([preferred] if preferred else []) + [0]:
         server = DrillSSHServer(layout.home(name), layout.ssh_dir(name), port=port, python=python, mark=mark)
+        server.names = dict(HOST_NAMES.get(name, {}))  # what only this host resolves (a fleet's router)
+        server.on_forward = lambda host, port, name=name: _log(f"{name}: forwarding to {host}:{port}")
         try:
             await server.start()
         except OSError as exc:

@@ -28,6 +28,7 @@ from console.service.sglang_api import MEMORY_TIMEOUT_S, ServerUnreachable
 from console.service.vram import end_holders, endpids_argv
 from console.session import Session
 from console.session.bus import MessageBus
+from console.session.fleet_reach import reconnect_wait
 from console.ssh.hosts import HostError
 from console.ssh.jobs import JobHandle, JobRunner, JobStatus, follow_with_reconnect
 
@@ -123,13 +124,6 @@ class _Deferred:
         return call
 
 
-def reconnect_wait(config: Any) -> float:
-    """How long a step waits for a dropped host to be back: three connection attempts' worth (the
-    hosts' `connect_timeout`), between 10 s and a minute."""
-    longest = max((h.connect_timeout for h in config.hosts.values()), default=10.0)
-    return min(max(3 * longest, 10.0), 60.0)
-
-
 class SessionHosts:
     """`WindowHosts` over the live session's connections (the drill's hosts and real ones alike)."""
 
@@ -155,6 +149,20 @@ class SessionHosts:
     def link_state(self, host: str) -> str:
         state = self.session.supervisors[host].state
         return state.last_error or state.status
+
+    def router_client(self) -> Any:
+        """[fleet]'s router, reached from `router_host` when given (console/session/fleet_reach.py)."""
+        return self._fleet_reach().router_client()
+
+    def replica_client(self, replica: Any) -> Any:
+        """A replica's own server: its `url` as seen from its `host`, through that host's connection."""
+        return self._fleet_reach().replica_client(replica)
+
+    def _fleet_reach(self) -> Any:
+        reach = self.session.fleet_reach
+        if reach is None:
+            raise HostError("console", "this config has no [fleet]: no router or replica to reach")
+        return reach
 
     async def connect(self, host: str, timeout: float) -> None:
         await self.session.host(host, timeout)

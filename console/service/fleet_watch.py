@@ -27,12 +27,14 @@ from console.service.sglang_api import ServerAnswerError, ServerUnreachable, Sgl
 LOOK_TIMEOUT_S = 5.0  # one look at the fleet; a replica that does not answer in time is said so
 
 
-async def _replica(replica: Any, listed: Worker | None) -> ReplicaView:
+async def _replica(replica: Any, listed: Worker | None, via: Any) -> ReplicaView:
     service = replica.service
     running = queued = None
     error = None
     try:
-        loads = await read_loads(SglangClient(service.url, timeout=LOOK_TIMEOUT_S))
+        client = via.replica_client(replica, timeout=LOOK_TIMEOUT_S) if via is not None else \
+            SglangClient(service.url, timeout=LOOK_TIMEOUT_S)
+        loads = await read_loads(client)
         running, queued = loads.running, loads.queued
     except LoadsUnreadable as exc:
         error = str(exc)
@@ -43,13 +45,15 @@ async def _replica(replica: Any, listed: Worker | None) -> ReplicaView:
                        router_status=listed.status if listed else None)
 
 
-async def look(fleet: Any) -> FleetView:
-    """The router and every replica, now. Never raises."""
+async def look(fleet: Any, via: Any = None) -> FleetView:
+    """The router and every replica, now. Never raises. `via`: the session's `FleetReach`
+    (console/session/fleet_reach.py: each URL from the host it is seen from), else all from here."""
     workers: list[Worker] = []
     error = gateway = None
     up = False
     try:
-        router = RouterClient(fleet.router, timeout=LOOK_TIMEOUT_S, api_key=fleet.api_key())
+        router = via.router_client(timeout=LOOK_TIMEOUT_S) if via is not None else \
+            RouterClient(fleet.router, timeout=LOOK_TIMEOUT_S, api_key=fleet.api_key())
         up = await router.health() == 200
         workers = await router.workers()
         gateway = str(await router.gateway())
@@ -59,7 +63,7 @@ async def look(fleet: Any) -> FleetView:
     def listed(replica: Any) -> Worker | None:
         return next((w for w in workers if w.url.rstrip("/") == replica.worker_url.rstrip("/")), None)
 
-    replicas = await asyncio.gather(*(_replica(r, listed(r)) for r in fleet.replicas))
+    replicas = await asyncio.gather(*(_replica(r, listed(r), via) for r in fleet.replicas))
     if error is not None:  # the listing is unknown: never say "out of the router" for what was not read
         replicas = [dataclasses.replace(r, state="unknown") for r in replicas]
     else:

@@ -12,7 +12,6 @@ import asyncio
 import contextlib
 import time
 from collections.abc import Callable
-from urllib.parse import urlsplit
 
 from console.config import Config, ConfigError
 from console.messages import FleetView, HostState, ServiceView, TelemetryUpdate
@@ -25,6 +24,8 @@ from console.service.control import (
 )
 from console.service.sglang_api import SglangClient
 from console.session.bus import MessageBus
+from console.session.fleet_reach import FleetReach, reconnect_wait
+from console.session.forwards import Forward
 from console.ssh.host_specs import host_spec
 from console.ssh.hosts import Host, HostError
 from console.ssh.jobs import JobRunner
@@ -51,18 +52,16 @@ class ServiceWatch:
         self._host: Host | None = None
         self._monitor: ServiceMonitor | None = None
         self._client: SglangClient | None = None
+        self._forward = Forward(supervisor, config.service.url)  # [service] url as seen from its host
         self._forward_error: str | None = None
 
     async def _monitor_for(self, host: Host) -> ServiceMonitor:
         if host is self._host and self._monitor is not None and self._forward_error is None:
             return self._monitor
         service = self.config.service
-        url = urlsplit(service.url)
-        port = url.port or (443 if url.scheme == "https" else 80)
         self._client = None
         try:
-            local = await host.forward_local_port(url.hostname or "127.0.0.1", port)
-            self._client = SglangClient(f"{url.scheme}://127.0.0.1:{local}{url.path.rstrip('/')}",
+            self._client = SglangClient(await self._forward.local_url(host),
                                         api_key=service.api_key())  # [service] api_key_env, if any
             self._forward_error = None
         except (HostError, ConfigError) as exc:  # the manager can still be asked; health waits for the next try
@@ -120,6 +119,9 @@ class Session:
         self._poller: asyncio.Task | None = None
         self._service_wake = asyncio.Event()
         self.fleet: FleetView | None = None  # [fleet]: the router and its replicas, last looked at
+        # [fleet]: the router's and the replicas' URLs, each reached from the host it is seen from
+        self.fleet_reach = (FleetReach(config.fleet, self.supervisors, reconnect_wait(config))
+                            if config.fleet is not None else None)
         self._fleet_poller: asyncio.Task | None = None
         # The run that holds the server paused, as the run store says ("run X by alice@ct pid 12 ..."):
         # its /health is not probed meanwhile (`paused_by`). Set by whoever reads the store.
@@ -243,7 +245,7 @@ class Session:
             return None
         from console.service.fleet_watch import look
 
-        self.fleet = await look(self.config.fleet)
+        self.fleet = await look(self.config.fleet, self.fleet_reach)
         self.bus.publish(self.fleet)
         return self.fleet
 

@@ -3,7 +3,8 @@
 It is asyncssh's real server on 127.0.0.1: a generated host key (recorded in a known_hosts file of
 its own) and a generated client key (the only one it accepts); exec runs the command through the
 current user's shell with HOME and the working directory set to a given home directory; SFTP
-(relative paths from that home); direct-tcpip forwarding. It never reads or writes the real ~/.ssh.
+(relative paths from that home); direct-tcpip forwarding, with names of its own (`names`: what only
+this host resolves, as its /etc/hosts would). It never reads or writes the real ~/.ssh.
 
 It can be stopped and started again on the same port with the same host key, which is how the
 tests drop a connection in the middle of a job.
@@ -18,6 +19,7 @@ import os
 import pwd
 import signal
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
 
 import asyncssh
@@ -48,6 +50,8 @@ class EmbeddedSSHServer:
         self._connections: set[asyncssh.SSHServerConnection] = set()
         self._children: set[asyncio.subprocess.Process] = set()
         self.forwarded: list[tuple[str, int]] = []  # direct-tcpip destinations asked for, in order
+        self.names: dict[str, str] = {}  # host names only this host resolves -> the address they name
+        self.on_forward: Callable[[str, int], None] | None = None  # told of each direct-tcpip request
         self.home.mkdir(parents=True, exist_ok=True)
         self.state_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
         self._host_key = self._load_or_make_key(self.state_dir / "host_key")
@@ -113,6 +117,10 @@ class EmbeddedSSHServer:
             def connection_requested(self, dest_host: str, dest_port: int, orig_host: str,
                                      orig_port: int) -> bool:
                 server.forwarded.append((dest_host, dest_port))
+                if server.on_forward is not None:
+                    server.on_forward(dest_host, dest_port)
+                if dest_host in server.names:  # a name only this host resolves
+                    return self._conn.forward_connection(server.names[dest_host], dest_port)
                 return True  # direct-tcpip: asyncssh forwards the bytes
 
         def sftp_factory(chan: asyncssh.SSHServerChannel) -> asyncssh.SFTPServer:

@@ -5,7 +5,9 @@ absorbed by the others' `max_running_requests` when they report it. Read at pref
 console/procedure/steps/fleet.py) and again right before the removal (steps/fleet_guard.py).
 
 The router's and the replicas' clients (`router_of`, `replica_client`) are the hosts' own when they
-give them (the engine sweep's fake world: tests/fake_router.py), else the router at [fleet] router."""
+give them: the live session's, each URL reached from the host [fleet] says it is seen from
+(console/session/fleet_reach.py), or the engine sweep's fake world (tests/fake_router.py); else the
+URLs as written, from the console."""
 
 from __future__ import annotations
 
@@ -94,7 +96,7 @@ def router_of(window: Window) -> Any:
 def replica_client(window: Window, replica: ReplicaConfig) -> Any:
     """The replica's own HTTP client (its /metrics, /health_generate), the hosts' own when they give one."""
     made = getattr(getattr(window, "hosts", None), "replica_client", None)
-    return made(replica.service.url) if made is not None else SglangClient(replica.service.url)
+    return made(replica) if made is not None else SglangClient(replica.service.url)
 
 
 async def _capacity(client: SglangClient) -> int | None:
@@ -121,7 +123,7 @@ async def measure(fleet: FleetConfig, via: Any = None) -> list[ReplicaLoad]:
 
     async def one(replica: ReplicaConfig) -> ReplicaLoad:
         listed = next((w for w in workers if w.url.rstrip("/") == replica.worker_url.rstrip("/")), None)
-        client = via.replica_client(replica.service.url) if via is not None else SglangClient(replica.service.url)
+        client = via.replica_client(replica) if via is not None else SglangClient(replica.service.url)
         running = None
         try:
             loads = await read_loads(client)
