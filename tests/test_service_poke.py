@@ -47,3 +47,26 @@ def test_a_poke_during_a_check_is_not_lost():
         return seen
 
     assert asyncio.run(scenario()) == ["starting", "ready"]
+
+
+def test_a_look_older_than_the_restarts_ready_is_never_shown_as_not_running():
+    """The panel between the restart's ready and the next look: the server's readiness the run
+    checked itself (its /health and a generation), never the stale NOT RUNNING / starting."""
+    from screens.state import ConsoleState
+    from screens.widgets.service_panel import service_renderable
+    from tests.tui.standin import T0, service_view
+
+    state = ConsoleState()
+    state.apply(service_view(active=False, t=T0))  # the last look: before the start
+    state.apply(m.StartupProgress("weights_loaded", "Load weight end."))
+    state.apply(m.Downtime("run-1", None, T0 + 5))  # the restart: ready at T0 + 5
+    assert state.startup is None
+    shown = [t.plain for t in service_renderable(state.service, state.downtime, state.startup, T0 + 6).renderables]
+    assert len(shown) == 1 and shown[0].startswith("ready at ") and "the service is read again" in shown[0]
+    state.apply(service_view(active=True, t=T0 + 6))  # the next look: as it is
+    shown = [t.plain for t in service_renderable(state.service, state.downtime, state.startup, T0 + 6).renderables]
+    assert not any("ready at" in line or "NOT RUNNING" in line for line in shown) and "health 200, ready" in shown
+    # A look after the ready that finds it down again is shown as it is.
+    state.apply(service_view(active=False, t=T0 + 7))
+    shown = [t.plain for t in service_renderable(state.service, state.downtime, state.startup, T0 + 7).renderables]
+    assert "NOT RUNNING (inactive)" in shown

@@ -45,6 +45,13 @@ def service_renderable(view: ServiceView | None, downtime: Downtime | None, star
     if view is None:
         lines.append(Text(unseen, style="yellow"))
         return Group(*lines)
+    back = downtime.restarted_at if downtime is not None and down_since is None and not downtime.paused else None
+    seen_ready = view.status is not None and view.status.active and view.health is not None and view.health.ready
+    if back is not None and view.checked_at < back and not seen_ready:
+        # The last look predates the restart's ready (its own health check and generation): never a
+        # stale NOT RUNNING / starting for a server that is ready (issue 41: a fleet's rejoin showed it).
+        lines.append(Text(f"ready at {clock(back)} (the run's own check); the service is read again", style="green"))
+        return Group(*lines)
     status = view.status
     if status is None:
         lines.append(Text(f"unknown: {view.error}", style="bold red"))
