@@ -52,20 +52,20 @@ def listing(router_url: str, timeout_s: float = 2.0) -> dict[str, bool]:
 QUICK_HEALTH = {"timeout_secs": 1, "failure_threshold": 1, "success_threshold": 1, "check_interval_secs": 1}
 
 
-def quicken(router_url: str, worker_url: str) -> str:
-    """Tune the health check of the worker at `worker_url` (smg); what was done, in words."""
+def quicken(router_url: str, worker_url: str) -> tuple[bool, str]:
+    """Tune the health check of the worker at `worker_url` (smg): whether it was, and what was done."""
     with urllib.request.urlopen(router_url.rstrip("/") + "/workers", timeout=5) as answer:
         workers = json.loads(answer.read())["workers"]
     mine = next((w for w in workers if str(w["url"]).rstrip("/") == worker_url.rstrip("/")), None)
     if mine is None or "status" not in mine:  # sglang-router lists no status and takes no per-worker health
-        return "the gateway takes no per-worker health settings: its defaults kept"
+        return False, "the gateway takes no per-worker health settings: its defaults kept"
     body = json.dumps({"health": QUICK_HEALTH}).encode()
     request = urllib.request.Request(f"{router_url.rstrip('/')}/workers/{mine['id']}", body,
                                      {"Content-Type": "application/json"}, method="PATCH")
     with urllib.request.urlopen(request, timeout=5) as answer:
         status = answer.status
-    return (f"PATCH /workers/{{id}} health {json.dumps(QUICK_HEALTH)}: HTTP {status} (a 1 s timeout, unhealthy at "
-            f"the first failed check, healthy at the first answer)")
+    return status == 202, (f"PATCH /workers/{{id}} health {json.dumps(QUICK_HEALTH)}: HTTP {status} (a 1 s timeout, "
+                           f"unhealthy at the first failed check, healthy at the first answer)")
 
 
 class Flapper:

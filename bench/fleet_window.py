@@ -188,7 +188,7 @@ def run_bench(replicas: int, rate: float, drill_dir: str | None, json_path: str 
     fleet_kinds = ", ".join(f"{n} {kind}" for kind, n in sorted(fleet_fig["failures"].items()))
     flapped = (f", {flap_fig['replica']} flapping ({flap_fig['listed_unhealthy']} times unhealthy, "
                f"{flap_fig['listed_healthy_again']} healthy again in the gateway"
-               f"{', its health check tuned' if tuned else ''})") if flap_fig else ""
+               f"{', its health check tuned' if tuned and 'not applied' not in tuned else ''})") if flap_fig else ""
     print(f"fleet window ({replicas} replicas behind {gateway}, {rate:g} chat requests/s{flapped}): "
           f"{fleet_fig['failed']} of {fleet_fig['sent']} requests failed{f' ({fleet_kinds})' if fleet_kinds else ''} "
           f"({fleet_fig['failed_during']} of the {fleet_fig['sent_during']} sent during the window), longest wait "
@@ -215,8 +215,11 @@ def flapping(where: Path, users: str, quick: bool, tuned: list[str]) -> Callable
         if pid is None:
             raise SystemExit(f"bench: replica {other.name}'s process is not running: nothing to flap")
         if quick:
-            tuned.append(f"{other.name}'s health check in the gateway: {quicken(users, other.worker_url)}")
+            applied, words = quicken(users, other.worker_url)
+            tuned.append(f"{other.name}'s health check in the gateway: {words}")
             say(tuned[-1])
+            if not applied:
+                tuned.append("not applied")
         say(f"{other.name} (pid {pid}) flaps while {chosen.name} is out of the gateway")
         return Flapper(users, other.name, other.worker_url, pid, chosen.worker_url)
     return make
