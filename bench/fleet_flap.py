@@ -4,10 +4,10 @@
 the drained replica leaves the gateway until the moment it is listed healthy again (the window as the
 users' gateway sees it). Each turn is held until the gateway's own listing shows it, as
 tests/test_fleet_guard.py does: stopped until the gateway lists the replica unhealthy (its own health
-check saw it), then 2.5 s more (`UNHEALTHY_HOLD_S`); continued until it is listed healthy again, then 1 s (`HEALTHY_HOLD_S`). A
-request the gateway sent to the replica before its check saw the pause waits for the continue: that
-is the longest wait. It is continued whatever happens (`stop`), and every change the gateway listed is
-recorded with its time (`Flapper.seen`).
+check saw it), then 2.5 s more (`UNHEALTHY_HOLD_S`); continued until it is listed healthy again, then
+1 s more (`HEALTHY_HOLD_S`). A request the gateway sent to the replica before its check saw the pause
+waits for the continue: that is the longest wait. It is continued whatever happens (`stop`), and every
+change the gateway listed is recorded with its time (`Flapper.seen`).
 
 `quicken`: the flapped replica's health check as a team tunes its gateway (smg only, per worker,
 through `PATCH /workers/{id}`: a 1 s timeout, unhealthy at the first failure, healthy at the first
