@@ -2,7 +2,8 @@
 
     python bench/window.py [--runs N] [--routes staged,cold,zero-downtime,pause] [--dir DIR] [--json FILE]
                            [--gpu [--crowded]] [--load [--load-rate R]]
-    python bench/window.py --replicas 2 --load [--load-rate R] [--dir DIR] [--json FILE]
+    python bench/window.py --replicas N --load [--flap | --flap-quick] [--router smg|sglang-router] [--load-rate R]
+                           [--dir DIR] [--json FILE]
 
 Downtime is the stop being issued until the server is ready again. Its phases, each timed by the
 part that does the work:
@@ -41,7 +42,19 @@ line. On the stop route every request sent while the server is down fails.
 servers behind SGLang's router, one drained, its window, rejoined, under users' chat requests through
 the router, beside the one-server stop route under the same load in the same run (the load is always
 on). Last line: failed requests during the fleet window, the longest wait, the replica's downtime,
-beside the stop route's failed requests.
+beside the stop route's failed requests. `--router`: the drill's gateway (smg by default).
+
+`--flap` (with `--replicas 3` or more; off unless asked, so the steady fleet's figures stay comparable):
+one replica other than the drained one flaps while the window lasts (its process paused and continued
+by turns, each turn held until the gateway's own health check lists it unhealthy, then healthy again:
+bench/fleet_flap.py), and the bench says no to the console's offer to end the window early. Printed:
+requests sent and failed, the longest wait, the answers per second through the gateway before, during
+and after the window with each phase's span, the flap as the gateway listed it, one drain and one
+rejoin, every replica back in the gateway after; the headline last. With 2 replicas the flapping one
+would be the only one serving: refused. The drill's gateway keeps its default health check (3 failed
+checks of 5 s each: a paused replica is listed unhealthy ~16 s after its pause); `--flap-quick` tunes
+the flapping replica's in smg (`PATCH /workers/{id}`: 1 s timeout, 1 failure, 1 success), as a team
+tunes its gateway, so that it flaps several times within one window.
 """
 
 from __future__ import annotations
@@ -189,11 +202,23 @@ def main() -> int:
                              "staged run stays the baseline the pause route is compared with")
     parser.add_argument("--replicas", type=int, default=1,
                         help="N > 1: the fleet window behind SGLang's router under load, beside the stop route")
+    parser.add_argument("--flap", action="store_true",
+                        help="with --replicas 3 or more: another replica flaps while the window lasts")
+    parser.add_argument("--flap-quick", action="store_true",
+                        help="--flap, the flapping replica's health check tuned in smg (1 s timeout, 1 failure, "
+                             "1 success) so that the gateway sees each turn within seconds")
+    parser.add_argument("--router", choices=("smg", "sglang-router"), default=None,
+                        help="with --replicas: the drill's gateway (default smg)")
     args = parser.parse_args()
+    args.flap = args.flap or args.flap_quick
+    if args.flap and args.replicas < 3:
+        parser.error(f"--flap needs --replicas 3 or more (got {args.replicas}): with 2, the flapping replica "
+                     f"would be the only one serving while the other is out")
     if args.replicas > 1:
         from bench.fleet_window import run_bench
 
-        return run_bench(args.replicas, args.load_rate, args.dir, args.json)
+        return run_bench(args.replicas, args.load_rate, args.dir, args.json, flap=args.flap, router=args.router,
+                         quick=args.flap_quick)
     rate = args.load_rate if args.load else None
     routes = [r.strip() for r in args.routes.split(",") if r.strip()]
     unknown = sorted(set(routes) - {"staged", "cold", "zero-downtime", "pause"})

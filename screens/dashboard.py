@@ -11,8 +11,9 @@ from textual.css.query import NoMatches
 from textual.screen import Screen
 from textual.widgets import Footer, Header
 
+from console.views.fleet import fleet_serving
 from screens.errors import StaysUp
-from screens.fleet import fleet_view
+from screens.fleet import fleet_view, replica_name
 from screens.widgets.asked_panel import AskedPanel
 from screens.widgets.downtime_banner import DowntimeBanner
 from screens.widgets.event_log import EventLog
@@ -88,7 +89,8 @@ class DashboardScreen(StaysUp, Screen):
             panel = self.query_one(ServicePanel)
             panel.name_it(self.app.service_name, self.app.operator.config.service.host)  # a fleet's next replica
             panel.show(state.service, state.downtime, state.startup, now,
-                       f"run {elsewhere.run_id}" if elsewhere else "this run", state.live)
+                       f"run {elsewhere.run_id}" if elsewhere else "this run", state.live,
+                       fleet_serving(state.fleet, replica_name(self.app.operator.config)))
             # The question another console waits on (never a gone console's): its command, whole.
             asked = elsewhere.question if elsewhere is not None and not elsewhere.console_gone else None
             self.query_one(AskedPanel).show(asked, elsewhere.run_id if elsewhere else None)
@@ -98,6 +100,8 @@ class DashboardScreen(StaysUp, Screen):
                 panel.show(fleet_view(self.app))
             if kind == "fleet":
                 self.app.refresh_bindings()  # r rejoins a DRAINED replica
+                if state.down_since is not None:  # the banner and the service panel say who serves meanwhile
+                    self._repaint("service", None)
                 return
         if kind == "steps":
             self.query_one(Stepper).show(state.steps, state.planned, state.run_id, state.route, now,

@@ -166,6 +166,8 @@ class ConsoleState:
             self.downtime = message
             if message.down_since is None:
                 self.projection = None
+            if message.down_since is None and message.restarted_at is not None:
+                self.startup = None  # the restart's own check found it ready: no longer "starting"
             return "downtime"
         if isinstance(message, m.LiveRun):
             self.live = message

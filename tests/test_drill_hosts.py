@@ -514,10 +514,16 @@ def test_replicas_bring_up_the_real_router_in_front_of_rehearsal_servers(drill_c
         forwards = set(re.findall(r"ct129: forwarding to (\S+)", layout.log.read_text()))
         assert {urlsplit(fleet.router).netloc, *(urlsplit(r.service.url).netloc for r in fleet.replicas)} <= forwards
         smg_pid = json.loads(layout.state_file.read_text())["router_pid"]
-        # `--router sglang-router` keeps the old router: a drill up with another router ends this one
-        # (by its recorded pid: smg retitles itself too) and brings the fleet up behind the old one.
+        # `--router sglang-router` keeps the old router. A drill up with another router is never replaced
+        # silently (issue 41): refused, naming both, the fleet left running; with --fresh it ends this one
+        # (by its recorded pid: smg retitles itself too), says so, and brings the fleet up behind the old one.
         done = _drill_up(layout.dir, "--replicas", "2", "--simulated", "--router", "sglang-router")
+        assert done.returncode == 1 and "(2 replicas behind smg, SIMULATED GPUs), not the one asked for (2 " \
+            "replicas behind sglang-router, SIMULATED GPUs)" in done.stderr, done.stderr
+        assert pid_alive(smg_pid)
+        done = _drill_up(layout.dir, "--replicas", "2", "--simulated", "--router", "sglang-router", "--fresh")
         assert done.returncode == 0, done.stderr
+        assert "ending the drill up at" in done.stderr and "(2 replicas behind smg, SIMULATED GPUs)" in done.stderr
         assert not pid_alive(smg_pid)
         fleet = load_config(done.stdout.strip().splitlines()[-1]).fleet
         assert fleet is not None

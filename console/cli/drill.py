@@ -35,7 +35,7 @@ def cmd_up(args: argparse.Namespace) -> int:
 
     try:
         path = up(args.dir, fresh=args.fresh, gpu=_gpu(args), memory_saver=not args.no_memory_saver,
-                  replicas=args.replicas, router=args.router, crowded=args.crowded)
+                  replicas=args.replicas, router=args.router, crowded=args.crowded, replace=False)
     except (DrillError, AssetsError) as exc:
         print(f"dflash-ops drill up: {exc}", file=sys.stderr)
         return 1
@@ -52,7 +52,7 @@ def cmd_drill(args: argparse.Namespace) -> int:
     gpu = _gpu(args)
     try:
         config = up(args.dir, fresh=args.fresh, gpu=gpu, memory_saver=not args.no_memory_saver,
-                    replicas=args.replicas, router=args.router, crowded=args.crowded)
+                    replicas=args.replicas, router=args.router, crowded=args.crowded, replace=False)
     except (DrillError, AssetsError) as exc:
         print(f"dflash-ops drill: {exc}", file=sys.stderr)
         return 1

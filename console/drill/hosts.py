@@ -47,7 +47,7 @@ from typing import Any
 from console.drill import fleet, procs
 from console.drill.assets import DrillAssets, cache_root, ensure_assets, find_assets
 from console.drill.config import HOST_NAMES, service_commands, write_drill_config
-from console.drill.layout import GPUS_PER_REPLICA, HOSTS, INFERENCE_HOST, TRAINING_HOST, DrillLayout
+from console.drill.layout import GPUS_PER_REPLICA, HOSTS, INFERENCE_HOST, TRAINING_HOST, DrillLayout, describe
 from console.ssh.embedded_server import EmbeddedSSHServer
 from remote.artifacts import write_json_atomic
 from remote.drill import service as drill_service
@@ -194,10 +194,14 @@ def cuda_present() -> bool:
 
 def up(dir: str | os.PathLike | None = None, fresh: bool = False, python: str = sys.executable,
        say: Callable[[str], None] = say_line, timeout_s: float = READY_TIMEOUT_S, gpu: bool = False,
-       memory_saver: bool = True, replicas: int = 1, router: str = fleet.SMG, crowded: bool = False) -> Path:
+       memory_saver: bool = True, replicas: int = 1, router: str = fleet.SMG, crowded: bool = False,
+       replace: bool = True) -> Path:
     """Bring the drill up (or find it up) and return its config's path.
 
     `fresh`: end a drill that is up and start a new one (the stuck-VRAM episode re-armed).
+    A drill up with other settings (below) is ended first, saying so; with `replace` False (`drill up`
+    and `drill` on the command line) it is refused instead, naming what runs and how to replace it
+    (`--fresh`, or `drill down`): another console's run may be on it.
     `gpu`: the drill on this machine's CUDA GPU (REAL GPU); a drill up in the other mode is ended first.
     `memory_saver`: the rehearsal server runs with SGLang's memory saver (the pause route's case); a
     drill up with the other setting is ended first.
@@ -229,6 +233,13 @@ def up(dir: str | os.PathLike | None = None, fresh: bool = False, python: str = 
                     and running.get("replicas", 1) == replicas
                     and (replicas == 1 or running.get("router", fleet.SGLANG_ROUTER) == router)):
                 return layout.config
+            there, asked = describe(running), describe({"gpu": gpu, "memory_saver": memory_saver, "crowded": crowded,
+                                                        "replicas": replicas, "router": router})
+            if not fresh and not replace:
+                raise DrillError(f"a drill is up at {layout.dir} ({there}), not the one asked for ({asked}); it is "
+                                 f"left running: `dflash-ops drill down` ends it, `drill up --fresh` replaces it")
+            say(f"ending the drill up at {layout.dir} ({there}) to start "
+                + ("a fresh one (--fresh)" if fresh else f"the one asked for ({asked})"))
             _down_locked(layout, say)
         if procs.marked_pids(layout.dir):  # what a crashed drill left running
             say("ending processes left by an earlier drill")

@@ -16,6 +16,7 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import platformdirs
 
@@ -135,3 +136,14 @@ class DrillLayout:
     @property
     def training_log(self) -> Path:
         return self.home(TRAINING_HOST) / "train.log"
+
+
+def describe(state: dict[str, Any]) -> str:
+    """A drill's settings (its state's, or those asked for) in words: "2 replicas behind smg, SIMULATED
+    GPUs". A state without a router is an old drill's: sglang-router."""
+    replicas = state.get("replicas", 1)
+    fleet_words = (f"{replicas} replicas behind {state.get('router') or 'sglang-router'}" if replicas > 1
+                   else "one server")
+    return (f"{fleet_words}, {'REAL GPU' if state.get('gpu') else 'SIMULATED GPUs'}"
+            f"{', crowded' if state.get('crowded') else ''}"
+            f"{'' if state.get('memory_saver', True) else ', no memory saver'}")

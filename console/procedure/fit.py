@@ -1,8 +1,9 @@
 """Where the target fits without the serving GPUs: the zero-downtime route's preflight.
 
 For every host with GPU readings, compare what is free now (telemetry, per GPU; the service's own
-GPUs on its host are never counted) with what the extraction needs (the weights, from the probe,
-plus an estimate of the activations of the longest prompt + completion, stated as an estimate),
+GPUs on its host, and a fleet's replicas' GPUs on theirs, are never counted) with what the
+extraction needs (the weights, from the probe, plus an estimate of the activations of the longest
+prompt + completion, stated as an estimate),
 whether the host holds a copy of the target's weights (`[target] paths`, checked by the probe), and
 whether it binds the same kernels as the host the drafters were trained on: a host with
 causal-conv1d missing computes other states (the story's lesson), so it is never proposed.
@@ -45,6 +46,18 @@ def _kernels(probe: Mapping[str, Any]) -> dict[str, str]:
     return {k: str(v) for k, v in (probe.get("kernels") or {}).get("bound", {}).items()}
 
 
+def serving_gpus(config: Config, host: str, sample: TelemetrySample) -> set[int]:
+    """`host`'s GPUs that serve the model: the service's, and every replica's of a fleet on that host
+    (issue 41: with r1 drained, r2's GPU was offered while r2 carried every request). A service or
+    replica that names no GPUs (`gpus`) uses all of its host's."""
+    services = [config.service, *(r.service for r in config.fleet.replicas)] if config.fleet else [config.service]
+    serving: set[int] = set()
+    for service in services:
+        if service.host == host:
+            serving |= set(service.gpus) if service.gpus else {g.index for g in sample.gpus}
+    return serving
+
+
 def where_it_fits(config: Config, probes: Mapping[str, Mapping[str, Any]],
                   samples: Mapping[str, TelemetrySample | None], tokens: int, layers_saved: int) -> list[HostFit]:
     """Every host's fit, in config order. A host is proposed only when all four checks pass."""
@@ -75,9 +88,7 @@ def where_it_fits(config: Config, probes: Mapping[str, Mapping[str, Any]],
             continue
         hidden, vocab = int(model.get("hidden_size") or 0), int(model.get("vocab_size") or 0)
         need = need_mib(int(model["tensor_bytes"]), tokens, hidden, layers_saved, vocab)
-        serving = set(config.service.gpus) if host == config.service.host else set()
-        if host == config.service.host and not serving:
-            serving = {g.index for g in sample.gpus}  # the service uses every GPU of its host
+        serving = serving_gpus(config, host, sample)
         free = {g.index: (g.mem_total_mib or 0) - (g.mem_used_mib or 0) for g in sample.gpus
                 if g.index not in serving and g.mem_used_mib is not None and g.mem_total_mib}
         if not free:

@@ -228,8 +228,12 @@ class Session:
     async def _poll_service(self) -> None:
         await self.wait_first_states()
         while True:  # the next check is armed when the last one finished: never piled up
-            view = await self.check_service()
+            # Cleared before the check, never after: a poke that comes while a check is under way (the
+            # restart's "ready" while the last check still read the server starting) is a check more at
+            # once. Cleared after, it was lost, and the panel said NOT RUNNING / starting for a replica
+            # that was ready and rejoining, until the next interval (issue 41).
             self._service_wake.clear()
+            view = await self.check_service()
             # asyncio.timeout, not wait_for: on 3.11 wait_for swallows a cancel that arrives as the
             # wake-up does (a poke right before stop()), and this loop would then never end.
             with contextlib.suppress(TimeoutError):

@@ -4,6 +4,8 @@ Pure: built from a `FleetView` (console/service/fleet_watch.py)."""
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 from rich.console import Group
 from rich.table import Table
 from rich.text import Text
@@ -99,3 +101,34 @@ def fleet_lines(view: FleetView | None) -> Group:
         if replica.error:
             lines.append(Text(f"  {replica.error}", style="yellow"))
     return Group(*lines)
+
+
+@dataclass(frozen=True)
+class FleetServing:
+    """While a fleet window's replica is down: the fleet in words ('out of the router, r2 serving')
+    and whether the router still serves through another replica (issue 41: the console said SERVICE
+    DOWN in red while the router served through r2)."""
+
+    replica: str
+    state: str  # 'out of the router, r2 serving' (the replica's own name not repeated)
+    serving: bool
+
+    @property
+    def words(self) -> str:
+        return f"{self.replica} {self.state}"
+
+
+def fleet_serving(view: FleetView | None, replica: str | None) -> FleetServing | None:
+    """`replica`'s window as the fleet's last look says it; None without [fleet] or before that look."""
+    if view is None or replica is None:
+        return None
+    mine = next((r for r in view.replicas if r.name == replica), None)
+    where = ("out of the router" if mine is None or not mine.listed else
+             "draining" if mine.router_status == "draining" else
+             "listed healthy" if mine.healthy else "unhealthy in the router")
+    if view.error is not None or not view.router_up:
+        return FleetServing(replica, f"{where}, the router {'cannot be read' if view.error else 'DOWN'}", False)
+    others = [r.name for r in view.replicas if r.name != replica and r.listed and r.healthy]
+    if others:
+        return FleetServing(replica, f"{where}, {', '.join(others)} serving", True)
+    return FleetServing(replica, f"{where}, no other replica serving", False)

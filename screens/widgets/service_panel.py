@@ -1,7 +1,9 @@
 """The service: what its manager says, how it answers (health, model, requests), its uptime, or a red
 DOWN timer while this console holds it down; start-up progress while it comes back. While a run holds
 the server paused (the pause route): PAUSED, since when, by which run and what memory it released,
-and no alarm about /health (SGLang answers 503 for the whole pause: it is not stuck)."""
+and no alarm about /health (SGLang answers 503 for the whole pause: it is not stuck). A fleet's replica
+down for its window says the fleet's state under its timer ('r1 out of the router, r2 serving'), in
+the warning colour while another replica serves, in red only when none does (issue 41)."""
 
 from __future__ import annotations
 
@@ -10,6 +12,7 @@ from rich.text import Text
 from textual.widgets import Static
 
 from console.messages import Downtime, LiveRun, ServiceView, StartupProgress
+from console.views.fleet import FleetServing
 from console.views.tables import bar
 from console.views.units import duration
 from screens.format import clock, update_static
@@ -18,9 +21,10 @@ from screens.widgets.event_log import short_paths
 
 def service_renderable(view: ServiceView | None, downtime: Downtime | None, startup: StartupProgress | None,
                        now: float, by: str = "this run", live: LiveRun | None = None,
-                       unseen: str = "not checked yet") -> Group:
+                       unseen: str = "not checked yet", fleet: FleetServing | None = None) -> Group:
     """`by`: the run holding it down or paused ("this run", "run X"); `live`: the live run, whose
-    released memory tags are named while it holds the server paused."""
+    released memory tags are named while it holds the server paused; `fleet`: the fleet's state while
+    this replica is down or paused for its window."""
     lines: list[Text] = []
     down_since = downtime.down_since if downtime is not None else None
     paused = down_since is not None and downtime.paused
@@ -30,11 +34,23 @@ def service_renderable(view: ServiceView | None, downtime: Downtime | None, star
         released = live.released if live is not None and live.run_id == downtime.run_id else ()
         if released:
             lines.append(Text(f"released: {', '.join(released)}", style="yellow"))
+    elif down_since is not None and fleet is not None and fleet.serving:  # the users are served meanwhile
+        lines.append(Text(f" {fleet.replica} DOWN {duration(now - down_since)} ", style="bold black on yellow"))
+        lines.append(Text(f"stopped by {by} at {clock(down_since)}", style="yellow"))
     elif down_since is not None:
         lines.append(Text(f" DOWN {duration(now - down_since)} ", style="bold white on red"))
         lines.append(Text(f"stopped by {by} at {clock(down_since)}", style="red"))
+    if down_since is not None and fleet is not None:
+        lines.append(Text(fleet.words, style="green" if fleet.serving else "bold red"))
     if view is None:
         lines.append(Text(unseen, style="yellow"))
+        return Group(*lines)
+    back = downtime.restarted_at if downtime is not None and down_since is None and not downtime.paused else None
+    seen_ready = view.status is not None and view.status.active and view.health is not None and view.health.ready
+    if back is not None and view.checked_at < back and not seen_ready:
+        # The last look predates the restart's ready (its own health check and generation): never a
+        # stale NOT RUNNING / starting for a server that is ready (issue 41: a fleet's rejoin showed it).
+        lines.append(Text(f"ready at {clock(back)} (the run's own check); the service is read again", style="green"))
         return Group(*lines)
     status = view.status
     if status is None:
@@ -110,11 +126,12 @@ class ServicePanel(Static):
             self.border_title = title
 
     def show(self, view: ServiceView | None, downtime: Downtime | None, startup: StartupProgress | None,
-             now: float, by: str = "this run", live: LiveRun | None = None) -> None:
+             now: float, by: str = "this run", live: LiveRun | None = None, fleet: FleetServing | None = None) -> None:
         held = downtime is not None and downtime.down_since is not None
-        self.set_class(held and not downtime.paused, "down")
-        self.set_class(held and downtime.paused, "paused")
-        shown = service_renderable(view, downtime, startup, now, by, live, self.unseen)
+        served = fleet is not None and fleet.serving  # a fleet's other replicas carry the requests
+        self.set_class(held and not downtime.paused and not served, "down")
+        self.set_class(held and (downtime.paused or served), "paused")
+        shown = service_renderable(view, downtime, startup, now, by, live, self.unseen, fleet)
         width = max(1, self.content_region.width or 40)
         # The rows it takes, wrapped lines counted: a layout pass only when that changes.
         rows = sum(max(1, -(-t.cell_len // width)) if not t.no_wrap else 1 for t in shown.renderables)
