@@ -260,7 +260,9 @@ async def every_palette_command(page) -> None:
             await session_ended(page)
             return
         await press(page, "enter", *([shows] if shows else []), gone=f"🔎 {title}")
-        await press(page, "escape", "? Help", gone=shows or "🔎")  # back from what it showed, off a modal
+        # back from what it showed (a modal or a screen: the dashboard's footer back, so the next ctrl+p
+        # reaches it); a command that showed nothing (Maximize hides the footer) only leaves the palette
+        await press(page, "escape", *(["? Help"] if shows else []), gone=shows or "🔎")
 
 
 async def refused_sockets(page, *socket_urls: str) -> None:
