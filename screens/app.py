@@ -449,9 +449,9 @@ class ConsoleApp(StaysUp, App[int]):
         """The restart key: while the service is down because of a run and no procedure is going
         (a running one restarts it itself, and c cancels it, which offers the restart)."""
         return not self.read_only and self.state.down_since is not None and not self.state.running \
-            and self._live_elsewhere() is None
+            and self.live_elsewhere() is None
 
-    def _live_elsewhere(self) -> Any:
+    def live_elsewhere(self) -> Any:
         """The run another live console drives (it restarts the service itself), or None."""
         elsewhere = self.state.driven_elsewhere()
         live = elsewhere is not None and elsewhere.status == "running" and not elsewhere.console_gone
@@ -479,7 +479,7 @@ class ConsoleApp(StaysUp, App[int]):
         if action == "next_step" and parameters == ("waits",):
             return self.next_step_waits()  # named in the footer only then
         if action in ("run_procedure", "next_step", "zero_downtime"):
-            return not busy and self._live_elsewhere() is None  # another console drives: this one follows
+            return not busy and self.live_elsewhere() is None  # another console drives: this one follows
         if action == "cancel_run":
             return busy
         if action == "restart_service":
@@ -517,7 +517,7 @@ class ConsoleApp(StaysUp, App[int]):
     def another_drives(self) -> bool:
         """Another live console drives the hosts now: a key that would start a run says who, and does
         nothing (never the error modal, never this console's step table wiped)."""
-        elsewhere = self._live_elsewhere()
+        elsewhere = self.live_elsewhere()
         if elsewhere is None:
             return False
         self.notify(f"run {elsewhere.run_id} is driven by {elsewhere.owner or 'another console'}: this console "
@@ -534,7 +534,7 @@ class ConsoleApp(StaysUp, App[int]):
         nothing going: `n` runs its next step, and the footer says so."""
         finished = self.state.finished
         return not self.read_only and not self.state.running and finished is not None \
-            and finished.status == "paused" and self._live_elsewhere() is None
+            and finished.status == "paused" and self.live_elsewhere() is None
 
     def action_next_step(self, waits: str = "") -> None:
         """The next step only (of the unfinished run, or of a new one), then pause: resumable. The
@@ -595,7 +595,7 @@ class ConsoleApp(StaysUp, App[int]):
             return refusal(self, "restart_service") or "read-only: this console restarts nothing"
         if self.state.down_since is None:
             return "the service is not down because of this run: nothing to restart"
-        elsewhere = self._live_elsewhere()
+        elsewhere = self.live_elsewhere()
         if elsewhere is not None:
             return (f"run {elsewhere.run_id} is driven by another console ({elsewhere.owner or 'cannot tell whose'}): "
                     "it restarts the service itself; this console only watches it")

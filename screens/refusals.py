@@ -43,7 +43,7 @@ def what_it_is(app: Any) -> str:
 
 def who_drives(app: Any) -> str | None:
     """'run X is driven by OWNER' while another live console drives a run, else None."""
-    elsewhere = app._live_elsewhere()
+    elsewhere = app.live_elsewhere()
     if elsewhere is None:
         return None
     return f"run {elsewhere.run_id} is driven by {elsewhere.owner or 'another console'}"

@@ -52,7 +52,7 @@ RELEASE_AFTER_S = 1.5
 EXIT_STOPPED = 3
 CUDA_LOG_FILE = "cuda-worker.log"
 CUDA_WORKER_TIMEOUT_S = 120.0  # torch's import and the CUDA context on a loaded machine
-READY_LINE = "The server is fired up and ready to roll!"  # the standin's (and SGLang's) ready line
+READY_LINE = "The server is fired up and ready to roll!"  # SGLang's ready line: the standin logs it (server.py)
 SERVER_READY_TIMEOUT_S = 600.0  # a crowding worker waits this long for the server's ready line
 
 

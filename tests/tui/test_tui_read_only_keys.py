@@ -74,7 +74,7 @@ async def test_a_console_that_follows_another_consoles_run_says_who_drives(tmp_p
         run.save()
         op = serving(runs_dir=tmp_path / "runs")
         async with console(op, WIDE, clock=fixed_clock) as (app, pilot):
-            await until(pilot, lambda: app._live_elsewhere() is not None)
+            await until(pilot, lambda: app.live_elsewhere() is not None)
             for key in ("g", "n", "c"):
                 text = await press_and_read(app, pilot, key)
                 assert text.startswith(f"run {run.run_id} is driven by {owner.describe()}: this console follows it "

@@ -33,6 +33,7 @@ from typing import Any
 
 from remote.drill import memory_saver, simgpu
 from remote.drill.memory_saver import MemorySaver
+from remote.drill.service import READY_LINE  # SGLang's line, which the service's crowding worker waits for
 from remote.drill.sglang_contract import resolve_sampling_params, verify_sampling_params
 from remote.drill.standin.gpu_worker import start_gpu_worker
 from remote.drill.standin.model import Generation, Model, Request, generate, generate_tokens, import_ahead
@@ -167,7 +168,7 @@ class Server:
         self.up()
 
     def up(self) -> None:
-        log("The server is fired up and ready to roll!")
+        log(READY_LINE)
         self.ready_at = time.time()
         self.status = "Up"
 
