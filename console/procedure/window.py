@@ -26,7 +26,7 @@ from console.config import Config
 from console.messages import Confirmation, DecisionMade, HostFit, PlanReady
 from console.procedure import forecast as fc
 from console.procedure.answer_waits import AnswerWaits
-from console.procedure.decider import Decider
+from console.procedure.decider import ApproveAll, Decider
 from console.procedure.facts import Preflight
 from console.procedure.fit import longest_tokens
 from console.procedure.follower import QUESTION, downtime_of, write_question
@@ -158,6 +158,12 @@ class Window:
         return None
 
     # --- the operator -------------------------------------------------------------------------
+
+    @property
+    def unattended(self) -> bool:
+        """`--yes` decides: what only an operator may answer (a restart offered as a remedy, a lost
+        answer to settle on a guess) is not asked, and the step says what it leaves instead."""
+        return self.decider.name == ApproveAll.name
 
     async def ask(self, confirmation: Confirmation, holds: bool = True) -> bool:
         """The operator's yes or no. Its wait is no step's work (`answer_waits`) and no phase of the

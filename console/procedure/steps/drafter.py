@@ -160,7 +160,7 @@ async def offer_restart(window: Window, before: float, after: float) -> None:
     """The remedy, asked: the server stopped and started by the stop route's restart path, then measured again."""
     record = _record(window)
     service = window.config.service
-    if window.decider.name == "--yes":  # as the weights' remedy (pause_weights.offer_restart): an operator's yes
+    if window.unattended:  # as the weights' remedy (pause_weights.offer_restart): an operator's yes
         record["remedy"] = (f"not asked under --yes (a restart of production is an operator's yes): the server serves "
                             f"on with the degraded drafter; {REMEDY}")
         window.journal("drafter", record["remedy"], level="error", host=service.host)

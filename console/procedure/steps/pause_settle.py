@@ -253,7 +253,7 @@ async def ask_settle(window: Window, step: str, kind: str, tags: list[str], evid
     svc = window.state.service
     known = evidence.words()
     body = {"tags": tags}
-    if window.decider.name == "--yes":
+    if window.unattended:
         raise StepFailed(step, f"the {kind} of {', '.join(tags)} was sent but its answer never came, and the evidence "
                                f"does not settle it ({known}); --yes never settles it on a guess: the server stays "
                                f"paused for an operator (run --resume, and answer whether it landed)")

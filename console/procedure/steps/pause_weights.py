@@ -120,7 +120,7 @@ async def offer_restart(window: Window, before: str | None, after: str) -> None:
     failure = mismatch_words(before, after)
     leaves = (f"the server serves on as it is, with the weights the resume brought back; the remedy: restart "
               f"{service_name(window.config)} (a restart loads its weights again)")
-    if window.decider.name == "--yes":
+    if window.unattended:
         record["remedy"] = "not asked under --yes (a restart of production is an operator's yes)"
         window.run.save()
         window.journal("continue", f"the restart that reloads the weights is not asked under --yes: {leaves}",
