@@ -93,8 +93,10 @@ def test_headless_drill_end_to_end(drill: Drill) -> None:
         staged=bool(window.get("staged")), prompt_tokens=(window["tokens"],), model_bytes=window.get("bytes"),
         stop_grace_s=config.service.stop_grace_s, earlier=[state]))
     for p in made.phases:
+        if p.name == "free-vram":  # the first stop's episode (holders ended) is not the usual release
+            assert p.estimated and p.seconds == config.service.stop_grace_s and "ended VRAM holders" in p.basis, p
+            continue
         assert p.basis.startswith(f"the earlier run on {config.service.host}") and not p.estimated, p
-        assert p.name != "free-vram" or "every earlier run ended VRAM holders" in p.basis
         assert p.seconds == pytest.approx(measured[p.name], abs=1e-5)
     # The first stop of a drill leaves VRAM held: the holder was shown and ended (approved by --yes).
     journal = drill.journal()

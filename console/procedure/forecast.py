@@ -244,18 +244,29 @@ def _phase_stop(inputs: ForecastInputs, samples: list[float]) -> ForecastPhase:
 
 
 def _phase_free_vram(inputs: ForecastInputs, runs: list[RunState]) -> ForecastPhase:
+    """Runs where VRAM freed by itself are the basis. A run that had to end VRAM holders (the drill's
+    first stop, the story's) is an episode: alone, it says nothing of how long VRAM usually takes, and
+    the next window (its holders gone) would be forecast its whole wait. Only when several earlier
+    runs all had to end holders is that this host's habit, and the forecast."""
     measured = [(measured_phases(run)["free-vram"], ended_holders(run)) for run in runs]
     usual = [s for s, ended in measured if s is not None and not ended]
     episodes = [s for s, ended in measured if s is not None and ended]
-    if earlier := _from_earlier("free-vram", usual or episodes, inputs.service_host):
-        if usual and episodes:
-            left_out = f"{len(episodes)} run{'s' if len(episodes) > 1 else ''} that ended VRAM holders left out"
-        else:
-            left_out = "every earlier run ended VRAM holders" if episodes else ""
-        return dataclasses.replace(earlier, basis=earlier.basis + (f" ({left_out})" if left_out else ""))
+    if usual:
+        earlier = _from_earlier("free-vram", usual, inputs.service_host)
+        left_out = f" ({len(episodes)} run{'s' if len(episodes) > 1 else ''} that ended VRAM holders left out)"
+        return dataclasses.replace(earlier, basis=earlier.basis + (left_out if episodes else ""))
+    if len(episodes) > 1:
+        earlier = _from_earlier("free-vram", episodes, inputs.service_host)
+        return dataclasses.replace(earlier, basis=earlier.basis + " (every one ended VRAM holders: this host "
+                                                                  "keeps VRAM held after its stop)")
+    grace = "estimate: the stop's grace ([service] stop_grace_s): "
+    if episodes:
+        return ForecastPhase("free-vram", inputs.stop_grace_s,
+                             f"{grace}the earlier run on {inputs.service_host} ended VRAM holders after "
+                             f"{duration(episodes[0])}, an episode that says nothing of the usual release",
+                             estimated=True)
     return ForecastPhase("free-vram", inputs.stop_grace_s,
-                         "estimate: the stop's grace ([service] stop_grace_s): no earlier run measured how long "
-                         "VRAM stays held after the stop", estimated=True)
+                         f"{grace}no earlier run measured how long VRAM stays held after the stop", estimated=True)
 
 
 def _phase_start(inputs: ForecastInputs, samples: list[float]) -> ForecastPhase:
@@ -617,50 +628,6 @@ def tokens_left(run: RunState, tokens: Sequence[int]) -> tuple[int, ...]:
         return tuple(int(t) for t in tokens)
     missing = {str(i) for i in partial.get("missing") or ()}
     return tuple(int(t) for i, t in zip(ids, tokens, strict=True) if i in missing)
-
-
-def inputs_of(run: RunState, earlier: Sequence[Mapping[str, Any] | RunState]) -> ForecastInputs:
-    """The inputs a finished run's forecast would have had from `earlier` runs alone (its hosts, its
-    mode and its tokens as its state says)."""
-    window = run.extraction.window
-    return ForecastInputs(run_id=run.run_id, service_host=_host_of(run, "stop") or "?",
-                          extract_host=_host_of(run, "extract") or "?", staged=_staged(run),
-                          prompt_tokens=(int(window.get("tokens") or 0),), model_bytes=window.get("bytes"),
-                          earlier=[e.to_json() if isinstance(e, RunState) else e for e in earlier])
-
-
-@dataclass(frozen=True)
-class Hindcast:
-    """A finished run's downtime as the runs before it forecast it, against what it measured."""
-
-    position: int  # its place among the runs given, oldest first, from 1
-    run_id: str
-    staged: bool
-    downtime: PhaseAgainst
-
-
-def hindcast(states: Iterable[Mapping[str, Any] | RunState]) -> list[Hindcast]:
-    """Each window run with an earlier one on its hosts, forecast from the runs before it alone (as
-    its own forecast would have been before its stop), oldest first: bench/window.py's error."""
-    runs = []
-    for state in states:
-        try:
-            runs.append(_state(state))
-        except StateError:
-            continue
-    runs.sort(key=lambda r: r.created_at)
-    rows = []
-    for i, run in enumerate(runs):
-        svc = run.service
-        if (run.route or "window") != "window" or svc.stopped_at is None or svc.ready_at is None:
-            continue
-        ask = inputs_of(run, runs[:i])
-        if not _same_hosts(ask):
-            continue
-        made = forecast(ask)
-        rows.append(Hindcast(i + 1, run.run_id, ask.staged, PhaseAgainst(
-            "downtime", made.downtime_s, worked(svc.answer_waits, svc.stopped_at, svc.ready_at), summary(made))))
-    return rows
 
 
 PAUSE_PHASES = ("pause", "release", "free-vram", "extract", "resume", "continue")  # the pause route's
