@@ -49,6 +49,8 @@ def flushing(window: Window, handle: JobHandle, state: str | None, exit_code: in
     if (record is None or record.job_id != handle.job_id or "gpu_released" not in record.events_seen
             or record.exit_code is not None):  # its exit handled: the step saw it end (and verified it)
         return False
+    if window.state.step("extract").status == "done":  # its files already verified (a resume found them
+        return False                                     # complete): nothing is left to flush or to verify
     if state not in (None, "running") and not (state == "exited" and exit_code == 0):
         return False
     if window.left_flushing is None:
