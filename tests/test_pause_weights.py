@@ -275,5 +275,16 @@ async def test_a_yes_to_the_weights_restart_then_a_no_to_its_start_leaves_the_se
     finished = await w.console()
     assert finished.service_up and w.store.left_down() is None, finished
     assert w.world.service.start_commands == 1 and w.world.server.serving()
-    assert "the start was refused" in w.state().facts["weights_restart"]["remedy"]
+    state = w.state()
+    remedy = state.facts["weights_restart"]
+    assert "the start was refused" in remedy["remedy"] and "started later by run --resume" in remedy["remedy"]
+    # The restart's down period ended there, as a yes-then-start's does: the window's own record is the
+    # service's again (never left parked in the remedy's facts) and `runs` counts both periods.
+    assert "window_service" not in remedy
+    svc, (restart,) = state.service, [x["service"] for x in state.windows if x.get("weights_restart")]
+    assert svc.paused_at < svc.continued_at < restart["stopped_at"] < restart["ready_at"]
+    (summary,) = w.store.summaries()
+    assert summary.windows == 2 and not summary.service_down
+    assert summary.downtime_s == pytest.approx((svc.continued_at - svc.paused_at)
+                                               + (restart["ready_at"] - restart["stopped_at"]))
     assert_pause_promises(w, finished)

@@ -178,6 +178,9 @@ async def restart_only(window: Window) -> RunFinished:
     except asyncio.CancelledError:
         message = f"run {state.status} earlier; {cancelled(window, 'restart')}"
     down = state.service.down
+    if not down:
+        drafter.end_parked_down_period(window)
+        state = window.state  # the window's own record is the service's again
     if not down and state.service.drained:  # the fleet window: back up, then back in the router
         return await rejoin_only(window)
     if not down:  # held until the run's service is back (its console gone): released now

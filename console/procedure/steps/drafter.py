@@ -225,6 +225,23 @@ def end_down_period(window: Window, record: dict[str, Any], kind: str) -> None:
     window.run.save()
 
 
+# The remedies whose restart parks the window's record meanwhile: their facts' key, their `windows` mark.
+REMEDY_RECORDS = (("drafter", "drafter_restart"), ("weights_restart", "weights_restart"))
+
+
+def end_parked_down_period(window: Window) -> None:
+    """A remedy's restart whose start was refused, then done by a later `run --resume` (the stop
+    route's restart alone, `ending.restart_only`): its down period ends there, the window's own record
+    put back as `end_down_period` does, so that `runs` counts both and the next forecasts learn the
+    window's phases, not the restart's."""
+    for key, kind in REMEDY_RECORDS:
+        record = window.state.facts.get(key) or {}
+        if "window_service" in record:
+            end_down_period(window, record, kind)
+            record["remedy"] = f"{record.get('remedy') or 'restarted'}; started later by run --resume"
+            window.run.save()
+
+
 def degraded_end(facts: dict[str, Any]) -> str | None:
     """The run's degraded ending, when the window left the served drafter degraded: both figures and
     what the remedy did; None otherwise."""
