@@ -523,6 +523,8 @@ def test_replicas_bring_up_the_real_router_in_front_of_rehearsal_servers(drill_c
         assert asyncio.run(old.gateway()) == Gateway(SGLANG_ROUTER)
         assert sorted(w.url for w in asyncio.run(old.workers())) == sorted(r.worker_url for r in fleet.replicas)
         assert any(f"router (sglang-router) {old.base_url}" in line for line in status(layout.dir).lines())
+        # Behind it, the whole console through a gateway restart and a flap mid-window, then a window
+        # under chat load (the gateway started again is recorded as the drill's: `down` ends it below).
         _faults_then_a_window_under_load(layout, tmp_path, started)
         state = json.loads(layout.state_file.read_text())
         router_pid = state["router_pid"]
@@ -549,8 +551,8 @@ def _faults_then_a_window_under_load(layout: DrillLayout, tmp: Path, started: li
     """The fleet behind sglang-router 0.3.2 (issue 41, sections 2 and 4), one run of the whole console
     (`drill --headless --yes`, its engine over the real gateway and rehearsal servers) in three windows:
 
-    1. the gateway killed once the window's replica is out of it, and started again on the same port
-       (from a configuration with the other replica only, and QUICK_HEALTH) once the console said so;
+    1. the gateway killed once the window's drain is done, and started again on the same port (from a
+       configuration with the other replica only, and QUICK_HEALTH) once the console said so;
     2. `drill --resume`: the other replica flaps in the next window (stopped until the gateway lists it
        unhealthy and the console said the risk, continued until the gateway lists it healthy);
     3. `drill --resume` under users' chat requests through the gateway: none fails.
@@ -560,9 +562,11 @@ def _faults_then_a_window_under_load(layout: DrillLayout, tmp: Path, started: li
     Each fault comes as the replica is drained, and the console's watch (every 2 s) sees it
     while the drain's wait, the stop or the wait for the GPUs runs: before the extraction could give
     them back (the drill's first stop of a replica leaves them held 5 s, `vram_wait_s`). Each fault
-    runs on this gateway only, for CI's time (the restarted gateway's QUICK_HEALTH sees the flap in a
-    second or two; the drill's smg would take ~16 s); smg's two windows are above, and the guard's
-    steps meet both faults on both gateways in tests/test_fleet_guard.py."""
+    runs on this gateway only, for CI's time; the flap comes after the restart, whose QUICK_HEALTH lists
+    a stopped replica unhealthy within a second or two (the drill's gateways keep their default checks:
+    ~16 s, docs/benchmarks.md). smg's two windows are above; the guard's steps meet both faults on both
+    gateways in tests/test_fleet_guard.py, and the whole engine at every crash point over the fake
+    router in tests/test_fleet_guard_sweep.py."""
     config = load_config(layout.config)
     fleet = config.fleet
     assert fleet is not None
