@@ -25,6 +25,11 @@ from console.drill.fleet import GATEWAYS, MODULES, PINS, SGLANG_ROUTER, SMG, Fle
 from tests.standin_helpers import ROOT, free_port, start_standin, stop, wait_status
 
 ROUTER_START_S = 90.0
+# A gateway that sees a stopped replica at its first failed check (1 s apart, 1 s timeout) and a live
+# one again at its first answer: a flap is seen within seconds, as a team's tuned gateway sees it
+# (both gateways take these flags on their command line).
+QUICK_HEALTH = ("--health-failure-threshold", "1", "--health-success-threshold", "1",
+                "--health-check-timeout-secs", "1")
 
 
 def listing(router_url: str, key: str | None = None) -> list[dict]:

@@ -35,16 +35,12 @@ from console.procedure.outcomes import SimulatedCrash, StepFailed
 from console.procedure.steps import fleet, fleet_guard
 from console.procedure.store import RunStore
 from console.service.router import RouterClient
-from tests.router_helpers import ROUTER_START_S, need_router
+from tests.router_helpers import QUICK_HEALTH, ROUTER_START_S, need_router
 from tests.standin_helpers import ROOT, free_port, start_standin, stop, wait_status
 from tests.test_fleet_steps import fleet_config
 
 need_router()
 
-# smg sees a stopped replica at its first failed check (1 s apart, 1 s timeout) and a live one again
-# at its first answer: the flap is seen within seconds, as a team's tuned gateway sees it.
-QUICK_HEALTH = ("--health-failure-threshold", "1", "--health-success-threshold", "1",
-                "--health-check-timeout-secs", "1")
 DEADLINE_S = 60.0
 
 
