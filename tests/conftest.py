@@ -28,14 +28,14 @@ try:
 except ImportError:
     pass
 else:
-    pytest_plugins += ["tests.ssh_fixtures", "tests.window_fixtures"]
+    pytest_plugins += ["tests.ssh_fixtures", "tests.window_fixtures", "tests.drill_helpers"]
 
 
 # Seconds each file's tests took in a whole run on a 2-core machine (`--durations=0`, summed per file,
 # 2026-12-03, at 117bfb2), the 26 longest. Only the order uses them: the longest files start first, so
 # none is left running alone at the end (both workers were busy 96 % of that run).
 MEASURED_S = {
-    "tests/test_window.py": 535, "tests/test_drill_hosts.py": 374, "tests/test_engine_sweep.py": 187,
+    "tests/test_window.py": 535, "tests/test_drill_hosts.py": 200, "tests/test_drill_fleet.py": 250, "tests/test_engine_sweep.py": 187,
     "tests/test_signals.py": 157, "tests/test_live_run.py": 151, "tests/tui/test_tui_drill.py": 120,
     "tests/test_zero_downtime.py": 105, "tests/test_service_ssh.py": 85, "tests/test_budget_window.py": 80,
     "tests/test_pause_sweep.py": 75, "tests/test_job_lifecycle.py": 62, "tests/test_share_window.py": 60,
