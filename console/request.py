@@ -58,17 +58,17 @@ class Choice:
     store: RunStore
     run: Run | None
     said: list[str] = field(default_factory=list)
-    unfinished: Run | None = None  # a new run asked for while this one is unfinished: it comes first
 
 
 class Refused(Exception):
     """The request cannot be answered as asked; the message says why and what to do (exit 2)."""
 
 
-def choose(request: Request, say: Callable[[str], None] = lambda line: None) -> Choice:
+def choose(request: Request, say: Callable[[str], None] = lambda line: None, offered: bool = False) -> Choice:
     """Answer `request` (see the module's docstring). Raises `Refused`, `ResumeRefused`,
-    `RunStoreError` or `ConfigError`, each naming what and where; a new run asked for while another
-    is unfinished is answered with it (`Choice.unfinished`): a console offers it, a script is refused."""
+    `RunStoreError` or `ConfigError`, each naming what and where. A new run asked for while another
+    is unfinished is refused (`UnfinishedRun`), unless a console opens on the answer (`offered`): it
+    offers that run first (resume / discard), and no run is chosen here."""
     said: list[str] = []
 
     def tell(line: str) -> None:
@@ -95,8 +95,9 @@ def choose(request: Request, say: Callable[[str], None] = lambda line: None) -> 
     elif request.action == "run":
         try:
             refuse_new_run(store)
-        except UnfinishedRun as exc:  # a console offers it (resume / discard); a script is refused it
-            return Choice(request, config, store, None, said, unfinished=exc.run)
+        except UnfinishedRun:  # a console offers it (resume / discard); a script is refused it
+            if not offered:
+                raise
     return Choice(request, config, store, run, said)
 
 

@@ -32,7 +32,7 @@ from rich.text import Text
 from console import messages as m
 from console.operator import Asked, Operator
 from console.procedure.decider import ApproveAll, Decider, RefuseAll, TerminalDecider
-from console.procedure.store import RunStoreError, UnfinishedRun
+from console.procedure.store import RunStoreError
 from console.request import Choice, Refused, Request, choose
 from console.terminal_output import terminal_output
 from console.views.headless import HeadlessView
@@ -249,24 +249,25 @@ def answer(request: Request, options: RunOptions) -> int:
     say = lambda line: err.print(Text(f"dflash-ops: {line}", style="yellow"), soft_wrap=True)  # noqa: E731
     on_terminal = options.on_terminal(request)
     try:
-        chosen = choose(request, say)  # the run, its config and replica, checked: before anything connects
-        if chosen.unfinished is not None and not on_terminal:  # (the console offers it: resume / discard)
-            raise UnfinishedRun(chosen.unfinished)
+        # the run, its config and replica, checked: before anything connects (an unfinished run: the
+        # console offers it, resume / discard; a script is refused it)
+        chosen = choose(request, say, offered=on_terminal)
         if request.action == "discard":
             return discard(chosen)
-        if request.action == "plan":
-            return asyncio.run(print_plan(Operator(chosen.config, runs_dir=request.runs), options.asked.route, err))
-        resume = chosen.run.run_id if chosen.run is not None else None
-        if on_terminal:
-            return open_console(Operator(chosen.config, runs_dir=request.runs, asked=options.asked), resume)
         decider = choose_decider(options)
-        if isinstance(decider, TerminalDecider) and not sys.stdin.isatty() and not options.asked.one_step:
+        if request.action != "plan" and not on_terminal and isinstance(decider, TerminalDecider) \
+                and not sys.stdin.isatty() and not options.asked.one_step:
             err.print("dflash-ops: no terminal to ask on: pass --yes to approve every step, or --step", style="red")
             return 2
         # Headless, --step asks before each step (y / n / c, the decider's); only the console runs one
-        # step and pauses (its `n` runs the next), so the run itself is not one step here.
-        operator = Operator(chosen.config, runs_dir=request.runs,
-                            asked=dataclasses.replace(options.asked, one_step=False))
+        # step and pauses (its `n` runs the next), so the run itself is not one step there.
+        asked = options.asked if on_terminal else dataclasses.replace(options.asked, one_step=False)
+        operator = Operator(chosen.config, runs_dir=request.runs, asked=asked)
+        resume = chosen.run.run_id if chosen.run is not None else None
+        if on_terminal:
+            return open_console(operator, resume)
+        if request.action == "plan":
+            return asyncio.run(print_plan(operator, options.asked.route, err))
         guard = SignalGuard(operator, say=lambda line: err.print(Text(f"dflash-ops: {line}", style="yellow")))
         with terminal_output(), guard:  # a reader gone or stalled never ends nor blocks the window
             return asyncio.run(run_procedure(operator, decider, resume, err))
