@@ -6,8 +6,9 @@ through `Operator.open_run`), and one call answers it: which run (the one named,
 offers), under which config (the one given, else the one the run recorded), on which replica of a
 fleet (the one the run's window is on, else the least loaded that can take it), and whether it may go
 on (a run another live console drives, a run made for another service or config file, a new run
-while one is unfinished or left the service down: refused, saying why). Nothing is written or sent
-before the answer, and every line of it is said on `say`.
+while one is unfinished or left the service down: refused, saying why; an unfinished run is
+offered instead where a console opens on the answer). Nothing is written or sent before the answer,
+and every line of it is said on `say`.
 """
 
 from __future__ import annotations
