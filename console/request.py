@@ -6,8 +6,9 @@ through `Operator.open_run`), and one call answers it: which run (the one named,
 offers), under which config (the one given, else the one the run recorded), on which replica of a
 fleet (the one the run's window is on, else the least loaded that can take it), and whether it may go
 on (a run another live console drives, a run made for another service or config file, a new run
-while one is unfinished or left the service down: refused, saying why). Nothing is written or sent
-before the answer, and every line of it is said on `say`.
+while one is unfinished or left the service down: refused, saying why; an unfinished run is
+offered instead where a console opens on the answer). Nothing is written or sent before the answer,
+and every line of it is said on `say`.
 """
 
 from __future__ import annotations
@@ -58,17 +59,17 @@ class Choice:
     store: RunStore
     run: Run | None
     said: list[str] = field(default_factory=list)
-    unfinished: Run | None = None  # a new run asked for while this one is unfinished: it comes first
 
 
 class Refused(Exception):
     """The request cannot be answered as asked; the message says why and what to do (exit 2)."""
 
 
-def choose(request: Request, say: Callable[[str], None] = lambda line: None) -> Choice:
+def choose(request: Request, say: Callable[[str], None] = lambda line: None, offered: bool = False) -> Choice:
     """Answer `request` (see the module's docstring). Raises `Refused`, `ResumeRefused`,
-    `RunStoreError` or `ConfigError`, each naming what and where; a new run asked for while another
-    is unfinished is answered with it (`Choice.unfinished`): a console offers it, a script is refused."""
+    `RunStoreError` or `ConfigError`, each naming what and where. A new run asked for while another
+    is unfinished is refused (`UnfinishedRun`), unless a console opens on the answer (`offered`): it
+    offers that run first (resume / discard), and no run is chosen here."""
     said: list[str] = []
 
     def tell(line: str) -> None:
@@ -95,8 +96,9 @@ def choose(request: Request, say: Callable[[str], None] = lambda line: None) -> 
     elif request.action == "run":
         try:
             refuse_new_run(store)
-        except UnfinishedRun as exc:  # a console offers it (resume / discard); a script is refused it
-            return Choice(request, config, store, None, said, unfinished=exc.run)
+        except UnfinishedRun:  # a console offers it (resume / discard); a script is refused it
+            if not offered:
+                raise
     return Choice(request, config, store, run, said)
 
 

@@ -17,11 +17,12 @@ reading never ends nor blocks the run (`console.terminal_output`).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 import os
 import signal
 import sys
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 from types import FrameType
 from typing import Any
@@ -32,7 +33,7 @@ from rich.text import Text
 from console import messages as m
 from console.operator import Asked, Operator
 from console.procedure.decider import ApproveAll, Decider, RefuseAll, TerminalDecider
-from console.procedure.store import RunStoreError, UnfinishedRun
+from console.procedure.store import RunStoreError
 from console.request import Choice, Refused, Request, choose
 from console.terminal_output import terminal_output
 from console.views.headless import HeadlessView
@@ -141,14 +142,21 @@ def choose_decider(options: RunOptions) -> Decider:
     return TerminalDecider()
 
 
-async def run_procedure(operator: Operator, decider: Decider, resume: str | bool | None, console: Console) -> int:
-    view = HeadlessView(operator.bus, console)
+@contextlib.asynccontextmanager
+async def headless(operator: Operator, view: HeadlessView) -> AsyncIterator[None]:
+    """The hosts connected for the block, `view` printing what the operator publishes; the view
+    closed and the hosts let go after it, whatever its outcome (the plan and the headless run)."""
     operator.start()
     try:
-        finished = await operator.run(decider, resume=resume)
+        yield
     finally:
         view.close()
         await operator.stop()
+
+
+async def run_procedure(operator: Operator, decider: Decider, resume: str | None, console: Console) -> int:
+    async with headless(operator, HeadlessView(operator.bus, console)):
+        finished = await operator.run(decider, resume=resume)
     if finished.status in ("done", "degraded"):
         show_results(operator, finished.run_id, Console())
     return exit_status(finished)
@@ -177,16 +185,12 @@ def show_results(operator: Operator, run_id: str, console: Console) -> None:
 
 
 async def print_plan(operator: Operator, route: str | None, console: Console) -> int:
-    view = HeadlessView(operator.bus, console, show_progress=False, warnings_only=True)
-    operator.start()
-    try:
-        plan = await operator.plan(route)
-    except RuntimeError as exc:
-        console.print(Text(f"no plan: {exc}", style="bold red"), soft_wrap=True)
-        return 1
-    finally:
-        view.close()
-        await operator.stop()
+    async with headless(operator, HeadlessView(operator.bus, console, show_progress=False, warnings_only=True)):
+        try:
+            plan = await operator.plan(route)
+        except RuntimeError as exc:
+            console.print(Text(f"no plan: {exc}", style="bold red"), soft_wrap=True)
+            return 1
     Console().print(plan_view(plan), crop=False)  # commands whole, however wide
     return 0
 
@@ -230,13 +234,9 @@ class RunOptions:
 
 def discard(chosen: Choice) -> int:
     """`run --discard [RUN]`: mark the unfinished run discarded and say what it leaves on the hosts."""
-    config = chosen.config
-    workdirs = {name: host.workdir for name, host in config.hosts.items()} if config is not None else {}
-    service = config.hosts.get(config.service.host) if config is not None else None
-    discarded, left = chosen.store.discard(chosen.run.run_id, workdirs, config.service.host if config else None,
-                                           service.lock_dir if service is not None else None)
+    left = chosen.store.discard(chosen.run, chosen.config)
     out = Console()
-    out.print(Text(f"discarded run {discarded.run_id}: it is never resumed nor offered again. Left on the hosts "
+    out.print(Text(f"discarded run {chosen.run.run_id}: it is never resumed nor offered again. Left on the hosts "
                    f"(nothing there was touched):"), soft_wrap=True)
     for line in left:
         out.print(Text(f"  - {line}"), soft_wrap=True)
@@ -249,24 +249,24 @@ def answer(request: Request, options: RunOptions) -> int:
     say = lambda line: err.print(Text(f"dflash-ops: {line}", style="yellow"), soft_wrap=True)  # noqa: E731
     on_terminal = options.on_terminal(request)
     try:
-        chosen = choose(request, say)  # the run, its config and replica, checked: before anything connects
-        if chosen.unfinished is not None and not on_terminal:  # (the console offers it: resume / discard)
-            raise UnfinishedRun(chosen.unfinished)
+        # the run, its config and replica, checked: before anything connects (an unfinished run: the
+        # console offers it, resume / discard; a script is refused it)
+        chosen = choose(request, say, offered=on_terminal)
         if request.action == "discard":
             return discard(chosen)
-        if request.action == "plan":
-            return asyncio.run(print_plan(Operator(chosen.config, runs_dir=request.runs), options.asked.route, err))
+        # Headless, --step asks before each step (y / n / c, the decider's); only the console runs one
+        # step and pauses (its `n` runs the next), so the run itself is not one step there.
+        asked = options.asked if on_terminal else dataclasses.replace(options.asked, one_step=False)
+        operator = Operator(chosen.config, runs_dir=request.runs, asked=asked)
         resume = chosen.run.run_id if chosen.run is not None else None
         if on_terminal:
-            return open_console(Operator(chosen.config, runs_dir=request.runs, asked=options.asked), resume)
+            return open_console(operator, resume)
+        if request.action == "plan":
+            return asyncio.run(print_plan(operator, options.asked.route, err))
         decider = choose_decider(options)
         if isinstance(decider, TerminalDecider) and not sys.stdin.isatty() and not options.asked.one_step:
             err.print("dflash-ops: no terminal to ask on: pass --yes to approve every step, or --step", style="red")
             return 2
-        # Headless, --step asks before each step (y / n / c, the decider's); only the console runs one
-        # step and pauses (its `n` runs the next), so the run itself is not one step here.
-        operator = Operator(chosen.config, runs_dir=request.runs,
-                            asked=dataclasses.replace(options.asked, one_step=False))
         guard = SignalGuard(operator, say=lambda line: err.print(Text(f"dflash-ops: {line}", style="yellow")))
         with terminal_output(), guard:  # a reader gone or stalled never ends nor blocks the window
             return asyncio.run(run_procedure(operator, decider, resume, err))

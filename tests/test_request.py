@@ -41,11 +41,11 @@ def test_a_new_run_while_one_is_unfinished_is_answered_with_it_not_a_new_run(tmp
     conf = config(tmp_path / "dflash-ops.toml")
     store = RunStore(tmp_path / "runs")
     left = started(store, conf)
-    chosen = choose(Request("run", config=str(conf), runs=str(store.root)))
-    assert chosen.run is None and chosen.unfinished is not None and chosen.unfinished.run_id == left.run_id
-    assert [r.run_id for r in store.readable()] == [left.run_id]  # nothing created: the console offers it
     with pytest.raises(UnfinishedRun, match=f"unfinished run {left.run_id}: resume / discard"):
-        raise UnfinishedRun(chosen.unfinished)
+        choose(Request("run", config=str(conf), runs=str(store.root)))  # a script is refused it
+    chosen = choose(Request("run", config=str(conf), runs=str(store.root)), offered=True)
+    assert chosen.run is None  # the console opens on the answer and offers it first
+    assert [r.run_id for r in store.readable()] == [left.run_id]  # nothing created
 
 
 def test_resume_names_the_run_and_its_recorded_config_from_any_directory(tmp_path: Path, monkeypatch) -> None:

@@ -28,12 +28,15 @@ import time
 import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from console.messages import JournalEntry
 from console.procedure import identity
 from console.procedure.state import RUN_FINISHED, SCHEMA, Owner, RunState, StateError, current_user
 from remote.artifacts import write_bytes_atomic
+
+if TYPE_CHECKING:
+    from console.config import Config
 
 STATE, JOURNAL, TELEMETRY = "state.json", "journal.jsonl", "telemetry.jsonl"
 FINISHED = RUN_FINISHED
@@ -306,12 +309,11 @@ class RunStore:
                 return run
         return None
 
-    def discard(self, run_id: str, workdirs: dict[str, str] | None = None,
-                service_host: str | None = None, lock_dir: str | None = None) -> tuple[Run, list[str]]:
+    def discard(self, run: Run, config: Config | None) -> list[str]:
         """Mark an unfinished run `discarded` (finished: never resumed, no longer offered) and say
-        what it leaves on the hosts (`left_on_hosts`): nothing there is touched. Refused for a run
-        that left the service down (its resume restarts it) or that a live console drives."""
-        run = self.open(run_id)
+        what it leaves on the hosts (`left_on_hosts`; without a config, less precisely): nothing
+        there is touched. Refused for a run that left the service down (its resume restarts it) or
+        that a live console drives."""
         state = run.state
         if state.finished:
             raise RunStoreError(f"run {run.run_id} has already finished ({state.status}): nothing to discard")
@@ -320,13 +322,13 @@ class RunStore:
                                 f"`dflash-ops run --resume {run.run_id}` restarts the service")
         if driven_elsewhere(state) is not False:
             raise RunStoreError(f"{what_next(run)}: it is not discarded")
-        left = left_on_hosts(state, workdirs or {}, service_host, lock_dir)
+        left = left_on_hosts(state, config)
         was = state.status
         state.status, state.exit_code = "discarded", None
         state.message = f"discarded by {current_user()} (it was {was}); left on the hosts: " + "; ".join(left)
         run.save()
         run.journal(None, state.message, level="warning")
-        return run, left
+        return left
 
     def to_resume(self, runs: list[Run] | None = None) -> Run | None:
         """What a new console offers to continue: the run that left the service down, else the
@@ -524,10 +526,14 @@ def owned_elsewhere(state: RunState) -> bool:
     return not (owner.pid == me.pid and owner.host == me.host and owner.start_ticks in (None, me.start_ticks))
 
 
-def left_on_hosts(state: RunState, workdirs: dict[str, str], service_host: str | None = None,
-                  lock_dir: str | None = None) -> list[str]:
+def left_on_hosts(state: RunState, config: Config | None) -> list[str]:
     """What a run leaves on the hosts when it is discarded: its jobs (pid, where their files are),
-    its window directories and the host lock that may still name it. Said, never touched."""
+    its window directories (each host's workdir, as `config` says it) and the host lock that may
+    still name it. Said, never touched."""
+    workdirs = {name: host.workdir for name, host in config.hosts.items()} if config is not None else {}
+    service_host = config.service.host if config is not None else None
+    service = config.hosts.get(service_host) if config is not None else None
+    lock_dir = service.lock_dir if service is not None else None
     left = []
     for key, job in sorted(state.jobs.items()):
         handle = job.handle or {}
