@@ -5,13 +5,12 @@ a host as serving, not only the service's (the drained replica's)."""
 
 from __future__ import annotations
 
-import time
 from pathlib import Path
 
 from console.config import load_config
-from console.messages import GpuReading, TelemetrySample
 from console.procedure.fit import serving_gpus, where_it_fits
 from remote import probe
+from tests.test_zero_downtime import gpu_sample
 
 
 def fleet_on_one_host(tmp_path: Path, target: Path, r2_gpus: str | None = "[2, 3]"):
@@ -47,29 +46,24 @@ url = "http://127.0.0.1:30002"
     return load_config(path)
 
 
-def _sample(host: str, used: list[int], total: int = 49140) -> TelemetrySample:
-    gpus = tuple(GpuReading(i, "GPU", None, u, total, 0.0, 30.0, 50.0) for i, u in enumerate(used))
-    return TelemetrySample(host, 1, time.time(), 1.0, "nvml", False, None, gpus, ())
-
-
 def test_the_serving_replicas_gpus_are_never_offered(tiny_target: Path, tmp_path: Path) -> None:
     facts = probe.probe(str(tiny_target))
     config = fleet_on_one_host(tmp_path, tiny_target)
     assert config.service.url.endswith(":30001")  # the config's service: r1, the replica whose window this is
     # r1 drained and stopped (its GPUs near empty), r2 serving with room on GPU2 (the walk's 9140 MiB free)
-    samples = {"ct129": _sample("ct129", [300, 300, 40000, 47000]), "ct200": _sample("ct200", [47000])}
+    samples = {"ct129": gpu_sample("ct129", [300, 300, 40000, 47000]), "ct200": gpu_sample("ct200", [47000])}
     assert serving_gpus(config, "ct129", samples["ct129"]) == {0, 1, 2, 3}
     fits = {f.host: f for f in where_it_fits(config, {"ct129": facts, "ct200": facts}, samples, 500, 3)}
     assert not fits["ct129"].proposed and "every GPU there serves the model" in fits["ct129"].why
     assert "GPU2" not in fits["ct129"].why
     # A GPU of ct129 that no replica uses is offered as before.
-    samples["ct129"] = _sample("ct129", [300, 300, 40000, 47000, 0])
+    samples["ct129"] = gpu_sample("ct129", [300, 300, 40000, 47000, 0])
     fits = {f.host: f for f in where_it_fits(config, {"ct129": facts, "ct200": facts}, samples, 500, 3)}
     assert fits["ct129"].proposed and fits["ct129"].gpus == (4,)
 
 
 def test_a_replica_that_names_no_gpus_serves_on_all_of_its_host(tiny_target: Path, tmp_path: Path) -> None:
     config = fleet_on_one_host(tmp_path, tiny_target, r2_gpus=None)
-    sample = _sample("ct129", [300, 300, 0, 0, 0])
+    sample = gpu_sample("ct129", [300, 300, 0, 0, 0])
     assert serving_gpus(config, "ct129", sample) == {0, 1, 2, 3, 4}
-    assert serving_gpus(config, "ct200", _sample("ct200", [0])) == set()
+    assert serving_gpus(config, "ct200", gpu_sample("ct200", [0])) == set()

@@ -199,7 +199,8 @@ path = "/d"
     return load_config(path)
 
 
-def _sample(host: str, used: list[int], total: int = 49140) -> TelemetrySample:
+def gpu_sample(host: str, used: list[int], total: int = 49140) -> TelemetrySample:
+    """One telemetry sample of `host`: a GPU per entry of `used` (MiB), each `total` MiB."""
     gpus = tuple(GpuReading(i, "GPU", None, u, total, 0.0, 30.0, 50.0) for i, u in enumerate(used))
     return TelemetrySample(host, 1, time.time(), 1.0, "nvml", False, None, gpus, ())
 
@@ -211,8 +212,8 @@ def test_no_weights_or_other_kernels_are_not_proposed(tiny_target: Path, tmp_pat
     other = {**facts, "kernels": {**facts["kernels"], "bound": {**facts["kernels"]["bound"],
                                                                 "causal_conv1d_fn": "causal_conv1d.cpp_functions"}}}
     config = two_host_config(tmp_path, tiny_target, extra_host="ct300")
-    samples = {"ct129": _sample("ct129", [47000, 47000]), "ct200": _sample("ct200", [0]),
-               "ct300": _sample("ct300", [0])}
+    samples = {"ct129": gpu_sample("ct129", [47000, 47000]), "ct200": gpu_sample("ct200", [0]),
+               "ct300": gpu_sample("ct300", [0])}
     fits = {f.host: f for f in where_it_fits(config, {"ct129": facts, "ct200": facts, "ct300": other}, samples, 500, 3)}
     assert not fits["ct129"].proposed and "serves the model" in fits["ct129"].why
     assert not fits["ct200"].proposed and "the target's weights are not on ct200" in fits["ct200"].why
@@ -256,11 +257,11 @@ def test_a_target_too_big_for_one_free_gpu_is_split_over_several(tiny_target: Pa
     config = two_host_config(tmp_path, tiny_target, copy_on="ct200")
     # ct200: eight 95 GiB GPUs, six busy training, two with ~30 GiB free each: no one GPU has 52 GB.
     used = [97000] * 6 + [62000, 63000]
-    samples = {"ct129": _sample("ct129", [47000, 47000]), "ct200": _sample("ct200", used, total=97887)}
+    samples = {"ct129": gpu_sample("ct129", [47000, 47000]), "ct200": gpu_sample("ct200", used, total=97887)}
     fits = {f.host: f for f in where_it_fits(config, {"ct129": big, "ct200": big}, samples, 2048, 5)}
     split = fits["ct200"]
     assert split.proposed and split.gpus == (6, 7) and "split across GPU6+GPU7" in split.why
     assert split.free_mib >= split.need_mib > 52 * 1024
-    samples["ct200"] = _sample("ct200", [97000] * 6 + [80000, 80000], total=97887)
+    samples["ct200"] = gpu_sample("ct200", [97000] * 6 + [80000, 80000], total=97887)
     (short,) = [f for f in where_it_fits(config, {"ct129": big, "ct200": big}, samples, 2048, 5) if f.host == "ct200"]
     assert not short.proposed and "all of them together" in short.why
