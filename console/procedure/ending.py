@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any
 from console.messages import RunFinished
 from console.procedure import kept, run_jobs
 from console.procedure.outcomes import Refused, ResumeRefused, StepFailed
-from console.procedure.steps import drafter, fleet, fleet_guard, pause, preflight, stop
+from console.procedure.steps import drafter, fleet, fleet_guard, pause, preflight, remedy_restart, stop
 from console.procedure.store import what_next
 from console.service.control import ReadyTimeout, ServiceError
 from console.service.sglang_api import ServerAnswerError, ServerUnreachable
@@ -179,7 +179,7 @@ async def restart_only(window: Window) -> RunFinished:
         message = f"run {state.status} earlier; {cancelled(window, 'restart')}"
     down = state.service.down
     if not down:
-        drafter.end_parked_down_period(window)
+        remedy_restart.end_parked_down_period(window)
         state = window.state  # the window's own record is the service's again
     if not down and state.service.drained:  # the fleet window: back up, then back in the router
         return await rejoin_only(window)

@@ -15,15 +15,13 @@ from __future__ import annotations
 
 import asyncio
 import json
-import time
-from dataclasses import asdict
 from typing import TYPE_CHECKING, Any
 
 from console.messages import Confirmation
 from console.procedure.crosscheck import speculative_settings
 from console.procedure.outcomes import Found, Refused, Skip, StepFailed
-from console.procedure.state import ServiceState
 from console.procedure.steps import stop
+from console.procedure.steps.remedy_restart import DRAFTER_RESTART, begin_down_period, end_down_period
 from console.service.control import ReadyTimeout, ServiceError
 from console.service.sglang_api import ServerAnswerError, ServerUnreachable
 from console.session import service_name
@@ -112,7 +110,7 @@ async def check_drafter(window: Window) -> Skip | None:
     said = _record(window).get("line")
     if said and "window_service" in _record(window):  # a console died during the restart offered: finished now
         await stop.restart_service(window, reason="the served drafter came back degraded")  # (none if started)
-        end_down_period(window, _record(window), "drafter_restart")
+        end_down_period(window, _record(window), DRAFTER_RESTART)
         _record(window)["remedy"] = "restarted (the console that began the restart died; the next finished it)"
         window.run.save()
     return Found(said) if said else None
@@ -188,58 +186,12 @@ async def offer_restart(window: Window, before: float, after: float) -> None:
     except Refused:  # the start refused after the stop: the run ends with the service down (exit 3)
         record["remedy"] = "the start was refused: the server is down, the drafter not reloaded"
         return
-    end_down_period(window, record, "drafter_restart")
+    end_down_period(window, record, DRAFTER_RESTART)
     again, why = await measured(window)
     record["restarted"] = again
     record["remedy"] = f"restarted: acceptance length {again:.2f} now" if again is not None else \
         f"restarted; the acceptance length could not be measured again ({why or NOT_SPECULATIVE})"
     window.journal("drafter", record["remedy"], host=service.host)
-
-
-def begin_down_period(window: Window, record: dict[str, Any]) -> None:
-    """A restart after the window (the drafter's remedy here, the weights' in `pause_weights.py`) is a
-    down period of its own. The service's record says the server is down because of this run (the
-    compensation, `left_down` and a resumed run's checks read it: the stop route's restart step, or
-    the remedy's own check, then starts it); the window's own record is kept in `record` (the
-    remedy's facts) meanwhile and put back once the server is up (`end_down_period`)."""
-    svc = window.state.service
-    record["window_service"] = asdict(svc)
-    svc.stopped_at, svc.ready_at, svc.down = time.time(), None, True
-    svc.stops += 1
-    window.run.keep_going_on_write_errors = True
-    window.run.save()
-    window.publish_downtime()
-
-
-def end_down_period(window: Window, record: dict[str, Any], kind: str) -> None:
-    """The server back: the window's record is the service's again (its phases are what the next
-    runs' forecasts learn from), and the restart's down period is kept in `windows` (marked `kind`:
-    "drafter_restart", "weights_restart"), as a window's, so that `runs` counts both."""
-    state = window.state
-    restart = state.service
-    state.windows.append({"service": {"stopped_at": restart.stopped_at, "ready_at": restart.ready_at,
-                                      "stops": 1, "starts": 1},
-                          "extraction": {}, "steps": {}, "forecast": None, kind: True})
-    state.service = ServiceState(**record.pop("window_service"))
-    state.service.stops, state.service.starts = restart.stops, restart.starts
-    window.run.save()
-
-
-# The remedies whose restart parks the window's record meanwhile: their facts' key, their `windows` mark.
-REMEDY_RECORDS = (("drafter", "drafter_restart"), ("weights_restart", "weights_restart"))
-
-
-def end_parked_down_period(window: Window) -> None:
-    """A remedy's restart whose start was refused, then done by a later `run --resume` (the stop
-    route's restart alone, `ending.restart_only`): its down period ends there, the window's own record
-    put back as `end_down_period` does, so that `runs` counts both and the next forecasts learn the
-    window's phases, not the restart's."""
-    for key, kind in REMEDY_RECORDS:
-        record = window.state.facts.get(key) or {}
-        if "window_service" in record:
-            end_down_period(window, record, kind)
-            record["remedy"] = f"{record.get('remedy') or 'restarted'}; started later by run --resume"
-            window.run.save()
 
 
 def degraded_end(facts: dict[str, Any]) -> str | None:

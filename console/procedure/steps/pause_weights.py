@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any
 from console.messages import Confirmation
 from console.procedure.outcomes import Refused, StepFailed
 from console.procedure.steps import stop
-from console.procedure.steps.drafter import begin_down_period, end_down_period
+from console.procedure.steps.remedy_restart import WEIGHTS_RESTART, begin_down_period, end_down_period
 from console.service.memory_saver import WEIGHTS
 from console.service.sglang_api import WEIGHTS_CHECKER, NoWeightsChecksum
 from console.session import service_name
@@ -98,7 +98,7 @@ RESTART_REASON = "the server's weights did not come back whole from the release"
 
 
 def _record(window: Window) -> dict[str, Any]:
-    return window.state.facts.setdefault("weights_restart", {})
+    return window.state.facts.setdefault(WEIGHTS_RESTART, {})
 
 
 def mismatch_words(before: str | None, after: str | None) -> str:
@@ -110,7 +110,7 @@ async def offer_restart(window: Window, before: str | None, after: str) -> None:
     """The weights came back other than they went: the remedy, a restart of the server (which loads
     them again from disk), asked as a destructive confirm (Cancel focused). Yes: stopped and started
     by the service's own restart path (`stop.restart_service`, one start per down period), its
-    down period recorded apart from the window's (`drafter.begin_down_period`), the checksum taken
+    down period recorded apart from the window's (`remedy_restart.begin_down_period`), the checksum taken
     again and compared with the one before the release. No, or `--yes` (which never restarts
     production on its own): StepFailed naming both checksums, the server left serving as it is, the
     remedy stated."""
@@ -155,7 +155,7 @@ async def finish_restart(window: Window) -> None:
         record["remedy"] = "the start was refused: the server is down, its weights not reloaded"
         window.run.save()
         raise
-    end_down_period(window, record, "weights_restart")
+    end_down_period(window, record, WEIGHTS_RESTART)
     server = await window.hosts.server()
     before = window.state.service.weights_checksum_before
     try:
