@@ -50,7 +50,7 @@ async def end(window: Window, status: str, message: str) -> RunFinished:
     # From here a full disk never stops the run's end: our jobs ended, the service back, the
     # lock released (what cannot be written is kept in memory and said once).
     window.run.keep_going_on_write_errors = True
-    fleet_guard.stop_watch(window)  # the other replicas are no longer watched: nothing more is offered
+    early = fleet_guard.stop_watch(window)  # the other replicas are no longer watched: nothing more is offered
     if status == AS_IT_WAS:
         return kept.left_as_it_was(window, message)
     if window.lock_refused:  # another live console's run holds the host: nothing there is ours to undo
@@ -64,7 +64,6 @@ async def end(window: Window, status: str, message: str) -> RunFinished:
         await compensate_to_the_end(window, status, declined_while_down(window, message) if status == "refused" else None)
         if window.left_flushing is not None:  # the extraction is not thrown away: the run stays resumable
             status, message = "paused", f"{message}; {window.left_flushing}"
-        early = fleet_guard.early_words(window.state)
         if early is not None and message.endswith(early) and window.state.service.left_as() is None:
             status, message = "paused", early  # ended early, back serving and in the router: resumable
     if not window.service_down_by_us and not window.server_held_by_us and not window.plan_only:

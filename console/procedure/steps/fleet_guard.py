@@ -104,12 +104,15 @@ def watch(window: Window, replica: ReplicaConfig) -> None:
     window.fleet_watch = asyncio.create_task(_watch(window, replica), name="fleet-watch")
 
 
-def stop_watch(window: Window) -> None:
-    """The rejoin begins (or the run ends): the watch and any offer it holds open end."""
+def stop_watch(window: Window) -> str | None:
+    """The rejoin begins (or the run ends): the watch and any offer it holds open end. Returns what
+    the run's end says if the watch ended the window early (`early_words`), else None: with the
+    watch stopped, nothing can end it early any more."""
     task = getattr(window, "fleet_watch", None)
     if task is not None:
         window.fleet_watch = None
         task.cancel()
+    return early_words(window.state)
 
 
 async def _watch(window: Window, replica: ReplicaConfig) -> None:
