@@ -13,6 +13,7 @@ from textual.screen import Screen
 from console.messages import Confirmation, HoldersFound
 from screens.modals.confirm import ConfirmModal, RestartOrLeaveModal
 from screens.modals.holders import HoldersModal
+from screens.quitting import QUIT_DIALOGS
 
 if TYPE_CHECKING:
     from screens.app import ConsoleApp
@@ -90,7 +91,6 @@ class ModalDecider:
     def _take_away(self, modal: Screen) -> None:
         """The question nobody waits on any more leaves the screen, also from under a quit dialog (which
         goes with it, as "stay": it was asked over that question), never left behind to be answered."""
-        from screens.app import QUIT_DIALOGS  # (the app imports this module)
 
         if not modal.is_attached or modal not in self.app.screen_stack:
             return
