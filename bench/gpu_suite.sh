@@ -23,10 +23,16 @@ fi
 source .dev/setup-device.sh
 export TRITON_CACHE_DIR="${TRITON_CACHE_DIR:-/tmp/triton-dflash}" PYTHONUNBUFFERED=1
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
-echo "== gpu_suite $what: $(date -u +%FT%TZ), git $(git rev-parse --short HEAD 2>/dev/null || echo '?')" | tee -a "$out/gpu-tests.log"
+# The device runs a copy of the working tree whose .git may be older than the tree: the commit is
+# said with "+ changes" when the tree differs from it, and the code's own hash (the same command on
+# this machine, at a commit, gives the same figure) says which code ran.
+rev="$(git rev-parse --short HEAD 2>/dev/null || echo '?')"
+git diff --quiet HEAD -- console remote bench tests 2>/dev/null || rev="$rev + changes"
+code="$(find console remote bench tests -name '*.py' | LC_ALL=C sort | xargs sha256sum | sha256sum | cut -c1-12)"
+echo "== gpu_suite $what: $(date -u +%FT%TZ), git $rev, code $code" | tee -a "$out/gpu-tests.log"
 if [[ "$what" == tests || "$what" == all ]]; then
   # The window's GPU tests are the window stage's (each stage fits one 10-minute call).
-  python3 -m pytest --noconftest -p no:cacheprovider -q -rs tests/gpu --ignore=tests/gpu/test_window_gpu.py 2>&1 \
+  python3 -m pytest --noconftest -p no:cacheprovider -q -rs --durations=12 tests/gpu --ignore=tests/gpu/test_window_gpu.py 2>&1 \
     | tee -a "$out/gpu-tests.log"
   python3 bench/telemetry.py --skip-console --json "$out/telemetry.json" 2>&1 | tee "$out/bench-telemetry.txt"
   python3 bench/evaluate.py --device cuda 2>&1 | tee "$out/bench-evaluate.txt"
