@@ -91,7 +91,6 @@ class ModalDecider:
     def _take_away(self, modal: Screen) -> None:
         """The question nobody waits on any more leaves the screen, also from under a quit dialog (which
         goes with it, as "stay": it was asked over that question), never left behind to be answered."""
-
         if not modal.is_attached or modal not in self.app.screen_stack:
             return
         while self.app.screen is not modal and self.app.screen.id in QUIT_DIALOGS:
