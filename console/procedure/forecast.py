@@ -262,7 +262,7 @@ def _phase_free_vram(inputs: ForecastInputs, runs: list[RunState]) -> ForecastPh
     grace = "estimate: the stop's grace ([service] stop_grace_s): "
     if episodes:
         return ForecastPhase("free-vram", inputs.stop_grace_s,
-                             f"{grace}the earlier run on {inputs.service_host} ended VRAM holders after "
+                             f"{grace}{_runs_on(1, inputs.service_host)} ended VRAM holders after "
                              f"{duration(episodes[0])}, an episode that says nothing of the usual release",
                              estimated=True)
     return ForecastPhase("free-vram", inputs.stop_grace_s,

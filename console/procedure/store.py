@@ -530,10 +530,13 @@ def left_on_hosts(state: RunState, config: Config | None) -> list[str]:
     """What a run leaves on the hosts when it is discarded: its jobs (pid, where their files are),
     its window directories (each host's workdir, as `config` says it) and the host lock that may
     still name it. Said, never touched."""
-    workdirs = {name: host.workdir for name, host in config.hosts.items()} if config is not None else {}
-    service_host = config.service.host if config is not None else None
-    service = config.hosts.get(service_host) if config is not None else None
-    lock_dir = service.lock_dir if service is not None else None
+    workdirs: dict[str, str] = {}
+    service_host = lock_dir = None
+    if config is not None:
+        workdirs = {name: host.workdir for name, host in config.hosts.items() if host.workdir is not None}
+        service_host = config.service.host
+        service = config.hosts.get(service_host)
+        lock_dir = service.lock_dir if service is not None else None
     left = []
     for key, job in sorted(state.jobs.items()):
         handle = job.handle or {}
@@ -544,11 +547,8 @@ def left_on_hosts(state: RunState, config: Config | None) -> list[str]:
             left.append(f"job {key} ({job.job_id}) on {job.host}: pid {handle.get('pid')}, maybe still running "
                         f"(not ended: `kill {handle.get('pid')}` on {job.host} ends it), its files in "
                         f"{handle.get('run_dir', '?')}")
-    hosts = sorted({job.host for job in state.jobs.values()} | set(workdirs))
-    for host in hosts:
-        workdir = workdirs.get(host)
-        if workdir is not None:
-            left.append(f"its window files on {host}: {workdir}/windows/{state.run_id} (if any)")
+    for host, workdir in sorted(workdirs.items()):
+        left.append(f"its window files on {host}: {workdir}/windows/{state.run_id} (if any)")
     # The lock is in the host's lock directory, shared by every account (`[hosts.<name>] lock_dir`):
     # named whole when the config says it, else as the setting to look up.
     where = (f"{service_host or 'the service host'}:{lock_dir}/dflash-ops.lock" if lock_dir is not None else
