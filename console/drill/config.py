@@ -28,13 +28,16 @@ GPU_KV_CACHE_MIB = 65536  # the GPU drill's KV pool (torch_memory_saver) on an H
 GPU_KV_CACHE_SHARE = 0.45
 GPU_CUDA_GRAPH_MIB = 1024
 # The crowded GPU drill (`drill up --gpu --crowded`): a small KV pool and CUDA graphs, and the card
-# filled but CROWDED_FREE_MIB once the server is up. The extraction of the 1.7 B target needs ~3.9 GiB
-# (fit.need_mib): the 2.2 GiB the KV cache, the graphs and the free room give is too little, and with
-# the weights' ~3.2 GiB it fits. So the pause route must release the weights, as on a production card
-# whose KV pool and model leave no room for a second copy of the target.
+# filled but CROWDED_FREE_MIB once the server is up. The extraction of the 1.7 B target needs ~3.7 GiB
+# (fit.need_mib): the 2.9 GiB the KV cache, the graphs and the free room give is too little, and with
+# the weights' ~3.1 GiB it fits. So the pause route must release the weights, as on a production card
+# whose KV pool and model leave no room for a second copy of the target. The free room is what
+# SGLang's `--mem-fraction-static` leaves for activations: the server's own under load (~0.65 GiB
+# after the crowding) and the staged extractor's CUDA context (~0.8 GiB, made before the stop) live
+# there. With 1500 MiB the H100's warm-up extraction ran out of memory before its go (2026-12-06).
 CROWDED_KV_CACHE_MIB = 512
 CROWDED_CUDA_GRAPH_MIB = 256
-CROWDED_FREE_MIB = 1500
+CROWDED_FREE_MIB = 2200
 # The fleet's router is seen from ct129 (`router_host`) by a name only ct129 resolves (its SSH
 # server's `names`, as its /etc/hosts would; `.invalid` resolves nowhere else, RFC 2606): the console
 # reaches it through ct129's connection, never from its own machine (issue 41). Users, and the router
