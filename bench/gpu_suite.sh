@@ -11,6 +11,7 @@
 # window-weights: the pause route that must release the weights (the drill's crowded card, issue 40),
 # beside the staged stop route, under load, with the weights' and the drafter's checks
 # (bench-window-weights-gpu.txt, window-weights-gpu.json). Not part of `all`: its own call.
+# WINDOW_DIR=<dir> keeps its drill (the hosts', the server's and the CUDA worker's logs) there.
 # WINDOW_TESTS="<pytest -k expression>" runs a part of window-tests (on a slower card the five may
 # not fit one 10-minute call: split them over two).
 # --noconftest: tests/conftest.py loads every fixture module, which the GPU tests do not need.
@@ -54,7 +55,7 @@ if [[ "$what" == window || "$what" == window-bench || "$what" == all ]]; then
   python3 bench/window.py --gpu --load --runs "${WINDOW_RUNS:-1}" --routes "${WINDOW_ROUTES:-staged,cold,zero-downtime,pause}" --json "$out/window-gpu.json" 2>&1 | tee "$out/bench-window-gpu.txt"
 fi
 if [[ "$what" == window-weights ]]; then
-  python3 bench/window.py --gpu --crowded --load --runs 1 --routes staged,pause --json "$out/window-weights-gpu.json" 2>&1 \
+  python3 bench/window.py --gpu --crowded --load --runs 1 --routes staged,pause --json "$out/window-weights-gpu.json" ${WINDOW_DIR:+--dir "$WINDOW_DIR"} 2>&1 \
     | tee "$out/bench-window-weights-gpu.txt"
 fi
 nvidia-smi --query-gpu=index,memory.used --format=csv,noheader >> "$out/gpu-tests.log" 2>&1
