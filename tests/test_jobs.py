@@ -189,6 +189,30 @@ async def test_a_reused_pid_is_not_taken_for_the_job(ssh_target: SSHTarget) -> N
     await runner.cancel(handle, grace=5)
 
 
+async def test_a_job_that_ends_while_its_stat_is_read_is_gone_not_an_error(ssh_target: SSHTarget) -> None:
+    """The job ends between the open of /proc/PID/stat and its read: the server answers the read with
+    a failure (ESRCH, "No such process"). The job is gone, as when the file is not there; it once
+    failed a drill window's cache step with "reading /proc/29996/stat: No such process"."""
+    host = await ssh_target.connect()
+    runner = JobRunner(host)
+    handle = await runner.start("drill.selftest", ["--steps", "2000", "--interval", "0.05"])
+    assert await runner.is_alive(handle)
+    opened = runner._open
+
+    async def open_then_end(path: str):
+        f = await opened(path)
+        if path == f"/proc/{handle.pid}/stat":  # the hosts are this machine: it ends for real, and is reaped
+            os.kill(handle.pid, signal.SIGKILL)
+            deadline = asyncio.get_running_loop().time() + 30
+            while Path(f"/proc/{handle.pid}").exists():
+                assert asyncio.get_running_loop().time() < deadline, f"pid {handle.pid} was never reaped"
+                await asyncio.sleep(0.05)
+        return f
+
+    runner._open = open_then_end  # type: ignore[method-assign]
+    assert not await runner.is_alive(handle)
+
+
 async def test_cancel_sends_term_then_kill(ssh_target: SSHTarget) -> None:
     host = await ssh_target.connect()
     runner = JobRunner(host, poll_interval=0.05, liveness_interval=0.1)

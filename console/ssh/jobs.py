@@ -404,9 +404,11 @@ class JobRunner:
         limit = (await self.host.sftp()).limits.max_read_len or 16384
         return max(1, min(size, limit, _READ_CHUNK))
 
-    async def _read(self, path: str, offset: int, size: int) -> bytes:
+    async def _read(self, path: str, offset: int, size: int, *, of_process: bool = False) -> bytes:
         """Bytes of a remote file from offset, at most one read request's worth (b"" when the
-        file does not exist yet)."""
+        file does not exist yet). `of_process`: a /proc file, whose process may end between the
+        open and the read: the server then answers a failure (ESRCH, "No such process"), and the
+        file counts as gone (b"") like one never there."""
         await self.host.sftp()
         with self.host.errors(f"reading {path}"):
             try:
@@ -414,6 +416,10 @@ class JobRunner:
                     return await f.read(await self._read_size(size), offset)
             except asyncssh.SFTPNoSuchFile:
                 return b""
+            except asyncssh.SFTPFailure:
+                if of_process:
+                    return b""
+                raise
 
     async def _read_whole(self, path: str, limit: int = 1 << 20) -> bytes | None:
         """A small remote file's bytes, read one request at a time; None when it does not exist."""
@@ -444,7 +450,7 @@ class JobRunner:
 
     async def is_alive(self, handle: JobHandle) -> bool:
         """True while the job's own process runs (a reused pid or a zombie does not count)."""
-        stat = await self._read(f"/proc/{handle.pid}/stat", 0, 4096)
+        stat = await self._read(f"/proc/{handle.pid}/stat", 0, 4096, of_process=True)
         parsed = parse_start_ticks(stat.decode(errors="replace"))
         if parsed is None:
             return False
