@@ -28,6 +28,7 @@ import urllib.request
 import uuid
 from collections import deque
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -90,6 +91,11 @@ class Server:
         self.finished: deque[list[int]] = deque(maxlen=PREFIX_MEMORY)
         self.counter_lock = threading.Lock()
         self.gpu_worker: subprocess.Popen | None = None
+        # Every forward pass runs on this one thread, as SGLang's one scheduler runs the model, never on
+        # the HTTP front's worker threads: CUDA libraries keep state per thread (cuBLAS a handle and a
+        # workspace, tens of MiB each), so forwards spread over the front's threads grew the server's
+        # GPU memory with every thread the load woke (the crowded card's extraction ran out of room).
+        self.scheduler = ThreadPoolExecutor(max_workers=1, thread_name_prefix="scheduler")
         self.saver = MemorySaver(self, args)  # pause, continue, release, resume (remote.drill.memory_saver)
         # /weights_checker as the release answered as has it (remote.drill.weights_checker)
         self.weights_checker = WeightsChecker(self, getattr(args, "sglang_version", memory_saver.SGLANG_VERSION))
@@ -363,7 +369,7 @@ class Server:
 
                 request.checkpoint = checkpoint
                 request.checkpoint()  # it runs from here (waiting -> running), unless the scheduler is paused
-                generation, speculative = generate(self.model, request)
+                generation, speculative = self.scheduler.submit(generate, self.model, request).result()
             finally:
                 with self.counter_lock:
                     self.running.pop(request.rid, None)
@@ -465,7 +471,7 @@ class Server:
         if not self.model.lock.acquire(timeout=timeout):
             return bool(self.running)
         try:
-            generate_tokens(self.model, request)
+            self.scheduler.submit(generate_tokens, self.model, request).result()
         finally:
             self.model.lock.release()
         return True
