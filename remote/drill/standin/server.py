@@ -93,8 +93,9 @@ class Server:
         self.gpu_worker: subprocess.Popen | None = None
         # Every forward pass runs on this one thread, as SGLang's one scheduler runs the model, never on
         # the HTTP front's worker threads: CUDA libraries keep state per thread (cuBLAS a handle and a
-        # workspace, tens of MiB each), so forwards spread over the front's threads grew the server's
-        # GPU memory with every thread the load woke (the crowded card's extraction ran out of room).
+        # workspace), so forwards spread over the front's threads likely grew the server's GPU memory
+        # with every thread the load woke (the crowded card's extraction ran out of room on the H100,
+        # and ran with this; docs/benchmarks.md, 2026-12-06).
         self.scheduler = ThreadPoolExecutor(max_workers=1, thread_name_prefix="scheduler")
         self.saver = MemorySaver(self, args)  # pause, continue, release, resume (remote.drill.memory_saver)
         # /weights_checker as the release answered as has it (remote.drill.weights_checker)
