@@ -79,11 +79,15 @@ async def test_the_stop_route_checks_the_drafter_too(window: Window) -> None:
 async def test_a_drafter_that_accepts_about_one_already_is_said_to_tell_nothing(weights_released: Window) -> None:
     """A served drafter near 1 before the window (the GPU drill's random target, which no drafter
     predicts, measured 1.04) has nothing to fall: the lost one's 1.00 is within the margin. The check
-    says it cannot tell, as a warning, rather than "intact"; nothing is known to be degraded."""
+    says it cannot tell, as a warning, rather than "intact", and the release's question said so before;
+    nothing is known to be degraded."""
     w = weights_released
     w.world.server.acceptance = 1.05  # and the weights release loses it (PR #31674): 1.00 after
-    finished = await w.console()
+    decider = ScriptedDecider(w.world.clock)
+    finished = await w.console(decider=decider)
     assert finished.status == "done" and finished.exit_code == 0, finished
+    release = next(c for c in decider.asked if c.step == "release").impact
+    assert "DRAFTER MAY COME BACK WRONG" in release and "CANNOT TELL: 1.05 now" in release, release
     detail = w.state().steps["drafter"].detail
     assert "cannot tell: acceptance length 1.05 before the window, 1.00 after" in detail, detail
     assert "a lost drafter accepts about 1, within 25% of 1.05" in detail and "intact" not in detail

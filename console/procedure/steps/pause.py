@@ -45,6 +45,7 @@ from console.procedure import forecast as fc
 from console.procedure.fit import SPLIT_FILL
 from console.procedure.outcomes import Found, Refused, Skip, StepFailed
 from console.procedure.state import Owner
+from console.procedure.steps import drafter
 from console.procedure.steps.extraction import extraction_complete
 from console.procedure.steps.pause_plan import (  # noqa: F401  (re-exported: preflight.py reads them here)
     CONTROL_S,
@@ -255,9 +256,12 @@ def _drafter_warning(window: Window, tags: list[str]) -> str:
     if WEIGHTS not in tags or not (window.state.facts.get("drafter") or {}).get("speculative"):
         return ""
     before = window.state.facts["drafter"]["before"]
+    check = (f"the drafter check after the continue measures it against {before:.2f} now and tells"
+             if drafter.telling(before) else
+             f"the drafter check after the continue CANNOT TELL: {before:.2f} now is already within "
+             f"{drafter.DRAFTER_MARGIN:.0%} of a lost drafter's ~1")
     return (f"; the server decodes speculatively: its DRAFTER MAY COME BACK WRONG after a weights release (SGLang "
-            f"PR #31674: outputs stay correct, acceptance falls to ~1); the drafter check after the continue "
-            f"measures it against {before:.2f} now and tells")
+            f"PR #31674: outputs stay correct, acceptance falls to ~1); {check}")
 
 
 # --- free-vram (the pause route's: wait for the room, end nothing) ----------------------------------
