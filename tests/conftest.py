@@ -31,19 +31,25 @@ else:
     pytest_plugins += ["tests.ssh_fixtures", "tests.window_fixtures", "tests.drill_helpers"]
 
 
-# Seconds each file's tests took in a whole run on a 2-core machine (`--durations=0`, summed per file,
-# 2026-12-03, at 117bfb2), the 26 longest. Only the order uses them: the longest files start first, so
-# none is left running alone at the end (both workers were busy 96 % of that run).
+# Seconds each file's tests took in a whole run on a 2-core machine (`pytest -q -n 3 --dist loadfile
+# --durations=0`, summed per file, 2026-12-06, at 392f3b0), the 40 longest. Only the order uses them: the
+# longest files start first, so none is left running alone at the end. (The 2026-12-03 figures had
+# test_engine_sweep.py at 187 s, now 44: stale figures start short files before long ones.)
 MEASURED_S = {
-    "tests/test_window.py": 535, "tests/test_drill_hosts.py": 200, "tests/test_drill_fleet.py": 250, "tests/test_engine_sweep.py": 187,
-    "tests/test_signals.py": 157, "tests/test_live_run.py": 151, "tests/tui/test_tui_drill.py": 120,
-    "tests/test_zero_downtime.py": 105, "tests/test_service_ssh.py": 85, "tests/test_budget_window.py": 80,
-    "tests/test_pause_sweep.py": 75, "tests/test_job_lifecycle.py": 62, "tests/test_share_window.py": 60,
-    "tests/test_fleet_sweep.py": 59, "tests/tui/test_tui_operator.py": 55, "tests/tui/test_tui_walk.py": 54,
-    "tests/tui/test_tui_snapshots.py": 53, "tests/tui/test_tui_console.py": 53,
-    "tests/test_crosscheck.py": 51, "tests/test_frozen_host.py": 51, "tests/test_extract.py": 49,
-    "tests/test_kernels.py": 45, "tests/test_standin_memory_saver.py": 44, "tests/test_jobs.py": 42,
-    "tests/test_transformers_matrix.py": 100, "tests/test_cmd_report.py": 41, "tests/test_standin.py": 40, "tests/test_evaluate.py": 39,
+    "tests/test_window.py": 256, "tests/test_drill_fleet.py": 163, "tests/test_zero_downtime.py": 100,
+    "tests/test_signals.py": 87, "tests/test_live_run.py": 83, "tests/test_drill_hosts.py": 83,
+    "tests/tui/test_tui_drill.py": 79, "tests/test_transformers_matrix.py": 63,
+    "tests/tui/test_tui_snapshots.py": 56, "tests/test_share_window.py": 56, "tests/test_budget_window.py": 53,
+    "tests/test_service_ssh.py": 50, "tests/test_job_lifecycle.py": 48, "tests/tui/test_tui_console.py": 48,
+    "tests/test_fleet_guard.py": 44, "tests/test_engine_sweep.py": 44, "tests/test_frozen_host.py": 43,
+    "tests/test_broken_stdout.py": 43, "tests/test_drafter_check.py": 40, "tests/test_extract.py": 39,
+    "tests/tui/test_tui_operator.py": 38, "tests/tui/test_tui_screens.py": 33,
+    "tests/test_standin_memory_saver.py": 27, "tests/test_pause_sweep.py": 25, "tests/test_crosscheck.py": 25,
+    "tests/test_standin.py": 24, "tests/tui/test_tui_walk.py": 24, "tests/tui/test_tui_replay.py": 24,
+    "tests/test_fleet_steps.py": 23, "tests/test_completions.py": 22, "tests/test_pause_edges_drill.py": 22,
+    "tests/test_jobs.py": 21, "tests/test_cmd_status.py": 19, "tests/test_cmd_probe.py": 18,
+    "tests/test_pause_edges_sweep.py": 17, "tests/test_router.py": 17, "tests/test_standin_http.py": 16,
+    "tests/test_evaluate.py": 15, "tests/test_sharing.py": 15, "tests/test_cli.py": 15,
 }
 DRILL_S = 30  # a file not measured yet: about this long for each test that starts a fresh drill
 
