@@ -6,11 +6,13 @@ import contextlib
 import socket
 import subprocess
 import sys
+import threading
 import time
 import urllib.error
 import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
 # Greedy decoding's sampling params as SGLang takes them (docs/sglang.md), written out independently
@@ -107,3 +109,28 @@ def stop(proc: subprocess.Popen) -> None:
     except subprocess.TimeoutExpired:
         proc.kill()
         proc.wait()
+
+
+@contextlib.contextmanager
+def standin_in_process(model: Path, *args: str) -> Iterator[tuple[str, Any]]:
+    """The rehearsal server's HTTP front and model worker in this process, its model loaded (no warm-up,
+    so not Up until `server.up()`): its URL and its `Server`; the front shut down at the end."""
+    from remote.drill.standin.arguments import parse_args
+    from remote.drill.standin.http_front import HttpFront
+    from remote.drill.standin.model import Model
+    from remote.drill.standin.server import Server
+
+    parsed = parse_args(["--model", str(model), "--port", "0", *args])
+    server = Server(parsed)
+    server.model = Model(model)
+    front = HttpFront(server, parsed)
+    parsed.port = front.bind()
+    front.listen()
+    serving = threading.Thread(target=front.serve, daemon=True)
+    serving.start()
+    try:
+        yield f"http://127.0.0.1:{parsed.port}", server
+    finally:
+        front.shutdown()
+        serving.join(10)
+        front.close()

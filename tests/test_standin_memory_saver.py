@@ -26,7 +26,7 @@ from console.service.sglang_api import (
     memory_saver_of,
 )
 from remote.drill import simgpu
-from tests.standin_helpers import GREEDY_PARAMS, running_standin
+from tests.standin_helpers import GREEDY_PARAMS, running_standin, standin_in_process
 
 SGLANG = json.loads((Path(__file__).parent / "data" / "sglang" / "0.5.23-memory-saver.json").read_text())["answers"]
 KEY, ADMIN = "api-key", "admin-key"
@@ -334,21 +334,7 @@ async def test_an_older_sglang_has_no_checksum_and_the_client_says_so(tiny_targe
     "Unsupported action='checksum'"), the API key; 0.5.5 has none (404). The console's client raises
     NoWeightsChecksum for both: the pause route falls back to the probe. (The front and model worker in
     this process.)"""
-    from remote.drill.standin.arguments import parse_args
-    from remote.drill.standin.http_front import HttpFront
-    from remote.drill.standin.model import Model
-    from remote.drill.standin.server import Server
-
-    args = parse_args(["--model", str(tiny_target), "--port", "0", "--api-key", KEY, "--sglang-version", version])
-    server = Server(args)
-    server.model = Model(tiny_target)
-    front = HttpFront(server, args)
-    args.port = front.bind()
-    front.listen()
-    serving = threading.Thread(target=front.serve, daemon=True)
-    serving.start()
-    url = f"http://127.0.0.1:{args.port}"
-    try:
+    with standin_in_process(tiny_target, "--api-key", KEY, "--sglang-version", version) as (url, _):
         client = SglangClient(url, api_key=KEY)
         if version == "0.5.5":
             assert call(url, "/weights_checker", {"action": "checksum"}, KEY) == (404, {"detail": "Not Found"})
@@ -364,10 +350,6 @@ async def test_an_older_sglang_has_no_checksum_and_the_client_says_so(tiny_targe
         assert call(url, "/weights_checker", {"action": "compare"}, KEY) == (200, {"success": True, "message": "Success."})
         with pytest.raises(NoWeightsChecksum, match="Unsupported action='checksum'"):
             await client.weights_checksum()
-    finally:
-        front.shutdown()
-        serving.join(10)
-        front.close()
 
 
 def test_release_while_a_request_runs_ends_the_server_as_sglangs_assertion_does(saver) -> None:

@@ -16,15 +16,13 @@ from typing import Any
 
 import pytest
 
+from tests.standin_helpers import standin_in_process
+
 
 @pytest.fixture
 def front(tiny_target: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[tuple[str, list[str]]]:
     """The front and the model worker in this process, each forward's thread recorded."""
     from remote.drill.standin import server as server_module
-    from remote.drill.standin.arguments import parse_args
-    from remote.drill.standin.http_front import HttpFront
-    from remote.drill.standin.model import Model
-    from remote.drill.standin.server import Server
 
     threads: list[str] = []
     real_generate, real_tokens = server_module.generate, server_module.generate_tokens
@@ -39,21 +37,9 @@ def front(tiny_target: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[tuple[
 
     monkeypatch.setattr(server_module, "generate", generate)
     monkeypatch.setattr(server_module, "generate_tokens", generate_tokens)
-    args = parse_args(["--model", str(tiny_target), "--port", "0"])
-    server = Server(args)
-    server.model = Model(tiny_target)
-    server.up()
-    http = HttpFront(server, args)
-    args.port = http.bind()
-    http.listen()
-    serving = threading.Thread(target=http.serve, daemon=True)
-    serving.start()
-    try:
-        yield f"http://127.0.0.1:{args.port}", threads
-    finally:
-        http.shutdown()
-        serving.join(10)
-        http.close()
+    with standin_in_process(tiny_target) as (url, server):
+        server.up()
+        yield url, threads
 
 
 def post(url: str, body: dict) -> tuple[int, dict]:
