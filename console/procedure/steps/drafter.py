@@ -88,6 +88,12 @@ def telling(before: float) -> bool:
     return fallen(before, LOST)
 
 
+def why_blind(before: float) -> str:
+    """Why the check cannot tell a lost drafter (`telling` false), in the words the release's question
+    and the check's own line share."""
+    return f"a lost drafter accepts about {LOST:.0f}, within {DRAFTER_MARGIN:.0%} of {before:.2f}"
+
+
 def _record(window: Window) -> dict[str, Any]:
     return window.state.facts.setdefault("drafter", {})
 
@@ -139,8 +145,7 @@ async def run_drafter(window: Window) -> str:
     record["after"] = after
     if not fallen(before, after) and not telling(before):
         return _said(window, f"the served drafter's check cannot tell: acceptance length {before:.2f} before the "
-                             f"window, {after:.2f} after, but a lost drafter accepts about {LOST:.0f}, within "
-                             f"{DRAFTER_MARGIN:.0%} of {before:.2f}", "warning")
+                             f"window, {after:.2f} after, but {why_blind(before)}", "warning")
     if not fallen(before, after):
         return _said(window, f"the served drafter is intact: acceptance length {before:.2f} before the window, "
                              f"{after:.2f} after")

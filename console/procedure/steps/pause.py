@@ -258,8 +258,7 @@ def _drafter_warning(window: Window, tags: list[str]) -> str:
     before = window.state.facts["drafter"]["before"]
     check = (f"the drafter check after the continue measures it against {before:.2f} now and tells"
              if drafter.telling(before) else
-             f"the drafter check after the continue CANNOT TELL: {before:.2f} now is already within "
-             f"{drafter.DRAFTER_MARGIN:.0%} of a lost drafter's ~1")
+             f"the drafter check after the continue CANNOT TELL: {before:.2f} now, and {drafter.why_blind(before)}")
     return (f"; the server decodes speculatively: its DRAFTER MAY COME BACK WRONG after a weights release (SGLang "
             f"PR #31674: outputs stay correct, acceptance falls to ~1); {check}")
 
