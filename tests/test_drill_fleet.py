@@ -18,7 +18,7 @@ import subprocess
 import sys
 import urllib.error
 import urllib.request
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
@@ -186,14 +186,17 @@ def _faults_then_a_window_under_load(layout: DrillLayout, tmp: Path, started: li
 
     Under --yes each fault ends its window early (the fleet at risk): the run ends paused (EXIT_PAUSED),
     saying why, the replica back in the gateway and serving; each resume extracts only what is missing.
-    Each fault comes as the replica is drained, and the console's watch (every 2 s) sees it
-    while the drain's wait, the stop or the wait for the GPUs runs: before the extraction could give
-    them back (the drill's first stop of a replica leaves them held 5 s, `vram_wait_s`). Each fault
-    runs on this gateway only, for CI's time; the flap comes after the restart, whose QUICK_HEALTH lists
-    a stopped replica unhealthy within a second or two (the drill's gateways keep their default checks:
-    ~16 s, docs/benchmarks.md). smg's two windows are above; the guard's steps meet both faults on both
-    gateways in tests/test_fleet_guard.py, and the whole engine at every crash point over the fake
-    router in tests/test_fleet_guard_sweep.py."""
+    Each fault comes as the replica is drained, and the console's watch (every 2 s) must see it before
+    the extraction gives the GPUs back: from then on ending the window early gains nothing, so the
+    risk is only said (fleet_guard._ending). Never left to the watch's pace against the window's: in
+    both faulted windows the replica's stop is held (`_stops_held`, the drill's STOP_HOLD) until the
+    console has ended the window early, which it does at the next step (fleet_guard.cut); a fault seen
+    sooner, in the drain's wait, ends it there. Each fault runs on this gateway only, for CI's time;
+    the flap comes after the restart, whose QUICK_HEALTH lists a stopped replica unhealthy within a
+    second or two (the drill's gateways keep their default checks: ~16 s, docs/benchmarks.md). smg's
+    two windows are above; the guard's steps meet both faults on both gateways in
+    tests/test_fleet_guard.py, and the whole engine at every crash point over the fake router in
+    tests/test_fleet_guard_sweep.py."""
     config = load_config(layout.config)
     fleet = config.fleet
     assert fleet is not None
@@ -215,7 +218,7 @@ def _faults_then_a_window_under_load(layout: DrillLayout, tmp: Path, started: li
     run = RunStore(runs).open(run_id).state
     assert run.status == "done" and run.service.drained is None and len(run.windows) == 2
     # Each window one drain and one rejoin; one ended early started again what it had stopped (a fault
-    # is seen while the drain's wait, the stop or the wait for the GPUs runs: the watch's pace decides).
+    # is seen in the drain's wait, or in the stop, held until the window was ended early).
     for window in _windows(run):
         assert (window["drains"], window["rejoins"], window["stops"]) == (1, 1, window["starts"]), window
     assert (run.service.stops, run.service.starts) == (1, 1)
@@ -353,18 +356,22 @@ def _ended_early(runs: Path, run_id: str) -> bool:
 def _restart_router_mid_window(layout: DrillLayout, fleet: Any, runs: Path, tmp: Path,
                                started: list[subprocess.Popen]) -> tuple[str, _Drilled]:
     """Fault (b): the drill's gateway killed once the window's replica is drained; once the console
-    said so (and, under --yes, ended the window early) it is started again on the same port, from a
-    configuration without the replica out (the others only), with QUICK_HEALTH, and recorded as the
-    drill's router (`down` ends it by its pid). (the run's id, the drill's run)"""
+    said so (and, under --yes, ended the window early: its stop held until then, `_stops_held`) it is
+    started again on the same port, from a configuration without the replica out (the others only),
+    with QUICK_HEALTH, and recorded as the drill's router (`down` ends it by its pid). (the run's id,
+    the drill's run)"""
     state = json.loads(layout.state_file.read_text())
     router, gateway = state["router_url"], state["router"]
-    with _drilling(layout, runs, tmp / "restart", "--router", gateway) as drilled:
-        # Once the drain is done (its own last look at the gateway taken: a gateway lost before that fails
-        # the drain itself, the replica then left out until `run --resume` finds the gateway back)
-        run_id = _journal_says(runs, '"message": "drain: done', drilled.console)
-        os.kill(state["router_pid"], signal.SIGTERM)
-        wait_for(lambda: _refused(router), 30, "the router is gone")
-        wait_for(lambda: _ended_early(runs, run_id), 60, "the window ended early")
+    with _stops_held(layout, fleet) as release, _drilling(layout, runs, tmp / "restart", "--router", gateway) as drilled:
+        try:
+            # Once the drain is done (its own last look at the gateway taken: a gateway lost before that
+            # fails the drain itself, the replica then left out until `run --resume` finds the gateway back)
+            run_id = _journal_says(runs, '"message": "drain: done', drilled.console)
+            os.kill(state["router_pid"], signal.SIGTERM)
+            wait_for(lambda: _refused(router), 30, "the router is gone")
+            wait_for(lambda: _ended_early(runs, run_id), 60, "the window ended early")
+        finally:
+            release()  # the stop returns: the engine's next step finds the window ended (fleet_guard.cut)
         out = _run_state(runs, run_id)["facts"]["fleet_replica"]
         others = [r.worker_url for r in fleet.replicas if r.name != out]
         try:
@@ -381,26 +388,60 @@ def _restart_router_mid_window(layout: DrillLayout, fleet: Any, runs: Path, tmp:
 def _flap_mid_window(layout: DrillLayout, fleet: Any, runs: Path, tmp: Path, run_id: str) -> tuple[str, _Drilled]:
     """Fault (a), in `run_id`'s next window (`drill --resume`): right after the fleet's check before the
     removal, the other replica's server is stopped (SIGSTOP) until the gateway lists it unhealthy and
-    the console said the risk, then continued (SIGCONT) until the gateway lists it healthy again.
-    (the other replica's name, the drill's run)"""
+    the console said the risk and, under --yes, ended the window early, then continued (SIGCONT) until
+    the gateway lists it healthy again. Meanwhile the window's stop is held (`_stops_held`): it cannot
+    reach the extraction, whose GPUs given back make the risk one only said, never offered. (The race
+    CI once lost: this replica's stop frees its GPUs 1.5 s after the server ends, the extraction gives
+    them back ~0.1 s after that, ~2.5 s after the drain, and the watch's look that saw the flap came
+    after it.) (the other replica's name, the drill's run)"""
     router = json.loads(layout.state_file.read_text())["router_url"]
     gateway = json.loads(layout.state_file.read_text())["router"]
     checks = _journal_count(runs, "the fleet checked again right before the removal")
     risks = _journal_count(runs, "THE FLEET IS AT RISK")
-    with _drilling(layout, runs, tmp / "flap", "--router", gateway, "--resume", run_id) as drilled:
-        _journal_says(runs, "the fleet checked again right before the removal", drilled.console, checks)
-        out = _run_state(runs, run_id)["facts"]["fleet_replica"]
-        index, other = next((i, r) for i, r in enumerate(fleet.replicas) if r.name != out)
-        pid = drill_service.running_pid(layout.replica_state(index))
-        assert pid is not None
-        os.kill(pid, signal.SIGSTOP)
+    ends = _journal_count(runs, "the window ends early: ")
+    with _stops_held(layout, fleet) as release, \
+            _drilling(layout, runs, tmp / "flap", "--router", gateway, "--resume", run_id) as drilled:
         try:
-            wait_for(lambda: _listed_healthy(router, other.worker_url) is False, 60, f"{other.name} listed unhealthy")
-            _journal_says(runs, "THE FLEET IS AT RISK", drilled.console, risks)
+            _journal_says(runs, "the fleet checked again right before the removal", drilled.console, checks)
+            out = _run_state(runs, run_id)["facts"]["fleet_replica"]
+            index, other = next((i, r) for i, r in enumerate(fleet.replicas) if r.name != out)
+            pid = drill_service.running_pid(layout.replica_state(index))
+            assert pid is not None
+            os.kill(pid, signal.SIGSTOP)
+            try:
+                wait_for(lambda: _listed_healthy(router, other.worker_url) is False, 60,
+                         f"{other.name} listed unhealthy")
+                _journal_says(runs, "THE FLEET IS AT RISK", drilled.console, risks)
+                # the --yes to the offer: recorded in the run's state before this line (fleet_guard.end_early)
+                _journal_says(runs, "the window ends early: ", drilled.console, ends)
+            finally:
+                os.kill(pid, signal.SIGCONT)
         finally:
-            os.kill(pid, signal.SIGCONT)
+            release()  # the stop returns: the engine's next step finds the window ended (fleet_guard.cut)
         wait_for(lambda: _listed_healthy(router, other.worker_url) is True, 60, f"{other.name} listed healthy again")
     return other.name, drilled
+
+
+@contextlib.contextmanager
+def _stops_held(layout: DrillLayout, fleet: Any) -> Iterator[Callable[[], None]]:
+    """Every replica's stop held (the drill's STOP_HOLD file in its service directory, made before the
+    drill's run starts: which replica the window takes is chosen in it) until the test calls the
+    release it is given, once the console has done what the test waits for and before the drill's run
+    is waited for (a stop still held would hold the run up); released on leaving too. Only the
+    window's replica is stopped by the console (the compensation starts it again, never stops it): a
+    hold on the other is never met."""
+    holds = [layout.replica_state(i) / drill_service.STOP_HOLD for i in range(len(fleet.replicas))]
+
+    def release() -> None:
+        for hold in holds:
+            hold.unlink(missing_ok=True)
+
+    for hold in holds:
+        hold.touch()
+    try:
+        yield release
+    finally:
+        release()
 
 
 def _assert_ended_early(drilled: _Drilled, runs: Path, run_id: str, fleet: Any, router: str, why: str) -> None:

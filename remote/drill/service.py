@@ -27,8 +27,11 @@ than from a guess of what the server and the contexts hold.
 
 `stop` sends SIGTERM to the recorded server and waits until it is gone; its log is moved to
 DIR/standin.prev.log, so a follower of the log (`tail -n +1 -F DIR/standin.log`) sees only the next
-start. `status` prints the pid first and exits 0 while the server runs, else prints `stopped` and
-exits 3 (what `systemctl is-active` does).
+start. A rehearsal knob, for tests: while DIR/stop.hold exists (`STOP_HOLD`), `stop` does not return
+once the server is gone (a stop as slow as systemd's on a slow unit), so a test holds the console's
+window in its stop until an event of its own, then removes the file (tests/test_drill_fleet.py: a
+fleet fault seen before the window reaches its extraction). `status` prints the pid first and exits
+0 while the server runs, else prints `stopped` and exits 3 (what `systemctl is-active` does).
 """
 
 from __future__ import annotations
@@ -48,6 +51,7 @@ PID_FILE = "standin.pid"
 LOG_FILE = "standin.log"
 PREV_LOG_FILE = "standin.prev.log"
 STUCK_MARKER = "stuck-vram.used"
+STOP_HOLD = "stop.hold"  # a test's hold on `stop` (see the module's docstring); never made by the drill itself
 RELEASE_AFTER_S = 1.5
 EXIT_STOPPED = 3
 CUDA_LOG_FILE = "cuda-worker.log"
@@ -212,8 +216,21 @@ def stop(state: Path, wait_s: float) -> int:
         return 1
     if (state / LOG_FILE).exists():
         os.replace(state / LOG_FILE, state / PREV_LOG_FILE)
-    print(f"{pid} stopped")
+    print(f"{pid} stopped", flush=True)
+    _held(state)
     return 0
+
+
+def _held(state: Path) -> None:
+    """Returns once no STOP_HOLD file is in `state`: the server is gone, and the stop command is held
+    until the test that made the file removes it (never a timeout of its own: the caller's command
+    timeout bounds it, as it bounds any stop)."""
+    hold = state / STOP_HOLD
+    if not hold.exists():
+        return
+    print(f"held until {hold} is removed (a rehearsal's hold)", flush=True)
+    while hold.exists():
+        time.sleep(0.05)
 
 
 def status(state: Path) -> int:
