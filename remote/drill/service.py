@@ -100,6 +100,7 @@ def start(state: Path, standin_args: list[str], cuda_mib: int = 0, cuda_leave_mi
     with open(log, "ab") as out:  # the child keeps its own copy of the descriptor
         proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
                                 start_new_session=True, close_fds=True)
+    _execed(proc)
     (state / PID_FILE).write_text(f"{proc.pid}\n")
     print(f"{proc.pid} started: {' '.join(argv)}")
     if cuda_leave_mib:  # it fills the card once the server is up: `start` returns now, as systemctl's would
@@ -108,6 +109,15 @@ def start(state: Path, standin_args: list[str], cuda_mib: int = 0, cuda_leave_mi
     elif cuda_mib:
         return start_cuda_worker(state, proc.pid, cuda_mib, episode)
     return 0
+
+
+def _execed(proc: subprocess.Popen) -> None:
+    """Returns once the server's process runs its own program (or has ended). Popen returns as the
+    exec begins, and until the kernel has set the new program up its /proc/PID/cmdline reads empty
+    (most reads right after Popen, and for longer on a loaded machine): `running_pid` would take the
+    server for another process, and `status` say it stopped, or the drill's start that it exited."""
+    while not _cmdline(proc.pid) and proc.poll() is None:
+        time.sleep(0.005)
 
 
 def spawn_cuda_worker(state: Path, server_pid: int, size: list[str], episode: list[str]) -> subprocess.Popen:
