@@ -77,8 +77,12 @@ from console.config import load_config  # noqa: E402
 from console.drill.hosts import down, up  # noqa: E402
 from console.operator import Operator  # noqa: E402
 from console.procedure.decider import ApproveAll  # noqa: E402
-from console.procedure.forecast import forecast_errors  # noqa: E402
+from console.procedure.forecast import against, forecast_errors  # noqa: E402
 from console.procedure.store import RunStore  # noqa: E402
+
+
+def _s(seconds: float | None) -> str:
+    return "-" if seconds is None else f"{seconds:.2f} s"
 
 
 def phases(state: dict[str, Any]) -> dict[str, float]:
@@ -269,7 +273,10 @@ def main() -> int:
                     f"{k}: {v}" for k, v in checks.items()), file=sys.stderr)
             # The downtime forecast (issues 21, 43): the one each run made before its stop (from the runs
             # before it, with this drill's config), against what it measured, the answers left out of both.
-            forecasts = forecast_errors(run.state for run in RunStore(store).readable() if run.state.route == "window")
+            windows = [run.state for run in RunStore(store).readable() if run.state.route == "window"]
+            forecasts = forecast_errors(windows)
+            # Each phase too, with what it was based on: a miss names its phase (the states go with the drill).
+            by_phase = {state.run_id: against(state) for state in windows}
         finally:
             down(drill_dir, say=lambda _: None)
     keys = ("downtime", "stop", "vram_free", "extract", "copy", "forward", "start_ready", "overhead", "limit",
@@ -299,6 +306,8 @@ def main() -> int:
         Path(args.json).write_text(json.dumps({"gpu": args.gpu, "crowded": args.crowded, "pause_checks": checks,
                                                "runs": rows, "medians": medians, "pause": pause,
                                                "memory_over_staged_window": memory,
+                                               "forecast_by_phase": {run_id: [dataclasses.asdict(r) for r in by_phase[run_id]]
+                                                                     for run_id, _ in forecasts},
                                                "load": {k: [dataclasses.asdict(r) for r in v] for k, v in loads.items()}},
                                               indent=2))
     for kind, reports in loads.items():
@@ -308,6 +317,10 @@ def main() -> int:
           + ", ".join(f"window {n} {row.forecast_s:.2f} s vs {row.measured_s:.2f} s ("
                       + (f"{row.error:+.0%})" if row.error is not None else "a phase unknown)")
                       for n, (_, row) in enumerate(forecasts, 1)))
+    for n, (run_id, _) in enumerate(forecasts, 1):
+        print(f"  window {n} by phase (forecast vs measured, what the forecast was based on): " + "; ".join(
+            f"{r.phase} {_s(r.forecast_s)} vs {_s(r.measured_s)} ({r.basis})" for r in by_phase[run_id]
+            if r.phase != "downtime"))
     worst = max(m["overhead"] for kind, m in medians.items() if kind != "zero-downtime")
     limit = f" (limit {medians['staged']['limit']:.2f} s: stop + copy + forward + server start)" \
         if "limit" in medians["staged"] and args.gpu else ""
