@@ -24,13 +24,13 @@ from screens.widgets.service_panel import ServicePanel
 from screens.widgets.stepper import Stepper
 
 if TYPE_CHECKING:
-    from screens.app import ConsoleApp
+    from screens.window import ConsoleWindow
 
 
 class DashboardScreen(StaysUp, Screen):
     """Redrawn from `app.state`: `refresh_part(kind)` for one kind of change, `refresh_all` on resume."""
 
-    app: ConsoleApp
+    app: ConsoleWindow
 
     def compose(self) -> ComposeResult:
         app = self.app

@@ -16,7 +16,7 @@ from screens.modals.holders import HoldersModal
 from screens.quitting import QUIT_DIALOGS
 
 if TYPE_CHECKING:
-    from screens.app import ConsoleApp
+    from screens.window import ConsoleWindow
 
 
 class DecisionAsked(Message):
@@ -42,7 +42,7 @@ class ModalDecider:
 
     name = "tui"
 
-    def __init__(self, app: ConsoleApp) -> None:
+    def __init__(self, app: ConsoleWindow) -> None:
         self.app = app
         self.asking: Confirmation | None = None  # the question on screen now (the banner says so)
         self._one_at_a_time = asyncio.Lock()  # two questions at once (a restart's and a compensation's): in turn

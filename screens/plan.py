@@ -19,11 +19,11 @@ from screens.errors import StaysUp
 from screens.widgets.downtime_banner import DowntimeBanner
 
 if TYPE_CHECKING:
-    from screens.app import ConsoleApp
+    from screens.window import ConsoleWindow
 
 
 class PlanScreen(StaysUp, Screen):
-    app: ConsoleApp
+    app: ConsoleWindow
     DEFAULT_CSS = """
     PlanScreen #plan-body { height: 1fr; }
     """

@@ -46,7 +46,7 @@ from screens.widgets.downtime_banner import DowntimeBanner
 from screens.widgets.online import OnlinePanel, read_online
 
 if TYPE_CHECKING:
-    from screens.app import ConsoleApp
+    from screens.window import ConsoleWindow
 
 RESULTS = "results"
 COLOURS = ("cyan", "yellow", "blue", "white", "magenta", "green")  # red and green mark the stop and the ready
@@ -314,7 +314,7 @@ class PerPromptTable(DataTable):
 class ResultsScreen(StaysUp, Screen):
     """One run's results; opened from the dashboard with `o`, or from the runs list."""
 
-    app: ConsoleApp
+    app: ConsoleWindow
     DEFAULT_CSS = """
     ResultsScreen TabbedContent { height: 1fr; }
     ResultsScreen .result-scroll { height: 1fr; overflow-x: auto; border-left: blank; }

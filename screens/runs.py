@@ -22,7 +22,7 @@ from screens.errors import StaysUp
 from screens.widgets.downtime_banner import DowntimeBanner
 
 if TYPE_CHECKING:
-    from screens.app import ConsoleApp
+    from screens.window import ConsoleWindow
 
 
 def _tau(run_dir: Path) -> dict[str, float | None]:
@@ -69,7 +69,7 @@ def compare_table(a: RunSummary, b: RunSummary) -> Table:
 
 
 class RunsScreen(StaysUp, Screen):
-    app: ConsoleApp
+    app: ConsoleWindow
     DEFAULT_CSS = """
     RunsScreen DataTable { height: 1fr; }
     RunsScreen #compare { height: auto; max-height: 50%; border-top: solid $primary-darken-1; }
