@@ -313,7 +313,7 @@ class ConsoleApp(QuitGuard, StaysUp, App[int]):
             self.show_error(ErrorReport(f"run {payload.run_id} failed", payload.message + down))
 
     def _tick(self) -> None:
-        if not self.screen_stack:  # shutting down
+        if not self.is_running or not self.screen_stack:  # shutting down: its screens are being taken down
             return
         screen = self.screen
         if isinstance(screen, DashboardScreen):

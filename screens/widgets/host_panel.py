@@ -177,7 +177,11 @@ class HostPanel(Vertical):
 
     def show(self, state: HostState | None, update: TelemetryUpdate | None, now: float,
              received_at: float | None = None) -> None:
-        """Redraw; `received_at` (console clock) lets the sample's age move on between messages."""
+        """Redraw; `received_at` (console clock) lets the sample's age move on between messages. A panel
+        not composed yet draws nothing: the dashboard's tick can reach it first, and the next tick or
+        sample draws it."""
+        if not self.is_mounted:
+            return
         title = Text(self.host, style="bold")
         if state is not None:
             title.append("  ")

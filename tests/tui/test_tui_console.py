@@ -579,3 +579,12 @@ async def test_the_service_panel_follows_a_fleet_run_to_its_next_replica():
         await pilot.pause()
         assert seen.core(m.ServiceView)[-1].checked_at == T0 + 5
         assert "(replica r2)" in str(panel.border_title) and "(replica r1)" not in str(panel.border_title)
+
+
+def test_a_host_panel_not_composed_yet_draws_nothing_and_raises_nothing():
+    """The dashboard's tick redraws a host whose samples stopped (or that is down) every second, and
+    can reach a panel before its rows are composed: that once ended a pilot run with "No nodes match
+    '.host-note'" (a loaded machine, 1 run in 25). The panel draws nothing until it is mounted."""
+    panel = HostPanel("ct129", lambda host, gpu: [])
+    panel.show(None, None, T0)
+    assert not panel.is_mounted and not panel.children
