@@ -52,6 +52,10 @@ async def until(check: Any, what: str) -> None:
         await asyncio.sleep(0.01)
 
 
+def journal_said(w: Window) -> list[str]:
+    return [e["message"] for e in w.store.open(w.run_id).read_journal()]
+
+
 def said_at_risk(w: Window) -> bool:
     return any(e["message"].startswith("THE FLEET IS AT RISK") for e in w.store.open(w.run_id).read_journal())
 
@@ -64,10 +68,12 @@ def offered(w: Window) -> bool:
     return any(c.step == "fleet" for d in w.deciders for c in d.asked)
 
 
-def fault_mid_extraction(w: Window, router: FakeRouter, fault: str, answered: Any = ended, at: str = "forward") -> None:
+def fault_mid_extraction(w: Window, router: FakeRouter, fault: str, answered: Any = ended, at: str = "forward",
+                         seen_back: Any = None) -> None:
     """At the extraction's first prompt (once, whichever console reaches it): r2 falls ("flap": and
     comes back once the operator answered) or the router goes down ("restart": and comes back
-    restarted, listing r2 alone); the extractor goes on only once the operator answered."""
+    restarted, listing r2 alone); the extractor goes on only once the operator answered, and, with
+    `seen_back`, once the console has seen r2 back (its watch's pace never races the window's end)."""
     point = w.world.point
     fired: list[bool] = []
 
@@ -82,6 +88,8 @@ def fault_mid_extraction(w: Window, router: FakeRouter, fault: str, answered: An
             router.sick.add(R2)
             await until(lambda: answered(w), "the operator's answer")
             router.sick.discard(R2)
+            if seen_back is not None:
+                await until(lambda: seen_back(w), "the fleet seen healthy again")
         else:
             router.down = True
             await until(lambda: answered(w), "the operator's answer")
@@ -178,13 +186,14 @@ def test_a_replica_fallen_while_r1_drains_ends_the_window_before_the_stop(tmp_pa
 
 def test_a_no_lets_the_window_go_on_through_the_flap(tmp_path, producers, monkeypatch):
     w, router = guarded(tmp_path, producers, monkeypatch)
-    fault_mid_extraction(w, router, "flap", answered=offered)
+    back = "the fleet is healthy again (r1 still out for its window)"
+    fault_mid_extraction(w, router, "flap", answered=offered, seen_back=lambda w: back in journal_said(w))
     finished = asyncio.run(w.console(decider=ScriptedDecider(w.world.clock, refuse={"fleet"})))
     assert finished is not None and offered(w)
     assert finished.exit_code == EXIT_DONE, finished.message
-    said = [e["message"] for e in w.store.open(w.run_id).read_journal()]
+    said = journal_said(w)
     assert f"THE FLEET IS AT RISK while r1 is out: {UNHEALTHY}" in said
-    assert "the fleet is healthy again (r1 still out for its window)" in said
+    assert said.index(back) > said.index(f"THE FLEET IS AT RISK while r1 is out: {UNHEALTHY}")
     assert sorted(w.world.extracted) == sorted(prompt_ids(w)) and len(w.world.extracted) == 10
     assert (router.removals, router.adds) == ([router.r1], [router.r1]) and w.state().service.ended_early is None
 
