@@ -57,7 +57,7 @@ def journal_said(w: Window) -> list[str]:
 
 
 def said_at_risk(w: Window) -> bool:
-    return any(e["message"].startswith("THE FLEET IS AT RISK") for e in w.store.open(w.run_id).read_journal())
+    return any(said.startswith("THE FLEET IS AT RISK") for said in journal_said(w))
 
 
 def ended(w: Window) -> bool:

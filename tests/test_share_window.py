@@ -22,6 +22,7 @@ import socket
 import stat
 import subprocess
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -226,34 +227,33 @@ async def every_key_when_done(page) -> None:
     await session_ended(page)
 
 
-async def open_palette(page, *shows: str) -> str:
-    """ctrl+p through the page until the palette shows. Textual opens no palette while one is still on
-    the screen stack (`action_command_palette`: `CommandPalette.is_open`), and a closing palette's text
-    leaves the page before its screen leaves the stack: a ctrl+p sent in between is dropped, as on a
-    loaded CI machine after a command that shows nothing (Open results, Maximize). So a ctrl+p that
-    opened nothing in 10 s is sent again; one that opened it is never repeated."""
+async def press_until_taken(page, key: str, *shows: str, gone: str = "", taken: Callable[[str], bool]) -> str:
+    """`key` through the page until `shows` is on it and `gone` not. Textual drops a key sent to a
+    palette being pushed or popped (its text on the page before or after its screen takes keys), as a
+    loaded CI machine met: a key whose sign (`taken`, of the page's text) is not seen in 10 s is sent
+    again; one that was taken is never repeated."""
     for _ in range(3):
-        await page.keyboard.press("Control+p")
-        try:
-            return await screen_until(page, "Search for commands", *shows, timeout=10)
-        except AssertionError:
-            if "Search for commands" in await page.evaluate(SCREEN_TEXT):
-                return await screen_until(page, "Search for commands", *shows, timeout=30)
-    return await screen_until(page, "Search for commands", *shows, timeout=1)
-
-
-async def close_with_escape(page, *shows: str, gone: str) -> str:
-    """escape until `gone` leaves the page and `shows` is on it. An escape that reached a palette still
-    being pushed (its text on the page before its screen takes the keys) is lost, as CI met once after
-    Theme: one that left `gone` on the page for 10 s is sent again; one that closed it never is."""
-    for _ in range(3):
-        await page.keyboard.press("Escape")
+        await page.keyboard.press(key)
         try:
             return await screen_until(page, *shows, gone=gone, timeout=10)
         except AssertionError:
-            if gone not in await page.evaluate(SCREEN_TEXT):
+            if taken(await page.evaluate(SCREEN_TEXT)):
                 return await screen_until(page, *shows, gone=gone, timeout=30)
     return await screen_until(page, *shows, gone=gone, timeout=1)
+
+
+async def open_palette(page, *shows: str) -> str:
+    """ctrl+p until the palette shows. Textual opens no palette while one is still on the screen stack
+    (`action_command_palette`: `CommandPalette.is_open`), and a closing palette's text leaves the page
+    before its screen leaves the stack: a ctrl+p in between is dropped (after Open results, Maximize)."""
+    return await press_until_taken(page, "Control+p", "Search for commands", *shows,
+                                   taken=lambda text: "Search for commands" in text)
+
+
+async def close_with_escape(page, *shows: str, gone: str) -> str:
+    """escape until `gone` leaves the page and `shows` is on it (an escape sent to a palette still being
+    pushed is lost, as CI met once after Theme)."""
+    return await press_until_taken(page, "Escape", *shows, gone=gone, taken=lambda text: gone not in text)
 
 
 async def palette(page) -> list[str]:
